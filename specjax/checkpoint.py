@@ -1,0 +1,374 @@
+"""Loading and saving Hugging Face checkpoint directories.
+
+A checkpoint directory holds `config.json`, the weights (`model.safetensors`, or shards listed
+in `model.safetensors.index.json`) and usually `tokenizer.json`. One explicit name table per
+architecture maps each Hugging Face tensor to a leaf of specjax's parameter tree, with the
+transform between the two layouts; every tensor's shape is checked against
+`model.param_shapes` before it is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.config import ConfigError, ModelConfig
+from specjax.model import Params, init_params, param_shapes
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message names the file and the tensor."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """What `specjax.load` returns: a static config, a parameter tree and a tokenizer."""
+    config: ModelConfig
+    params: Params
+    tokenizer: object | None = None      # tokenizers.Tokenizer, or None if the dir has none
+    path: Path | None = None
+    chat_template: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.name if self.path else f"random-{self.config.arch}"
+
+
+# -- Name tables --------------------------------------------------------------------------------
+# Each entry: (Hugging Face name, path in specjax's tree, HF -> specjax, specjax -> HF).
+# `{i}` in a name is the layer index; those tensors are stacked along specjax's leading L axis.
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    hf_name: str
+    path: tuple[str, ...]
+    to_specjax: Callable[[np.ndarray], np.ndarray]
+    to_hf: Callable[[np.ndarray], np.ndarray]
+
+
+def _same(a):
+    return a
+
+
+def _gpt2_table(c: ModelConfig) -> list[Entry]:
+    D, N, H = c.d_model, c.n_heads, c.head_dim
+    # GPT-2's Conv1D weights are already [in, out], so only reshapes are needed. c_attn packs
+    # q, k and v side by side along its output axis.
+    def qkv(index):
+        return (lambda w: w[..., index * D:(index + 1) * D].reshape(*w.shape[:-1], N, H))
+
+    t = [Entry("wte.weight", ("embed",), _same, _same),
+         Entry("wpe.weight", ("pos_embed",), _same, _same),
+         Entry("ln_f.weight", ("final_norm", "scale"), _same, _same),
+         Entry("ln_f.bias", ("final_norm", "bias"), _same, _same)]
+    layer = "h.{i}."
+    t += [Entry(layer + "ln_1.weight", ("layers", "attn_norm", "scale"), _same, _same),
+          Entry(layer + "ln_1.bias", ("layers", "attn_norm", "bias"), _same, _same),
+          Entry(layer + "ln_2.weight", ("layers", "mlp_norm", "scale"), _same, _same),
+          Entry(layer + "ln_2.bias", ("layers", "mlp_norm", "bias"), _same, _same),
+          # c_attn is split three ways; the to_hf side is handled by `_gpt2_c_attn`.
+          Entry(layer + "attn.c_attn.weight", ("layers", "wq"), qkv(0), None),
+          Entry(layer + "attn.c_attn.weight", ("layers", "wk"), qkv(1), None),
+          Entry(layer + "attn.c_attn.weight", ("layers", "wv"), qkv(2), None),
+          Entry(layer + "attn.c_attn.bias", ("layers", "bq"), qkv(0), None),
+          Entry(layer + "attn.c_attn.bias", ("layers", "bk"), qkv(1), None),
+          Entry(layer + "attn.c_attn.bias", ("layers", "bv"), qkv(2), None),
+          Entry(layer + "attn.c_proj.weight", ("layers", "wo"),
+                lambda w: w.reshape(N, H, D), lambda w: w.reshape(N * H, D)),
+          Entry(layer + "attn.c_proj.bias", ("layers", "bo"), _same, _same),
+          Entry(layer + "mlp.c_fc.weight", ("layers", "w_in"), _same, _same),
+          Entry(layer + "mlp.c_fc.bias", ("layers", "b_in"), _same, _same),
+          Entry(layer + "mlp.c_proj.weight", ("layers", "w_out"), _same, _same),
+          Entry(layer + "mlp.c_proj.bias", ("layers", "b_out"), _same, _same)]
+    if not c.tie_embeddings:
+        t.append(Entry("lm_head.weight", ("lm_head",), np.transpose, np.transpose))
+    return t
+
+
+def _llama_table(c: ModelConfig) -> list[Entry]:
+    D, N, K, H = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim
+    # torch.nn.Linear stores [out, in]; specjax keeps [in, out] with heads split out.
+    # Hugging Face Llama q/k rows are already in the half-split (rotate_half) RoPE layout that
+    # `layers.apply_rope` uses, so no permutation is needed (GGUF files differ: see gguf.py).
+    def proj_in(heads):
+        return (lambda w: w.T.reshape(D, heads, H), lambda w: w.reshape(D, heads * H).T)
+
+    def bias(heads):
+        return (lambda b: b.reshape(heads, H), lambda b: b.reshape(heads * H))
+
+    layer = "model.layers.{i}."
+    t = [Entry("model.embed_tokens.weight", ("embed",), _same, _same),
+         Entry("model.norm.weight", ("final_norm", "scale"), _same, _same),
+         Entry(layer + "input_layernorm.weight", ("layers", "attn_norm", "scale"), _same, _same),
+         Entry(layer + "post_attention_layernorm.weight", ("layers", "mlp_norm", "scale"), _same, _same),
+         Entry(layer + "self_attn.q_proj.weight", ("layers", "wq"), *proj_in(N)),
+         Entry(layer + "self_attn.k_proj.weight", ("layers", "wk"), *proj_in(K)),
+         Entry(layer + "self_attn.v_proj.weight", ("layers", "wv"), *proj_in(K)),
+         Entry(layer + "self_attn.o_proj.weight", ("layers", "wo"),
+               lambda w: w.T.reshape(N, H, D), lambda w: w.reshape(N * H, D).T),
+         Entry(layer + "mlp.gate_proj.weight", ("layers", "w_gate"), np.transpose, np.transpose),
+         Entry(layer + "mlp.up_proj.weight", ("layers", "w_up"), np.transpose, np.transpose),
+         Entry(layer + "mlp.down_proj.weight", ("layers", "w_down"), np.transpose, np.transpose)]
+    if c.qkv_bias:
+        t += [Entry(layer + "self_attn.q_proj.bias", ("layers", "bq"), *bias(N)),
+              Entry(layer + "self_attn.k_proj.bias", ("layers", "bk"), *bias(K)),
+              Entry(layer + "self_attn.v_proj.bias", ("layers", "bv"), *bias(K))]
+    if c.out_bias:
+        t.append(Entry(layer + "self_attn.o_proj.bias", ("layers", "bo"), _same, _same))
+    if c.mlp_bias:
+        t += [Entry(layer + "mlp.gate_proj.bias", ("layers", "b_gate"), _same, _same),
+              Entry(layer + "mlp.up_proj.bias", ("layers", "b_up"), _same, _same),
+              Entry(layer + "mlp.down_proj.bias", ("layers", "b_down"), _same, _same)]
+    if not c.tie_embeddings:
+        t.append(Entry("lm_head.weight", ("lm_head",), np.transpose, np.transpose))
+    return t
+
+
+def name_table(config: ModelConfig) -> list[Entry]:
+    return _gpt2_table(config) if config.arch == "gpt2" else _llama_table(config)
+
+
+# Tensors some checkpoints carry that are not parameters (buffers of older transformers).
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
+
+
+def _canonical(name: str, config: ModelConfig) -> str:
+    # GPT-2 checkpoints come with and without the "transformer." prefix (GPT2LMHeadModel vs
+    # GPT2Model, and the original openai-community/gpt2 upload).
+    if config.arch == "gpt2" and name.startswith("transformer."):
+        return name[len("transformer."):]
+    return name
+
+
+# -- Loading ------------------------------------------------------------------------------------
+
+def _weight_files(directory: Path) -> list[Path]:
+    single = directory / "model.safetensors"
+    index = directory / "model.safetensors.index.json"
+    if single.exists():
+        return [single]
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from None
+        files = sorted(set(weight_map.values()))
+        missing = [f for f in files if not (directory / f).exists()]
+        if missing:
+            raise CheckpointError(f"{index} lists shard files that are missing: {missing}")
+        return [directory / f for f in files]
+    raise CheckpointError(f"{directory}: no model.safetensors or model.safetensors.index.json")
+
+
+def _read_tensors(files: list[Path]) -> dict[str, tuple[np.ndarray, Path]]:
+    from safetensors import SafetensorError, safe_open
+
+    tensors = {}
+    for f in files:
+        try:
+            with safe_open(f, framework="numpy") as reader:
+                for name in reader.keys():
+                    tensors[name] = (reader.get_tensor(name), f)
+        except (SafetensorError, OSError, ValueError, TypeError) as e:
+            if "bf16" in str(e) or "bfloat16" in str(e).lower():
+                tensors.update(_read_bfloat16(f))
+                continue
+            raise CheckpointError(f"{f}: corrupt or unreadable safetensors file ({e})") from None
+    return tensors
+
+
+def _read_bfloat16(f: Path) -> dict[str, tuple[np.ndarray, Path]]:
+    # numpy has no bfloat16; read through JAX, which does, and upcast to float32.
+    from safetensors import safe_open
+
+    with safe_open(f, framework="flax") as reader:
+        return {name: (np.asarray(reader.get_tensor(name).astype(jnp.float32)), f)
+                for name in reader.keys()}
+
+
+def load_params(directory: Path, config: ModelConfig) -> Params:
+    """Reads the weights of `directory` into specjax's parameter tree (float32 numpy -> jax)."""
+    tensors = {_canonical(k, config): v for k, v in _read_tensors(_weight_files(directory)).items()}
+    shapes = param_shapes(config)
+    table = name_table(config)
+    leaves: dict[tuple[str, ...], np.ndarray] = {}
+    used = set()
+    for entry in table:
+        names = ([entry.hf_name.format(i=i) for i in range(config.n_layers)]
+                 if "{i}" in entry.hf_name else [entry.hf_name])
+        pieces = []
+        for name in names:
+            if name not in tensors:
+                raise CheckpointError(f"{directory}: missing tensor {name!r}")
+            array, file = tensors[name]
+            used.add(name)
+            try:
+                piece = entry.to_specjax(array.astype(np.float32))
+            except ValueError:
+                piece = None
+            want = _leaf(shapes, entry.path)
+            want = want[1:] if "{i}" in entry.hf_name else want
+            if piece is None or piece.shape != tuple(want):
+                raise CheckpointError(f"{file.name}: tensor {name!r} has shape {tuple(array.shape)}, "
+                                      f"which does not fit the config (expected {tuple(want)} after "
+                                      f"the layout change)")
+            pieces.append(piece)
+        leaves[entry.path] = np.stack(pieces) if "{i}" in entry.hf_name else pieces[0]
+
+    unexpected = sorted(n for n in tensors if n not in used and not _ignorable(n, config))
+    if unexpected:
+        file = tensors[unexpected[0]][1]
+        raise CheckpointError(f"{file.name}: unexpected tensor(s) {unexpected[:5]} "
+                              f"for a {config.model_type or config.arch} model")
+    dtype = jnp.dtype(config.dtype)
+    params: Params = {}
+    for path, array in leaves.items():
+        node = params
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = jnp.asarray(array, dtype)
+    return params
+
+
+def _ignorable(name: str, config: ModelConfig) -> bool:
+    if name.endswith(_IGNORED_SUFFIXES):
+        return True
+    # A tied model's checkpoint sometimes stores the (identical) head too; it is not used.
+    return config.tie_embeddings and name == "lm_head.weight"
+
+
+def _leaf(tree, path):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def load(path: str | Path, dtype: str = "float32") -> Model:
+    """Loads a Hugging Face checkpoint directory (or a GGUF file, converted first).
+
+    Args:
+      path: a directory with config.json, safetensors weights and (optionally) tokenizer.json.
+      dtype: "float32" (default) or "bfloat16" for parameters and compute.
+    """
+    path = Path(path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        from specjax.gguf import convert_gguf
+        from specjax.fetch import cache_dir
+
+        path = convert_gguf(path, cache_dir() / "gguf" / path.stem)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise CheckpointError(f"{str(path)!r} is not a checkpoint directory (or a .gguf file)")
+    try:
+        config = ModelConfig.from_file(path / "config.json")
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
+    config = _with_generation_eos(config, path)
+    config = config.replace(dtype=dtype)
+    params = load_params(path, config)
+    tokenizer = load_tokenizer(path)
+    if tokenizer is not None and tokenizer.get_vocab_size(with_added_tokens=True) > config.vocab_size:
+        raise CheckpointError(f"{path}: tokenizer.json has {tokenizer.get_vocab_size()} tokens but "
+                              f"the model's vocab_size is {config.vocab_size}")
+    return Model(config, params, tokenizer, path, _chat_template(path))
+
+
+def _with_generation_eos(config: ModelConfig, path: Path) -> ModelConfig:
+    gen = path / "generation_config.json"
+    if not gen.exists():
+        return config
+    try:
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+    except (json.JSONDecodeError, AttributeError):
+        raise CheckpointError(f"{gen} is not valid JSON") from None
+    if eos is None:
+        return config
+    eos = tuple(eos) if isinstance(eos, list) else (eos,)
+    return config.replace(eos_token_ids=tuple(dict.fromkeys(config.eos_token_ids + eos)))
+
+
+def load_tokenizer(path: Path):
+    file = path / "tokenizer.json"
+    if not file.exists():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as e:  # tokenizers raises a bare Exception for malformed files
+        raise CheckpointError(f"{file}: cannot read tokenizer ({e})") from None
+
+
+def _chat_template(path: Path) -> str | None:
+    file = path / "tokenizer_config.json"
+    if not file.exists():
+        return None
+    try:
+        template = json.loads(file.read_text()).get("chat_template")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return template if isinstance(template, str) else None
+
+
+# -- Random models and saving -------------------------------------------------------------------
+
+def random_model(config: ModelConfig, seed: int = 0, std: float = 0.02, tokenizer=None) -> Model:
+    """A model with random weights: tiny models for tests and statistical checks."""
+    return Model(config, init_params(config, jax.random.key(seed), std), tokenizer)
+
+
+def save(model: Model, directory: str | Path, dtype: str = "float32") -> Path:
+    """Writes `model` as a Hugging Face checkpoint directory that transformers can load.
+
+    Args:
+      dtype: storage dtype of the weights, "float32", "float16" or "bfloat16" (loading upcasts).
+    """
+    from safetensors.numpy import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = model.config
+    params = jax.tree.map(lambda a: np.asarray(a, np.float32), model.params)
+    tensors: dict[str, np.ndarray] = {}
+    for entry in name_table(config):
+        if entry.to_hf is None:
+            continue
+        array = _leaf(params, entry.path)
+        if "{i}" in entry.hf_name:
+            for i in range(config.n_layers):
+                tensors[entry.hf_name.format(i=i)] = entry.to_hf(array[i])
+        else:
+            tensors[entry.hf_name] = entry.to_hf(array)
+    if config.arch == "gpt2":
+        _gpt2_c_attn(params, config, tensors)
+        tensors = {"transformer." + k if not k.startswith("lm_head") else k: v
+                   for k, v in tensors.items()}
+    if dtype == "bfloat16":
+        import ml_dtypes
+        store = {k: np.ascontiguousarray(v).astype(ml_dtypes.bfloat16) for k, v in tensors.items()}
+    else:
+        store = {k: np.ascontiguousarray(v.astype(np.dtype(dtype))) for k, v in tensors.items()}
+    save_file(store, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    hf = config.to_hf()
+    hf["torch_dtype"] = dtype
+    (directory / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    if model.tokenizer is not None:
+        model.tokenizer.save(str(directory / "tokenizer.json"))
+    return directory
+
+
+def _gpt2_c_attn(params: Params, config: ModelConfig, tensors: dict[str, np.ndarray]) -> None:
+    D = config.d_model
+    layers = params["layers"]
+    for i in range(config.n_layers):
+        w = [layers[n][i].reshape(D, D) for n in ("wq", "wk", "wv")]
+        b = [layers[n][i].reshape(D) for n in ("bq", "bk", "bv")]
+        tensors[f"h.{i}.attn.c_attn.weight"] = np.concatenate(w, axis=-1)
+        tensors[f"h.{i}.attn.c_attn.bias"] = np.concatenate(b, axis=-1)

@@ -1,0 +1,204 @@
+"""ModelConfig: the static description of a GPT-2 or Llama-family model.
+
+A config is frozen and hashable so that it can be a static argument under `jax.jit`: two
+models with equal configs share compiled code. It is read from a Hugging Face `config.json`
+(`ModelConfig.from_hf`) and written back (`to_hf`) when specjax saves a checkpoint.
+
+Two architectures cover every supported `model_type`:
+
+- ``gpt2``: learned absolute positions, LayerNorm, gelu MLP, biases everywhere.
+- ``llama``: RoPE, RMSNorm, SwiGLU MLP, grouped-query attention. `mistral` (without a sliding
+  window) and `qwen2` (q/k/v biases) differ from Llama only in config, so they map here too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+ARCHITECTURES = ("gpt2", "llama")
+_LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+                "gelu": "gelu", "silu": "silu", "swish": "silu"}
+
+
+class ConfigError(ValueError):
+    """A config.json that specjax cannot run, with the offending key and value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    arch: str                      # "gpt2" or "llama"
+    vocab_size: int                # V
+    d_model: int                   # D
+    n_layers: int                  # L
+    n_heads: int                   # N query heads
+    n_kv_heads: int                # K key/value heads (N for MHA, 1 for MQA)
+    head_dim: int                  # H
+    d_ff: int                      # F
+    max_positions: int             # context window
+    norm_eps: float
+    activation: str                # "gelu_tanh", "gelu" or "silu"
+    tie_embeddings: bool
+    qkv_bias: bool = False         # GPT-2, Qwen2, Llama with attention_bias
+    out_bias: bool = False         # GPT-2, Llama with attention_bias
+    mlp_bias: bool = False         # GPT-2, Llama with mlp_bias
+    rope_theta: float = 10000.0
+    # Hashable form of the rope scaling dict, e.g. (("factor", 8.0), ("rope_type", "llama3"), ...).
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    model_type: str = ""           # the original Hugging Face model_type
+    dtype: str = "float32"         # parameter and compute dtype: "float32" or "bfloat16"
+
+    def __post_init__(self):
+        if self.arch not in ARCHITECTURES:
+            raise ConfigError(f"unknown architecture {self.arch!r}; expected one of {ARCHITECTURES}")
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                     "d_ff", "max_positions"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.arch == "llama" and self.head_dim % 2:
+            raise ConfigError(f"RoPE needs an even head_dim, got {self.head_dim}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+
+    @property
+    def n_groups(self) -> int:
+        """G = N / K: query heads that share one key/value head."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def rope_scaling_dict(self) -> dict[str, Any] | None:
+        return dict(self.rope_scaling) if self.rope_scaling else None
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    # -- Hugging Face config.json -------------------------------------------------------------
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any], source: str = "config.json") -> "ModelConfig":
+        """Builds a config from a parsed Hugging Face config.json (transformers v4 or v5)."""
+        model_type = hf.get("model_type")
+        eos = hf.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        common = dict(bos_token_id=hf.get("bos_token_id"), eos_token_ids=eos_ids,
+                      model_type=model_type)
+
+        def need(key):
+            if hf.get(key) is None:
+                raise ConfigError(f"{source}: model_type {model_type!r} needs {key!r}")
+            return hf[key]
+
+        if model_type == "gpt2":
+            if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn"):
+                raise ConfigError(f"{source}: scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn "
+                                  "are not supported")
+            if hf.get("scale_attn_weights") is False:
+                raise ConfigError(f"{source}: scale_attn_weights=false is not supported")
+            d = need("n_embd")
+            return cls(arch="gpt2", vocab_size=need("vocab_size"), d_model=d,
+                       n_layers=need("n_layer"), n_heads=need("n_head"), n_kv_heads=need("n_head"),
+                       head_dim=d // need("n_head"), d_ff=hf.get("n_inner") or 4 * d,
+                       max_positions=need("n_positions"),
+                       norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+                       activation=_activation(hf.get("activation_function", "gelu_new"), source),
+                       tie_embeddings=hf.get("tie_word_embeddings", True),
+                       qkv_bias=True, out_bias=True, mlp_bias=True, **common)
+
+        if model_type in _LLAMA_FAMILY:
+            if model_type == "mistral" and hf.get("sliding_window") is not None:
+                window = hf["sliding_window"]
+                if window < hf.get("max_position_embeddings", 0):
+                    raise ConfigError(f"{source}: mistral sliding_window={window} is not supported")
+            if model_type == "qwen2" and hf.get("use_sliding_window"):
+                raise ConfigError(f"{source}: qwen2 use_sliding_window=true is not supported")
+            d, n = need("hidden_size"), need("num_attention_heads")
+            # transformers v5 moved rope_theta and rope_scaling into one `rope_parameters` dict.
+            rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+            theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+            rope_type = rope.get("rope_type", rope.get("type", "default"))
+            scaling = _rope_scaling(rope, rope_type, source)
+            attention_bias = bool(hf.get("attention_bias", False))
+            return cls(arch="llama", vocab_size=need("vocab_size"), d_model=d,
+                       n_layers=need("num_hidden_layers"), n_heads=n,
+                       n_kv_heads=hf.get("num_key_value_heads") or n,
+                       head_dim=hf.get("head_dim") or d // n, d_ff=need("intermediate_size"),
+                       max_positions=need("max_position_embeddings"),
+                       norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                       activation=_activation(hf.get("hidden_act", "silu"), source),
+                       tie_embeddings=hf.get("tie_word_embeddings", False),
+                       qkv_bias=attention_bias or model_type == "qwen2",
+                       out_bias=attention_bias, mlp_bias=bool(hf.get("mlp_bias", False)),
+                       rope_theta=theta, rope_scaling=scaling, **common)
+
+        raise ConfigError(f"{source}: unknown model_type {model_type!r}; "
+                          f"supported: gpt2, {', '.join(_LLAMA_FAMILY)}")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        try:
+            hf = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"missing {path}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        if not isinstance(hf, dict):
+            raise ConfigError(f"{path} does not hold a JSON object")
+        return cls.from_hf(hf, source=str(path))
+
+    def to_hf(self) -> dict[str, Any]:
+        """The Hugging Face config.json for this config (what transformers needs to load it)."""
+        eos = list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0]
+        common = {"vocab_size": self.vocab_size, "bos_token_id": self.bos_token_id,
+                  "eos_token_id": eos if self.eos_token_ids else None,
+                  "tie_word_embeddings": self.tie_embeddings, "torch_dtype": "float32"}
+        if self.arch == "gpt2":
+            act = {"gelu_tanh": "gelu_new", "gelu": "gelu"}[self.activation]
+            return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+                    "n_embd": self.d_model, "n_layer": self.n_layers, "n_head": self.n_heads,
+                    "n_inner": self.d_ff, "n_positions": self.max_positions,
+                    "layer_norm_epsilon": self.norm_eps, "activation_function": act, **common}
+        rope = {"rope_type": "default", "rope_theta": self.rope_theta}
+        rope.update(self.rope_scaling_dict or {})
+        return {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                "hidden_size": self.d_model, "num_hidden_layers": self.n_layers,
+                "num_attention_heads": self.n_heads, "num_key_value_heads": self.n_kv_heads,
+                "head_dim": self.head_dim, "intermediate_size": self.d_ff,
+                "max_position_embeddings": self.max_positions, "rms_norm_eps": self.norm_eps,
+                "hidden_act": self.activation, "rope_theta": self.rope_theta,
+                "rope_scaling": self.rope_scaling_dict, "rope_parameters": rope,
+                "attention_bias": self.qkv_bias, "mlp_bias": self.mlp_bias, **common}
+
+
+def _activation(name: str, source: str) -> str:
+    if name not in _ACTIVATIONS:
+        raise ConfigError(f"{source}: unsupported activation {name!r}; supported: {sorted(_ACTIVATIONS)}")
+    return _ACTIVATIONS[name]
+
+
+def _rope_scaling(rope: dict[str, Any], rope_type: str, source: str):
+    if rope_type == "default":
+        return None
+    if rope_type == "linear":
+        keys = ("factor",)
+    elif rope_type == "llama3":
+        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    else:
+        raise ConfigError(f"{source}: rope scaling type {rope_type!r} is not supported "
+                          "(supported: default, linear, llama3)")
+    missing = [k for k in keys if k not in rope]
+    if missing:
+        raise ConfigError(f"{source}: rope scaling {rope_type!r} is missing {missing}")
+    values = {k: float(rope[k]) for k in keys}
+    if not all(math.isfinite(v) and v > 0 for v in values.values()):
+        raise ConfigError(f"{source}: rope scaling values must be positive, got {values}")
+    return tuple(sorted({"rope_type": rope_type, **values}.items()))
