@@ -1,0 +1,1 @@
+"""Decoding methods: autoregressive, speculative (draft model) and n-gram (prompt lookup)."""

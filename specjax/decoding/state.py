@@ -1,0 +1,116 @@
+"""The decoding state shared by every method, and the bookkeeping every step does.
+
+A batch of ragged prompts lives in one token buffer `[B, M]` with a length per row. Invariant
+between steps: the last token of each row, `tokens[b, length[b] - 1]`, has been chosen but not
+yet fed to the models; their caches hold every position before it. A step feeds it (plus any
+drafted tokens), appends what it accepts, and the invariant holds again.
+
+Each row has its own random stream: the key of step i of row b is `fold_in(row_key[b], i)`.
+All rows start at step 0 together and a finished row stops consuming keys, so a row's draws do
+not depend on which other rows share its batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from specjax.cache import KVCache
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeState:
+    tokens: jax.Array          # [B, M] int32: prompt, then generated tokens
+    length: jax.Array          # [B] int32: tokens in the row so far
+    prompt_length: jax.Array   # [B] int32
+    done: jax.Array            # [B] bool
+    row_keys: jax.Array        # [B] PRNG keys
+    step: jax.Array            # [] int32: loop iterations so far
+    target_cache: KVCache
+    draft_cache: KVCache | None
+    # Per-row counters, all [B] int32: target calls (loop iterations while active), draft
+    # calls, tokens drafted, drafted tokens accepted.
+    target_calls: jax.Array
+    draft_calls: jax.Array
+    drafted: jax.Array
+    accepted: jax.Array
+    nan_seen: jax.Array        # [] bool: some logits were NaN (the API raises on it)
+
+    def replace(self, **changes) -> "DecodeState":
+        return dataclasses.replace(self, **changes)
+
+
+def initial_state(prompts, prompt_length, row_keys, buffer_length, target_cache, draft_cache=None):
+    """Copies the padded prompts [B, P] into a token buffer [B, buffer_length]."""
+    b, p = prompts.shape
+    tokens = jnp.zeros((b, buffer_length), jnp.int32).at[:, :p].set(prompts.astype(jnp.int32))
+    zeros = jnp.zeros((b,), jnp.int32)
+    return DecodeState(tokens=tokens, length=prompt_length.astype(jnp.int32),
+                       prompt_length=prompt_length.astype(jnp.int32),
+                       done=jnp.zeros((b,), bool), row_keys=row_keys, step=jnp.zeros((), jnp.int32),
+                       target_cache=target_cache, draft_cache=draft_cache, target_calls=zeros,
+                       draft_calls=zeros, drafted=zeros, accepted=zeros,
+                       nan_seen=jnp.zeros((), bool))
+
+
+def step_keys(state: DecodeState) -> jax.Array:
+    """This step's key of each row: [B] keys."""
+    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(state.row_keys, state.step)
+
+
+def last_tokens(state: DecodeState, count: int) -> tuple[jax.Array, jax.Array]:
+    """The last `count` tokens of each row and their positions: [B, count] each.
+
+    A row shorter than `count` gets its window clamped to start at position 0; callers read
+    the logits of the row's last real position (`length - 1 - start`).
+    """
+    start = jnp.maximum(state.length - count, 0)
+    window = jax.vmap(lambda row, s: lax.dynamic_slice(row, (s,), (count,)))(state.tokens, start)
+    return window, start[:, None] + jnp.arange(count, dtype=jnp.int32)
+
+
+def append(state: DecodeState, new_tokens: jax.Array, n_new: jax.Array, max_new_tokens: int,
+           eos_ids: tuple[int, ...]) -> DecodeState:
+    """Appends up to `n_new` of `new_tokens` [B, W] to each active row, stopping exactly at EOS
+    or at max_new_tokens, and marks finished rows done."""
+    w = new_tokens.shape[1]
+    index = jnp.arange(w, dtype=jnp.int32)
+    room = state.prompt_length + max_new_tokens - state.length
+    count = jnp.minimum(n_new, room)
+    if eos_ids:
+        is_eos = jnp.isin(new_tokens, jnp.asarray(eos_ids, jnp.int32)) & (index < count[:, None])
+        first_eos = jnp.where(is_eos.any(axis=1), jnp.argmax(is_eos, axis=1), w)
+        count = jnp.minimum(count, first_eos + 1)
+        hit_eos = is_eos.any(axis=1)
+    else:
+        hit_eos = jnp.zeros_like(state.done)
+    active = ~state.done
+    count = jnp.where(active, count, 0)
+
+    def write(row, new, start):
+        return lax.dynamic_update_slice(row, new, (start,))
+
+    tokens = jax.vmap(write)(state.tokens, new_tokens.astype(jnp.int32), state.length)
+    tokens = jnp.where(active[:, None], tokens, state.tokens)
+    length = state.length + count
+    done = state.done | (active & (hit_eos | (length - state.prompt_length >= max_new_tokens)))
+    return state.replace(tokens=tokens, length=length, done=done)
+
+
+def count_call(state: DecodeState, *, drafted: jax.Array | int = 0, accepted: jax.Array | int = 0,
+               draft_calls: int = 0, nan: jax.Array | bool = False) -> DecodeState:
+    """Adds one target call (and the given draft work) to the counters of active rows."""
+    active = (~state.done).astype(jnp.int32)
+    return state.replace(target_calls=state.target_calls + active,
+                         draft_calls=state.draft_calls + active * draft_calls,
+                         drafted=state.drafted + active * drafted,
+                         accepted=state.accepted + active * accepted,
+                         nan_seen=state.nan_seen | nan)
+
+
+def any_nan(*arrays) -> jax.Array:
+    return jnp.any(jnp.stack([jnp.isnan(a).any() for a in arrays]))

@@ -1,0 +1,276 @@
+"""`specjax.generate`: the public entry point of the three decoding methods.
+
+    result = specjax.generate(target, ["def add(a, b):"], method="speculative", draft=draft,
+                              k=4, max_new_tokens=64, temperature=0.0)
+    result.tokens   # new token ids of each row
+    result.texts    # decoded, when the target has a tokenizer
+    result.stats    # target/draft calls, acceptance rate, tokens per target call, timings
+
+Parameters are checked here, on the host, with errors that name the offending value; the
+compiled loop itself (`decoding.loop`) assumes valid input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import time
+from typing import Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.checkpoint import Model
+from specjax.decoding import loop
+from specjax.decoding.loop import METHODS, DecodeSpec, Weights
+from specjax.decoding.state import DecodeState
+from specjax.logits import SamplingParams
+
+
+class GenerationError(ValueError):
+    """Invalid input to `generate`: the message names the parameter and its value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    method: str
+    rows: int
+    new_tokens: int            # over all rows
+    target_calls: int          # decoding-loop calls of the target, summed over rows (no prefill)
+    draft_calls: int
+    drafted: int
+    accepted: int
+    compile_s: float
+    run_s: float
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.run_s if self.run_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(acceptance_rate=self.acceptance_rate,
+                 tokens_per_target_call=self.tokens_per_target_call,
+                 tokens_per_second=self.tokens_per_second)
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationResult:
+    tokens: list[list[int]]            # new tokens of each row (max_new_tokens unless EOS came)
+    stats: Stats
+    texts: list[str] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """A validated generation request: the static spec, the weights and the padded prompts."""
+    spec: DecodeSpec
+    weights: Weights
+    prompts: np.ndarray          # [B, P] int32, right-padded
+    prompt_length: np.ndarray    # [B] int32
+    row_keys: jax.Array          # [B]
+    tokenizer: object | None
+
+
+def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Model | None = None,
+            k: int = 4, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
+            top_p: float = 1.0, seed: int | Sequence[int] = 0, eos_ids=None,
+            max_ngram: int = 3, min_ngram: int = 1, **hooks) -> Request:
+    """Validates everything and builds the static spec and the device inputs."""
+    if method not in METHODS:
+        raise GenerationError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    _check_int("max_new_tokens", max_new_tokens, 1)
+    if method != "autoregressive":
+        _check_int("k", k, 1)
+    if method == "ngram":
+        _check_int("min_ngram", min_ngram, 1)
+        _check_int("max_ngram", max_ngram, min_ngram)
+    try:
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    except ValueError as e:
+        raise GenerationError(str(e)) from None
+    if method == "speculative":
+        if draft is None:
+            raise GenerationError("method 'speculative' needs a draft model (draft=...)")
+        check_compatible(target, draft)
+    else:
+        draft = None
+    rows = encode_prompts(target, prompts)
+    vocab = max(target.config.vocab_size, draft.config.vocab_size if draft else 0)
+    for i, row in enumerate(rows):
+        bad = [t for t in row if not 0 <= t < vocab]
+        if bad:
+            raise GenerationError(f"prompt {i} has token id {bad[0]} outside the vocabulary "
+                                  f"[0, {vocab})")
+        for model in (target, draft):
+            if model is not None and len(row) + max_new_tokens > model.config.max_positions:
+                raise GenerationError(
+                    f"prompt {i} has {len(row)} tokens; with max_new_tokens={max_new_tokens} that "
+                    f"exceeds the context window of {model.name} ({model.config.max_positions})")
+    if eos_ids is None:
+        eos_ids = target.config.eos_token_ids
+    eos_ids = tuple(int(e) for e in eos_ids)
+
+    longest = max(len(r) for r in rows)
+    padded_length = _bucket(longest)
+    k_eff = k if method != "autoregressive" else 1
+    # Room for the prompt, the new tokens and one step's K + 1 writes past the end.
+    buffer_length = _bucket(padded_length + max_new_tokens + k_eff + 1)
+    prompt_array = np.zeros((len(rows), padded_length), np.int32)
+    for i, row in enumerate(rows):
+        prompt_array[i, :len(row)] = row
+
+    spec = DecodeSpec(method=method, target_config=target.config,
+                      draft_config=draft.config if draft else None, sampling=sampling,
+                      max_new_tokens=max_new_tokens, k=k_eff, eos_ids=eos_ids,
+                      max_ngram=max_ngram, min_ngram=min_ngram, buffer_length=buffer_length,
+                      **hooks)
+    weights = Weights(target.params, draft.params if draft else None)
+    return Request(spec, weights, prompt_array, np.array([len(r) for r in rows], np.int32),
+                   row_keys(seed, len(rows)), target.tokenizer)
+
+
+def generate(target: Model, prompts, **kwargs) -> GenerationResult:
+    """Generates up to `max_new_tokens` tokens for each prompt with the chosen method.
+
+    Args:
+      target: the model whose distribution is sampled (from `specjax.load`).
+      prompts: a list of texts (needs the target's tokenizer) or of token-id lists; ragged.
+      method: "autoregressive", "speculative" (needs `draft`) or "ngram".
+      draft: the draft model for speculative sampling; same tokenizer as the target.
+      k: tokens drafted per step (speculative and ngram), >= 1.
+      max_new_tokens: tokens to generate per row, >= 1; fewer only if an EOS id comes first.
+      temperature, top_k, top_p: see `specjax.logits`; temperature 0 is greedy.
+      seed: an int (row b uses fold_in(key(seed), b)) or one int per row (row b uses key(seed[b]),
+        so a row's output is the same alone or in any batch).
+      eos_ids: ids that end a row (default: the target's), () to never stop early.
+      max_ngram, min_ngram: n-gram sizes tried by the lookup, longest first.
+    """
+    request = prepare(target, prompts, **kwargs)
+    compiled, compile_s = _compiled(request)
+    start = time.perf_counter()
+    state = compiled(request.weights, request.prompts, request.prompt_length, request.row_keys)
+    jax.block_until_ready(state.tokens)
+    return _result(request, state, compile_s, time.perf_counter() - start)
+
+
+def stream(target: Model, prompts, **kwargs) -> Iterator[tuple[list[list[int]], GenerationResult | None]]:
+    """Generates step by step from Python, yielding each step's new tokens per row.
+
+    Yields (new_tokens_per_row, None) after every step and finally ([], result). Runs the same
+    step function as `generate`, so the tokens are the same.
+    """
+    request = prepare(target, prompts, **kwargs)
+    start = time.perf_counter()
+    state = loop.init(request.spec, request.weights, request.prompts, request.prompt_length,
+                      request.row_keys)
+    lengths = np.asarray(state.length)
+    while not bool(np.all(np.asarray(state.done))):
+        state = loop.step(request.spec, request.weights, state)
+        tokens, new_lengths = np.asarray(state.tokens), np.asarray(state.length)
+        yield [tokens[b, lengths[b]:new_lengths[b]].tolist() for b in range(len(lengths))], None
+        lengths = new_lengths
+    yield [], _result(request, state, 0.0, time.perf_counter() - start)
+
+
+# -- Validation and inputs ----------------------------------------------------------------------
+
+def check_compatible(target: Model, draft: Model) -> None:
+    """A draft must share the target's token ids: same tokenizer, vocab sizes equal or differing
+    only by padding rows beyond the tokenizer."""
+    tt, dt = target.tokenizer, draft.tokenizer
+    tv, dv = target.config.vocab_size, draft.config.vocab_size
+    if tt is not None and dt is not None:
+        if tt.get_vocab(with_added_tokens=True) != dt.get_vocab(with_added_tokens=True):
+            raise GenerationError(f"draft {draft.name} and target {target.name} have different "
+                                  "tokenizers; speculative sampling needs the same token ids")
+        return  # the same tokenizer fits in both vocabularies (checked by load): padding only
+    if tv != dv:
+        raise GenerationError(f"draft vocab_size {dv} != target vocab_size {tv} ({draft.name} vs "
+                              f"{target.name})")
+
+
+def encode_prompts(model: Model, prompts) -> list[list[int]]:
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
+        raise GenerationError("prompts must be a non-empty list of texts or of token-id lists")
+    rows = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            if model.tokenizer is None:
+                raise GenerationError(f"{model.name} has no tokenizer.json; pass token ids")
+            row = model.tokenizer.encode(prompt).ids
+        else:
+            row = list(np.asarray(prompt).reshape(-1).tolist()) if len(prompt) else []
+            if not all(isinstance(t, numbers.Integral) for t in row):
+                raise GenerationError(f"prompt {i} must hold integer token ids")
+        if not row:
+            raise GenerationError(f"prompt {i} is empty")
+        rows.append([int(t) for t in row])
+    return rows
+
+
+def row_keys(seed, rows: int) -> jax.Array:
+    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(int(seed)),
+                                                               jnp.arange(rows))
+    seeds = list(seed) if isinstance(seed, Sequence) else None
+    if seeds is None or len(seeds) != rows or not all(isinstance(s, numbers.Integral) for s in seeds):
+        raise GenerationError(f"seed must be an int or a list of {rows} ints, got {seed!r}")
+    return jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise GenerationError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _bucket(n: int) -> int:
+    """Rounds lengths up (powers of two from 16) so new prompt lengths rarely recompile."""
+    return max(16, 1 << math.ceil(math.log2(n)))
+
+
+# -- Compilation and results --------------------------------------------------------------------
+
+_COMPILED: dict = {}
+
+
+def _compiled(request: Request):
+    """The compiled whole-generation program for this spec and these shapes, and the seconds
+    spent compiling it now (0 when it was compiled before)."""
+    args = (request.weights, request.prompts, request.prompt_length, request.row_keys)
+    shapes = jax.tree.map(lambda a: (a.shape, str(a.dtype)), args)
+    key = (request.spec, str(shapes))
+    if key in _COMPILED:
+        return _COMPILED[key], 0.0
+    start = time.perf_counter()
+    compiled = loop.run.lower(request.spec, *args).compile()
+    _COMPILED[key] = compiled
+    return compiled, time.perf_counter() - start
+
+
+def _result(request: Request, state: DecodeState, compile_s: float, run_s: float) -> GenerationResult:
+    if bool(state.nan_seen):
+        raise GenerationError("the model produced NaN logits; its weights or inputs are broken")
+    tokens, length = np.asarray(state.tokens), np.asarray(state.length)
+    start = request.prompt_length
+    rows = [tokens[b, start[b]:length[b]].tolist() for b in range(len(start))]
+    stats = Stats(method=request.spec.method, rows=len(rows),
+                  new_tokens=int(sum(len(r) for r in rows)),
+                  target_calls=int(np.sum(state.target_calls)),
+                  draft_calls=int(np.sum(state.draft_calls)), drafted=int(np.sum(state.drafted)),
+                  accepted=int(np.sum(state.accepted)), compile_s=compile_s, run_s=run_s)
+    texts = None
+    if request.tokenizer is not None:
+        texts = [request.tokenizer.decode(r) for r in rows]
+    return GenerationResult(rows, stats, texts)

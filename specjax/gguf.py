@@ -1,0 +1,379 @@
+"""Convert a llama-architecture GGUF file into a Hugging Face checkpoint directory.
+
+GGUF is llama.cpp's single-file format: hyperparameters, the tokenizer and (often quantized)
+tensors in one file. specjax itself only reads Hugging Face layout (config.json +
+*.safetensors + tokenizer.json), so a GGUF is converted once, offline:
+
+    convert_gguf("SmolLM2-135M-Instruct.Q4_1.gguf", "out/")  ->  out/config.json,
+        model.safetensors (float32), generation_config.json, tokenizer.json,
+        tokenizer_config.json (with the chat template), special_tokens_map.json
+
+Every tensor is dequantized to float32, so the result is exactly the model llama.cpp runs
+from that file, not the unquantized original. The `gguf` package (pip install specjax[gguf])
+does the parsing and the dequantization.
+
+Shape letters as in STYLE.md: V vocab, D width, F MLP width, N query heads, K KV heads,
+H head size, L layers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_ARCH = "llama"
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class _Hparams:
+    L: int
+    V: int
+    D: int
+    F: int
+    N: int
+    K: int
+    H: int
+    context_length: int
+    rope_theta: float
+    rms_norm_eps: float
+    rope_scaling: dict[str, Any] | None
+
+
+def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation: GGUF order -> Hugging Face order.
+
+    Hugging Face Llama rotates the pair (j, j + H/2) of each head (`rotate_half`); llama.cpp
+    rotates adjacent rows (2j, 2j + 1), Meta's original interleaved layout. convert_hf_to_gguf.py
+    therefore stores q_proj/k_proj rows permuted per head:
+
+        permute(w, n_head, n_head_kv) = w.reshape(n, 2, H/2, D).swapaxes(1, 2).reshape(w.shape)
+
+    with n = n_head for q and n = n_head_kv for k, so GGUF row 2j + s of a head is Hugging
+    Face row s * H/2 + j. The inverse reads the rows as (n, H/2, 2) and swaps back.
+
+    Args:
+        w: [n_heads * H, D] rows of attn_q (n_heads = N) or attn_k (n_heads = K), GGUF order.
+        n_heads: the number of heads those rows belong to.
+    Returns:
+        [n_heads * H, D], the same rows in Hugging Face order.
+    """
+    rows = w.shape[0]
+    if rows % (2 * n_heads):
+        raise ValueError(f"cannot split {rows} rows into {n_heads} heads of even size")
+    # [n*H, D] -> [n, H/2, 2, D] -> [n, 2, H/2, D] -> [n*H, D]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _name_table(hp: _Hparams) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """GGUF tensor name -> (Hugging Face LlamaForCausalLM name, shape in PyTorch order)."""
+    V, D, F, N, K, H = hp.V, hp.D, hp.F, hp.N, hp.K, hp.H
+    table = {
+        "token_embd.weight": ("model.embed_tokens.weight", (V, D)),
+        "output_norm.weight": ("model.norm.weight", (D,)),
+        # Absent when the embeddings are tied (then lm_head reuses model.embed_tokens).
+        "output.weight": ("lm_head.weight", (V, D)),
+    }
+    for i in range(hp.L):
+        g, h = f"blk.{i}.", f"model.layers.{i}."
+        table |= {
+            g + "attn_norm.weight": (h + "input_layernorm.weight", (D,)),
+            g + "attn_q.weight": (h + "self_attn.q_proj.weight", (N * H, D)),
+            g + "attn_k.weight": (h + "self_attn.k_proj.weight", (K * H, D)),
+            g + "attn_v.weight": (h + "self_attn.v_proj.weight", (K * H, D)),
+            g + "attn_output.weight": (h + "self_attn.o_proj.weight", (D, N * H)),
+            g + "ffn_norm.weight": (h + "post_attention_layernorm.weight", (D,)),
+            g + "ffn_gate.weight": (h + "mlp.gate_proj.weight", (F, D)),
+            g + "ffn_up.weight": (h + "mlp.up_proj.weight", (F, D)),
+            g + "ffn_down.weight": (h + "mlp.down_proj.weight", (D, F)),
+        }
+    return table
+
+
+def _import_gguf():
+    try:
+        import gguf
+    except ImportError as e:
+        raise ImportError("reading GGUF files needs the gguf package: pip install specjax[gguf]") from e
+    return gguf
+
+
+def _open(path: Path):
+    gguf = _import_gguf()
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such GGUF file")
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as e:  # the reader parses untrusted bytes; any failure means a bad file
+        raise ValueError(f"{path}: not a valid GGUF file (corrupt or truncated?): {e}") from e
+
+
+def _metadata(reader, path: Path) -> dict[str, Any]:
+    meta = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):  # the header, not key/value metadata
+            continue
+        try:
+            meta[key] = field.contents()
+        except Exception as e:  # same as _open: a corrupt value is a bad file
+            raise ValueError(f"{path}: unreadable metadata {key!r}: {e}") from e
+    return meta
+
+
+def _get(meta: dict[str, Any], key: str, path: Path, default: Any = _MISSING) -> Any:
+    if key in meta:
+        return meta[key]
+    if default is _MISSING:
+        raise ValueError(f"{path}: missing metadata {key!r}")
+    return default
+
+
+def _f32(x: float) -> float:
+    # GGUF stores floats as float32; the shortest decimal that round-trips in float32 gives back
+    # the value the model was published with (1e-05, not 9.999999747378752e-06).
+    return float(str(np.float32(x)))
+
+
+def _hparams(meta: dict[str, Any], path: Path) -> _Hparams:
+    arch = _get(meta, "general.architecture", path)
+    if arch != _ARCH:
+        raise ValueError(f"{path}: unsupported architecture {arch!r} (only {_ARCH!r} GGUF files convert)")
+
+    def get(key, default=_MISSING):
+        return _get(meta, f"{_ARCH}.{key}", path, default)
+
+    D, N = get("embedding_length"), get("attention.head_count")
+    vocab_size = get("vocab_size", None)
+    if vocab_size is None:
+        vocab_size = len(_get(meta, "tokenizer.ggml.tokens", path))
+
+    scaling = get("rope.scaling.type", "none")
+    if scaling == "none":
+        rope_scaling = None
+    elif scaling == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": _f32(get("rope.scaling.factor"))}
+    else:
+        raise ValueError(f"{path}: unsupported rope scaling {scaling!r}")
+
+    return _Hparams(
+        L=get("block_count"),
+        V=vocab_size,
+        D=D,
+        F=get("feed_forward_length"),
+        N=N,
+        K=get("attention.head_count_kv", N),
+        # The rotary size equals the head size for Llama; key_length is the explicit field.
+        H=get("attention.key_length", get("rope.dimension_count", D // N)),
+        context_length=get("context_length"),
+        rope_theta=_f32(get("rope.freq_base", 10000.0)),
+        rms_norm_eps=_f32(get("attention.layer_norm_rms_epsilon")),
+        rope_scaling=rope_scaling,
+    )
+
+
+def _tensors(reader, hp: _Hparams, path: Path) -> dict[str, np.ndarray]:
+    """All tensors, dequantized to float32, under Hugging Face names."""
+    gguf = _import_gguf()
+    table = _name_table(hp)
+    out = {}
+    for t in reader.tensors:
+        if t.name not in table:
+            raise ValueError(f"{path}: unknown tensor {t.name!r}")
+        hf_name, shape = table[t.name]
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError as e:
+            raise ValueError(f"{path}: tensor {t.name!r} has unsupported type {t.tensor_type.name}") from e
+        # GGUF lists dimensions in ggml's ne order, fastest-varying first: the reverse of numpy/
+        # PyTorch order. So `ne = [D, V]` is a row-major [V, D] array, the layout Hugging Face
+        # uses, and no transpose is needed; the reader already hands us that numpy order.
+        if w.shape != tuple(int(n) for n in reversed(t.shape)):
+            raise ValueError(f"{path}: tensor {t.name!r} holds {w.shape}, header says ne={list(t.shape)}")
+        if w.shape != shape:
+            raise ValueError(f"{path}: tensor {t.name!r} has shape {w.shape}, expected {shape} for {hf_name}")
+        w = np.array(w, dtype=np.float32)  # own the memory: the reader's arrays are a memmap
+        if t.name.endswith("attn_q.weight"):
+            w = unpermute_rope_rows(w, hp.N)
+        elif t.name.endswith("attn_k.weight"):
+            w = unpermute_rope_rows(w, hp.K)
+        out[hf_name] = w
+
+    missing = [g for g in table if g != "output.weight" and table[g][0] not in out]
+    if missing:
+        raise ValueError(f"{path}: missing tensor {missing[0]!r} ({len(missing)} missing in all)")
+    return out
+
+
+def _pre_tokenizer(pre: str, path: Path):
+    from tokenizers import pre_tokenizers
+
+    # GPT-2's regex split plus the byte -> printable-unicode mapping that every byte-level BPE
+    # vocabulary is written in ("Ġ" for a space).
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre == "gpt-2":
+        return byte_level
+    if pre == "smollm":
+        # llama.cpp (llama-vocab.cpp) splits every digit into its own piece ("\p{N}") before
+        # GPT-2's regex, as SmolLM's own tokenizer.json does with Digits(individual_digits).
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    raise ValueError(f"{path}: unsupported tokenizer.ggml.pre {pre!r} (supported: 'gpt-2', 'smollm')")
+
+
+# llama.cpp's token types (tokenizer.ggml.token_type).
+_CONTROL, _USER_DEFINED = 3, 4
+# Hugging Face's name for a special token -> llama.cpp's tokenizer.ggml.<key>_token_id.
+_SPECIAL_KEYS = {"bos": "bos", "eos": "eos", "unk": "unknown", "pad": "padding"}
+
+
+def _special_ids(meta: dict[str, Any], n_tokens: int, path: Path) -> dict[str, int]:
+    """{'bos': 1, 'eos': 2, ...} for the special tokens the file names."""
+    ids = {}
+    for name, key in _SPECIAL_KEYS.items():
+        i = _get(meta, f"tokenizer.ggml.{key}_token_id", path, None)
+        if i is None:
+            continue
+        if not 0 <= i < n_tokens:
+            raise ValueError(f"{path}: tokenizer.ggml.{key}_token_id={i} is outside the vocabulary")
+        ids[name] = i
+    return ids
+
+
+def _tokenizer(meta: dict[str, Any], special_ids: dict[str, int], path: Path):
+    """A `tokenizers.Tokenizer` equivalent to llama.cpp's, from the tokenizer.ggml.* metadata."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+
+    kind = _get(meta, "tokenizer.ggml.model", path)
+    if kind != "gpt2":
+        raise ValueError(f"{path}: unsupported tokenizer.ggml.model {kind!r} (only byte-level BPE 'gpt2')")
+    if _get(meta, "tokenizer.ggml.add_space_prefix", path, False):
+        raise ValueError(f"{path}: tokenizer.ggml.add_space_prefix=true is not supported")
+    tokens = _get(meta, "tokenizer.ggml.tokens", path)
+    types = _get(meta, "tokenizer.ggml.token_type", path, [1] * len(tokens))
+    if len(types) != len(tokens):
+        raise ValueError(f"{path}: {len(types)} token types for {len(tokens)} tokens")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise ValueError(f"{path}: tokenizer.ggml.tokens has duplicate tokens")
+    # A merge is "left right"; like llama.cpp, split at the first space after the first character.
+    merges = []
+    for m in _get(meta, "tokenizer.ggml.merges", path):
+        cut = m.find(" ", 1)
+        if cut < 0:
+            raise ValueError(f"{path}: malformed merge {m!r} in tokenizer.ggml.merges")
+        merges.append((m[:cut], m[cut + 1 :]))
+
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = _pre_tokenizer(_get(meta, "tokenizer.ggml.pre", path, "gpt-2"), path)
+    tok.decoder = decoders.ByteLevel()
+    # Added tokens match as whole strings before the pre-tokenizer and BPE see the text, so
+    # "<|im_start|>" stays one id. Control tokens are special: skip_special_tokens drops them.
+    tok.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == _USER_DEFINED]
+    )
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == _CONTROL]
+    )
+
+    bos, eos = [], []
+    for name, added in (("bos", bos), ("eos", eos)):
+        if _get(meta, f"tokenizer.ggml.add_{name}_token", path, False):
+            if name not in special_ids:
+                raise ValueError(f"{path}: tokenizer.ggml.add_{name}_token is set but no {name} token id is")
+            added.append(tokens[special_ids[name]])
+    if bos or eos:
+        single = [f"{t}:0" for t in bos] + ["$A:0"] + [f"{t}:0" for t in eos]
+        pair = single + [f"{t}:1" for t in bos] + ["$B:1"] + [f"{t}:1" for t in eos]
+        tok.post_processor = processors.TemplateProcessing(
+            single=single, pair=pair, special_tokens=[(t, vocab[t]) for t in dict.fromkeys(bos + eos)]
+        )
+    return tok
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
+    """Convert a llama-architecture GGUF file into a Hugging Face checkpoint directory.
+
+    Args:
+        gguf_path: the .gguf file (any tensor type the gguf package dequantizes).
+        out_dir: created if needed; config.json, model.safetensors (float32),
+            generation_config.json, tokenizer.json, tokenizer_config.json and
+            special_tokens_map.json are (over)written there.
+    Returns:
+        out_dir as a Path, loadable by transformers' LlamaForCausalLM and by specjax.
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a corrupt or truncated file, another architecture, an unknown or missing
+            tensor, a wrong shape, or an unsupported tokenizer; the message names the file.
+    """
+    from safetensors.numpy import save_file
+
+    path = Path(gguf_path)
+    reader = _open(path)
+    meta = _metadata(reader, path)
+    hp = _hparams(meta, path)
+    tensors = _tensors(reader, hp, path)
+    tokens = _get(meta, "tokenizer.ggml.tokens", path)
+    special_ids = _special_ids(meta, len(tokens), path)
+    tokenizer = _tokenizer(meta, special_ids, path)
+    if tokenizer.get_vocab_size() != hp.V:
+        raise ValueError(f"{path}: the tokenizer has {tokenizer.get_vocab_size()} tokens, the model {hp.V}")
+
+    # bos/eos/pad ids go into config.json and generation_config.json; unk has no place there.
+    token_ids = {f"{k}_token_id": i for k, i in special_ids.items() if k != "unk"}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": hp.V,
+        "hidden_size": hp.D,
+        "intermediate_size": hp.F,
+        "num_hidden_layers": hp.L,
+        "num_attention_heads": hp.N,
+        "num_key_value_heads": hp.K,
+        "head_dim": hp.H,
+        "hidden_act": "silu",
+        "max_position_embeddings": hp.context_length,
+        "rms_norm_eps": hp.rms_norm_eps,
+        "rope_theta": hp.rope_theta,
+        "rope_scaling": hp.rope_scaling,
+        "attention_bias": False,
+        "mlp_bias": False,
+        # No output.weight in the file means the output layer reuses the token embeddings.
+        "tie_word_embeddings": "lm_head.weight" not in tensors,
+        **token_ids,
+        "torch_dtype": "float32",
+    }
+    specials = {f"{k}_token": tokens[i] for k, i in special_ids.items()}
+    named = set(specials.values())
+    additional = [
+        t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special and t.content not in named
+    ]
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **specials,
+        # Whether encode() prepends BOS lives in tokenizer.json's post-processor; these flags
+        # only repeat it for readers of this file (SmolLM2: false, the chat template has none).
+        "add_bos_token": bool(_get(meta, "tokenizer.ggml.add_bos_token", path, False)),
+        "add_eos_token": bool(_get(meta, "tokenizer.ggml.add_eos_token", path, False)),
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": hp.context_length,
+    }
+    if "tokenizer.chat_template" in meta:
+        tokenizer_config["chat_template"] = meta["tokenizer.chat_template"]
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "config.json", config)
+    _write_json(out / "generation_config.json", token_ids)
+    # "format": "pt" tells transformers these tensors are in PyTorch layout.
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt", "source": path.name})
+    tokenizer.save(str(out / "tokenizer.json"))
+    _write_json(out / "tokenizer_config.json", tokenizer_config)
+    _write_json(out / "special_tokens_map.json", {**specials, "additional_special_tokens": additional})
+    return out

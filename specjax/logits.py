@@ -1,0 +1,164 @@
+"""The one place where logits become the distribution we sample from.
+
+Every decoding method (autoregressive, the draft and the target of speculative sampling, the
+bonus position, n-gram lookup) calls `probs_from_logits` with the same `SamplingParams`, so the
+distribution the target model is "sampled from" is defined exactly once. Speculative sampling is
+exact with respect to *this* distribution: Theorem 1 of Chen et al. 2023 ("Accelerating Large
+Language Model Decoding with Speculative Sampling") and Theorem 1 / Appendix A.1 of Leviathan
+et al. 2023 ("Fast Inference from Transformers via Speculative Decoding") hold for any p and q,
+so warping both draft and target logits with temperature / top-k / top-p before verification
+keeps the output distributed as the warped target.
+
+The transforms are applied in this fixed order, all in float32:
+
+  1. cast the logits to float32;
+  2. temperature: divide by `temperature` (0 means greedy, see below);
+  3. top-k: keep the k largest logits (Fan et al. 2018, "Hierarchical Neural Story Generation");
+  4. top-p: keep the nucleus, the smallest set of most probable tokens whose cumulative
+     probability under the distribution left by steps 2-3 is >= top_p (Holtzman et al. 2020,
+     "The Curious Case of Neural Text Degeneration"); the most probable token is always kept;
+  5. softmax over what is left.
+
+This is the order Hugging Face transformers uses (temperature, top-k, top-p warpers).
+
+Ties are broken deterministically by token id: tokens are ranked by descending float32 logit and,
+among equal logits, by ascending id (a stable sort). Top-k keeps exactly the first k ranks and
+top-p keeps a prefix of the ranks, so with logits [1, 3, 3, 3] and top_k=2 ids 1 and 2 are kept.
+This also makes top_k=1 identical to greedy decoding, whose argmax picks the lowest id on ties.
+
+Temperature 0 means greedy: the distribution is the one-hot of the argmax of the raw logits
+(lowest id on ties), and top-k / top-p are irrelevant.
+
+Masked tokens get a logit of -inf (never a large finite constant), and every step is written so
+that finite or -inf logits never produce NaN: the logits are shifted so that the largest one is
+exactly 0 *before* dividing by the temperature (softmax is shift-invariant, and this keeps huge
+logits such as float32 max from overflowing to inf), and the top-ranked token always survives
+masking, so the final softmax always has a term exp(0) = 1 in its denominator. A row whose logits
+are all -inf is treated like a row of equal logits (uniform over the vocabulary under sampling,
+id 0 under greedy), since there is no better-defined answer and NaN would poison the caller.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["SamplingParams", "probs_from_logits", "sample", "has_nan"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How logits are turned into a distribution. Frozen and hashable: a static arg under jit.
+
+    Attributes:
+      temperature: >= 0 and finite. 0 means greedy (one-hot of the argmax).
+      top_k: number of most likely tokens to keep; 0 means no top-k filtering. A value >= V
+        keeps everything.
+      top_p: nucleus mass in (0, 1]; 1.0 means no nucleus filtering.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError, naming the offending value, if any parameter is out of range."""
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        k = self.top_k
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 < p <= 1.0:
+            # `not 0 < p <= 1` is also True for NaN, which fails every comparison.
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when temperature is 0: the distribution is the one-hot of the argmax."""
+        return self.temperature == 0
+
+
+def probs_from_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
+    """Turn logits into the float32 distribution that is sampled from (see module docstring).
+
+    Args:
+      logits: [..., V] logits of any float dtype; entries may be -inf (masked tokens).
+      params: sampling parameters; static (a Python value, not traced).
+
+    Returns:
+      [..., V] float32 probabilities that sum to 1 along the last axis. Works under jit and vmap
+      and for any number of leading dimensions.
+    """
+    x = jnp.asarray(logits).astype(jnp.float32)  # [..., V]
+    vocab = x.shape[-1]
+
+    if params.greedy:
+        # jnp.argmax returns the first (lowest) id among equal maxima.
+        return jax.nn.one_hot(jnp.argmax(x, axis=-1), vocab, dtype=jnp.float32)
+
+    # Shift so that the largest logit is exactly 0, then apply the temperature. Entries equal to
+    # the max are set to 0 explicitly rather than computed as x - max, so that a row of all -inf
+    # gives zeros (uniform) instead of -inf - -inf = NaN. Dividing values in [-inf, 0] by a
+    # positive temperature cannot overflow to +inf, even for float32-max logits.
+    x_max = jnp.max(x, axis=-1, keepdims=True)  # [..., 1]
+    scaled = jnp.where(x == x_max, 0.0, x - x_max) / params.temperature  # [..., V], max 0
+
+    top_k = params.top_k if 0 < params.top_k < vocab else 0
+    use_top_p = params.top_p < 1.0
+    if not top_k and not use_top_p:
+        return jax.nn.softmax(scaled, axis=-1)
+
+    # Rank tokens by descending logit, lowest id first among ties. Ranking the unscaled float32
+    # logits gives the same order as the scaled ones (temperature is a positive scale) without
+    # ties created by rounding.
+    order = jnp.argsort(-x, axis=-1, stable=True)  # [..., V] ids, best first
+    sorted_scaled = jnp.take_along_axis(scaled, order, axis=-1)  # [..., V] descending
+    rank = jnp.broadcast_to(jnp.arange(vocab), sorted_scaled.shape)  # [..., V]
+    keep_sorted = rank < (top_k if top_k else vocab)  # [..., V]
+
+    if use_top_p:
+        # Nucleus over the distribution left by temperature and top-k: a rank is kept while the
+        # mass of the ranks strictly before it is < top_p, so the kept set is the smallest prefix
+        # reaching top_p. Rank 0 is kept explicitly: a top_p below the float32 range rounds to 0.
+        sorted_probs = jax.nn.softmax(jnp.where(keep_sorted, sorted_scaled, -jnp.inf), axis=-1)
+        cum = jnp.cumsum(sorted_probs, axis=-1)  # [..., V]
+        mass_before = jnp.concatenate([jnp.zeros_like(cum[..., :1]), cum[..., :-1]], axis=-1)
+        keep_sorted = keep_sorted & ((mass_before < params.top_p) | (rank == 0))
+
+    # Back from rank order to id order: keep[order[r]] = keep_sorted[r].
+    keep = jnp.put_along_axis(
+        jnp.zeros(keep_sorted.shape, dtype=bool), order, keep_sorted, axis=-1, inplace=False
+    )  # [..., V]
+    return jax.nn.softmax(jnp.where(keep, scaled, -jnp.inf), axis=-1)
+
+
+def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
+    """Draw one token id per row from `probs`.
+
+    Uses the Gumbel-max trick on log(probs) (jax.random.categorical). Tokens with probability 0
+    get log 0 = -inf and can never be drawn, unlike inverse-CDF sampling, where float32 rounding
+    of the cumulative sum can land on a zero-probability id.
+
+    Args:
+      key: a single PRNG key; rows get independent draws from it.
+      probs: [..., V] probabilities (e.g. from `probs_from_logits`).
+
+    Returns:
+      [...] int32 token ids in [0, V).
+    """
+    log_probs = jnp.log(jnp.asarray(probs))  # [..., V], -inf where probs == 0
+    return jax.random.categorical(key, log_probs, axis=-1).astype(jnp.int32)
+
+
+def has_nan(logits: jax.Array) -> jax.Array:
+    """[..., V] -> [...] bool: whether a row of logits contains NaN (a broken model or input)."""
+    return jnp.isnan(logits).any(axis=-1)

