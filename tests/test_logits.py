@@ -87,7 +87,13 @@ def test_top_k_1_equals_greedy(logits, temperature):
 def test_top_k_keeps_exactly_the_k_largest(data):
     vocab = data.draw(st.integers(1, 8))
     logits = data.draw(
-        hnp.arrays(np.float32, vocab, elements=st.floats(-20, 20, width=32), unique=True)
+        # Subnormals are excluded: XLA on CPU flushes them to zero, which creates ties.
+        hnp.arrays(
+            np.float32,
+            vocab,
+            elements=st.floats(-20, 20, width=32, allow_subnormal=False),
+            unique=True,
+        )
     )
     k = data.draw(st.integers(1, vocab))
     out = probs(logits, top_k=k)
@@ -262,10 +268,10 @@ def test_sample_never_draws_zero_probability_ids_and_matches_probs():
 
 
 def test_sample_respects_top_k_mask():
-    logits = jax.random.normal(jax.random.key(1), (20_000, 9))
+    logits = jax.random.normal(jax.random.key(1), (5000, 9))
     p = probs_from_logits(logits, SamplingParams(top_k=2, top_p=0.9))
     ids = sample(jax.random.key(2), p)
-    assert ids.shape == (20_000,)
+    assert ids.shape == (5000,)
     assert bool(jnp.all(jnp.take_along_axis(p, ids[:, None], axis=-1) > 0))
 
 

@@ -1,0 +1,169 @@
+"""Decoding loops: greedy equality across methods, batching, determinism, stopping, stats."""
+
+import numpy as np
+import pytest
+
+import specjax
+from specjax.generate import GenerationError, generate, stream
+from tests.tiny import pair
+
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4], [7, 6], [5], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2]]
+N = 24
+
+
+@pytest.fixture(scope="module")
+def models():
+    return pair(vocab=8, std=0.5)
+
+
+@pytest.fixture(scope="module")
+def greedy(models):
+    target, _ = models
+    return generate(target, PROMPTS, max_new_tokens=N, temperature=0.0, eos_ids=()).tokens
+
+
+def reference_greedy(model, prompt, n):
+    """Greedy decoding by full-sequence forward passes: no cache, no sampler code."""
+    tokens = list(prompt)
+    for _ in range(n):
+        logits, _ = specjax.forward(model.params, model.config, np.array([tokens]),
+                                    np.arange(len(tokens))[None])
+        tokens.append(int(np.argmax(logits[0, -1])))
+    return tokens[len(prompt):]
+
+
+def test_autoregressive_greedy_equals_full_sequence_argmax(models, greedy):
+    target, _ = models
+    for prompt, got in zip(PROMPTS[:2], greedy[:2]):
+        assert got == reference_greedy(target, prompt, N)
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_speculative_greedy_equals_autoregressive(models, greedy, k):
+    target, draft = models
+    result = generate(target, PROMPTS, method="speculative", draft=draft, k=k, max_new_tokens=N,
+                      temperature=0.0, eos_ids=())
+    assert result.tokens == greedy
+    assert result.stats.draft_calls == k * result.stats.target_calls
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_ngram_greedy_equals_autoregressive(models, greedy, k):
+    target, _ = models
+    result = generate(target, PROMPTS, method="ngram", k=k, max_new_tokens=N, temperature=0.0,
+                      eos_ids=())
+    assert result.tokens == greedy
+    assert result.stats.accepted > 0  # the repetitive prompts make lookups hit
+
+
+def test_unbatched_equals_batched_greedy(models, greedy):
+    target, draft = models
+    for i in (0, 2):
+        alone = generate(target, [PROMPTS[i]], method="speculative", draft=draft, k=3,
+                         max_new_tokens=N, temperature=0.0, eos_ids=())
+        assert alone.tokens[0] == greedy[i]
+
+
+def test_draft_equal_to_target_accepts_everything(models):
+    target, _ = models
+    k, rounds = 3, 6
+    result = generate(target, PROMPTS, method="speculative", draft=target, k=k,
+                      max_new_tokens=rounds * (k + 1), temperature=0.0, eos_ids=())
+    stats = result.stats
+    assert stats.accepted == stats.drafted
+    assert stats.target_calls == rounds * len(PROMPTS)
+    assert stats.tokens_per_target_call == k + 1
+
+
+@pytest.mark.parametrize("method", ["autoregressive", "speculative", "ngram"])
+def test_same_seed_same_output_and_row_alone_equals_row_in_batch(models, method):
+    target, draft = models
+    kwargs = dict(method=method, draft=draft, k=3, max_new_tokens=N, temperature=1.0, eos_ids=())
+    seeds = [11, 12, 13, 14]
+    first = generate(target, PROMPTS, seed=seeds, **kwargs).tokens
+    assert generate(target, PROMPTS, seed=seeds, **kwargs).tokens == first
+    alone = generate(target, [PROMPTS[1]], seed=[12], **kwargs).tokens
+    assert alone[0] == first[1]
+    other = generate(target, PROMPTS, seed=[21, 22, 23, 24], **kwargs).tokens
+    assert other != first
+
+
+@pytest.mark.parametrize("method", ["autoregressive", "speculative", "ngram"])
+def test_eos_and_max_new_tokens_are_exact(models, greedy, method):
+    target, draft = models
+    # Stop at a token the greedy continuation of row 0 produces at index j: output ends there.
+    j = 5
+    eos = greedy[0][j]
+    first = greedy[0].index(eos)
+    result = generate(target, PROMPTS, method=method, draft=draft, k=4, max_new_tokens=N,
+                      temperature=0.0, eos_ids=(eos,))
+    assert result.tokens[0] == greedy[0][:first + 1]
+    for got, want in zip(result.tokens, greedy):
+        cut = want.index(eos) + 1 if eos in want else N
+        assert got == want[:cut]
+    for n in (1, 2, 7):  # never overshoots by up to K tokens
+        short = generate(target, PROMPTS, method=method, draft=draft, k=4, max_new_tokens=n,
+                         temperature=0.0, eos_ids=())
+        assert short.tokens == [g[:n] for g in greedy]
+
+
+@pytest.mark.parametrize("method", ["speculative", "ngram"])
+def test_stream_equals_jitted_loop(models, method):
+    target, draft = models
+    kwargs = dict(method=method, draft=draft, k=3, max_new_tokens=N, temperature=1.0, seed=3,
+                  eos_ids=())
+    chunks = [[] for _ in PROMPTS]
+    result = None
+    for new, result in stream(target, PROMPTS, **kwargs):
+        for row, tokens in zip(chunks, new):
+            row.extend(tokens)
+    assert chunks == result.tokens == generate(target, PROMPTS, **kwargs).tokens
+
+
+def test_vocab_padding_draft_is_handled(models, greedy):
+    # A draft whose vocabulary is larger (padding rows) than the target's: same token ids.
+    from tokenizers import Tokenizer, models as tokenizer_models
+
+    tokenizer = Tokenizer(tokenizer_models.WordLevel({c: i for i, c in enumerate("abcdefgh")},
+                                                      unk_token="a"))
+    target = specjax.Model(models[0].config, models[0].params, tokenizer)
+    big = specjax.random_model(target.config.replace(vocab_size=12, n_layers=1), seed=5, std=0.5,
+                               tokenizer=tokenizer)
+    result = generate(target, PROMPTS, method="speculative", draft=big, k=2, max_new_tokens=N,
+                      temperature=0.0, eos_ids=())
+    assert result.tokens == greedy
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(method="speculative", k=0), "k must be an integer >= 1, got 0"),
+    (dict(method="ngram", k=-2), "got -2"),
+    (dict(temperature=-0.5), "-0.5"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "1.5"),
+    (dict(top_k=-1), "top_k"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(method="beam"), "'beam'"),
+    (dict(max_new_tokens=1000), "context window"),
+    (dict(method="speculative", draft=None), "draft"),
+])
+def test_invalid_parameters_raise_with_the_value(models, kwargs, needle):
+    target, draft = models
+    kwargs = {"draft": draft, **kwargs}
+    with pytest.raises(GenerationError, match=None) as info:
+        generate(target, PROMPTS, **kwargs)
+    assert needle in str(info.value)
+
+
+def test_mismatched_draft_vocab_is_rejected(models):
+    target, _ = models
+    small = specjax.random_model(target.config.replace(vocab_size=5), seed=3)
+    with pytest.raises(GenerationError, match="vocab_size 5 != target vocab_size 8"):
+        generate(target, PROMPTS, method="speculative", draft=small)
+
+
+def test_nan_logits_are_an_error(models):
+    target, _ = models
+    broken = specjax.Model(target.config, {**target.params,
+                                           "embed": target.params["embed"] * np.nan})
+    with pytest.raises(GenerationError, match="NaN"):
+        generate(broken, PROMPTS, max_new_tokens=2)
