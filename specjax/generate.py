@@ -236,8 +236,8 @@ def _check_int(name: str, value, minimum: int) -> None:
 
 
 def _bucket(n: int) -> int:
-    """Rounds lengths up (powers of two from 16) so new prompt lengths rarely recompile."""
-    return max(16, 1 << math.ceil(math.log2(n)))
+    """Rounds lengths up (powers of two from 8) so new prompt lengths rarely recompile."""
+    return max(8, 1 << math.ceil(math.log2(n)))
 
 
 # -- Compilation and results --------------------------------------------------------------------

@@ -24,3 +24,16 @@ def pair(vocab=8, std=1.0, target_seed=1, draft_seed=2):
     target = specjax.random_model(llama_config(vocab, layers=2), seed=target_seed, std=std)
     draft = specjax.random_model(llama_config(vocab, layers=1), seed=draft_seed, std=std)
     return target, draft
+
+
+@functools.lru_cache(maxsize=None)
+def close_pair(vocab=6, std=1.0, noise=0.5, seed=1):
+    """A target and a draft made from it by adding noise to every weight: they agree often but
+    not always, like a real draft, so both branches of verification get exercised."""
+    import jax
+
+    target = specjax.random_model(llama_config(vocab, layers=2), seed=seed, std=std)
+    leaves, treedef = jax.tree.flatten(target.params)
+    keys = jax.random.split(jax.random.key(seed + 1000), len(leaves))
+    noisy = [a + noise * std * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys)]
+    return target, specjax.Model(target.config, jax.tree.unflatten(treedef, noisy))

@@ -1,0 +1,518 @@
+"""Benchmarks autoregressive, speculative and n-gram decoding on a fixed prompt suite.
+
+Every prompt of the suite (specjax/bench_prompts.py: code completion, code editing, prose and
+chat) runs through every method and every K: --warmup untimed runs, then --reps timed runs of
+`specjax.generate` (the whole loop compiled as one program; compile time is recorded apart).
+Per prompt the medians over the timed runs are reported; the summary holds the medians of those
+over the prompts:
+
+  tokens/s          new tokens / run time
+  speedup           tokens/s over autoregressive tokens/s: same prompt, same engine, same run
+  acceptance a      accepted drafted tokens / drafted tokens
+  tokens/call       new tokens per target call
+  c                 cost ratio: draft time per token / target time per token, from both models'
+                    autoregressive decoding of the same prompt in the same run; 0 for n-gram
+  theory            E / (c K + 1) with E = (1 - a^(K+1)) / (1 - a) (Leviathan et al. 2023,
+                    Eq. 1 and Theorem 3.8): the speedup that the measured a and c imply when a
+                    target call on K + 1 tokens costs what a call on one token costs
+  measured/theory   speedup / theory
+
+N-gram steps that find no match draft nothing; a counts only tokens actually drafted, so the
+theory (K drafts every step) is an upper bound there.
+
+Peers, when transformers and torch are importable (the `bench` extra), run in the same process
+on the same weights: `generate`, assisted generation with the same draft (`assistant_model=`,
+K tokens per step, constant schedule, no confidence cut-off) and prompt lookup
+(`prompt_lookup_num_tokens=K`, `max_matching_ngram_size` = --max-ngram). torch gets
+torch.set_num_threads(<cores>), the thread count JAX's CPU backend uses. Peer speedups are over
+transformers' own `generate`; their tokens/call counts target forward calls, prefill included.
+
+Writes results.json, results.md and, with matplotlib, speedup_vs_k.png and acceptance_vs_k.png
+into --out (default bench-out/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from specjax.cli import CLIError, add_model_arguments, enable_compile_cache, model_paths
+
+SCHEMA = "specjax.bench/1"
+ALL_METHODS = ("autoregressive", "speculative", "ngram")
+FULL = dict(ks="2,4,6", reps=5, warmup=1, max_new_tokens=128)
+QUICK = dict(ks="2", reps=1, warmup=0, max_new_tokens=16)
+METRICS = ("tokens_per_second", "speedup", "speedup_vs_specjax_autoregressive", "acceptance_rate",
+           "tokens_per_target_call", "cost_ratio", "theoretical_speedup",
+           "measured_over_theoretical")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--methods", default=",".join(ALL_METHODS),
+                        help="comma-separated subset of " + ",".join(ALL_METHODS) +
+                             " (autoregressive, the baseline, always runs)")
+    parser.add_argument("--ks", help="comma-separated K values (default 2,4,6; --quick: 2)")
+    parser.add_argument("--reps", type=int, help="timed runs per setting (default 5; --quick: 1)")
+    parser.add_argument("--warmup", type=int, help="untimed runs first (default 1; --quick: 0)")
+    parser.add_argument("--max-new-tokens", type=int,
+                        help="tokens per run (default 128; --quick: 16); lowered for a prompt "
+                             "that would not fit the context window")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--seed", type=int, default=0, help="timed run i uses seed + i")
+    parser.add_argument("--max-ngram", type=int, default=3,
+                        help="longest n-gram looked up (default 3)")
+    parser.add_argument("--quick", action="store_true",
+                        help="one short prompt per category, K=2, 1 run, 16 tokens, no peers")
+    parser.add_argument("--peers", action=argparse.BooleanOptionalAction, default=None,
+                        help="also run transformers (default: when installed; off with --quick)")
+    parser.add_argument("--out", default="bench-out", help="output directory (default bench-out)")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from specjax.bench_prompts import SUITE
+    from specjax.checkpoint import load
+    from specjax.generate import check_compatible
+
+    settings = _settings(args)
+    enable_compile_cache()
+    notes: list[str] = []
+    target_path, draft_path, no_draft = model_paths(args, "speculative" in settings["methods"])
+    if "speculative" in settings["methods"] and draft_path is None:
+        settings["methods"].remove("speculative")
+        notes.append(f"speculative skipped: {no_draft}")
+    target = load(target_path, dtype=args.dtype)
+    draft = load(draft_path, dtype=args.dtype) if draft_path is not None else None
+    if draft is not None:
+        check_compatible(target, draft)
+    prompts = _encode_suite(target, draft, SUITE["prompts"], settings, notes)
+    peers = Peers.create(target, draft, settings, args.dtype, notes) if settings["peers"] else None
+
+    jobs = _jobs(prompts, settings, target, draft, peers)
+    progress = Progress(len(jobs))
+    for job in jobs:
+        progress.update(f"{job['prompt']['id']} {job['engine']} {job['method']}"
+                        + (f" K={job['k']}" if job["k"] else ""))
+        job["result"] = job.pop("run")()
+    progress.close()
+
+    rows = _rows(jobs, settings)
+    categories = list(dict.fromkeys(p["category"] for p in prompts))
+    results = {
+        "schema": SCHEMA, "suite_version": SUITE["version"],
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": _machine(peers),
+        "settings": {**settings, "target": target.name, "target_path": str(target.path),
+                     "draft": draft.name if draft is not None else None,
+                     "draft_path": str(draft.path) if draft is not None else None,
+                     "dtype": args.dtype, "peers": peers is not None},
+        "prompts": [{k: p[k] for k in ("id", "category", "chat", "prompt_tokens",
+                                       "max_new_tokens")} for p in prompts],
+        "rows": rows,
+        "summary": summarize(rows, "all"),
+        "by_category": [r for c in categories
+                        for r in summarize([x for x in rows if x["category"] == c], c)],
+        "notes": notes,
+    }
+    mismatched = [r for r in results["summary"] if r["same_tokens_as_specjax_autoregressive"] is False]
+    if mismatched:
+        notes.append("greedy outputs that differ from specjax autoregressive's: " + ", ".join(
+            f"{r['engine']} {r['method']} K={r['k']}" for r in mismatched))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = plots(results, out)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.md").write_text(markdown(results))
+    print(markdown(results, heading=False), end="")
+    print("\nwrote " + ", ".join(str(out / f) for f in ["results.json", "results.md", *written]))
+    return 0
+
+
+def _settings(args) -> dict:
+    base = QUICK if args.quick else FULL
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods or any(m not in ALL_METHODS for m in methods):
+        raise CLIError(f"--methods must be a comma-separated subset of {','.join(ALL_METHODS)}, "
+                       f"got {args.methods!r}")
+    ks_text = args.ks or base["ks"]
+    try:
+        ks = sorted({int(k) for k in ks_text.split(",")})
+    except ValueError:
+        raise CLIError(f"--ks must be comma-separated integers, got {ks_text!r}") from None
+    pick = lambda name: base[name] if getattr(args, name) is None else getattr(args, name)  # noqa: E731
+    settings = dict(methods=[m for m in ALL_METHODS if m in methods or m == "autoregressive"],
+                    ks=ks, reps=pick("reps"), warmup=pick("warmup"),
+                    max_new_tokens=pick("max_new_tokens"), temperature=args.temperature,
+                    seed=args.seed, max_ngram=args.max_ngram, quick=args.quick,
+                    peers=args.peers if args.peers is not None else not args.quick)
+    for name, minimum in (("reps", 1), ("warmup", 0), ("max_new_tokens", 1), ("max_ngram", 1),
+                          ("seed", 0)):
+        if settings[name] < minimum:
+            raise CLIError(f"--{name.replace('_', '-')} must be >= {minimum}, got {settings[name]}")
+    if settings["seed"] >= 2**31:
+        raise CLIError(f"--seed must be below 2^31, got {settings['seed']}")
+    if ks[0] < 1:
+        raise CLIError(f"--ks values must be >= 1, got {ks_text!r}")
+    from specjax.logits import SamplingParams
+
+    SamplingParams(temperature=args.temperature)   # ValueError naming a bad temperature
+    return settings
+
+
+def _encode_suite(target, draft, suite, settings, notes) -> list[dict]:
+    from specjax import chat
+    from specjax.generate import encode_prompts
+
+    prompts, shortened = [], []
+    context = min(m.config.max_positions for m in (target, draft) if m is not None)
+    for entry in suite:
+        if settings["quick"] and not entry["quick"]:
+            continue
+        use_chat = bool(entry.get("chat")) and bool(target.chat_template)
+        ids = (chat.encode(target, chat.render(target, entry["prompt"])) if use_chat
+               else encode_prompts(target, [entry["prompt"]])[0])
+        n = min(settings["max_new_tokens"], context - len(ids))
+        if n < 1:
+            notes.append(f"{entry['id']} skipped: its {len(ids)} tokens fill the context window")
+            continue
+        if n < settings["max_new_tokens"]:
+            shortened.append(f"{entry['id']} ({n})")
+        prompts.append(dict(entry, chat=use_chat, ids=ids, prompt_tokens=len(ids),
+                            max_new_tokens=n))
+    if shortened:
+        notes.append("max_new_tokens lowered to fit the context window: " + ", ".join(shortened))
+    return prompts
+
+
+# -- Measurements -------------------------------------------------------------------------------
+
+def _jobs(prompts, settings, target, draft, peers) -> list[dict]:
+    """One job per (prompt, engine, method, K); `run` returns the timed runs' records."""
+    jobs = []
+    for p in prompts:
+        ks = {m: [None] if m == "autoregressive" else settings["ks"] for m in settings["methods"]}
+        for method in settings["methods"]:
+            for k in ks[method]:
+                jobs.append(dict(prompt=p, engine="specjax", method=method, k=k,
+                                 run=_specjax_job(p, settings, target, method, k, draft)))
+        if "speculative" in settings["methods"]:
+            # The draft decoding on its own, for the cost ratio c.
+            jobs.append(dict(prompt=p, engine="specjax", method="draft-autoregressive", k=None,
+                             run=_specjax_job(p, settings, draft, "autoregressive", None, None)))
+        if peers is not None:
+            for method in settings["methods"]:
+                for k in ks[method]:
+                    jobs.append(dict(prompt=p, engine="transformers", method=method, k=k,
+                                     run=peers.job(p, method, k)))
+    return jobs
+
+
+def _specjax_job(prompt, settings, model, method, k, draft):
+    def run_job() -> dict:
+        from specjax.generate import generate
+
+        records, compile_s = [], None
+        for i in range(settings["warmup"] + settings["reps"]):
+            result = generate(model, [prompt["ids"]], method=method, draft=draft, k=k or 1,
+                              max_new_tokens=prompt["max_new_tokens"],
+                              temperature=settings["temperature"],
+                              seed=settings["seed"] + max(0, i - settings["warmup"]),
+                              max_ngram=settings["max_ngram"])
+            s = result.stats
+            compile_s = s.compile_s if i == 0 else compile_s
+            if i >= settings["warmup"]:
+                records.append(dict(new_tokens=s.new_tokens, run_s=s.run_s,
+                                    acceptance_rate=s.acceptance_rate if s.drafted else None,
+                                    tokens_per_target_call=s.tokens_per_target_call,
+                                    tokens=result.tokens[0]))
+        return dict(records=records, compile_s=compile_s)
+    return run_job
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def _rows(jobs, settings) -> list[dict]:
+    """Per-prompt rows: medians over the timed runs, speedups, cost ratio and theory."""
+    measured = {}
+    for job in jobs:
+        recs = job["result"]["records"]
+        measured[(job["prompt"]["id"], job["engine"], job["method"], job["k"])] = dict(
+            prompt_id=job["prompt"]["id"], category=job["prompt"]["category"],
+            engine=job["engine"], method=job["method"], k=job["k"],
+            new_tokens=int(_median([r["new_tokens"] for r in recs])),
+            tokens_per_second=_median([_ratio(r["new_tokens"], r["run_s"]) for r in recs]),
+            run_s=_median([r["run_s"] for r in recs]), compile_s=job["result"]["compile_s"],
+            acceptance_rate=_median([r["acceptance_rate"] for r in recs]),
+            tokens_per_target_call=_median([r["tokens_per_target_call"] for r in recs]),
+            tokens=recs[0]["tokens"])
+    tokens = {key: row.pop("tokens") for key, row in measured.items()}
+    rows = []
+    for (pid, engine, method, k), row in measured.items():
+        if method == "draft-autoregressive":
+            continue
+        own_ar = measured[(pid, engine, "autoregressive", None)]
+        specjax_ar = measured[(pid, "specjax", "autoregressive", None)]
+        row["speedup"] = _ratio(row["tokens_per_second"], own_ar["tokens_per_second"])
+        row["speedup_vs_specjax_autoregressive"] = _ratio(row["tokens_per_second"],
+                                                          specjax_ar["tokens_per_second"])
+        # Greedy decoding with any method is the target's greedy output: a live check.
+        row["same_tokens_as_specjax_autoregressive"] = (
+            tokens[(pid, engine, method, k)] == tokens[(pid, "specjax", "autoregressive", None)]
+            if settings["temperature"] == 0 else None)
+        cost = None
+        if engine == "specjax" and method == "speculative":
+            draft_ar = measured[(pid, "specjax", "draft-autoregressive", None)]
+            cost = _ratio(specjax_ar["tokens_per_second"], draft_ar["tokens_per_second"])
+            row["draft_tokens_per_second"] = draft_ar["tokens_per_second"]
+        elif engine == "specjax" and method == "ngram":
+            cost = 0.0
+        row["cost_ratio"] = cost
+        if method == "autoregressive":
+            row["theoretical_speedup"] = 1.0
+        else:
+            row["theoretical_speedup"] = theoretical_speedup(row["acceptance_rate"], k, cost)
+        row["measured_over_theoretical"] = _ratio(row["speedup"], row["theoretical_speedup"])
+        rows.append(row)
+    return rows
+
+
+def theoretical_speedup(a: float | None, k: int | None, c: float | None) -> float | None:
+    """E / (c K + 1) with E = (1 - a^(K+1)) / (1 - a), the expected tokens per target call
+    (Leviathan et al. 2023, Eq. 1 and Theorem 3.8); None when a or c is unknown."""
+    if a is None or k is None or c is None:
+        return None
+    expected = k + 1.0 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+    return expected / (c * k + 1.0)
+
+
+def summarize(rows: list[dict], category: str) -> list[dict]:
+    """One row per (engine, method, K): medians over the prompts."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["engine"], row["method"], row["k"]), []).append(row)
+    out = []
+    for (engine, method, k), group in groups.items():
+        same = [r["same_tokens_as_specjax_autoregressive"] for r in group]
+        out.append(dict(category=category, engine=engine, method=method, k=k, prompts=len(group),
+                        **{m: _median([r[m] for r in group]) for m in METRICS},
+                        same_tokens_as_specjax_autoregressive=(
+                            None if None in same else all(same))))
+    return out
+
+
+# -- Peers: Hugging Face transformers on the same weights --------------------------------------
+
+class Peers:
+    def __init__(self, torch, transformers, target, draft, settings, threads):
+        self.torch, self.settings, self.threads = torch, settings, threads
+        self.torch_version, self.transformers_version = torch.__version__, transformers.__version__
+        self.target, self.draft = target, draft
+        self.calls = 0
+        target.register_forward_pre_hook(self._count)
+
+    def _count(self, module, args) -> None:
+        self.calls += 1
+
+    @classmethod
+    def create(cls, target, draft, settings, dtype: str, notes: list[str]) -> "Peers | None":
+        try:
+            import torch
+            import transformers
+        except ImportError:
+            notes.append("transformers peers skipped: transformers and torch are not installed "
+                         "(pip install specjax[bench])")
+            return None
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+        threads = _threads()
+        torch.set_num_threads(threads)
+        torch_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
+        dtype_arg = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+
+        def hf_load(model):
+            return transformers.AutoModelForCausalLM.from_pretrained(
+                model.path, **{dtype_arg: torch_dtype}).eval()
+        hf_draft = hf_load(draft) if draft is not None else None
+        if hf_draft is not None:
+            config = hf_draft.generation_config
+            config.num_assistant_tokens_schedule = "constant"
+            config.assistant_confidence_threshold = 0.0   # draft K tokens every step
+        notes.append(f"transformers {transformers.__version__} / torch {torch.__version__}: "
+                     f"torch.set_num_threads({threads}), the {threads} cores JAX's CPU backend "
+                     "uses; peer speedups are over transformers' own generate")
+        return cls(torch, transformers, hf_load(target), hf_draft, settings, threads)
+
+    def job(self, prompt, method, k):
+        def run_job() -> dict:
+            torch, s = self.torch, self.settings
+            ids = torch.tensor([prompt["ids"]])
+            eos = self.target.generation_config.eos_token_id
+            kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=prompt["max_new_tokens"],
+                          pad_token_id=eos[0] if isinstance(eos, list) else eos)
+            if s["temperature"] > 0:
+                kwargs.update(do_sample=True, temperature=s["temperature"], top_k=0, top_p=1.0)
+            else:
+                kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+            if method == "speculative":
+                self.draft.generation_config.num_assistant_tokens = k
+                kwargs["assistant_model"] = self.draft
+            elif method == "ngram":
+                kwargs.update(prompt_lookup_num_tokens=k, max_matching_ngram_size=s["max_ngram"])
+            records = []
+            warmup = max(1, s["warmup"])   # the first call pays one-time costs, even in --quick
+            for i in range(warmup + s["reps"]):
+                torch.manual_seed(s["seed"] + max(0, i - warmup))
+                self.calls = 0
+                start = time.perf_counter()
+                with torch.inference_mode():
+                    out = self.target.generate(ids, **kwargs)
+                run_s = time.perf_counter() - start
+                new = out[0, ids.shape[1]:].tolist()
+                if i >= warmup:
+                    records.append(dict(new_tokens=len(new), run_s=run_s, acceptance_rate=None,
+                                        tokens_per_target_call=_ratio(len(new), self.calls),
+                                        tokens=new))
+            return dict(records=records, compile_s=None)
+        return run_job
+
+
+# -- Reports ------------------------------------------------------------------------------------
+
+def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def markdown(results: dict, heading: bool = True) -> str:
+    s, m = results["settings"], results["machine"]
+    lines = ["# specjax bench", ""] if heading else []
+    lines += [f"Suite v{results['suite_version']}, {len(results['prompts'])} prompts; target "
+              f"`{s['target']}`, draft `{s['draft']}`, {s['dtype']}; max_new_tokens "
+              f"{s['max_new_tokens']}, temperature {s['temperature']}; {s['reps']} timed run(s) "
+              f"after {s['warmup']} warm-up run(s); medians over runs, then over prompts.",
+              "",
+              f"Machine: {m['platform']}, {m['processor']}, {m['cpu_count']} CPUs ({m['threads']} "
+              f"usable); jax {m['jax_version']} on {m['device']}; {results['created']}.", ""]
+    header = "| engine | method | K | tokens/s | speedup | acceptance | tokens/call | c | theory | measured/theory |"
+    lines += [header, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in results["summary"]:
+        lines.append(f"| {r['engine']} | {r['method']} | {_fmt(r['k'], 'd')} | "
+                     f"{_fmt(r['tokens_per_second'], ',.1f')} | {_fmt(r['speedup'], '.2f', 'x')} | "
+                     f"{_fmt(r['acceptance_rate'], '.1%')} | {_fmt(r['tokens_per_target_call'])} | "
+                     f"{_fmt(r['cost_ratio'], '.3f')} | {_fmt(r['theoretical_speedup'], '.2f', 'x')} | "
+                     f"{_fmt(r['measured_over_theoretical'])} |")
+    lines += ["", "By category (speedup / acceptance):", "",
+              "| category | engine | method | K | tokens/s | speedup | acceptance | tokens/call |",
+              "|---|---|---|--:|--:|--:|--:|--:|"]
+    for r in results["by_category"]:
+        lines.append(f"| {r['category']} | {r['engine']} | {r['method']} | {_fmt(r['k'], 'd')} | "
+                     f"{_fmt(r['tokens_per_second'], ',.1f')} | {_fmt(r['speedup'], '.2f', 'x')} | "
+                     f"{_fmt(r['acceptance_rate'], '.1%')} | {_fmt(r['tokens_per_target_call'])} |")
+    if results["notes"]:
+        lines += ["", "Notes:", ""] + [f"- {n}" for n in results["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: dict, out: Path) -> list[str]:
+    """speedup_vs_k.png and acceptance_vs_k.png; [] with a note when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        results["notes"].append("plots skipped: matplotlib is not installed "
+                                "(pip install specjax[bench])")
+        return []
+    lines = {}
+    for r in results["summary"]:
+        if r["k"] is not None:
+            lines.setdefault((r["engine"], r["method"]), []).append(r)
+    written = []
+    for name, metric, label in (("speedup_vs_k.png", "speedup", "speedup over autoregressive"),
+                                ("acceptance_vs_k.png", "acceptance_rate", "acceptance rate")):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for (engine, method), group in sorted(lines.items()):
+            group = [r for r in sorted(group, key=lambda r: r["k"]) if r[metric] is not None]
+            if not group:
+                continue
+            style = "-o" if engine == "specjax" else ":s"
+            ax.plot([r["k"] for r in group], [r[metric] for r in group], style,
+                    label=f"{engine} {method}")
+            theory = [r for r in group if r["theoretical_speedup"] is not None]
+            if metric == "speedup" and theory:
+                ax.plot([r["k"] for r in theory], [r["theoretical_speedup"] for r in theory], "--",
+                        alpha=0.6, label=f"{engine} {method} (theory)")
+        if metric == "speedup":
+            ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xlabel("K (tokens drafted per step)")
+        ax.set_ylabel(label)
+        ax.set_title(f"{results['settings']['target']}: {label} (median over prompts)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=120)
+        plt.close(fig)
+        written.append(name)
+    return written
+
+
+# -- Machine and progress -----------------------------------------------------------------------
+
+def _machine(peers) -> dict:
+    import jax
+    import jaxlib
+
+    device = jax.devices()[0]
+    return {"platform": platform.platform(), "python": platform.python_version(),
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "threads": _threads(),
+            "jax_version": jax.__version__, "jaxlib_version": jaxlib.__version__,
+            "backend": jax.default_backend(), "device": f"{device.platform} ({device.device_kind})",
+            "torch_version": peers.torch_version if peers else None,
+            "transformers_version": peers.transformers_version if peers else None,
+            "torch_threads": peers.threads if peers else None}
+
+
+def _threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class Progress:
+    """A progress bar on stderr when it is a terminal; one line per job otherwise."""
+
+    def __init__(self, total: int, stream=sys.stderr, width: int = 24):
+        self.total, self.stream, self.width, self.done = total, stream, width, 0
+        self.tty = stream.isatty()
+        self.start = time.perf_counter()
+
+    def update(self, label: str) -> None:
+        self.done += 1
+        if self.tty:
+            filled = self.width * (self.done - 1) // max(self.total, 1)
+            elapsed = time.perf_counter() - self.start
+            self.stream.write(f"\r\x1b[Kbench [{'#' * filled}{'.' * (self.width - filled)}] "
+                              f"{self.done}/{self.total} {elapsed:4.0f}s {label}")
+        else:
+            self.stream.write(f"bench {self.done}/{self.total}: {label}\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()

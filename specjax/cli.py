@@ -1,0 +1,453 @@
+"""`python -m specjax`: the command line.
+
+    python -m specjax generate --prompt "def fibonacci(n):"     # tiny-llama, speculative, greedy
+    python -m specjax generate --method all -n 128 --prompt-file snippet.py
+    python -m specjax generate --preset smollm2 --chat --method ngram --prompt "Tell me a joke"
+    python -m specjax bench --quick
+    python -m specjax fetch smollm2
+
+Errors a user can cause (paths, weights, tokenizers, numbers, prompts) print one line
+`specjax: error: ...` on stderr and exit with status 2; Ctrl-C exits with status 130.
+
+Compiled programs are kept in JAX's persistent compilation cache (<cache>/xla, where <cache> is
+$SPECJAX_CACHE or ~/.cache/specjax), so a second run with the same settings starts quickly.
+SPECJAX_COMPILE_CACHE=DIR moves it, SPECJAX_COMPILE_CACHE=off turns it off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from specjax.fetch import FetchError
+
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+DEFAULT_PRESET = "tiny-llama"
+
+
+class CLIError(ValueError):
+    """A command-line mistake that no library function catches (missing draft, no prompt...)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    target: str             # a directory under weights/, or "fetch:<name>" for specjax.fetch
+    draft: str | None       # a directory under weights/ (may not exist for fetched targets)
+
+
+PRESETS = {
+    "tiny-llama": Preset("llama-target", "llama-draft"),
+    "tiny-gpt2": Preset("gpt2-target", "gpt2-draft"),
+    "smollm2": Preset("fetch:smollm2", "smollm2-draft"),
+}
+
+
+# -- Entry point --------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        if sys.stdout.isatty():
+            sys.stdout.write("\x1b[0m")   # a colour may be open mid-stream
+        _flush_quietly()
+        print("\nspecjax: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `specjax generate | head`: stop quietly, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (ValueError, FetchError, OSError) as e:
+        # GenerationError, CheckpointError, ConfigError, ChatTemplateError and CLIError are all
+        # ValueErrors; OSError covers unreadable files.
+        _flush_quietly()
+        print(f"specjax: error: {one_line(e)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if isinstance(error, (ValueError, FetchError)) else f"{type(error).__name__}: {text}"
+
+
+def _flush_quietly() -> None:
+    try:
+        sys.stdout.flush()
+    except OSError:
+        pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from specjax import bench
+
+    parser = argparse.ArgumentParser(prog="specjax", description="GPT-2 / Llama inference in JAX "
+                                     "with exact speculative and n-gram decoding.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_generate_arguments(commands.add_parser(
+        "generate", help="generate text with one method or compare all three",
+        description=GENERATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter))
+    bench.add_arguments(commands.add_parser(
+        "bench", help="benchmark the methods on a fixed prompt suite",
+        description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+    fetch = commands.add_parser("fetch", help="download a real checkpoint, print its directory")
+    fetch.add_argument("name", help="smollm2, or a Hugging Face repo id org/name")
+    fetch.add_argument("--cache-dir", help="default: $SPECJAX_CACHE or ~/.cache/specjax")
+    fetch.set_defaults(run=_run_fetch)
+    return parser
+
+
+def _run_fetch(args) -> int:
+    from specjax.fetch import fetch
+
+    print(fetch(args.name, args.cache_dir))
+    return 0
+
+
+# -- Shared by generate and bench ---------------------------------------------------------------
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("models")
+    group.add_argument("--preset", choices=sorted(PRESETS),
+                       help=f"embedded or fetched model pair (default: {DEFAULT_PRESET}; "
+                            "tiny-* work offline)")
+    group.add_argument("--target", metavar="DIR|FILE.gguf",
+                       help="target checkpoint: a Hugging Face directory or a GGUF file")
+    group.add_argument("--draft", metavar="DIR|FILE.gguf",
+                       help="draft checkpoint for speculative sampling (same tokenizer)")
+    group.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                       help="parameter and compute dtype (default: float32)")
+
+
+def model_paths(args, want_draft: bool) -> tuple[Path, Path | None, str]:
+    """The target and draft checkpoints the arguments name, and a note on why there is no draft
+    ("" when there is one or none was wanted)."""
+    if args.target:
+        if args.preset:
+            raise CLIError("give either --preset or --target/--draft, not both")
+        draft = Path(args.draft) if args.draft else None
+        return Path(args.target), draft, "" if draft or not want_draft else "no --draft given"
+    name = args.preset or DEFAULT_PRESET
+    preset = PRESETS[name]
+    if preset.target.startswith("fetch:"):
+        from specjax.fetch import fetch
+
+        target = fetch(preset.target.removeprefix("fetch:"))
+    else:
+        target = _embedded(preset.target)
+    if args.draft:
+        return target, Path(args.draft), ""
+    if not want_draft:
+        return target, None, ""
+    draft = WEIGHTS / preset.draft
+    if preset.target.startswith("fetch:") and not draft.exists():
+        return target, None, f"preset {name} has no draft model ({draft} does not exist)"
+    return target, _embedded(preset.draft), ""
+
+
+def _embedded(name: str) -> Path:
+    path = WEIGHTS / name
+    if not (path / "config.json").exists():
+        raise CLIError(f"embedded checkpoint {path} is missing; it is trained by "
+                       "scripts/train.py (see weights/README.md), or pass --target/--draft")
+    return path
+
+
+def enable_compile_cache() -> None:
+    """JAX's persistent compilation cache, so that a rerun does not recompile (module docstring)."""
+    import jax
+
+    from specjax.fetch import cache_root
+
+    setting = os.environ.get("SPECJAX_COMPILE_CACHE")
+    if setting is not None and setting.strip().lower() in ("", "0", "off", "no", "false"):
+        return
+    directory = Path(setting).expanduser() if setting else cache_root() / "xla"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return   # a read-only home is no reason to fail; compile every time instead
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+# -- generate -----------------------------------------------------------------------------------
+
+GENERATE_HELP = """\
+Generates a continuation of the prompt with autoregressive, speculative or n-gram decoding (or
+all three, then compares them). Text is streamed as it is produced by the Python step loop,
+which gives the same tokens as the compiled loop; with --show-acceptance, drafted tokens that
+the target accepted are green and tokens the target produced itself (the correction or bonus
+token of each step, or every token of autoregressive decoding) are in the default colour.
+
+The summary's tokens/s is measured after streaming, with `specjax.generate` (the whole loop
+compiled as one program): the median run time of up to 3 runs, compile time reported apart.
+Temperature defaults to 0 (greedy), so a run is reproducible and every method gives the same
+text; with --temperature > 0 each method still samples exactly from the target's distribution.
+
+--json prints one object instead of streaming:
+  {"target", "target_path", "draft", "draft_path" (null without speculative), "prompt",
+   "prompt_tokens", "settings": {"method", "k", "max_new_tokens", "temperature", "top_k",
+   "top_p", "seed", "max_ngram", "min_ngram", "chat", "dtype"},
+   "results": [{"method", "text", "tokens", "speedup_vs_autoregressive",
+                "stats": {"method", "rows", "new_tokens", "target_calls", "draft_calls",
+                          "drafted", "accepted", "acceptance_rate", "tokens_per_target_call",
+                          "tokens_per_second", "compile_s", "run_s", "timed_runs"}}]}
+"""
+
+METHOD_CHOICES = ("autoregressive", "speculative", "ngram", "all")
+DEMO_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+GREEN, RESET, DIM = "\x1b[32m", "\x1b[0m", "\x1b[2m"
+
+
+def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    p = parser.add_argument_group("prompt")
+    p.add_argument("--prompt", help="the prompt text (with no prompt and stdin a terminal, a "
+                                    "demo prompt; otherwise stdin is read)")
+    p.add_argument("--prompt-file", metavar="PATH", help="read the prompt from a file")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt as a user turn in the target's chat template")
+    d = parser.add_argument_group("decoding")
+    d.add_argument("--method", choices=METHOD_CHOICES, default="speculative",
+                   help="default: speculative; all runs the three and compares them")
+    d.add_argument("-n", "--max-new-tokens", type=int, default=64, help="default: 64")
+    d.add_argument("-k", type=int, default=4,
+                   help="tokens drafted per step (speculative, ngram); default: 4")
+    d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    d.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
+    d.add_argument("--top-p", type=float, default=1.0, help="in (0, 1]; 1 = off (default)")
+    d.add_argument("--seed", type=int, default=0, help="random seed in [0, 2^32) (default: 0)")
+    d.add_argument("--max-ngram", type=int, default=3, help="longest n-gram looked up (default 3)")
+    d.add_argument("--min-ngram", type=int, default=1, help="shortest n-gram looked up (default 1)")
+    o = parser.add_argument_group("output")
+    o.add_argument("--show-acceptance", action=argparse.BooleanOptionalAction, default=None,
+                   help="colour drafted vs target tokens (default: on when stdout is a terminal "
+                        "and NO_COLOR is unset)")
+    o.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
+    parser.set_defaults(run=run_generate)
+
+
+def run_generate(args) -> int:
+    from specjax.decoding.loop import METHODS
+    from specjax.generate import check_compatible, prepare
+
+    methods = list(METHODS) if args.method == "all" else [args.method]
+    options = dict(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_ngram=args.max_ngram,
+                   min_ngram=args.min_ngram)
+    check_numbers(methods, options)
+    prompt = read_prompt(args)
+    enable_compile_cache()
+    target, draft = load_models(args, methods)
+    if draft is not None:
+        check_compatible(target, draft)
+    if draft is None and "speculative" in methods and len(methods) > 1:
+        methods.remove("speculative")
+    ids = prompt_ids(target, prompt, args.chat)
+    for method in methods:                  # every error before the first token is printed
+        prepare(target, [ids], method=method, draft=draft, **options)
+
+    if args.json:
+        report = json_report(target, draft, prompt, ids, methods, options, args)
+        print(json.dumps(report, indent=2, ensure_ascii=False))
+        return 0
+    show = args.show_acceptance
+    if show is None:
+        show = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    rows = []
+    for method in methods:
+        if len(methods) > 1:
+            print(f"{DIM if show else ''}--- {method} ---{RESET if show else ''}", flush=True)
+        streamed = stream_text(target, draft, ids, method, options, show)
+        result, runs = timed_generate(target, draft, ids, method, options)
+        if result.tokens[0] != streamed:
+            print(f"specjax: warning: {method}: the streamed tokens differ from the compiled "
+                  "loop's", file=sys.stderr)
+        rows.append((method, result.stats, runs))
+        print(summary_line(result.stats, runs), flush=True)
+    if len(methods) > 1:
+        print()
+        print(comparison_table(rows))
+    if show and any(m != "autoregressive" for m in methods):
+        print(f"{GREEN}green{RESET}: drafted tokens the target accepted; default colour: tokens "
+              "the target produced")
+    return 0
+
+
+def check_numbers(methods: list[str], options: dict) -> None:
+    """Rejects bad numbers before any model is loaded (generate.prepare checks them again)."""
+    from specjax.generate import GenerationError, _check_int
+    from specjax.logits import SamplingParams
+
+    _check_int("max_new_tokens (-n)", options["max_new_tokens"], 1)
+    if set(methods) - {"autoregressive"}:
+        _check_int("k (-k)", options["k"], 1)
+    if "ngram" in methods:
+        _check_int("--min-ngram", options["min_ngram"], 1)
+        _check_int("--max-ngram", options["max_ngram"], options["min_ngram"])
+    try:
+        SamplingParams(options["temperature"], options["top_k"], options["top_p"])
+    except ValueError as e:
+        raise GenerationError(str(e)) from None
+    if not 0 <= options["seed"] < 2**32:
+        raise GenerationError(f"seed must be an integer in [0, 2^32), got {options['seed']}")
+
+
+def read_prompt(args) -> str:
+    if args.prompt is not None and args.prompt_file:
+        raise CLIError("give either --prompt or --prompt-file, not both")
+    if args.prompt is not None:
+        text = args.prompt
+    elif args.prompt_file:
+        try:
+            text = Path(args.prompt_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise CLIError(f"cannot read --prompt-file {args.prompt_file}: "
+                           f"{getattr(e, 'strerror', None) or e}") from None
+    elif not sys.stdin.isatty():
+        text = sys.stdin.read()
+    else:
+        text = DEMO_PROMPT
+    if not text:
+        raise CLIError("the prompt is empty (give --prompt, --prompt-file or text on stdin)")
+    return text
+
+
+def load_models(args, methods: list[str]):
+    from specjax.checkpoint import load
+
+    want_draft = "speculative" in methods
+    target_path, draft_path, no_draft = model_paths(args, want_draft)
+    if want_draft and draft_path is None:
+        if methods == ["speculative"]:
+            raise CLIError(f"speculative sampling needs a draft model: {no_draft}; pass --draft "
+                           "DIR or use --method autoregressive|ngram")
+        print(f"specjax: note: skipping speculative: {no_draft}", file=sys.stderr)
+    target = load(target_path, dtype=args.dtype)
+    draft = load(draft_path, dtype=args.dtype) if draft_path is not None else None
+    return target, draft
+
+
+def prompt_ids(target, prompt: str, chat: bool) -> list[int]:
+    from specjax import chat as chat_template
+    from specjax.generate import encode_prompts
+
+    if chat:
+        return chat_template.encode(target, chat_template.render(target, prompt))
+    return encode_prompts(target, [prompt])[0]
+
+
+class TextPrinter:
+    """Prints tokens as text as they arrive. Decoding the whole output so far and printing the
+    new suffix handles tokens that hold only part of a UTF-8 character (byte-level BPE): text
+    that ends in an incomplete character is held back until the next token completes it."""
+
+    def __init__(self, tokenizer, out, colour: bool):
+        self.tokenizer, self.out, self.colour = tokenizer, out, colour
+        self.ids: list[int] = []
+        self.printed = ""
+
+    def add(self, tokens: list[int], from_draft: list[bool]) -> None:
+        for token, drafted in zip(tokens, from_draft):
+            self.ids.append(token)
+            text = self.tokenizer.decode(self.ids)
+            if text.endswith("\ufffd"):
+                continue
+            common = len(os.path.commonprefix([text, self.printed]))
+            new = text[common:]
+            if new:
+                self.out.write(f"{GREEN}{new}{RESET}" if self.colour and drafted else new)
+            self.printed = text
+        self.out.flush()
+
+    def finish(self) -> None:
+        text = self.tokenizer.decode(self.ids) if self.ids else ""
+        self.out.write(text[len(os.path.commonprefix([text, self.printed])):])
+        if not (text or "\n").endswith("\n"):
+            self.out.write("\n")
+        self.out.flush()
+
+
+def stream_text(target, draft, ids: list[int], method: str, options: dict, colour: bool) -> list[int]:
+    """Streams one method's output to stdout; returns the new tokens."""
+    from specjax.generate import stream
+
+    status = sys.stderr.isatty()
+    if status:
+        sys.stderr.write(f"(compiling {method}...)")
+        sys.stderr.flush()
+    printer = TextPrinter(target.tokenizer, sys.stdout, colour)
+    for step_tokens, result in stream(target, [ids], method=method, draft=draft, **options):
+        if status:
+            sys.stderr.write("\r\x1b[K")
+            status = False
+        if result is not None:
+            break
+        new = step_tokens[0]
+        # Each speculative / n-gram step appends the accepted drafts and then one token of the
+        # target's own (the residual sample or the bonus). A step cut short by EOS or
+        # max_new_tokens may end on a draft token; it is shown as the target's.
+        printer.add(new, [method != "autoregressive" and i < len(new) - 1 for i in range(len(new))])
+    printer.finish()
+    return printer.ids
+
+
+def timed_generate(target, draft, ids, method: str, options: dict, runs: int = 3,
+                   budget_s: float = 2.0):
+    """`generate` once (compiling), then again while cheap; the stats carry the median run time.
+    Returns (result, number of timed runs)."""
+    import statistics
+
+    from specjax.generate import generate
+
+    result = generate(target, [ids], method=method, draft=draft, **options)
+    times = [result.stats.run_s]
+    while len(times) < runs and sum(times) < budget_s:
+        times.append(generate(target, [ids], method=method, draft=draft, **options).stats.run_s)
+    stats = dataclasses.replace(result.stats, run_s=statistics.median(times))
+    return dataclasses.replace(result, stats=stats), len(times)
+
+
+def summary_line(stats, runs: int) -> str:
+    acceptance = (f"acceptance {stats.acceptance_rate:.1%} ({stats.accepted}/{stats.drafted})"
+                  if stats.method != "autoregressive" else "acceptance n/a")
+    return (f"[{stats.method}] {stats.new_tokens} tokens, {stats.tokens_per_second:,.1f} tokens/s "
+            f"(median run {stats.run_s:.3f} s of {runs}; compile {stats.compile_s:.1f} s), "
+            f"{acceptance}, {stats.tokens_per_target_call:.2f} tokens/target call")
+
+
+def comparison_table(rows) -> str:
+    base = {m: s.tokens_per_second for m, s, _ in rows}.get("autoregressive")
+    lines = [f"{'method':<16}{'tokens/s':>11}{'speedup':>9}{'acceptance':>12}{'tokens/call':>13}"]
+    for method, stats, _ in rows:
+        speedup = f"{stats.tokens_per_second / base:.2f}x" if base else "-"
+        acceptance = f"{stats.acceptance_rate:.1%}" if method != "autoregressive" else "-"
+        lines.append(f"{method:<16}{stats.tokens_per_second:>11,.1f}{speedup:>9}{acceptance:>12}"
+                     f"{stats.tokens_per_target_call:>13.2f}")
+    return "\n".join(lines)
+
+
+def json_report(target, draft, prompt: str, ids: list[int], methods, options, args) -> dict:
+    results = []
+    for method in methods:
+        result, runs = timed_generate(target, draft, ids, method, options)
+        stats = result.stats.as_dict()
+        stats["timed_runs"] = runs
+        results.append({"method": method, "text": (result.texts or [None])[0],
+                        "tokens": result.tokens[0], "stats": stats})
+    base = {r["method"]: r["stats"]["tokens_per_second"] for r in results}.get("autoregressive")
+    for r in results:
+        r["speedup_vs_autoregressive"] = r["stats"]["tokens_per_second"] / base if base else None
+    return {"target": target.name, "target_path": str(target.path),
+            "draft": draft.name if draft is not None and "speculative" in methods else None,
+            "draft_path": str(draft.path) if draft is not None and "speculative" in methods else None,
+            "prompt": prompt, "prompt_tokens": len(ids),
+            "settings": dict(options, chat=args.chat, dtype=args.dtype, method=args.method),
+            "results": results}

@@ -1,0 +1,233 @@
+"""`python -m specjax generate` and `fetch`, run as subprocesses on the embedded tiny-llama pair.
+
+Compilation dominates the run time, so the few invocations that decode share one JAX
+persistent compilation cache (SPECJAX_COMPILE_CACHE) and the settings of `bench --quick`
+(-n 16, -k 2, a 17-32 token prompt): later invocations load the compiled programs instead of
+compiling again. The bad-input cases run in parallel and fail before anything is compiled.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import specjax
+from specjax.cli import TextPrinter
+from specjax.chat import ChatTemplateError, render
+
+WEIGHTS = Path(specjax.__file__).resolve().parent.parent / "weights"
+PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'   # bench --quick's
+FAST = ["-n", "16", "-k", "2", "--prompt", PROMPT]
+METHODS = ("autoregressive", "speculative", "ngram")
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+          "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    for name in ("llama-target", "llama-draft"):
+        if not (WEIGHTS / name / "model.safetensors").exists():
+            pytest.fail(f"{WEIGHTS / name} is missing: the CLI tests run on the embedded tiny-llama "
+                        "checkpoints (see weights/README.md)")
+    return WEIGHTS
+
+
+@pytest.fixture(scope="session")
+def env(tmp_path_factory):
+    cache = tmp_path_factory.getbasetemp() / "xla"     # shared with test_bench
+    cache.mkdir(exist_ok=True)
+    e = dict(os.environ, SPECJAX_COMPILE_CACHE=str(cache))
+    e.pop("NO_COLOR", None)
+    return e
+
+
+def specjax_cli(args, env, input=None, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specjax", *args], capture_output=True, text=True,
+                          env=env, input=input, stdin=None if input is not None else subprocess.DEVNULL,
+                          timeout=timeout)
+
+
+def bpe_tokenizer(text: str, vocab: int = 300):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([text] * 20, trainer)
+    return tok
+
+
+def tiny_checkpoint(directory: Path, tokenizer, vocab: int | None = None, seed: int = 0) -> Path:
+    vocab = vocab or tokenizer.get_vocab_size(with_added_tokens=True)
+    config = specjax.ModelConfig(arch="llama", vocab_size=vocab, d_model=16, n_layers=1,
+                                 n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32, max_positions=64,
+                                 norm_eps=1e-6, activation="silu", tie_embeddings=False)
+    return specjax.save(specjax.random_model(config, seed, tokenizer=tokenizer), directory)
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """Small checkpoints for bad inputs: two with different tokenizers, one without any, and one
+    with a corrupt weights file."""
+    root = tmp_path_factory.mktemp("tiny")
+    a = tiny_checkpoint(root / "a", bpe_tokenizer("def main(argv):\n    return 0\n" * 3))
+    b = tiny_checkpoint(root / "b", bpe_tokenizer("the quick brown fox jumps over the lazy dog. "),
+                        seed=1)
+    bare = tiny_checkpoint(root / "bare", None, vocab=320, seed=2)
+    corrupt = root / "corrupt"
+    corrupt.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (corrupt / name).write_bytes((a / name).read_bytes())
+    (corrupt / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json" * 8)
+    return dict(a=a, b=b, bare=bare, corrupt=corrupt)
+
+
+@pytest.fixture(scope="session")
+def generated(embedded, env):
+    """One streamed, piped run of all three methods: the slow part, shared by the tests."""
+    proc = specjax_cli(["generate", "--method", "all", *FAST], env)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_all_methods_stream_text_and_summaries(generated):
+    out = generated.stdout
+    assert "\x1b" not in out and "\x1b" not in generated.stderr   # piped: no colour codes
+    sections = out.split("--- ")[1:]
+    assert [s.split(" ---")[0] for s in sections] == list(METHODS)
+    texts = []
+    for method, section in zip(METHODS, sections):
+        body = section.split("\n", 1)[1]
+        text, summary = body.split(f"[{method}] ", 1)
+        assert text.strip(), f"{method} produced no text"
+        assert "tokens/s" in summary and "compile" in summary and "tokens/target call" in summary
+        texts.append(text)
+    # Greedy decoding: every method prints the target's greedy continuation.
+    assert len(set(texts)) == 1
+    table = out[out.index("\nmethod "):]
+    assert all(m in table for m in METHODS) and "speedup" in table and "1.00x" in table
+
+
+def test_json_has_documented_fields(generated, env):
+    proc = specjax_cli(["generate", "--method", "all", "--json", *FAST], env)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["target"] == "llama-target" and report["draft"] == "llama-draft"
+    assert report["prompt"] == PROMPT and report["prompt_tokens"] > 0
+    assert report["settings"]["k"] == 2 and report["settings"]["max_new_tokens"] == 16
+    assert [r["method"] for r in report["results"]] == list(METHODS)
+    streamed = generated.stdout
+    for r in report["results"]:
+        assert isinstance(r["text"], str) and r["text"] in streamed
+        assert len(r["tokens"]) == r["stats"]["new_tokens"] <= 16
+        assert r["tokens"] == report["results"][0]["tokens"]       # greedy: identical tokens
+        s = r["stats"]
+        for key in ("acceptance_rate", "tokens_per_target_call", "tokens_per_second", "compile_s",
+                    "run_s", "target_calls", "draft_calls", "drafted", "accepted"):
+            assert isinstance(s[key], (int, float)) and s[key] >= 0, key
+        assert s["tokens_per_second"] > 0 and r["speedup_vs_autoregressive"] > 0
+    assert report["results"][1]["stats"]["draft_calls"] > 0
+
+
+def bad_inputs(tiny):
+    prompt = ["--prompt", "def f(x):"]
+    return {
+        "missing target": ["--target", str(tiny["a"].parent / "nope"), "--method", "ngram", *prompt],
+        "different tokenizers": ["--target", str(tiny["a"]), "--draft", str(tiny["b"]), *prompt],
+        "different vocab": ["--target", str(tiny["a"]), "--draft", str(tiny["bare"]), *prompt],
+        "prompt too long": ["--target", str(tiny["a"]), "--method", "autoregressive",
+                            "--prompt", "def main(argv): return 0 " * 40],
+        "too many new tokens": ["--target", str(tiny["a"]), "--method", "ngram", "-n", "1000",
+                                *prompt],
+        "corrupt weights": ["--target", str(tiny["corrupt"]), "--method", "autoregressive", *prompt],
+        "k 0": ["-k", "0", *prompt],
+        "negative temperature": ["--temperature", "-1", *prompt],
+        "top-p 0": ["--top-p", "0", *prompt],
+        "top-p 1.5": ["--top-p", "1.5", *prompt],
+        "no chat template": ["--target", str(tiny["a"]), "--method", "autoregressive", "--chat",
+                             *prompt],
+        "missing prompt file": ["--prompt-file", str(tiny["a"] / "nope.txt")],
+    }
+
+
+def test_bad_inputs_exit_2_with_one_line(tiny, env):
+    cases = {name: ["generate", *args] for name, args in bad_inputs(tiny).items()}
+    cases["fetch unknown"] = ["fetch", "no-such-checkpoint"]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        procs = dict(zip(cases, pool.map(lambda a: specjax_cli(a, env), cases.values())))
+    for name, proc in procs.items():
+        lines = proc.stderr.splitlines()
+        assert proc.returncode == 2, (name, proc.returncode, proc.stderr)
+        assert len(lines) == 1 and lines[0].startswith("specjax: error: "), (name, proc.stderr)
+        assert "Traceback" not in proc.stderr + proc.stdout, name
+    assert "tokenizer" in procs["different tokenizers"].stderr
+    assert "vocab_size" in procs["different vocab"].stderr
+    assert "context window" in procs["prompt too long"].stderr
+    assert "context window" in procs["too many new tokens"].stderr
+    assert "top_p" in procs["top-p 1.5"].stderr and "temperature" in procs["negative temperature"].stderr
+
+
+def test_stdin_prompt_colours_and_ctrl_c(generated, env):
+    """A prompt on stdin gives the same text; --show-acceptance forces colours even when piped;
+    Ctrl-C exits with 130 and no traceback."""
+    ar = specjax_cli(["generate", "--method", "autoregressive", "-n", "16"], env, input=PROMPT)
+    assert ar.returncode == 0, ar.stderr
+    streamed_ar = generated.stdout.split("--- autoregressive ---\n")[1].split("[autoregressive]")[0]
+    assert ar.stdout.split("[autoregressive]")[0] == streamed_ar
+
+    coloured = specjax_cli(["generate", "--method", "ngram", "--show-acceptance", *FAST], env)
+    assert coloured.returncode == 0, coloured.stderr
+    assert "\x1b[32m" in coloured.stdout
+
+    proc = subprocess.Popen([sys.executable, "-m", "specjax", "generate", "--method", "all", *FAST],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, env=env, text=True)
+    # The first header comes after the imports, the loading and the checks; the three methods
+    # (compiled already) take a few seconds more, so the signal lands mid-generation.
+    assert proc.stdout.readline().startswith("--- autoregressive")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "specjax: interrupted"
+
+
+# -- In-process pieces --------------------------------------------------------------------------
+
+def test_text_printer_holds_back_partial_characters():
+    import io
+
+    tok = bpe_tokenizer("plain ascii text only " * 5)
+    text = "héllo ✓ wörld ☃"
+    ids = tok.encode(text).ids
+    assert len(ids) > len(text)       # the non-ASCII characters span several byte tokens
+    out = io.StringIO()
+    printer = TextPrinter(tok, out, colour=False)
+    for token in ids:
+        printer.add([token], [False])
+        assert "\ufffd" not in out.getvalue()
+    printer.finish()
+    assert out.getvalue() == text + "\n"
+
+    out = io.StringIO()
+    printer = TextPrinter(tok, out, colour=True)
+    printer.add(ids[:3], [True, True, False])
+    assert out.getvalue().startswith("\x1b[32m")
+
+
+def test_chat_template_renders_like_transformers(tiny):
+    model = specjax.load(tiny["a"])
+    with pytest.raises(ChatTemplateError, match="no chat template"):
+        render(model, "hi")
+    model = dataclasses.replace(model, chat_template=CHATML)
+    assert render(model, "hi") == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
