@@ -1,8 +1,18 @@
-"""specjax: GPT-2 and Llama inference in JAX with exact speculative and n-gram decoding."""
+"""specjax: GPT-2 and Llama inference in JAX with exact speculative and n-gram decoding.
+
+    import specjax
+    target = specjax.load("weights/llama-target")
+    draft = specjax.load("weights/llama-draft")
+    result = specjax.generate(target, ["def add(a, b):"], method="speculative", draft=draft,
+                              k=4, max_new_tokens=64, temperature=0.0)
+"""
 
 from specjax.checkpoint import CheckpointError, Model, load, random_model, save
 from specjax.config import ConfigError, ModelConfig
+from specjax.generate import GenerationError, GenerationResult, Stats, generate, stream
+from specjax.logits import SamplingParams
 from specjax.model import forward, init_params
 
-__all__ = ["CheckpointError", "ConfigError", "Model", "ModelConfig", "forward", "init_params",
-           "load", "random_model", "save"]
+__all__ = ["CheckpointError", "ConfigError", "GenerationError", "GenerationResult", "Model",
+           "ModelConfig", "SamplingParams", "Stats", "forward", "generate", "init_params", "load",
+           "random_model", "save", "stream"]

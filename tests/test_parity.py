@@ -101,3 +101,14 @@ def test_round_trip_save_load(tmp_path):
     b, _ = forward(again.params, again.config, tokens, positions)
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert_logits_close(b, hf_logits(hf, tokens))
+
+
+def test_bfloat16_is_close_to_float32(tmp_path):
+    tiny_llama(tmp_path)
+    full, half = specjax.load(tmp_path), specjax.load(tmp_path, dtype="bfloat16")
+    assert str(half.params["embed"].dtype) == "bfloat16"
+    tokens, positions = tokens_and_positions(97)
+    a, _ = forward(full.params, full.config, tokens, positions)
+    b, _ = forward(half.params, half.config, tokens, positions)
+    assert b.dtype == np.float32
+    assert np.abs(np.asarray(a) - np.asarray(b)).max() <= 0.05 * np.abs(np.asarray(a)).max()
