@@ -450,14 +450,15 @@ def plots(results: dict, out: Path) -> list[str]:
             if not group:
                 continue
             style = "-o" if engine == "specjax" else ":s"
-            ax.plot([r["k"] for r in group], [r[metric] for r in group], style,
-                    label=f"{engine} {method}")
+            line, = ax.plot([r["k"] for r in group], [r[metric] for r in group], style,
+                            label=f"{engine} {method}")
             theory = [r for r in group if r["theoretical_speedup"] is not None]
             if metric == "speedup" and theory:
                 ax.plot([r["k"] for r in theory], [r["theoretical_speedup"] for r in theory], "--",
-                        alpha=0.6, label=f"{engine} {method} (theory)")
+                        color=line.get_color(), alpha=0.6, label=f"{engine} {method} (theory)")
         if metric == "speedup":
             ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xticks(results["settings"]["ks"])
         ax.set_xlabel("K (tokens drafted per step)")
         ax.set_ylabel(label)
         ax.set_title(f"{results['settings']['target']}: {label} (median over prompts)")

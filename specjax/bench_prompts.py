@@ -59,7 +59,9 @@ class Stack:
 
 PROMPTS = [
     # -- code completion -------------------------------------------------------------------
-    {"id": "complete-fibonacci", "category": "code-completion", "quick": True,
+    {"id": "complete-read-lines", "category": "code-completion", "quick": True,
+     "prompt": "import os\nimport sys\n\n\ndef read_lines(path):\n    lines = []\n"},
+    {"id": "complete-fibonacci", "category": "code-completion", "quick": False,
      "prompt": 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'},
     {"id": "complete-binary-search", "category": "code-completion", "quick": False,
      "prompt": ('def binary_search(items, target):\n'

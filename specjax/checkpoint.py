@@ -259,9 +259,9 @@ def load(path: str | Path, dtype: str = "float32") -> Model:
     path = Path(path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         from specjax.gguf import convert_gguf
-        from specjax.fetch import cache_dir
+        from specjax.fetch import cache_root
 
-        path = convert_gguf(path, cache_dir() / "gguf" / path.stem)
+        path = convert_gguf(path, cache_root() / "gguf" / path.stem)
     if not path.exists():
         raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist")
     if not path.is_dir():
@@ -355,9 +355,12 @@ def save(model: Model, directory: str | Path, dtype: str = "float32") -> Path:
         store = {k: np.ascontiguousarray(v).astype(ml_dtypes.bfloat16) for k, v in tensors.items()}
     else:
         store = {k: np.ascontiguousarray(v.astype(np.dtype(dtype))) for k, v in tensors.items()}
-    save_file(store, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    weights = directory / "model.safetensors"
+    save_file(store, str(weights), metadata={"format": "pt"})
+    weights.chmod(0o644)    # save_file creates the file readable by its owner only
+    # The stored dtype is only a compact encoding: both specjax and transformers (which loads
+    # in config.json's torch_dtype) should compute in float32 by default.
     hf = config.to_hf()
-    hf["torch_dtype"] = dtype
     (directory / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
     if model.tokenizer is not None:
         model.tokenizer.save(str(directory / "tokenizer.json"))

@@ -17,8 +17,8 @@ SPECJAX_COMPILE_CACHE=DIR moves it, SPECJAX_COMPILE_CACHE=off turns it off.
 from __future__ import annotations
 
 import argparse
-import json
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -131,7 +131,7 @@ def model_paths(args, want_draft: bool) -> tuple[Path, Path | None, str]:
     if args.target:
         if args.preset:
             raise CLIError("give either --preset or --target/--draft, not both")
-        draft = Path(args.draft) if args.draft else None
+        draft = Path(args.draft) if args.draft and want_draft else None
         return Path(args.target), draft, "" if draft or not want_draft else "no --draft given"
     name = args.preset or DEFAULT_PRESET
     preset = PRESETS[name]
@@ -141,10 +141,10 @@ def model_paths(args, want_draft: bool) -> tuple[Path, Path | None, str]:
         target = fetch(preset.target.removeprefix("fetch:"))
     else:
         target = _embedded(preset.target)
-    if args.draft:
-        return target, Path(args.draft), ""
     if not want_draft:
         return target, None, ""
+    if args.draft:
+        return target, Path(args.draft), ""
     draft = WEIGHTS / preset.draft
     if preset.target.startswith("fetch:") and not draft.exists():
         return target, None, f"preset {name} has no draft model ({draft} does not exist)"
@@ -202,7 +202,7 @@ text; with --temperature > 0 each method still samples exactly from the target's
 """
 
 METHOD_CHOICES = ("autoregressive", "speculative", "ngram", "all")
-DEMO_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+DEMO_PROMPT = "import os\nimport sys\n\n\ndef read_lines(path):\n    lines = []\n"   # bench --quick's
 GREEN, RESET, DIM = "\x1b[32m", "\x1b[0m", "\x1b[2m"
 
 
@@ -353,26 +353,32 @@ class TextPrinter:
         self.tokenizer, self.out, self.colour = tokenizer, out, colour
         self.ids: list[int] = []
         self.printed = ""
+        self.green = False           # inside a green (drafted) run of text
 
     def add(self, tokens: list[int], from_draft: list[bool]) -> None:
         for token, drafted in zip(tokens, from_draft):
             self.ids.append(token)
             text = self.tokenizer.decode(self.ids)
-            if text.endswith("\ufffd"):
-                continue
-            common = len(os.path.commonprefix([text, self.printed]))
-            new = text[common:]
-            if new:
-                self.out.write(f"{GREEN}{new}{RESET}" if self.colour and drafted else new)
-            self.printed = text
+            if not text.endswith("\ufffd"):
+                self._write(text, drafted)
         self.out.flush()
 
     def finish(self) -> None:
         text = self.tokenizer.decode(self.ids) if self.ids else ""
-        self.out.write(text[len(os.path.commonprefix([text, self.printed])):])
+        self._write(text, False)
+        if self.green:
+            self.out.write(RESET)
         if not (text or "\n").endswith("\n"):
             self.out.write("\n")
         self.out.flush()
+
+    def _write(self, text: str, drafted: bool) -> None:
+        new = text[len(os.path.commonprefix([text, self.printed])):]
+        if new and self.colour and drafted != self.green:
+            self.out.write(GREEN if drafted else RESET)
+            self.green = drafted
+        self.out.write(new)
+        self.printed = text
 
 
 def stream_text(target, draft, ids: list[int], method: str, options: dict, colour: bool) -> list[int]:

@@ -202,6 +202,8 @@ def check_compatible(target: Model, draft: Model) -> None:
 
 
 def encode_prompts(model: Model, prompts) -> list[list[int]]:
+    if isinstance(prompts, np.ndarray):
+        prompts = list(prompts)
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
         raise GenerationError("prompts must be a non-empty list of texts or of token-id lists")
     rows = []

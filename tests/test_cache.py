@@ -6,7 +6,9 @@ import pytest
 
 import specjax
 from specjax.cache import KVCache
-from specjax.model import forward
+from specjax.model import forward as eager_forward
+
+forward = jax.jit(eager_forward, static_argnums=1)
 
 CONFIGS = {
     "llama-gqa": specjax.ModelConfig(arch="llama", vocab_size=50, d_model=32, n_layers=2, n_heads=4,
@@ -99,7 +101,7 @@ def test_row_does_not_depend_on_other_rows(model):
 
 
 def test_forward_is_jittable_with_static_config(model):
-    step = jax.jit(forward, static_argnums=1)
+    step = jax.jit(eager_forward, static_argnums=1)
     row = ragged_rows(model.config.vocab_size, [10])[0]
     logits, _ = step(model.params, model.config, np.array([row]), np.arange(10)[None],
                      KVCache.init(model.config, 1, SLOTS))

@@ -24,7 +24,7 @@ from specjax.cli import TextPrinter
 from specjax.chat import ChatTemplateError, render
 
 WEIGHTS = Path(specjax.__file__).resolve().parent.parent / "weights"
-PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'   # bench --quick's
+PROMPT = "import os\nimport sys\n\n\ndef read_lines(path):\n    lines = []\n"   # bench --quick's
 FAST = ["-n", "16", "-k", "2", "--prompt", PROMPT]
 METHODS = ("autoregressive", "speculative", "ngram")
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "

@@ -1,5 +1,6 @@
 """Decoding loops: greedy equality across methods, batching, determinism, stopping, stats."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -23,12 +24,18 @@ def greedy(models):
 
 
 def reference_greedy(model, prompt, n):
-    """Greedy decoding by full-sequence forward passes: no cache, no sampler code."""
+    """Greedy decoding by full-sequence forward passes: no cache, no sampler code.
+
+    The sequence is zero-padded to a fixed length (one compile); causal attention makes the
+    logits at the last real position independent of the padding after it.
+    """
+    forward = jax.jit(specjax.forward, static_argnums=1)
+    total = len(prompt) + n
     tokens = list(prompt)
     for _ in range(n):
-        logits, _ = specjax.forward(model.params, model.config, np.array([tokens]),
-                                    np.arange(len(tokens))[None])
-        tokens.append(int(np.argmax(logits[0, -1])))
+        padded = np.array([tokens + [0] * (total - len(tokens))])
+        logits, _ = forward(model.params, model.config, padded, np.arange(total)[None])
+        tokens.append(int(np.argmax(logits[0, len(tokens) - 1])))
     return tokens[len(prompt):]
 
 
