@@ -79,3 +79,27 @@ def test_speculative_greedy_with_the_trained_draft_equals_autoregressive(ours, g
     result = generate(ours, PROMPTS[:3], method="speculative", draft=draft, k=4,
                       max_new_tokens=50, temperature=0.0)
     assert result.tokens == greedy
+
+
+EDIT_SOURCE = '''def mean_and_spread(values):
+    count = 0
+    acc = 0.0
+    for value in values:
+        count += 1
+        acc += value
+    mean = acc / count
+    spread = max(values) - min(values)
+    return mean, spread
+'''
+
+
+def test_ngram_accepts_long_runs_on_a_code_editing_prompt(ours):
+    # Rewriting a function given in the prompt: most of the output is copied from the prompt,
+    # which is where prompt lookup pays off. The speedup itself is measured by `bench`.
+    prompt = (EDIT_SOURCE + "\n\n# The same function, with `acc` renamed to `total`:\n"
+              + EDIT_SOURCE.split("    acc = 0.0")[0] + "    total = 0.0\n")
+    plain = generate(ours, [prompt], max_new_tokens=60, temperature=0.0)
+    lookup = generate(ours, [prompt], method="ngram", k=8, max_new_tokens=60, temperature=0.0)
+    assert lookup.tokens == plain.tokens
+    assert lookup.stats.tokens_per_target_call >= 2.5, lookup.stats
+    assert lookup.stats.target_calls <= plain.stats.target_calls / 2.5

@@ -1,0 +1,37 @@
+"""The shipped trained pairs (weights/): every method gives the target's greedy output on real
+code prompts, and drafts are accepted at the rate their model cards report roughly."""
+
+from pathlib import Path
+
+import pytest
+
+import specjax
+from specjax.generate import generate
+
+WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+PROMPTS = [
+    "import os\nimport sys\n\n\ndef main(argv=None):\n    ",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+    "    for key, value in sorted(mapping.items()):\n        if",
+]
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def trained_pair(request):
+    target_dir, draft_dir = WEIGHTS / f"{request.param}-target", WEIGHTS / f"{request.param}-draft"
+    assert target_dir.exists() and draft_dir.exists(), "the trained checkpoints are missing"
+    return specjax.load(target_dir), specjax.load(draft_dir)
+
+
+def test_all_methods_give_the_greedy_output_on_code(trained_pair):
+    target, draft = trained_pair
+    greedy = generate(target, PROMPTS, max_new_tokens=48, temperature=0.0, eos_ids=()).tokens
+    for k in (2, 5):
+        spec = generate(target, PROMPTS, method="speculative", draft=draft, k=k,
+                        max_new_tokens=48, temperature=0.0, eos_ids=())
+        assert spec.tokens == greedy
+        # A trained draft agrees with its target far more often than chance (1/4096).
+        assert spec.stats.acceptance_rate > 0.25, spec.stats
+        ngram = generate(target, PROMPTS, method="ngram", k=k, max_new_tokens=48,
+                         temperature=0.0, eos_ids=())
+        assert ngram.tokens == greedy
