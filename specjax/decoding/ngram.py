@@ -21,9 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.decoding.state import DecodeState, any_nan, append, count_call, last_tokens, step_keys
-from specjax.logits import probs_from_logits
-from specjax.model import forward
+from specjax.decoding.speculative import score_and_verify
+from specjax.decoding.state import DecodeState, append, count_call, step_keys
 
 
 def lookup(tokens, length, k: int, max_n: int, min_n: int):
@@ -60,19 +59,8 @@ def step(spec, params, state: DecodeState) -> DecodeState:
         state.tokens, state.length, k, spec.max_ngram, spec.min_ngram)          # [B, K], [B]
     drafted = jnp.arange(k) < count[:, None]                                     # [B, K]
     draft_probs = jax.nn.one_hot(draft_tokens, vocab) * drafted[..., None]       # [B, K, V]
-
-    last, last_position = last_tokens(state, 1)
-    target_in = jnp.concatenate([last, draft_tokens], axis=1)                    # [B, K + 1]
-    positions = last_position + jnp.arange(k + 1, dtype=jnp.int32)
-    logits, cache = forward(params.target, spec.target_config, target_in, positions,
-                            state.target_cache)
-    target_probs = probs_from_logits(logits, spec.sampling)
-    n_accepted, next_token = spec.verify_fn(draft_tokens, draft_probs, target_probs,
-                                            step_keys(state), num_drafted=count)
-    new = jnp.concatenate([draft_tokens, jnp.zeros_like(draft_tokens[:, :1])], axis=1)
-    new = new.at[jnp.arange(new.shape[0]), n_accepted].set(next_token)
-
-    state = count_call(state, drafted=count, accepted=n_accepted, nan=any_nan(logits))
+    new, n_accepted, cache, nan = score_and_verify(spec, params, state, draft_tokens, draft_probs,
+                                                   step_keys(state), num_drafted=count)
+    state = count_call(state, drafted=count, accepted=n_accepted, nan=nan)
     state = append(state, new, n_accepted + 1, spec.max_new_tokens, spec.eos_ids)
     return state.replace(target_cache=cache.with_length(state.length - 1))
-

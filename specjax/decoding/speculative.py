@@ -42,7 +42,8 @@ def pad_vocab(logits, vocab: int):
     extra = vocab - logits.shape[-1]
     if extra == 0:
         return logits
-    return jnp.concatenate([logits, jnp.full((*logits.shape[:-1], extra), -jnp.inf, logits.dtype)], -1)
+    padding = jnp.full((*logits.shape[:-1], extra), -jnp.inf, logits.dtype)
+    return jnp.concatenate([logits, padding], axis=-1)
 
 
 def draft(spec, params, state: DecodeState, keys):
@@ -74,6 +75,31 @@ def draft(spec, params, state: DecodeState, keys):
     return tokens, probs, cache, any_nan(logits) | nans.any()
 
 
+def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs, keys,
+                     num_drafted=None):
+    """Steps 2 and 3, shared with n-gram decoding.
+
+    The target scores [last token, x_1..x_K] at positions length-1 .. length-1+K in one call,
+    then `verify` accepts a prefix and draws one more token.
+
+    Returns:
+      new tokens [B, K + 1] (the accepted drafts, then the residual or bonus token; the rest is
+      padding), n_accepted [B], the target's cache, and whether its logits had a NaN.
+    """
+    k = draft_tokens.shape[1]
+    last, last_position = last_tokens(state, 1)
+    target_in = jnp.concatenate([last, draft_tokens], axis=1)          # [B, K + 1]
+    positions = last_position + jnp.arange(k + 1, dtype=jnp.int32)      # [B, K + 1]
+    logits, cache = forward(params.target, spec.target_config, target_in, positions,
+                            state.target_cache)
+    target_probs = probs_from_logits(pad_vocab(logits, spec.vocab_size), spec.sampling)
+    n_accepted, next_token = spec.verify_fn(draft_tokens, draft_probs, target_probs, keys,
+                                            num_drafted=num_drafted)
+    new = jnp.concatenate([draft_tokens, jnp.zeros_like(draft_tokens[:, :1])], axis=1)
+    new = new.at[jnp.arange(new.shape[0]), n_accepted].set(next_token)
+    return new, n_accepted, cache, any_nan(logits)
+
+
 def step(spec, params, state: DecodeState) -> DecodeState:
     k = spec.k
     keys = step_keys(state)                                            # [B]
@@ -82,23 +108,13 @@ def step(spec, params, state: DecodeState) -> DecodeState:
 
     # Step 1: draft x_1..x_K ~ p_1..p_K.
     draft_tokens, draft_probs, draft_cache, draft_nan = draft(spec, params, state, draft_keys)
-
-    # Step 2: the target scores [last token, x_1..x_K] at positions length-1 .. length-1+K.
-    last, last_position = last_tokens(state, 1)
-    target_in = jnp.concatenate([last, draft_tokens], axis=1)          # [B, K + 1]
-    positions = last_position + jnp.arange(k + 1, dtype=jnp.int32)      # [B, K + 1]
-    logits, target_cache = forward(params.target, spec.target_config, target_in, positions,
-                                   state.target_cache)
-    target_probs = probs_from_logits(pad_vocab(logits, spec.vocab_size), spec.sampling)
-
-    # Step 3: accept a prefix, then one token from the residual or the bonus position.
-    n_accepted, next_token = spec.verify_fn(draft_tokens, draft_probs, target_probs, verify_keys)
-    new = jnp.concatenate([draft_tokens, jnp.zeros_like(draft_tokens[:, :1])], axis=1)
-    new = new.at[jnp.arange(new.shape[0]), n_accepted].set(next_token)  # [B, K + 1]
+    # Steps 2 and 3: score with the target, accept a prefix, draw the residual or bonus token.
+    new, n_accepted, target_cache, target_nan = score_and_verify(
+        spec, params, state, draft_tokens, draft_probs, verify_keys)
 
     old_length = state.length
     state = count_call(state, drafted=k, accepted=n_accepted, draft_calls=k,
-                       nan=draft_nan | any_nan(logits))
+                       nan=draft_nan | target_nan)
     state = append(state, new, n_accepted + 1, spec.max_new_tokens, spec.eos_ids)
     # Roll back: the target holds everything before the new last token; the draft has seen the
     # fed tokens up to x_{K-1}, so it may be one behind (the next step catches up).
