@@ -73,7 +73,6 @@ def test_ngram_greedy_equals_autoregressive(ours, greedy):
     assert result.tokens == greedy
 
 
-@pytest.mark.skipif(not DRAFT.exists(), reason="weights/smollm2-draft is not in this checkout")
 def test_speculative_greedy_with_the_trained_draft_equals_autoregressive(ours, greedy):
     draft = specjax.load(DRAFT)
     result = generate(ours, PROMPTS[:3], method="speculative", draft=draft, k=4,
