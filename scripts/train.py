@@ -148,6 +148,44 @@ def loss_fn(params, config, windows):
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
+def distill_loss_fn(params, config, windows, teacher, weight: float):
+    """(1 - weight) x next-token cross-entropy + weight x cross-entropy against the teacher's
+    next-token distribution (forward KL(teacher || student) plus the teacher's entropy, which
+    has no gradient), on windows [B, T+1]. `teacher` is a (params, config) pair with the same
+    vocabulary; its forward pass is part of the step but not of the gradient.
+
+    Matching the target's whole distribution, not only the sampled next token, is what raises
+    the acceptance rate: greedy acceptance asks that the draft's argmax be the target's, and
+    sampled acceptance is sum_x min(p, q) = 1 - TV(p, q) (Leviathan et al., 2023), both of
+    which a small KL(p || q) bounds (Pinsker). DistillSpec (Zhou et al., 2023) measures the gain.
+    """
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from specjax import forward
+
+    inputs, targets = windows[:, :-1], windows[:, 1:]
+    positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+    logits, _ = forward(params, config, inputs, positions, cache=None)       # [B, T, V]
+    teacher_params, teacher_config = teacher
+    teacher_logits, _ = forward(teacher_params, teacher_config, inputs, positions, cache=None)
+    soft = jax.lax.stop_gradient(jax.nn.softmax(teacher_logits, axis=-1))
+    hard = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+    return (1 - weight) * hard + weight * optax.softmax_cross_entropy(logits, soft).mean()
+
+
+def load_teacher(name_or_dir: str, config):
+    """The (params, config) of --teacher, checked to share the student's vocabulary."""
+    import specjax
+
+    teacher = specjax.load(resolve_checkpoint(name_or_dir))
+    if teacher.config.vocab_size != config.vocab_size:
+        raise SystemExit(f"--teacher {name_or_dir} has vocab_size {teacher.config.vocab_size}, "
+                         f"the model being trained {config.vocab_size}")
+    return teacher.params, teacher.config
+
+
 def make_optimizer(args, steps: int):
     import jax
     import optax
@@ -229,13 +267,25 @@ def train_model(args) -> None:
             windows = np.concatenate([windows, windows_at(extra["train"], starts, context + 1)])
         return jnp.asarray(windows)
 
+    teacher_params = teacher_config = None
+    if args.teacher:
+        teacher_params, teacher_config = load_teacher(args.teacher, config)
+        print(f"distilling from {args.teacher} (weight {args.distill_weight})", flush=True)
+
+    def objective(params, windows, teacher_params):
+        if teacher_params is None:
+            return loss_fn(params, config, windows)
+        return distill_loss_fn(params, config, windows, (teacher_params, teacher_config),
+                               args.distill_weight)
+
     def make_step(optimizer):
         @jax.jit
-        def step(params, opt_state, windows):
-            loss, grads = jax.value_and_grad(loss_fn)(params, config, windows)
+        def step(params, opt_state, windows, teacher_params):
+            loss, grads = jax.value_and_grad(objective)(params, windows, teacher_params)
             updates, opt_state = optimizer.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads)
-        return step
+        # The teacher's weights are an argument, not constants baked into the compiled step.
+        return lambda params, opt_state, windows: step(params, opt_state, windows, teacher_params)
 
     steps = args.steps
     if not steps:
@@ -455,6 +505,10 @@ def regenerate_command(args, steps: int, done: int) -> str:
                   "--init-embeddings-std", args.init_embeddings_std]
     if args.extra_corpus:
         parts += ["--extra-corpus", args.extra_corpus, "--extra-fraction", args.extra_fraction]
+    if args.teacher:
+        teacher = Path(args.teacher)
+        parts += ["--teacher", f"weights/{teacher.name}" if teacher.is_dir() else args.teacher,
+                  "--distill-weight", args.distill_weight]
     if done < steps:   # cut short by --minutes: the schedule is still that of `steps`
         parts += ["--stop-after", done]
     parts += ["--out", f"weights/{Path(args.out).name}"]
@@ -720,6 +774,27 @@ def write_card(directory: Path) -> None:
         speculative += f"\n\nRegenerate: `{spec['command']}`"
     else:
         speculative = "Not measured yet: run `python scripts/train.py evaluate` on the pair."
+    if hp.get("teacher"):
+        weight = hp["distill_weight"]
+        teacher = Path(hp["teacher"]).name
+        mix = ("" if weight == 1 else f" (weight {weight:g}; next-token cross-entropy "
+                                      f"{1 - weight:g})")
+        objective = (f"Distilled from [`{teacher}`](../{teacher}/): cross-entropy against the "
+                     f"teacher's full next-token distribution{mix}, that is forward "
+                     f"KL(teacher || draft) up to a constant, with the teacher's forward pass "
+                     f"inside each training step,")
+        pairing = (" A draft is trained to imitate its target rather than the data: the "
+                   "acceptance rate of speculative decoding depends only on how close the draft's "
+                   "distribution p is to the target's q. Sampled, a drafted token is accepted "
+                   "with probability sum over x of min(p(x), q(x)) = 1 - TV(p, q) (Leviathan "
+                   "et al. 2023), and Pinsker's inequality bounds TV(p, q) by "
+                   "sqrt(KL(q || p) / 2); greedy, the two argmaxes agree once p is close enough "
+                   "to q. The final train loss below is this objective (it includes the "
+                   "teacher's entropy); the validation loss is next-token cross-entropy on the "
+                   "held-out data, as for every checkpoint.")
+    else:
+        objective = "Next-token cross-entropy"
+        pairing = ""
     held_out = ", ".join(f"`{f}`" for f in data["validation_files"])
     stop = (f" of a {record['resolved_steps']}-step schedule (`--stop-after "
             f"{record['steps_done']}`: the pair's first run was cut there by its wall-clock cap)"
@@ -761,12 +836,10 @@ entries trained with Hugging Face `tokenizers` on the training files only.
 
 ## Training
 
-Next-token cross-entropy on random {hp['context']}-token windows of the training stream, batch
+{objective} on random {hp['context']}-token windows of the training stream, batch
 {hp['batch']}, AdamW (b1 0.9, b2 0.95, weight decay {hp['weight_decay']} on weight matrices and embeddings),
 peak learning rate {hp['lr']} with {hp['warmup']} warmup steps and cosine decay to 10%,
-gradient clipping at {hp['clip']}, seed {hp['seed']}, float32. The draft and the target of a
-pair share the seed, the schedule and the stopping step, so they see the same windows in the
-same order: the difference between them is the model size alone.
+gradient clipping at {hp['clip']}, seed {hp['seed']}, float32.{pairing}
 
 | | |
 |---|---|
@@ -877,6 +950,20 @@ Regenerate: `{ev['command']}`"""
         best = {(r["prompts"], r["temperature"], r["k"]): r["tokens_per_target_call"] for r in ev["table"]}
         summary = (f"{best.get(('code', 0.0, 4), float('nan')):.2f} tokens per target call on code and "
                    f"{best.get(('chat', 0.0, 4), float('nan')):.2f} on chat, greedy, K=4")
+    if hp.get("teacher"):
+        objective = (f"Cross-entropy against the target's full next-token distribution (weight "
+                     f"{hp['distill_weight']:g}) mixed with next-token cross-entropy, the target's "
+                     f"forward pass inside each training step")
+        objective_note = ""
+    else:
+        objective = "Next-token cross-entropy"
+        objective_note = (" No logit distillation: a target forward pass costs about six times a "
+                          "draft training step per token (matmul FLOPs): a trial of `--teacher "
+                          "smollm2` trained on about 100 tokens/s on this CPU (shared with two "
+                          "other jobs), so distilling from the target's logits over millions of "
+                          "tokens would have taken hours; the budget went to the target's sampled "
+                          "text instead (`--teacher` does logit distillation where the budget "
+                          "allows).")
     commands = ["python -m specjax fetch smollm2", extra["command"], record["command"]]
     if ev:
         commands.append(ev["command"])
@@ -950,12 +1037,9 @@ the standard library.
 
 ## Training
 
-Next-token cross-entropy, AdamW (b1 0.9, b2 0.95, weight decay {hp['weight_decay']} on weight matrices and
+{objective}, AdamW (b1 0.9, b2 0.95, weight decay {hp['weight_decay']} on weight matrices and
 the embedding), peak learning rate {hp['lr']} with {hp['warmup']} warmup steps and cosine decay to 10%,
-gradient clipping at {hp['clip']}, seed {hp['seed']}, float32. No logit distillation: a target forward pass
-costs about six times a draft training step per token (matmul FLOPs), so scoring the training
-tokens with the target would have taken hours on this CPU; the budget went to the target's
-sampled text instead.
+gradient clipping at {hp['clip']}, seed {hp['seed']}, float32.{objective_note}
 
 | | |
 |---|---|
@@ -1055,7 +1139,8 @@ def write_index(args) -> None:
                     f"{r['val_perplexity']:.1f} | {spec.get('acceptance_rate', float('nan')):.3f} | "
                     f"{size:.1f} MB |")
     commands = ["python scripts/train.py tokenizer --out runs/tokenizer.json"]
-    for name in ("llama-draft", "llama-target", "gpt2-draft", "gpt2-target"):
+    # A draft distilled from its target (--teacher) is trained after it.
+    for name in ("llama-target", "llama-draft", "gpt2-target", "gpt2-draft"):
         if (WEIGHTS / name / "train_log.json").exists():
             commands.append(json.loads((WEIGHTS / name / "train_log.json").read_text())["command"])
     commands += ["python scripts/train.py evaluate --draft weights/llama-draft --target weights/llama-target",
@@ -1067,7 +1152,9 @@ def write_index(args) -> None:
 
 Four small models trained from scratch on the Python standard library's source (CPython's own
 `.py` files), so that the CLI, the examples and the tests have real models on a fresh machine,
-with no download. Each directory is a Hugging Face checkpoint (`config.json`,
+with no download: two targets trained on the data, and two drafts distilled from their
+targets (trained to match the target's whole next-token distribution, which is what raises
+the acceptance rate; see the draft cards). Each directory is a Hugging Face checkpoint (`config.json`,
 `model.safetensors` in float16, `tokenizer.json`) that both `specjax.load` and
 `transformers.AutoModelForCausalLM.from_pretrained` read, with a model card (`README.md`) and
 the training record (`train_log.json`). All four share one byte-level BPE tokenizer (4096
@@ -1098,7 +1185,9 @@ version gives different but similar models). The tokenized corpus is cached unde
 `model` copies the tokenizer into each checkpoint; `evaluate` writes the acceptance rates into
 both cards of a pair; `index` writes this page. `pytest tests/test_weights.py` then checks the
 result: transformers loads each checkpoint and its logits match specjax's, the tokenizer
-round-trips Python source, and each target's validation loss is below its draft's.
+round-trips Python source, and each target's validation loss is below its draft's;
+`tests/test_trained.py` checks that every method gives the target's greedy output with them and
+that the drafts are accepted at the rate their cards report.
 
 The model commands name their step counts (`--stop-after` where the original run was cut short
 by its `--minutes` wall-clock cap), so they reproduce the shipped weights on any machine; give
@@ -1156,6 +1245,11 @@ def main(argv=None) -> None:
                    help="a .npz from `distill-data` whose windows are mixed into each batch")
     p.add_argument("--extra-fraction", type=float, default=0.25,
                    help="share of each batch's windows drawn from --extra-corpus")
+    p.add_argument("--teacher", default="",
+                   help="distil from this checkpoint (same vocabulary): the loss mixes "
+                        "cross-entropy against its next-token distribution into the data's")
+    p.add_argument("--distill-weight", type=float, default=1.0,
+                   help="weight of the teacher term, 0..1 (with --teacher)")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=train_model)
 
