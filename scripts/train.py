@@ -30,6 +30,7 @@ import platform
 import shlex
 import shutil
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -795,14 +796,19 @@ def write_card(directory: Path) -> None:
     else:
         objective = "Next-token cross-entropy"
         pairing = ""
+    pairing = "\n".join(textwrap.wrap(pairing.strip(), 96)) if pairing else ""
+    how = (f"trained from scratch, by distillation from its target, on the Python standard "
+           f"library's source\ncode" if hp.get("teacher") else
+           "trained from scratch on the Python standard library's source\ncode")
+    after = (f", and after training its teacher `weights/{Path(hp['teacher']).name}`"
+             if hp.get("teacher") else "")
     held_out = ", ".join(f"`{f}`" for f in data["validation_files"])
     stop = (f" of a {record['resolved_steps']}-step schedule (`--stop-after "
             f"{record['steps_done']}`: the pair's first run was cut there by its wall-clock cap)"
             if record["stopped_by_minutes"] else "")
     text = f"""# {name}
 
-A small {arch.split(' (')[0]} model trained from scratch on the Python standard library's source
-code, shipped with specjax as the **{role}** of the `{name.split('-')[0]}` speculative-decoding
+A small {arch.split(' (')[0]} model {how}, shipped with specjax as the **{role}** of the `{name.split('-')[0]}` speculative-decoding
 pair (its partner is [`{partner}`](../{partner}/)). It is a test and demo model: it continues
 Python code plausibly for a few lines and knows nothing else.
 
@@ -839,7 +845,7 @@ entries trained with Hugging Face `tokenizers` on the training files only.
 {objective} on random {hp['context']}-token windows of the training stream, batch
 {hp['batch']}, AdamW (b1 0.9, b2 0.95, weight decay {hp['weight_decay']} on weight matrices and embeddings),
 peak learning rate {hp['lr']} with {hp['warmup']} warmup steps and cosine decay to 10%,
-gradient clipping at {hp['clip']}, seed {hp['seed']}, float32.{pairing}
+gradient clipping at {hp['clip']}, seed {hp['seed']}, float32.{chr(10) + chr(10) + pairing if pairing else ''}
 
 | | |
 |---|---|
@@ -860,7 +866,7 @@ trained, so the training time is not a measure of speed.
 
 ## Regenerate
 
-From the repository root, after `python scripts/train.py tokenizer` (see [../README.md](../README.md)):
+From the repository root, after `python scripts/train.py tokenizer` (see [../README.md](../README.md)){after}:
 
 ```
 {record['command']}
