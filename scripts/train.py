@@ -542,7 +542,9 @@ def evaluate_pair(args) -> None:
         how = "specjax.generate(method='speculative', temperature=0.0)"
         seconds = round(time.time() - t0, 1)
     rate = accepted / drafted
-    expected = (1 - rate ** (args.k + 1)) / (1 - rate) if rate < 1 else args.k + 1
+    # Every step drafts K tokens and emits the accepted ones plus one of the target's, so the
+    # rate (accepted / drafted, not the per-token alpha of Leviathan et al.) gives 1 + K x rate.
+    expected = 1 + args.k * rate
     result = {"draft": Path(args.draft).name, "target": Path(args.target).name, "k": args.k,
               "prompts": len(prompts), "prompt_tokens": args.prompt_len,
               "new_tokens": args.new_tokens, "drafted": drafted, "accepted": accepted,
@@ -758,7 +760,7 @@ def write_card(directory: Path) -> None:
     spec = record.get("speculative")
     if spec:
         rate = (f"**{spec['acceptance_rate']:.3f}** ({spec['accepted']} of {spec['drafted']} "
-                f"drafted tokens accepted; {spec['expected_tokens_per_target_call']:.2f} expected "
+                f"drafted tokens accepted, that is {spec['expected_tokens_per_target_call']:.2f} "
                 f"tokens per target call; draft/target cost ratio by FLOPs "
                 f"{spec['cost_ratio_flops']:.3f})")
         speculative = (f"Greedy acceptance rate of `{spec['draft']}` drafting for "

@@ -1,5 +1,10 @@
 """The shipped trained pairs (weights/): every method gives the target's greedy output on real
-code prompts, and drafts are accepted at the rate their model cards report roughly."""
+code prompts, and the distilled drafts save target calls.
+
+The thresholds on tokens per target call are about 10% below what the shipped pairs measure on
+these prompts (llama 2.18 and 3.13, gpt2 2.48 and 3.51 at K = 2 and 5), so that a rounding
+difference in another JAX version cannot flip them; the llama draft trained on the data alone,
+before distillation, made 2.12 and 2.62."""
 
 from pathlib import Path
 
@@ -26,12 +31,11 @@ def trained_pair(request):
 def test_all_methods_give_the_greedy_output_on_code(trained_pair):
     target, draft = trained_pair
     greedy = generate(target, PROMPTS, max_new_tokens=48, temperature=0.0, eos_ids=()).tokens
-    for k in (2, 5):
+    for k, min_tokens_per_call in ((2, 2.0), (5, 2.8)):
         spec = generate(target, PROMPTS, method="speculative", draft=draft, k=k,
                         max_new_tokens=48, temperature=0.0, eos_ids=())
         assert spec.tokens == greedy
-        # A trained draft agrees with its target far more often than chance (1/4096).
-        assert spec.stats.acceptance_rate > 0.25, spec.stats
+        assert spec.stats.tokens_per_target_call >= min_tokens_per_call, spec.stats
         ngram = generate(target, PROMPTS, method="ngram", k=k, max_new_tokens=48,
                          temperature=0.0, eos_ids=())
         assert ngram.tokens == greedy

@@ -3,6 +3,7 @@ tokenizer round-trips Python source, and each target is better than its draft.""
 
 import inspect
 import json
+import sysconfig
 import textwrap
 from pathlib import Path
 
@@ -91,15 +92,27 @@ def mean_loss(model, text: str, window: int = 256) -> float:
     return total / count
 
 
+def held_out_source(tokenizer, max_tokens: int = 12_000) -> str:
+    """The start of the standard-library files that training held out (the cards list them),
+    read from this interpreter's standard library: code no checkpoint was trained on."""
+    files = json.loads((WEIGHTS / "llama-target" / "train_log.json").read_text())["data"]
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    found = [stdlib / f for f in files["validation_files"] if (stdlib / f).exists()]
+    text = "\n".join(f.read_text(encoding="utf-8") for f in found)
+    ids = tokenizer.encode(text).ids
+    assert len(ids) >= max_tokens // 2, f"only {len(ids)} held-out tokens in {stdlib}"
+    return tokenizer.decode(ids[:max_tokens])
+
+
 @pytest.mark.parametrize("draft, target", PAIRS)
-def test_target_predicts_unseen_code_better_than_its_draft(draft, target):
-    # specjax's own source: real Python that no checkpoint was trained on (the corpus is the
-    # standard library). "Visibly better" is taken as at least 0.1 nats per token (perplexity
-    # about 10% lower); the cards report the same on held-out standard-library files.
-    text = "\n".join((Path(specjax.__file__).parent / name).read_text()
-                     for name in ("rejection.py", "logits.py"))
-    losses = {name: mean_loss(specjax.load(WEIGHTS / name), text) for name in (draft, target)}
-    assert losses[target] < 6.0, losses           # far below chance, ln 4096 = 8.3
+def test_target_predicts_held_out_code_better_than_its_draft(draft, target):
+    # Recomputed here, not read from the cards. "Visibly better" is taken as at least 0.1 nats
+    # per token (perplexity about 10% lower); the shipped pairs measure 0.12 (llama) and 0.25
+    # (gpt2) on these 12,000 tokens.
+    models = {name: specjax.load(WEIGHTS / name) for name in (draft, target)}
+    text = held_out_source(models[target].tokenizer)
+    losses = {name: mean_loss(model, text) for name, model in models.items()}
+    assert losses[target] < 5.0, losses           # far below chance, ln 4096 = 8.3
     assert losses[target] <= losses[draft] - 0.1, losses
 
 
