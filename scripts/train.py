@@ -157,8 +157,8 @@ def distill_loss_fn(params, config, windows, teacher, weight: float):
 
     Matching the target's whole distribution, not only the sampled next token, is what raises
     the acceptance rate: greedy acceptance asks that the draft's argmax be the target's, and
-    sampled acceptance is sum_x min(p, q) = 1 - TV(p, q) (Leviathan et al., 2023), both of
-    which a small KL(p || q) bounds (Pinsker). DistillSpec (Zhou et al., 2023) measures the gain.
+    sampled acceptance is sum_x min(p, q) = 1 - TV(p, q) (Leviathan et al., 2023), and this
+    loss minimises KL(q || p), which bounds TV(p, q) (Pinsker). DistillSpec (Zhou et al., 2023) measures the gain.
     """
     import jax
     import jax.numpy as jnp
@@ -1195,7 +1195,7 @@ both cards of a pair; `index` writes this page. `pytest tests/test_weights.py` t
 result: transformers loads each checkpoint and its logits match specjax's, the tokenizer
 round-trips Python source, and each target's validation loss is below its draft's;
 `tests/test_trained.py` checks that every method gives the target's greedy output with them and
-that the drafts are accepted at the rate their cards report.
+that the distilled drafts save target calls.
 
 The model commands name their step counts (`--stop-after` where the original run was cut short
 by its `--minutes` wall-clock cap), so they reproduce the shipped weights on any machine; give

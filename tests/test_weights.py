@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.special import log_softmax
 
 import specjax
 from specjax.model import forward
@@ -84,9 +85,7 @@ def mean_loss(model, text: str, window: int = 256) -> float:
         chunk = ids[start:start + window + 1]
         logits, _ = forward(model.params, model.config, chunk[None, :-1],
                             np.arange(len(chunk) - 1)[None])
-        logits = np.asarray(logits[0], np.float64)                               # [T, V]
-        top = logits.max(-1, keepdims=True)
-        log_probs = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+        log_probs = log_softmax(np.asarray(logits[0], np.float64), axis=-1)     # [T, V]
         total -= log_probs[np.arange(len(chunk) - 1), chunk[1:]].sum()
         count += len(chunk) - 1
     return total / count
