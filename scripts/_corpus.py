@@ -315,7 +315,8 @@ def code_prompts(n: int, seed: int = 0) -> list[tuple[str, str]]:
     prompts = [("function", p) for p in rng.sample(functions, n // 3)]
     prompts += [("module", p) for p in rng.sample(modules, n // 3)]
     for source, params in rng.sample(edits, n - 2 * (n // 3)):
-        instruction, heading = rng.choice(_EDITS if params else _EDITS[:2] + _EDITS[3:])
+        # A rename needs a parameter to rename.
+        instruction, heading = rng.choice([e for e in _EDITS if params or "{old}" not in e[0]])
         first = source.splitlines()[0]
         if "{old}" in instruction:
             old = rng.choice(params)
