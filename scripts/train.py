@@ -999,7 +999,7 @@ It was trained for {train_min + gen_min:.0f} minutes on a 2-core CPU: on the Pyt
 source and on the target's own answers to chat prompts and continuations of code
 (sequence-level distillation). On its own it is a poor language model. As a draft it saves
 target calls ({summary}),
-but on a 2-core CPU that barely turns into wall-clock speed (see below).
+but on a 2-core CPU that does not yet turn into wall-clock speed (see below).
 
 ```
 python -m specjax generate --preset smollm2 --chat --prompt "How do bees make honey?"   # this draft, K=4
