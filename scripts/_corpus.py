@@ -266,8 +266,8 @@ _NEW_NAMES = ["value", "items", "data", "name", "count", "obj", "text", "result"
 
 
 def _functions(text: str):
-    """(def source, docstring node or None, parameter names) of each top-level or method
-    function of a module, dedented; functions inside functions are skipped."""
+    """(node, dedented source, docstring node or None, parameter names without self/cls) of
+    every undecorated function of a module, nested ones included."""
     import ast
     import textwrap
 

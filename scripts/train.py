@@ -158,7 +158,8 @@ def distill_loss_fn(params, config, windows, teacher, weight: float):
     Matching the target's whole distribution, not only the sampled next token, is what raises
     the acceptance rate: greedy acceptance asks that the draft's argmax be the target's, and
     sampled acceptance is sum_x min(p, q) = 1 - TV(p, q) (Leviathan et al., 2023), and this
-    loss minimises KL(q || p), which bounds TV(p, q) (Pinsker). DistillSpec (Zhou et al., 2023) measures the gain.
+    loss minimises KL(q || p), which bounds TV(p, q) (Pinsker). DistillSpec (Zhou et al., 2023)
+    measures the gain.
     """
     import jax
     import jax.numpy as jnp
