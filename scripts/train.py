@@ -130,9 +130,10 @@ def init(config, seed: int):
 
     params = init_params(config, jax.random.key(seed), std=0.02)
     scale = 1.0 / math.sqrt(2 * config.n_layers)
-    for name in ("wo", "w_out", "w_down"):
-        if name in params["layers"]:
-            params["layers"][name] = params["layers"][name] * scale
+    for layer in params["layers"]:
+        for name in ("wo", "w_out", "w_down"):
+            if name in layer:
+                layer[name] = layer[name] * scale
     return params
 
 

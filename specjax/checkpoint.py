@@ -42,7 +42,7 @@ class Model:
 
 # -- Name tables --------------------------------------------------------------------------------
 # Each entry: (Hugging Face name, path in specjax's tree, HF -> specjax, specjax -> HF).
-# `{i}` in a name is the layer index; those tensors are stacked along specjax's leading L axis.
+# `{i}` in a name is the layer index; such an entry's path is inside each of params["layers"].
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
@@ -197,13 +197,13 @@ def load_params(directory: Path, config: ModelConfig) -> Params:
     tensors = {_canonical(k, config): v for k, v in _read_tensors(_weight_files(directory)).items()}
     shapes = param_shapes(config)
     table = name_table(config)
-    leaves: dict[tuple[str, ...], np.ndarray] = {}
+    leaves: dict[tuple, np.ndarray] = {}     # path in the tree (layer index included) -> array
     used = set()
     for entry in table:
-        names = ([entry.hf_name.format(i=i) for i in range(config.n_layers)]
-                 if "{i}" in entry.hf_name else [entry.hf_name])
-        pieces = []
-        for name in names:
+        per_layer = "{i}" in entry.hf_name
+        for i in range(config.n_layers if per_layer else 1):
+            name = entry.hf_name.format(i=i)
+            path = ("layers", i, *entry.path[1:]) if per_layer else entry.path
             if name not in tensors:
                 raise CheckpointError(f"{directory}: missing tensor {name!r}")
             array, file = tensors[name]
@@ -212,14 +212,12 @@ def load_params(directory: Path, config: ModelConfig) -> Params:
                 piece = entry.to_specjax(array.astype(np.float32))
             except ValueError:
                 piece = None
-            want = _leaf(shapes, entry.path)
-            want = want[1:] if "{i}" in entry.hf_name else want
-            if piece is None or piece.shape != tuple(want):
+            want = tuple(_leaf(shapes, path))
+            if piece is None or piece.shape != want:
                 raise CheckpointError(f"{file.name}: tensor {name!r} has shape {tuple(array.shape)}, "
-                                      f"which does not fit the config (expected {tuple(want)} after "
+                                      f"which does not fit the config (expected {want} after "
                                       f"the layout change)")
-            pieces.append(piece)
-        leaves[entry.path] = np.stack(pieces) if "{i}" in entry.hf_name else pieces[0]
+            leaves[path] = piece
 
     unexpected = sorted(n for n in tensors if n not in used and not _ignorable(n, config))
     if unexpected:
@@ -227,11 +225,11 @@ def load_params(directory: Path, config: ModelConfig) -> Params:
         raise CheckpointError(f"{file.name}: unexpected tensor(s) {unexpected[:5]} "
                               f"for a {config.model_type or config.arch} model")
     dtype = jnp.dtype(config.dtype)
-    params: Params = {}
+    params: Params = {"layers": [{} for _ in range(config.n_layers)]}
     for path, array in leaves.items():
         node = params
         for key in path[:-1]:
-            node = node.setdefault(key, {})
+            node = node[key] if isinstance(key, int) else node.setdefault(key, {})
         node[path[-1]] = jnp.asarray(array, dtype)
     return params
 
@@ -340,12 +338,12 @@ def save(model: Model, directory: str | Path, dtype: str = "float32") -> Path:
     for entry in name_table(config):
         if entry.to_hf is None:
             continue
-        array = _leaf(params, entry.path)
         if "{i}" in entry.hf_name:
             for i in range(config.n_layers):
-                tensors[entry.hf_name.format(i=i)] = entry.to_hf(array[i])
+                array = _leaf(params, ("layers", i, *entry.path[1:]))
+                tensors[entry.hf_name.format(i=i)] = entry.to_hf(array)
         else:
-            tensors[entry.hf_name] = entry.to_hf(array)
+            tensors[entry.hf_name] = entry.to_hf(_leaf(params, entry.path))
     if config.arch == "gpt2":
         _gpt2_c_attn(params, config, tensors)
         tensors = {"transformer." + k if not k.startswith("lm_head") else k: v
@@ -371,7 +369,7 @@ def _gpt2_c_attn(params: Params, config: ModelConfig, tensors: dict[str, np.ndar
     D = config.d_model
     layers = params["layers"]
     for i in range(config.n_layers):
-        w = [layers[n][i].reshape(D, D) for n in ("wq", "wk", "wv")]
-        b = [layers[n][i].reshape(D) for n in ("bq", "bk", "bv")]
+        w = [layers[i][n].reshape(D, D) for n in ("wq", "wk", "wv")]
+        b = [layers[i][n].reshape(D) for n in ("bq", "bk", "bv")]
         tensors[f"h.{i}.attn.c_attn.weight"] = np.concatenate(w, axis=-1)
         tensors[f"h.{i}.attn.c_attn.bias"] = np.concatenate(b, axis=-1)

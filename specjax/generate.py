@@ -13,7 +13,6 @@ compiled loop itself (`decoding.loop`) assumes valid input.
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 import time
 from typing import Iterator, Sequence
@@ -125,8 +124,9 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
     longest = max(len(r) for r in rows)
     padded_length = _bucket(longest)
     k_eff = k if method != "autoregressive" else 1
-    # Room for the prompt, the new tokens and one step's K + 1 writes past the end.
-    buffer_length = _bucket(padded_length + max_new_tokens + k_eff + 1)
+    # Room for the prompt, the new tokens and one step's K + 1 writes past the end. Unused
+    # capacity costs memory, not time: attention reads only the filled prefix of the cache.
+    buffer_length = _bucket(longest + max_new_tokens + k_eff + 1)
     prompt_array = np.zeros((len(rows), padded_length), np.int32)
     for i, row in enumerate(rows):
         prompt_array[i, :len(row)] = row
@@ -238,8 +238,13 @@ def _check_int(name: str, value, minimum: int) -> None:
 
 
 def _bucket(n: int) -> int:
-    """Rounds lengths up (powers of two from 8) so new prompt lengths rarely recompile."""
-    return max(8, 1 << math.ceil(math.log2(n)))
+    """Rounds lengths up so that new prompt lengths rarely recompile: powers of two up to 256,
+    then four sizes per octave (320, 384, 448, 512, 640, ...), so a buffer is at most 1.25x
+    what the request needs (a decoding step's attention reads the whole buffer)."""
+    if n <= 256:
+        return max(8, 1 << (n - 1).bit_length())
+    step = 1 << (n.bit_length() - 3)
+    return -(-n // step) * step
 
 
 # -- Compilation and results --------------------------------------------------------------------

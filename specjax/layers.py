@@ -12,7 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.cache import attention_mask
+from jax import lax
+
+from specjax.cache import attention_mask, windows
 from specjax.config import ModelConfig
 
 
@@ -88,19 +90,64 @@ def attend(q, k, v, query_positions, key_positions):
     """Grouped-query attention with a causal mask built from absolute positions.
 
     Args:
-      q: [B, T, N, H]; k, v: [B, S, K, H]; query_positions: [B, T]; key_positions: [B, S].
+      q: [B, T, N, H]; k: [B, K, H, S] and v: [B, K, S, H] (the cache's layouts, see
+      `specjax.cache`); query_positions: [B, T]; key_positions: [B, S].
     Returns:
       [B, T, N, H]
     """
     b, t, n, h = q.shape
-    kv_heads = k.shape[2]
+    kv_heads = k.shape[1]
     # Queries of one group share a key/value head: reshape instead of repeating K and V.
     q = q.reshape(b, t, kv_heads, n // kv_heads, h)                     # [B, T, K, G, H]
-    scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("BTKGH,BKHS->BKGTS", q, k, preferred_element_type=jnp.float32)
     scores = scores / np.float32(math.sqrt(h))
     mask = attention_mask(query_positions, key_positions)[:, None, None]  # [B, 1, 1, T, S]
     # Every query sees at least its own slot, so no row of the softmax is all -inf.
     scores = jnp.where(mask, scores, -jnp.inf)
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("BKGTS,BSKH->BTKGH", weights, v)
+    out = jnp.einsum("BKGTS,BKSH->BTKGH", weights, v)
     return out.reshape(b, t, n, h)
+
+
+# The smallest prefix of the cache read by a call with few queries (a decoding step) and by one
+# with many (a prefill chunk); see `attend_cache`.
+STEP_WINDOW, CHUNK_WINDOW, CHUNK_QUERIES = 1024, 128, 64
+
+
+def attend_cache(q, cache_k, cache_v, query_positions):
+    """Attention of queries to a layer's cache, reading only the prefix they can see.
+
+    The queries at `query_positions` see keys at positions <= their own, so slots past the
+    batch's largest query position are never needed. Shapes are static under `jit`, so the
+    prefix read is the shortest of a few static windows (`cache.windows`) that covers them,
+    picked at run time by `lax.switch`: a long prompt's chunks and the steps after it cost
+    what the tokens in the cache cost, not what the buffer could hold.
+
+    A decoding step's smallest window is 1,024 slots, not less, because taking a prefix is a
+    copy under XLA, and on a CPU that copy costs about what attention over the unused slots
+    would (SmolLM2's shapes, 1,536 of 2,048 slots: the same step time either way). A prefill
+    chunk of 256 queries does 256 times the arithmetic per key read, so its windows start at
+    128 slots.
+
+    Args:
+      q: [B, T, N, H]; cache_k: [B, K, H, S] and cache_v: [B, K, S, H] with this call's keys
+      already written; query_positions: [B, T].
+    Returns:
+      [B, T, N, H]
+    """
+    b, t = q.shape[:2]
+    sizes = windows(cache_v.shape[2], CHUNK_WINDOW if t >= CHUNK_QUERIES else STEP_WINDOW)
+
+    def attend_prefix(size):
+        def branch(q, cache_k, cache_v, query_positions):
+            key_positions = jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32), (b, size))
+            return attend(q, cache_k[..., :size], cache_v[:, :, :size], query_positions,
+                          key_positions)
+        return branch
+
+    if len(sizes) == 1:
+        return attend_prefix(sizes[0])(q, cache_k, cache_v, query_positions)
+    needed = jnp.max(query_positions) + 1
+    index = jnp.searchsorted(jnp.asarray(sizes, jnp.int32), needed)   # first window >= needed
+    return lax.switch(index, [attend_prefix(size) for size in sizes],
+                      q, cache_k, cache_v, query_positions)

@@ -4,23 +4,42 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from specjax.cache import KVCache
 from specjax.decoding.state import DecodeState, any_nan, append, count_call, last_tokens, step_keys
 from specjax.logits import probs_from_logits, sample
-from specjax.model import forward
+from specjax.model import forward, hidden_states
+
+
+# Prompts are read this many positions per call: long enough for efficient matrix products,
+# short enough that padding costs little (at most one chunk) and that a call's attention reads
+# only the cache prefix its positions can see (`layers.attend_cache`).
+PREFILL_CHUNK = 256
 
 
 def prefill(params, config, prompts, prompt_length, slots: int) -> KVCache:
-    """Runs the padded prompts [B, P] through a fresh cache.
+    """Runs the padded prompts [B, P] through a fresh cache of `slots` slots, chunk by chunk.
 
     The cache is left holding every position before each row's last prompt token: the first
     decoding step feeds that token again (one position of repeated work, in exchange for one
-    code path for every prompt length, including 1).
+    code path for every prompt length, including 1). Chunks past the longest row's last needed
+    position are not run (the loop's trip count is computed at run time), and prefill stops
+    before the LM head: it needs only the keys and values.
     """
     b, p = prompts.shape
-    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    _, cache = forward(params, config, prompts, positions, KVCache.init(config, b, slots))
+    chunk = min(p, PREFILL_CHUNK)
+    n_chunks = (jnp.max(prompt_length) - 1 + chunk - 1) // chunk
+
+    def run_chunk(c, cache):
+        # A last chunk that would run past the padded prompt is moved back to end with it: the
+        # positions it repeats get the same keys and values again.
+        start = jnp.minimum(c * chunk, p - chunk)
+        tokens = lax.dynamic_slice_in_dim(prompts, start, chunk, axis=1)           # [B, chunk]
+        positions = start + jnp.broadcast_to(jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
+        return hidden_states(params, config, tokens, positions, cache)[1]
+
+    cache = lax.fori_loop(0, n_chunks, run_chunk, KVCache.init(config, b, slots))
     return cache.with_length(prompt_length - 1)
 
 
