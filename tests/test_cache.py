@@ -106,3 +106,52 @@ def test_forward_is_jittable_with_static_config(model):
     logits, _ = step(model.params, model.config, np.array([row]), np.arange(10)[None],
                      KVCache.init(model.config, 1, SLOTS))
     np.testing.assert_allclose(np.asarray(logits[0]), full_logits(model, row), atol=ATOL)
+
+
+# -- Long sequences: the windows over the cache and chunked prefill ------------------------------
+
+LONG = specjax.ModelConfig(arch="llama", vocab_size=50, d_model=32, n_layers=2, n_heads=4,
+                           n_kv_heads=2, head_dim=8, d_ff=48, max_positions=4096, norm_eps=1e-6,
+                           activation="silu", tie_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def long_model():
+    return specjax.random_model(LONG, seed=2, std=0.3)
+
+
+@pytest.mark.parametrize("slots", [1280, 2048, 4096])
+def test_logits_do_not_depend_on_the_buffer_size(long_model, slots):
+    # 1,100 cached tokens: a step then reads a 1,536-slot window of a 2,048- or 4,096-slot
+    # buffer, and the whole of a 1,280-slot one. Every way must give the full-sequence logits.
+    from specjax.cache import windows
+
+    assert len(windows(slots, 1024)) > 1 or slots < 1536
+    row = ragged_rows(LONG.vocab_size, [1103], seed=5)[0]
+    cache = KVCache.init(LONG, 1, slots)
+    _, cache = forward(long_model.params, LONG, np.array([row[:1100]]), np.arange(1100)[None], cache)
+    logits, _ = forward(long_model.params, LONG, np.array([row[1100:]]),
+                        np.arange(1100, 1103)[None], cache)
+    np.testing.assert_allclose(np.asarray(logits[0]), full_logits(long_model, row)[1100:],
+                               atol=ATOL)
+
+
+@pytest.mark.parametrize("chunk", [1000, 256, 7])
+def test_prefill_does_not_depend_on_how_the_prompt_is_chunked(long_model, chunk):
+    # Ragged rows of 1,000 and 10 tokens; chunks of 256 and 7 do not divide the prompt array's
+    # 1,000 positions, so the last chunk is moved back over positions already written.
+    from specjax.decoding.autoregressive import prefill
+
+    rows = ragged_rows(LONG.vocab_size, [1000, 10], seed=6)
+    prompts = np.zeros((2, 1000), np.int32)
+    for i, row in enumerate(rows):
+        prompts[i, :len(row)] = row
+    lengths = np.array([len(r) for r in rows])
+    cache = jax.jit(prefill, static_argnums=(1, 4, 5))(long_model.params, LONG, prompts, lengths,
+                                                       1280, chunk)
+    np.testing.assert_array_equal(np.asarray(cache.length), lengths - 1)
+    last = np.array([[r[-1]] for r in rows])
+    logits, _ = forward(long_model.params, LONG, last, (lengths - 1)[:, None], cache)
+    for i, row in enumerate(rows):
+        np.testing.assert_allclose(np.asarray(logits[i, 0]), full_logits(long_model, row)[-1],
+                                   atol=ATOL)

@@ -174,3 +174,36 @@ def test_nan_logits_are_an_error(models):
                                            "embed": target.params["embed"] * np.nan})
     with pytest.raises(GenerationError, match="NaN"):
         generate(broken, PROMPTS, max_new_tokens=2)
+
+
+@pytest.fixture(scope="module")
+def long_model():
+    from tests.tiny import llama_config
+
+    return specjax.random_model(llama_config(vocab=8, layers=2, positions=2048), seed=3, std=0.5)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_long_and_short_rows_in_one_batch_decode_as_alone(long_model, temperature):
+    # Rows of 1,000 and 10 tokens: the short row's steps read the window the long row needs,
+    # and its prompt is mostly padding in the chunked prefill. Neither may change its tokens.
+    model = long_model
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, 8, 1000).tolist(), rng.integers(0, 8, 10).tolist()]
+    kwargs = dict(max_new_tokens=12, temperature=temperature, eos_ids=(), seed=[11, 12])
+    batched = generate(model, prompts, **kwargs).tokens
+    for i, prompt in enumerate(prompts):
+        alone = generate(model, [prompt], **dict(kwargs, seed=[kwargs["seed"][i]])).tokens[0]
+        assert batched[i] == alone, i
+    if temperature == 0:
+        assert batched[1] == reference_greedy(model, prompts[1], 12)
+
+
+def test_greedy_tokens_do_not_depend_on_the_buffer_size(long_model):
+    # max_new_tokens sets the buffer (40 vs 1,200 new tokens: 64 vs 1,280 slots, the latter read
+    # through windows); the first 40 tokens must not change.
+    short = generate(long_model, [PROMPTS[0]], max_new_tokens=40, temperature=0.0,
+                     eos_ids=()).tokens
+    long = generate(long_model, [PROMPTS[0]], max_new_tokens=1200, temperature=0.0,
+                    eos_ids=()).tokens
+    assert long[0][:40] == short[0]

@@ -18,8 +18,10 @@ from specjax.model import forward, hidden_states
 PREFILL_CHUNK = 256
 
 
-def prefill(params, config, prompts, prompt_length, slots: int) -> KVCache:
-    """Runs the padded prompts [B, P] through a fresh cache of `slots` slots, chunk by chunk.
+def prefill(params, config, prompts, prompt_length, slots: int,
+            chunk: int = PREFILL_CHUNK) -> KVCache:
+    """Runs the padded prompts [B, P] through a fresh cache of `slots` >= P slots, `chunk`
+    positions per call.
 
     The cache is left holding every position before each row's last prompt token: the first
     decoding step feeds that token again (one position of repeated work, in exchange for one
@@ -28,7 +30,7 @@ def prefill(params, config, prompts, prompt_length, slots: int) -> KVCache:
     before the LM head: it needs only the keys and values.
     """
     b, p = prompts.shape
-    chunk = min(p, PREFILL_CHUNK)
+    chunk = min(p, chunk)
     n_chunks = (jnp.max(prompt_length) - 1 + chunk - 1) // chunk
 
     def run_chunk(c, cache):
