@@ -99,7 +99,9 @@ def attend(q, k, v, query_positions, key_positions):
     kv_heads = k.shape[1]
     # Queries of one group share a key/value head: reshape instead of repeating K and V.
     q = q.reshape(b, t, kv_heads, n // kv_heads, h)                     # [B, T, K, G, H]
-    scores = jnp.einsum("BTKGH,BKHS->BKGTS", q, k, preferred_element_type=jnp.float32)
+    # The softmax is in float32; the product stays in the cache's dtype (XLA's CPU dot has no
+    # bfloat16 x bfloat16 -> float32 kernel for this shape).
+    scores = jnp.einsum("BTKGH,BKHS->BKGTS", q, k).astype(jnp.float32)
     scores = scores / np.float32(math.sqrt(h))
     mask = attention_mask(query_positions, key_positions)[:, None, None]  # [B, 1, 1, T, S]
     # Every query sees at least its own slot, so no row of the softmax is all -inf.
