@@ -1,13 +1,18 @@
-"""Times one cached decode step and one K+1-token verify call of a mid-size random Llama.
+"""Times one cached decode step and one K+1-token verify call, next to numpy on the same weights.
 
-    python scripts/bench_forward.py [--layers 12 --d-model 768 --k 4 --context 512]
+    python scripts/bench_forward.py                          # a random 12-layer D=768 Llama
+    python scripts/bench_forward.py --model ~/.cache/specjax/smollm2-135m-instruct
 
-Reports the median of several calls after warm-up, and the bytes of weights each call must
-read, which divided by the time gives the memory bandwidth the call achieves (decode of a
-small batch is bandwidth-bound: every weight is read once per call).
+Reports medians of several calls after warm-up, and the bytes of weights each call must read,
+which divided by the time gives the memory bandwidth the call achieves (decoding a small batch
+is bandwidth-bound: every weight is read once per call). The numpy line multiplies one token's
+vector through every weight matrix of the same model (each layer's projections and the LM head)
+with the machine's BLAS: what streaming those bytes costs without any of the model's other work,
+the yardstick for the decode step.
 """
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -22,6 +27,7 @@ from specjax.model import count_params, forward
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="a checkpoint directory (default: a random Llama)")
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--d-model", type=int, default=768)
     parser.add_argument("--heads", type=int, default=12)
@@ -29,42 +35,83 @@ def main():
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--context", type=int, default=512)
-    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
 
-    d = args.d_model
-    config = specjax.ModelConfig(arch="llama", vocab_size=args.vocab, d_model=d,
-                                 n_layers=args.layers, n_heads=args.heads,
-                                 n_kv_heads=args.kv_heads, head_dim=d // args.heads,
-                                 d_ff=int(8 * d / 3) // 64 * 64, max_positions=args.context,
-                                 norm_eps=1e-5, activation="silu", tie_embeddings=False)
-    params = specjax.init_params(config, jax.random.key(0))
+    if args.model:
+        model = specjax.load(args.model)
+        config, params = model.config, model.params
+    else:
+        d = args.d_model
+        config = specjax.ModelConfig(arch="llama", vocab_size=args.vocab, d_model=d,
+                                     n_layers=args.layers, n_heads=args.heads,
+                                     n_kv_heads=args.kv_heads, head_dim=d // args.heads,
+                                     d_ff=int(8 * d / 3) // 64 * 64, max_positions=args.context,
+                                     norm_eps=1e-5, activation="silu", tie_embeddings=False)
+        params = specjax.init_params(config, jax.random.key(0))
     step = jax.jit(forward, static_argnums=1)
     cache = KVCache.init(config, 1, args.context)
     # Fill half the context so attention reads a realistic cache.
     half = args.context // 2
     _, cache = step(params, config, jnp.zeros((1, half), jnp.int32), jnp.arange(half)[None], cache)
 
-    def timed(t):
-        tokens = jnp.zeros((1, t), jnp.int32)
-        positions = half + jnp.arange(t)[None]
-        jax.block_until_ready(step(params, config, tokens, positions, cache))  # compile + warm
+    def median_time(fn):
+        jax.block_until_ready(fn())   # compile + warm
         times = []
         for _ in range(args.reps):
             start = time.perf_counter()
-            jax.block_until_ready(step(params, config, tokens, positions, cache))
+            jax.block_until_ready(fn())
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 
+    # Calls are repeated inside one compiled loop, as the decoding loop makes them: timing single
+    # calls from Python would add the dispatch of every parameter array to each.
+    repeats = 10
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def repeated(params, config, tokens, positions, cache):
+        def call(i, total):
+            # A token that changes with i, so the call cannot be hoisted out of the loop.
+            logits, _ = forward(params, config, tokens + i, positions, cache)
+            return total + jnp.max(logits)        # uses every logit, so none is skipped
+        return jax.lax.fori_loop(0, repeats, call, jnp.zeros((), jnp.float32))
+
+    def timed(t):
+        tokens = jnp.zeros((1, t), jnp.int32)
+        positions = half + jnp.arange(t)[None]
+        return median_time(lambda: repeated(params, config, tokens, positions, cache)) / repeats
+
     weight_bytes = 4 * count_params(params)
     decode, verify = timed(1), timed(args.k + 1)
-    print(f"config: {args.layers} layers, D={d}, N={args.heads}, K={args.kv_heads}, "
-          f"V={args.vocab}, {count_params(params) / 1e6:.1f}M params (float32), "
-          f"cache {args.context} slots, {half} filled; {jax.devices()[0].device_kind}")
+    numpy_time = median_time(numpy_matvecs(params, config))
+    print(f"config: {config.n_layers} layers, D={config.d_model}, N={config.n_heads}, "
+          f"K={config.n_kv_heads}, V={config.vocab_size}, {count_params(params) / 1e6:.1f}M params "
+          f"(float32), cache {args.context} slots, {half} filled; {jax.devices()[0].device_kind}")
     for name, seconds in (("decode step (1 token)", decode),
-                          (f"verify call ({args.k + 1} tokens)", verify)):
-        print(f"{name:26s} {seconds * 1e3:8.2f} ms   {weight_bytes / seconds / 1e9:6.2f} GB/s of weights")
+                          (f"verify call ({args.k + 1} tokens)", verify),
+                          ("numpy mat-vecs, same weights", numpy_time)):
+        print(f"{name:30s} {seconds * 1e3:8.2f} ms   {weight_bytes / seconds / 1e9:6.2f} GB/s of weights")
     print(f"verify / decode = {verify / decode:.2f}  (the price of checking K={args.k} drafts)")
+    print(f"decode step at {numpy_time / decode:.2f} of numpy's bandwidth")
+
+
+def numpy_matvecs(params, config):
+    """One vector through every weight matrix, as [in, out] float32 numpy arrays, and through
+    the LM head (embeddings are a lookup, so the head is their only mat-vec)."""
+    matrices = [np.asarray(a, np.float32).reshape(a.shape[0], -1) if a.ndim == 3 and
+                a.shape[0] == config.d_model else np.asarray(a, np.float32).reshape(-1, a.shape[-1])
+                for layer in params["layers"] for name, a in sorted(layer.items())
+                if not name.endswith("norm") and a.ndim >= 2]
+    inputs = [np.ones(w.shape[0], np.float32) for w in matrices]
+    head = np.asarray(params["embed"] if config.tie_embeddings else params["lm_head"].T,
+                      np.float32)                                               # [V, D]
+    x = np.ones(config.d_model, np.float32)
+
+    def run():
+        for w, v in zip(matrices, inputs):
+            v @ w
+        return head @ x
+    return run
 
 
 if __name__ == "__main__":
