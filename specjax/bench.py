@@ -1,13 +1,21 @@
-"""Benchmarks autoregressive, speculative and n-gram decoding on a fixed prompt suite.
+"""Benchmarks autoregressive, speculative and n-gram decoding on a fixed prompt suite, and how
+prefill and decoding times grow with the prompt's length.
 
-Every prompt of the suite (specjax/bench_prompts.py: code completion, code editing, prose and
-chat) runs through every method and every K: --warmup untimed runs, then --reps timed runs of
-`specjax.generate` (the whole loop compiled as one program; compile time is recorded apart).
-Per prompt the medians over the timed runs are reported; the summary holds the medians of those
-over the prompts:
+Suite. Every prompt of the suite (specjax/bench_prompts.py: code completion, code editing, long
+code editing, prose and chat) runs through every method and every K: --warmup untimed runs,
+then --reps timed runs of `specjax.generate` (the whole loop compiled as one program; compile
+time is recorded apart). Per prompt the medians over the timed runs are reported; the summary
+holds the medians of those over the prompts:
 
   tokens/s          new tokens / run time
   speedup           tokens/s over autoregressive tokens/s: same prompt, same engine, same run
+  vs specjax AR     tokens/s over specjax's autoregressive tokens/s (transformers against specjax)
+  spread            the run-to-run spread of the ratio to its left: timed run i of every prompt
+                    makes suite run i, whose ratio is the median over the prompts of their run-i
+                    ratios; spread = (max - min) / median of the --reps suite-run ratios (none
+                    with one timed run). The full range, not a standard deviation: over a
+                    handful of runs a standard deviation is itself unreliable, and the range
+                    says directly how far the ratio moved from one run of the suite to another
   acceptance a      accepted drafted tokens / drafted tokens
   tokens/call       new tokens per target call
   c                 cost ratio: draft time per token / target time per token, from both models'
@@ -20,38 +28,71 @@ over the prompts:
 N-gram steps that find no match draft nothing; a counts only tokens actually drafted, so the
 theory (K drafts every step) is an upper bound there.
 
-Peers, when transformers and torch are importable (the `bench` extra), run in the same process
-on the same weights: `generate`, assisted generation with the same draft (`assistant_model=`,
-K tokens per step, constant schedule, no confidence cut-off) and prompt lookup
-(`prompt_lookup_num_tokens=K`, `max_matching_ngram_size` = --max-ngram). torch gets
-torch.set_num_threads(<cores>), the thread count JAX's CPU backend uses. Peer speedups are over
-transformers' own `generate`; their tokens/call counts target forward calls, prefill included.
+Context sweep (--contexts N1,N2,...; default 50,500,1500, none with --quick). For each length N
+the prompt is the first N tokens, in the target's tokenizer, of the source of the standard
+library's `textwrap` module as the running Python ships it (the Python version is recorded).
+Greedy autoregressive decoding with EOS ignored, on each engine:
 
-Writes results.json, results.md and, with matplotlib, speedup_vs_k.png and acceptance_vs_k.png
-into --out (default bench-out/).
+  prefill_s         the time of a run that generates 1 token: the prompt's prefill and the
+                    first token
+  per_token_ms      (time of a run of 1 + M tokens - time of a run of 1 token) / M, M = 32: one
+                    decode step with about N tokens in the cache
+
+Each timed run of 1 token is paired with one of 1 + M; medians over the --reps pairs after
+max(1, --warmup) untimed ones (the first compiles), spreads (max - min) / median as above. A
+length whose prompt and 1 + M new tokens do not fit the target's context window is skipped
+with a note.
+
+Peers, when transformers and torch are importable (the `bench` extra), run in the same process
+on the same weights: `generate`, prompt lookup (`prompt_lookup_num_tokens=K`,
+`max_matching_ngram_size` = --max-ngram) and assisted generation with the same draft
+(`assistant_model=`) in two settings:
+
+  speculative          K tokens per step: num_assistant_tokens=K, a constant schedule and no
+                       confidence cut-off, the setting that matches specjax's
+  speculative-dynamic  transformers' own default: up to num_assistant_tokens=20 per step, and
+                       the draft stops early once its top probability falls under
+                       assistant_confidence_threshold=0.4 (transformers re-fits that threshold
+                       while generating when scikit-learn is installed; a note says when it is
+                       not). num_assistant_tokens_schedule stays at transformers' default, which
+                       is "constant" in transformers 5.23 (the 20 is not adjusted)
+
+transformers reads these from the draft's generation_config, which the two settings share, so
+every assisted run sets all three first. torch gets torch.set_num_threads(<cores>), the thread
+count JAX's CPU backend uses. Peer speedups are over transformers' own `generate`; their
+tokens/call counts target forward calls, prefill included.
+
+results.json records the machine: CPU model, core count, usable threads, and the versions of
+Python, jax, jaxlib, numpy, torch and transformers. Writes results.json, results.md and, with
+matplotlib, speedup_vs_k.png and acceptance_vs_k.png into --out (default bench-out/).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
+import importlib.util
+import inspect
 import json
 import os
 import platform
 import statistics
 import sys
+import textwrap
 import time
 from pathlib import Path
 
-from specjax.cli import CLIError, add_model_arguments, enable_compile_cache, model_paths
+from specjax.cli_common import CLIError, add_model_arguments, enable_compile_cache, model_paths
 
 SCHEMA = "specjax.bench/1"
 ALL_METHODS = ("autoregressive", "speculative", "ngram")
-FULL = dict(ks="2,4,6", reps=5, warmup=1, max_new_tokens=128)
-QUICK = dict(ks="2", reps=1, warmup=0, max_new_tokens=16)
+FULL = dict(ks="2,4,6", reps=5, warmup=1, max_new_tokens=128, contexts="50,500,1500")
+QUICK = dict(ks="2", reps=1, warmup=0, max_new_tokens=16, contexts="none")
 METRICS = ("tokens_per_second", "speedup", "speedup_vs_specjax_autoregressive", "acceptance_rate",
            "tokens_per_target_call", "cost_ratio", "theoretical_speedup",
            "measured_over_theoretical")
+SWEEP_DECODE_TOKENS = 32   # M: tokens decoded after the first one, for the per-token time
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,12 +106,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int,
                         help="tokens per run (default 128; --quick: 16); lowered for a prompt "
                              "that would not fit the context window")
+    parser.add_argument("--contexts",
+                        help="comma-separated prompt lengths in tokens for the context sweep, "
+                             "or none (default 50,500,1500; --quick: none)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--seed", type=int, default=0, help="timed run i uses seed + i")
     parser.add_argument("--max-ngram", type=int, default=3,
                         help="longest n-gram looked up (default 3)")
     parser.add_argument("--quick", action="store_true",
-                        help="one short prompt per category, K=2, 1 run, 16 tokens, no peers")
+                        help="one short prompt per category, K=2, 1 run, 16 tokens, no context "
+                             "sweep, no peers")
     parser.add_argument("--peers", action=argparse.BooleanOptionalAction, default=None,
                         help="also run transformers (default: when installed; off with --quick)")
     parser.add_argument("--out", default="bench-out", help="output directory (default bench-out)")
@@ -94,17 +139,18 @@ def run(args) -> int:
     if draft is not None:
         check_compatible(target, draft)
     prompts = _encode_suite(target, draft, SUITE["prompts"], settings, notes)
+    contexts = _sweep_prompts(target, settings["contexts"], notes)
     peers = Peers.create(target, draft, settings, args.dtype, notes) if settings["peers"] else None
 
-    jobs = _jobs(prompts, settings, target, draft, peers)
-    progress = Progress(len(jobs))
-    for job in jobs:
-        progress.update(f"{job['prompt']['id']} {job['engine']} {job['method']}"
-                        + (f" K={job['k']}" if job["k"] else ""))
+    suite_jobs = _jobs(prompts, settings, target, draft, peers)
+    sweep_jobs = _sweep_jobs(contexts, settings, target, peers)
+    progress = Progress(len(suite_jobs) + len(sweep_jobs))
+    for job in suite_jobs + sweep_jobs:
+        progress.update(job["label"])
         job["result"] = job.pop("run")()
     progress.close()
 
-    rows = _rows(jobs, settings)
+    rows = _rows(suite_jobs, settings)
     categories = list(dict.fromkeys(p["category"] for p in prompts))
     results = {
         "schema": SCHEMA, "suite_version": SUITE["version"],
@@ -113,13 +159,16 @@ def run(args) -> int:
         "settings": {**settings, "target": target.name, "target_path": str(target.path),
                      "draft": draft.name if draft is not None else None,
                      "draft_path": str(draft.path) if draft is not None else None,
-                     "dtype": args.dtype, "peers": peers is not None},
+                     "dtype": args.dtype, "peers": peers is not None,
+                     "context_text": f"textwrap source of Python {platform.python_version()}",
+                     "context_decode_tokens": SWEEP_DECODE_TOKENS},
         "prompts": [{k: p[k] for k in ("id", "category", "chat", "prompt_tokens",
                                        "max_new_tokens")} for p in prompts],
         "rows": rows,
         "summary": summarize(rows, "all"),
         "by_category": [r for c in categories
                         for r in summarize([x for x in rows if x["category"] == c], c)],
+        "context_sweep": _sweep_rows(sweep_jobs),
         "notes": notes,
     }
     mismatched = [r for r in results["summary"] if r["same_tokens_as_specjax_autoregressive"] is False]
@@ -142,16 +191,15 @@ def _settings(args) -> dict:
     if not methods or any(m not in ALL_METHODS for m in methods):
         raise CLIError(f"--methods must be a comma-separated subset of {','.join(ALL_METHODS)}, "
                        f"got {args.methods!r}")
-    ks_text = args.ks or base["ks"]
-    try:
-        ks = sorted({int(k) for k in ks_text.split(",")})
-    except ValueError:
-        raise CLIError(f"--ks must be comma-separated integers, got {ks_text!r}") from None
+    contexts_text = base["contexts"] if args.contexts is None else args.contexts
+    contexts = ([] if contexts_text.strip().lower() == "none"
+                else positive_ints("--contexts", contexts_text))
     pick = lambda name: base[name] if getattr(args, name) is None else getattr(args, name)  # noqa: E731
     settings = dict(methods=[m for m in ALL_METHODS if m in methods or m == "autoregressive"],
-                    ks=ks, reps=pick("reps"), warmup=pick("warmup"),
-                    max_new_tokens=pick("max_new_tokens"), temperature=args.temperature,
-                    seed=args.seed, max_ngram=args.max_ngram, quick=args.quick,
+                    ks=positive_ints("--ks", pick("ks")), reps=pick("reps"),
+                    warmup=pick("warmup"), max_new_tokens=pick("max_new_tokens"),
+                    contexts=contexts, temperature=args.temperature, seed=args.seed,
+                    max_ngram=args.max_ngram, quick=args.quick,
                     peers=args.peers if args.peers is not None else not args.quick)
     for name, minimum in (("reps", 1), ("warmup", 0), ("max_new_tokens", 1), ("max_ngram", 1),
                           ("seed", 0)):
@@ -159,12 +207,22 @@ def _settings(args) -> dict:
             raise CLIError(f"--{name.replace('_', '-')} must be >= {minimum}, got {settings[name]}")
     if settings["seed"] >= 2**31:
         raise CLIError(f"--seed must be below 2^31, got {settings['seed']}")
-    if ks[0] < 1:
-        raise CLIError(f"--ks values must be >= 1, got {ks_text!r}")
     from specjax.logits import SamplingParams
 
     SamplingParams(temperature=args.temperature)   # ValueError naming a bad temperature
     return settings
+
+
+def positive_ints(option: str, text: str) -> list[int]:
+    """"2,4,6" -> [2, 4, 6]: sorted, without repeats; a CLIError naming the option and the text
+    for anything else."""
+    try:
+        values = sorted({int(v) for v in text.split(",")})
+    except ValueError:
+        values = []
+    if not values or values[0] < 1:
+        raise CLIError(f"{option} must be comma-separated positive integers, got {text!r}")
+    return values
 
 
 def _encode_suite(target, draft, suite, settings, notes) -> list[dict]:
@@ -192,26 +250,54 @@ def _encode_suite(target, draft, suite, settings, notes) -> list[dict]:
     return prompts
 
 
+def _sweep_prompts(target, contexts: list[int], notes: list[str]) -> list[dict]:
+    """For each context length N, the first N tokens of `textwrap`'s source (module docstring);
+    lengths that the source or the target's context window cannot hold are skipped with a note."""
+    from specjax.generate import encode_prompts
+
+    if not contexts:
+        return []
+    ids = encode_prompts(target, [inspect.getsource(textwrap)])[0]
+    window = target.config.max_positions
+    prompts = []
+    for n in contexts:
+        if n > len(ids):
+            notes.append(f"context {n} skipped: the textwrap source is {len(ids)} tokens long")
+        elif n + 1 + SWEEP_DECODE_TOKENS > window:
+            notes.append(f"context {n} skipped: {n} + {1 + SWEEP_DECODE_TOKENS} tokens exceed "
+                         f"the context window of {window}")
+        else:
+            prompts.append(dict(context_tokens=n, ids=ids[:n]))
+    return prompts
+
+
 # -- Measurements -------------------------------------------------------------------------------
 
 def _jobs(prompts, settings, target, draft, peers) -> list[dict]:
     """One job per (prompt, engine, method, K); `run` returns the timed runs' records."""
     jobs = []
+
+    def add(prompt, engine, method, k, run_job):
+        label = f"{prompt['id']} {engine} {method}" + (f" K={k}" if k else "")
+        jobs.append(dict(prompt=prompt, engine=engine, method=method, k=k, label=label,
+                         run=run_job))
+
     for p in prompts:
         ks = {m: [None] if m == "autoregressive" else settings["ks"] for m in settings["methods"]}
         for method in settings["methods"]:
             for k in ks[method]:
-                jobs.append(dict(prompt=p, engine="specjax", method=method, k=k,
-                                 run=_specjax_job(p, settings, target, method, k, draft)))
+                add(p, "specjax", method, k, _specjax_job(p, settings, target, method, k, draft))
         if "speculative" in settings["methods"]:
             # The draft decoding on its own, for the cost ratio c.
-            jobs.append(dict(prompt=p, engine="specjax", method="draft-autoregressive", k=None,
-                             run=_specjax_job(p, settings, draft, "autoregressive", None, None)))
+            add(p, "specjax", "draft-autoregressive", None,
+                _specjax_job(p, settings, draft, "autoregressive", None, None))
         if peers is not None:
             for method in settings["methods"]:
                 for k in ks[method]:
-                    jobs.append(dict(prompt=p, engine="transformers", method=method, k=k,
-                                     run=peers.job(p, method, k)))
+                    add(p, "transformers", method, k, peers.job(p, method, k))
+            if "speculative" in settings["methods"]:
+                add(p, "transformers", "speculative-dynamic", None,
+                    peers.job(p, "speculative-dynamic", None))
     return jobs
 
 
@@ -237,6 +323,61 @@ def _specjax_job(prompt, settings, model, method, k, draft):
     return run_job
 
 
+def _sweep_jobs(contexts, settings, target, peers) -> list[dict]:
+    """One job per (context length, engine); `run` returns the timed runs' seconds."""
+    jobs = []
+    for c in contexts:
+        n = c["context_tokens"]
+        jobs.append(dict(engine="specjax", context_tokens=n, label=f"context {n} specjax",
+                         run=_specjax_sweep_job(c["ids"], settings, target)))
+        if peers is not None:
+            jobs.append(dict(engine="transformers", context_tokens=n,
+                             label=f"context {n} transformers",
+                             run=peers.sweep_job(c["ids"], settings)))
+    return jobs
+
+
+def _specjax_sweep_job(ids, settings, target):
+    def seconds(new_tokens: int) -> float:
+        from specjax.generate import generate
+
+        return generate(target, [ids], method="autoregressive", max_new_tokens=new_tokens,
+                        temperature=0.0, eos_ids=()).stats.run_s
+    return lambda: _sweep_times(seconds, settings)
+
+
+def _sweep_times(seconds, settings) -> dict:
+    """Times of runs of 1 and 1 + M new tokens, paired; `seconds(n)` times one greedy run of n
+    new tokens on the job's prompt. Warm-up pairs first: the first run of each length compiles
+    (specjax) or pays one-time costs (transformers)."""
+    m = SWEEP_DECODE_TOKENS
+    for _ in range(max(1, settings["warmup"])):
+        seconds(1), seconds(1 + m)
+    prefill_s, per_token_s = [], []
+    for _ in range(settings["reps"]):
+        one, more = seconds(1), seconds(1 + m)
+        prefill_s.append(one)
+        per_token_s.append((more - one) / m)
+    return dict(prefill_s=prefill_s, per_token_s=per_token_s)
+
+
+def _sweep_rows(jobs) -> list[dict]:
+    """One row per (context length, engine): medians and spreads over the timed pairs, and the
+    per-token time over the same engine's at the shortest context measured."""
+    rows = []
+    for job in jobs:
+        prefill, per_token = job["result"]["prefill_s"], job["result"]["per_token_s"]
+        rows.append(dict(engine=job["engine"], context_tokens=job["context_tokens"],
+                         prefill_s=_median(prefill), prefill_spread=_spread(prefill),
+                         per_token_ms=1000 * _median(per_token),
+                         per_token_spread=_spread(per_token), runs=len(prefill)))
+    for row in rows:
+        shortest = min((r for r in rows if r["engine"] == row["engine"]),
+                       key=lambda r: r["context_tokens"])
+        row["per_token_over_shortest"] = _ratio(row["per_token_ms"], shortest["per_token_ms"])
+    return rows
+
+
 def _median(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -246,16 +387,25 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
+def _spread(values) -> float | None:
+    """(max - min) / median of repeated measurements; None with fewer than two."""
+    values = [v for v in values if v is not None]
+    if len(values) < 2 or statistics.median(values) <= 0:
+        return None
+    return (max(values) - min(values)) / statistics.median(values)
+
+
 def _rows(jobs, settings) -> list[dict]:
     """Per-prompt rows: medians over the timed runs, speedups, cost ratio and theory."""
     measured = {}
     for job in jobs:
         recs = job["result"]["records"]
+        per_run = [_ratio(r["new_tokens"], r["run_s"]) for r in recs]
         measured[(job["prompt"]["id"], job["engine"], job["method"], job["k"])] = dict(
             prompt_id=job["prompt"]["id"], category=job["prompt"]["category"],
             engine=job["engine"], method=job["method"], k=job["k"],
             new_tokens=int(_median([r["new_tokens"] for r in recs])),
-            tokens_per_second=_median([_ratio(r["new_tokens"], r["run_s"]) for r in recs]),
+            tokens_per_second=_median(per_run), per_run_tokens_per_second=per_run,
             run_s=_median([r["run_s"] for r in recs]), compile_s=job["result"]["compile_s"],
             acceptance_rate=_median([r["acceptance_rate"] for r in recs]),
             tokens_per_target_call=_median([r["tokens_per_target_call"] for r in recs]),
@@ -270,6 +420,11 @@ def _rows(jobs, settings) -> list[dict]:
         row["speedup"] = _ratio(row["tokens_per_second"], own_ar["tokens_per_second"])
         row["speedup_vs_specjax_autoregressive"] = _ratio(row["tokens_per_second"],
                                                           specjax_ar["tokens_per_second"])
+        # Timed run i against the baseline's run i, for the spread of the suite's ratios.
+        for key, base in (("per_run_speedup", own_ar),
+                          ("per_run_speedup_vs_specjax_autoregressive", specjax_ar)):
+            row[key] = [_ratio(a, b) for a, b in zip(row["per_run_tokens_per_second"],
+                                                     base["per_run_tokens_per_second"])]
         # Greedy decoding with any method is the target's greedy output: a live check.
         row["same_tokens_as_specjax_autoregressive"] = (
             tokens[(pid, engine, method, k)] == tokens[(pid, "specjax", "autoregressive", None)]
@@ -301,7 +456,8 @@ def theoretical_speedup(a: float | None, k: int | None, c: float | None) -> floa
 
 
 def summarize(rows: list[dict], category: str) -> list[dict]:
-    """One row per (engine, method, K): medians over the prompts."""
+    """One row per (engine, method, K): medians over the prompts, and the run-to-run spread of
+    the two speedups (module docstring)."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((row["engine"], row["method"], row["k"]), []).append(row)
@@ -310,18 +466,30 @@ def summarize(rows: list[dict], category: str) -> list[dict]:
         same = [r["same_tokens_as_specjax_autoregressive"] for r in group]
         out.append(dict(category=category, engine=engine, method=method, k=k, prompts=len(group),
                         **{m: _median([r[m] for r in group]) for m in METRICS},
+                        speedup_spread=_spread(_suite_runs(group, "per_run_speedup")),
+                        speedup_vs_specjax_autoregressive_spread=_spread(_suite_runs(
+                            group, "per_run_speedup_vs_specjax_autoregressive")),
                         same_tokens_as_specjax_autoregressive=(
                             None if None in same else all(same))))
     return out
 
 
+def _suite_runs(rows: list[dict], key: str) -> list[float | None]:
+    """Suite run i's value: the median over the prompts of their timed run i's value."""
+    return [_median(run) for run in zip(*(r[key] for r in rows))]
+
+
 # -- Peers: Hugging Face transformers on the same weights --------------------------------------
 
 class Peers:
+    """transformers' `generate` on the same weights, run as its users run it (module docstring)."""
+
     def __init__(self, torch, transformers, target, draft, settings, threads):
         self.torch, self.settings, self.threads = torch, settings, threads
-        self.torch_version, self.transformers_version = torch.__version__, transformers.__version__
         self.target, self.draft = target, draft
+        # What a GenerationConfig holds when nobody sets the schedule ("constant" is applied
+        # when it holds None, in transformers 5.23).
+        self.default_schedule = transformers.GenerationConfig().num_assistant_tokens_schedule
         self.calls = 0
         target.register_forward_pre_hook(self._count)
 
@@ -347,48 +515,76 @@ class Peers:
         def hf_load(model):
             return transformers.AutoModelForCausalLM.from_pretrained(
                 model.path, **{dtype_arg: torch_dtype}).eval()
-        hf_draft = hf_load(draft) if draft is not None else None
-        if hf_draft is not None:
-            config = hf_draft.generation_config
-            config.num_assistant_tokens_schedule = "constant"
-            config.assistant_confidence_threshold = 0.0   # draft K tokens every step
         notes.append(f"transformers {transformers.__version__} / torch {torch.__version__}: "
                      f"torch.set_num_threads({threads}), the {threads} cores JAX's CPU backend "
                      "uses; peer speedups are over transformers' own generate")
-        return cls(torch, transformers, hf_load(target), hf_draft, settings, threads)
+        if draft is not None and importlib.util.find_spec("sklearn") is None:
+            notes.append("transformers speculative-dynamic: scikit-learn is not installed, so "
+                         "assistant_confidence_threshold stays at 0.4 instead of being re-fitted")
+        return cls(torch, transformers, hf_load(target),
+                   hf_load(draft) if draft is not None else None, settings, threads)
 
     def job(self, prompt, method, k):
+        """A suite job: --warmup (at least 1) untimed and --reps timed runs of one method."""
+        s = self.settings
+        ids = self.torch.tensor([prompt["ids"]])
+        kwargs = self._generate_kwargs(ids, prompt["max_new_tokens"], s["temperature"])
+        assistant = None
+        if method == "speculative":           # K tokens every step, as specjax drafts them
+            assistant = dict(num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
+                             assistant_confidence_threshold=0.0)
+        elif method == "speculative-dynamic":   # transformers' defaults
+            assistant = dict(num_assistant_tokens=20, assistant_confidence_threshold=0.4,
+                             num_assistant_tokens_schedule=self.default_schedule)
+        elif method == "ngram":
+            kwargs.update(prompt_lookup_num_tokens=k, max_matching_ngram_size=s["max_ngram"])
+        if assistant is not None:
+            kwargs["assistant_model"] = self.draft
+
         def run_job() -> dict:
-            torch, s = self.torch, self.settings
-            ids = torch.tensor([prompt["ids"]])
-            eos = self.target.generation_config.eos_token_id
-            kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=prompt["max_new_tokens"],
-                          pad_token_id=eos[0] if isinstance(eos, list) else eos)
-            if s["temperature"] > 0:
-                kwargs.update(do_sample=True, temperature=s["temperature"], top_k=0, top_p=1.0)
-            else:
-                kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
-            if method == "speculative":
-                self.draft.generation_config.num_assistant_tokens = k
-                kwargs["assistant_model"] = self.draft
-            elif method == "ngram":
-                kwargs.update(prompt_lookup_num_tokens=k, max_matching_ngram_size=s["max_ngram"])
             records = []
             warmup = max(1, s["warmup"])   # the first call pays one-time costs, even in --quick
             for i in range(warmup + s["reps"]):
-                torch.manual_seed(s["seed"] + max(0, i - warmup))
-                self.calls = 0
-                start = time.perf_counter()
-                with torch.inference_mode():
-                    out = self.target.generate(ids, **kwargs)
-                run_s = time.perf_counter() - start
-                new = out[0, ids.shape[1]:].tolist()
+                if assistant is not None:
+                    # Shared with the other assisted setting, and the draft's checkpoint may
+                    # carry its own values: set all three before every run.
+                    for name, value in assistant.items():
+                        setattr(self.draft.generation_config, name, value)
+                self.torch.manual_seed(s["seed"] + max(0, i - warmup))
+                run_s, new = self._timed_generate(ids, kwargs)
                 if i >= warmup:
                     records.append(dict(new_tokens=len(new), run_s=run_s, acceptance_rate=None,
                                         tokens_per_target_call=_ratio(len(new), self.calls),
                                         tokens=new))
             return dict(records=records, compile_s=None)
         return run_job
+
+    def sweep_job(self, ids: list[int], settings):
+        """A context-sweep job: greedy, EOS ignored (min_new_tokens), as specjax's."""
+        ids = self.torch.tensor([ids])
+
+        def seconds(new_tokens: int) -> float:
+            kwargs = self._generate_kwargs(ids, new_tokens, temperature=0.0)
+            return self._timed_generate(ids, dict(kwargs, min_new_tokens=new_tokens))[0]
+        return lambda: _sweep_times(seconds, settings)
+
+    def _generate_kwargs(self, ids, max_new_tokens: int, temperature: float) -> dict:
+        eos = self.target.generation_config.eos_token_id
+        kwargs = dict(attention_mask=self.torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                      pad_token_id=eos[0] if isinstance(eos, list) else eos)
+        if temperature > 0:
+            kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+        return kwargs
+
+    def _timed_generate(self, ids, kwargs: dict) -> tuple[float, list[int]]:
+        """Seconds and new tokens of one `generate` call; self.calls counts its target calls."""
+        self.calls = 0
+        start = time.perf_counter()
+        with self.torch.inference_mode():
+            out = self.target.generate(ids, **kwargs)
+        return time.perf_counter() - start, out[0, ids.shape[1]:].tolist()
 
 
 # -- Reports ------------------------------------------------------------------------------------
@@ -399,22 +595,32 @@ def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
 
 def markdown(results: dict, heading: bool = True) -> str:
     s, m = results["settings"], results["machine"]
+    versions = ", ".join(f"{name} {m[name + '_version'] or '-'}"
+                         for name in ("jax", "jaxlib", "numpy", "torch", "transformers"))
     lines = ["# specjax bench", ""] if heading else []
     lines += [f"Suite v{results['suite_version']}, {len(results['prompts'])} prompts; target "
               f"`{s['target']}`, draft `{s['draft']}`, {s['dtype']}; max_new_tokens "
               f"{s['max_new_tokens']}, temperature {s['temperature']}; {s['reps']} timed run(s) "
               f"after {s['warmup']} warm-up run(s); medians over runs, then over prompts.",
               "",
-              f"Machine: {m['platform']}, {m['processor']}, {m['cpu_count']} CPUs ({m['threads']} "
-              f"usable); jax {m['jax_version']} on {m['device']}; {results['created']}.", ""]
-    header = "| engine | method | K | tokens/s | speedup | acceptance | tokens/call | c | theory | measured/theory |"
-    lines += [header, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+              f"Machine: {m['cpu_model']}, {m['cpu_count']} cores ({m['threads']} usable), "
+              f"{m['platform']}; Python {m['python']}, {versions}; jax on {m['device']}; "
+              f"{results['created']}.", ""]
+    lines += ["| engine | method | K | tokens/s | speedup | spread | vs specjax AR | spread | "
+              "acceptance | tokens/call | c | theory | measured/theory |",
+              "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in results["summary"]:
         lines.append(f"| {r['engine']} | {r['method']} | {_fmt(r['k'], 'd')} | "
                      f"{_fmt(r['tokens_per_second'], ',.1f')} | {_fmt(r['speedup'], '.2f', 'x')} | "
+                     f"{_fmt(r['speedup_spread'], '.1%')} | "
+                     f"{_fmt(r['speedup_vs_specjax_autoregressive'], '.2f', 'x')} | "
+                     f"{_fmt(r['speedup_vs_specjax_autoregressive_spread'], '.1%')} | "
                      f"{_fmt(r['acceptance_rate'], '.1%')} | {_fmt(r['tokens_per_target_call'])} | "
                      f"{_fmt(r['cost_ratio'], '.3f')} | {_fmt(r['theoretical_speedup'], '.2f', 'x')} | "
                      f"{_fmt(r['measured_over_theoretical'])} |")
+    lines += ["", f"spread: (max - min) / median of the ratio to its left over the {s['reps']} "
+                  "timed run(s) of the suite (- with one run); vs specjax AR: tokens/s over "
+                  "specjax's autoregressive tokens/s."]
     lines += ["", "By category (speedup / acceptance):", "",
               "| category | engine | method | K | tokens/s | speedup | acceptance | tokens/call |",
               "|---|---|---|--:|--:|--:|--:|--:|"]
@@ -422,6 +628,21 @@ def markdown(results: dict, heading: bool = True) -> str:
         lines.append(f"| {r['category']} | {r['engine']} | {r['method']} | {_fmt(r['k'], 'd')} | "
                      f"{_fmt(r['tokens_per_second'], ',.1f')} | {_fmt(r['speedup'], '.2f', 'x')} | "
                      f"{_fmt(r['acceptance_rate'], '.1%')} | {_fmt(r['tokens_per_target_call'])} |")
+    if results["context_sweep"]:
+        n = s["context_decode_tokens"]
+        lines += ["", f"Context sweep (greedy autoregressive, EOS ignored; prompt: the first N "
+                      f"tokens of the {s['context_text']}; per token = (run of {1 + n} tokens - "
+                      f"run of 1) / {n}; medians and spreads over {s['reps']} run(s)):", "",
+                  "| context tokens | engine | prefill + first token | spread | per token | "
+                  "spread | per token / shortest context's |",
+                  "|--:|---|--:|--:|--:|--:|--:|"]
+        for r in results["context_sweep"]:
+            lines.append(f"| {r['context_tokens']:,} | {r['engine']} | "
+                         f"{_fmt(r['prefill_s'], '.3f', ' s')} | "
+                         f"{_fmt(r['prefill_spread'], '.1%')} | "
+                         f"{_fmt(r['per_token_ms'], '.1f', ' ms')} | "
+                         f"{_fmt(r['per_token_spread'], '.1%')} | "
+                         f"{_fmt(r['per_token_over_shortest'], '.2f', 'x')} |")
     if results["notes"]:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in results["notes"]]
     return "\n".join(lines) + "\n"
@@ -475,16 +696,38 @@ def plots(results: dict, out: Path) -> list[str]:
 def _machine(peers) -> dict:
     import jax
     import jaxlib
+    import numpy
 
     device = jax.devices()[0]
     return {"platform": platform.platform(), "python": platform.python_version(),
-            "processor": platform.processor() or platform.machine(),
+            "cpu_model": _cpu_model(), "processor": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "threads": _threads(),
             "jax_version": jax.__version__, "jaxlib_version": jaxlib.__version__,
+            "numpy_version": numpy.__version__, "torch_version": _version("torch"),
+            "transformers_version": _version("transformers"),
             "backend": jax.default_backend(), "device": f"{device.platform} ({device.device_kind})",
-            "torch_version": peers.torch_version if peers else None,
-            "transformers_version": peers.transformers_version if peers else None,
             "torch_threads": peers.threads if peers else None}
+
+
+def _cpu_model() -> str:
+    """The CPU's name from /proc/cpuinfo on Linux; what `platform` knows elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(package: str) -> str | None:
+    """An installed package's version, without importing it; None when it is not installed."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _threads() -> int:

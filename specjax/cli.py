@@ -23,29 +23,12 @@ import os
 import sys
 from pathlib import Path
 
+from specjax import bench
+from specjax.cli_common import CLIError, add_model_arguments, enable_compile_cache, model_paths
 from specjax.fetch import FetchError
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
-WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
-DEFAULT_PRESET = "tiny-llama"
-
-
-class CLIError(ValueError):
-    """A command-line mistake that no library function catches (missing draft, no prompt...)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Preset:
-    target: str             # a directory under weights/, or "fetch:<name>" for specjax.fetch
-    draft: str | None       # a directory under weights/ (may not exist for fetched targets)
-
-
-PRESETS = {
-    "tiny-llama": Preset("llama-target", "llama-draft"),
-    "tiny-gpt2": Preset("gpt2-target", "gpt2-draft"),
-    "smollm2": Preset("fetch:smollm2", "smollm2-draft"),
-}
 
 
 # -- Entry point --------------------------------------------------------------------------------
@@ -85,8 +68,6 @@ def _flush_quietly() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specjax import bench
-
     parser = argparse.ArgumentParser(prog="specjax", description="GPT-2 / Llama inference in JAX "
                                      "with exact speculative and n-gram decoding.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -108,73 +89,6 @@ def _run_fetch(args) -> int:
 
     print(fetch(args.name, args.cache_dir))
     return 0
-
-
-# -- Shared by generate and bench ---------------------------------------------------------------
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("models")
-    group.add_argument("--preset", choices=sorted(PRESETS),
-                       help=f"embedded or fetched model pair (default: {DEFAULT_PRESET}; "
-                            "tiny-* work offline)")
-    group.add_argument("--target", metavar="DIR|FILE.gguf",
-                       help="target checkpoint: a Hugging Face directory or a GGUF file")
-    group.add_argument("--draft", metavar="DIR|FILE.gguf",
-                       help="draft checkpoint for speculative sampling (same tokenizer)")
-    group.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                       help="parameter and compute dtype (default: float32)")
-
-
-def model_paths(args, want_draft: bool) -> tuple[Path, Path | None, str]:
-    """The target and draft checkpoints the arguments name, and a note on why there is no draft
-    ("" when there is one or none was wanted)."""
-    if args.target:
-        if args.preset:
-            raise CLIError("give either --preset or --target/--draft, not both")
-        draft = Path(args.draft) if args.draft and want_draft else None
-        return Path(args.target), draft, "" if draft or not want_draft else "no --draft given"
-    name = args.preset or DEFAULT_PRESET
-    preset = PRESETS[name]
-    if preset.target.startswith("fetch:"):
-        from specjax.fetch import fetch
-
-        target = fetch(preset.target.removeprefix("fetch:"))
-    else:
-        target = _embedded(preset.target)
-    if not want_draft:
-        return target, None, ""
-    if args.draft:
-        return target, Path(args.draft), ""
-    draft = WEIGHTS / preset.draft
-    if preset.target.startswith("fetch:") and not draft.exists():
-        return target, None, f"preset {name} has no draft model ({draft} does not exist)"
-    return target, _embedded(preset.draft), ""
-
-
-def _embedded(name: str) -> Path:
-    path = WEIGHTS / name
-    if not (path / "config.json").exists():
-        raise CLIError(f"embedded checkpoint {path} is missing; it is trained by "
-                       "scripts/train.py (see weights/README.md), or pass --target/--draft")
-    return path
-
-
-def enable_compile_cache() -> None:
-    """JAX's persistent compilation cache, so that a rerun does not recompile (module docstring)."""
-    import jax
-
-    from specjax.fetch import cache_root
-
-    setting = os.environ.get("SPECJAX_COMPILE_CACHE")
-    if setting is not None and setting.strip().lower() in ("", "0", "off", "no", "false"):
-        return
-    directory = Path(setting).expanduser() if setting else cache_root() / "xla"
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return   # a read-only home is no reason to fail; compile every time instead
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 # -- generate -----------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """`python -m specjax bench --quick` on the embedded tiny-llama pair: the results schema, and
-the pieces of the harness that need no model (suite, theory)."""
+the pieces of the harness that need no model run (suite, settings, theory, spread)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -13,8 +14,10 @@ from pathlib import Path
 import pytest
 
 import specjax
-from specjax.bench import theoretical_speedup
+from specjax import bench
+from specjax.bench import summarize, theoretical_speedup
 from specjax.bench_prompts import SUITE
+from specjax.cli import build_parser, main
 
 WEIGHTS = Path(specjax.__file__).resolve().parent.parent / "weights"
 ROW_KEYS = {"prompt_id": str, "category": str, "engine": str, "method": str, "new_tokens": int,
@@ -22,6 +25,13 @@ ROW_KEYS = {"prompt_id": str, "category": str, "engine": str, "method": str, "ne
             "speedup_vs_specjax_autoregressive": float, "theoretical_speedup": float,
             "measured_over_theoretical": float}
 OPTIONAL_NUMBERS = ("acceptance_rate", "tokens_per_target_call", "cost_ratio")
+
+
+def installed_version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +45,9 @@ def quick(tmp_path_factory):
     cache = tmp_path_factory.getbasetemp() / "xla"
     cache.mkdir(exist_ok=True)
     out = tmp_path_factory.mktemp("bench-out")
-    proc = subprocess.run([sys.executable, "-m", "specjax", "bench", "--quick", "--out", str(out)],
+    # Two timed runs, so that the spreads are numbers; one short context for the sweep.
+    args = ["bench", "--quick", "--reps", "2", "--contexts", "20", "--out", str(out)]
+    proc = subprocess.run([sys.executable, "-m", "specjax", *args],
                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600,
                           env=dict(os.environ, SPECJAX_COMPILE_CACHE=str(cache)))
     assert proc.returncode == 0, proc.stderr
@@ -48,9 +60,14 @@ def test_quick_bench_writes_results_with_the_documented_schema(quick):
     assert results["schema"] == "specjax.bench/1" and results["suite_version"] == SUITE["version"]
     machine = results["machine"]
     assert isinstance(machine["cpu_count"], int) and machine["cpu_count"] >= 1
-    assert all(isinstance(machine[k], str) for k in ("platform", "jax_version", "device", "backend"))
+    assert all(isinstance(machine[k], str) and machine[k]
+               for k in ("platform", "cpu_model", "python", "jax_version", "jaxlib_version",
+                         "numpy_version", "device", "backend"))
+    for package in ("torch", "transformers"):                # recorded even without peers
+        assert machine[f"{package}_version"] == installed_version(package)
     settings = results["settings"]
-    assert settings["quick"] is True and settings["ks"] == [2] and settings["reps"] == 1
+    assert settings["quick"] is True and settings["ks"] == [2] and settings["reps"] == 2
+    assert settings["contexts"] == [20]
     assert settings["target"] == "llama-target" and settings["draft"] == "llama-draft"
     assert settings["peers"] is False                      # --quick runs no peers by default
     quick_ids = {p["id"] for p in SUITE["prompts"] if p["quick"]}
@@ -76,13 +93,31 @@ def test_quick_bench_writes_results_with_the_documented_schema(quick):
             assert row["cost_ratio"] >= 0 and row["measured_over_theoretical"] > 0
         # Greedy: every method reproduces the target's own greedy tokens.
         assert row["same_tokens_as_specjax_autoregressive"] is True
+    for row in results["rows"]:
+        assert len(row["per_run_tokens_per_second"]) == len(row["per_run_speedup"]) == 2
+    for row in results["summary"] + results["by_category"]:
+        for key in ("speedup_spread", "speedup_vs_specjax_autoregressive_spread"):
+            assert isinstance(row[key], float) and 0 <= row[key] < 10, (key, row)
+        if row["method"] == "autoregressive":
+            assert row["speedup_spread"] == 0.0               # 1.0 in every run
     assert results["summary"] and all(r["category"] == "all" for r in results["summary"])
     assert {(r["method"], r["k"]) for r in results["summary"]} == expected
     assert len(results["summary"]) == len(expected)          # one row per method / K
     assert len(results["by_category"]) == len(expected) * 3
 
+    sweep = results["context_sweep"]
+    assert [(r["engine"], r["context_tokens"]) for r in sweep] == [("specjax", 20)]
+    assert sweep[0]["runs"] == 2 and sweep[0]["per_token_over_shortest"] == 1.0
+    for key in ("prefill_s", "per_token_ms", "prefill_spread", "per_token_spread"):
+        assert isinstance(sweep[0][key], float) and math.isfinite(sweep[0][key]), key
+    assert sweep[0]["prefill_s"] > 0 and sweep[0]["per_token_ms"] > 0
+
     markdown = (out / "results.md").read_text()
-    assert "| engine | method | K | tokens/s | speedup |" in markdown
+    assert ("| engine | method | K | tokens/s | speedup | spread | vs specjax AR | spread |"
+            in markdown)
+    assert f"Machine: {machine['cpu_model']}, {machine['cpu_count']} cores" in markdown
+    assert "| context tokens | engine | prefill + first token |" in markdown
+    assert "| 20 | specjax |" in markdown
     assert markdown.count("| specjax |") >= len(expected)
     assert "| engine | method | K |" in proc.stdout
     plots = [p for p in ("speedup_vs_k.png", "acceptance_vs_k.png") if (out / p).exists()]
@@ -97,11 +132,63 @@ def test_theoretical_speedup():
     assert theoretical_speedup(None, 2, 0.1) is None and theoretical_speedup(0.5, 2, None) is None
 
 
-def test_prompt_suite_is_versioned_and_has_one_quick_prompt_per_category():
+def test_spread_is_the_range_of_the_suite_runs_over_their_median():
+    def row(prompt, per_run):
+        return dict(engine="specjax", method="ngram", k=2, prompt_id=prompt,
+                    same_tokens_as_specjax_autoregressive=True, per_run_speedup=per_run,
+                    per_run_speedup_vs_specjax_autoregressive=[2 * s for s in per_run],
+                    **{m: 1.0 for m in bench.METRICS})
+    # Suite run i: the median over the prompts of their run i, here [1.05, 1.25].
+    summary, = summarize([row("a", [1.0, 1.2]), row("b", [1.1, 1.3])], "all")
+    assert summary["speedup_spread"] == pytest.approx(0.2 / 1.15)
+    assert summary["speedup_vs_specjax_autoregressive_spread"] == pytest.approx(0.2 / 1.15)
+    one_run, = summarize([row("a", [1.0]), row("b", [1.1])], "all")
+    assert one_run["speedup_spread"] is None
+
+
+def test_contexts_default_to_the_sweep_of_the_issue_and_to_none_with_quick():
+    def settings(*argv):
+        return bench._settings(build_parser().parse_args(["bench", *argv]))
+    assert settings()["contexts"] == [50, 500, 1500]
+    assert settings("--quick")["contexts"] == []
+    assert settings("--quick", "--contexts", "1500,50,50")["contexts"] == [50, 1500]
+    assert settings("--contexts", "none")["contexts"] == []
+
+
+@pytest.mark.parametrize("argv, option, value", [
+    (["--contexts", "0"], "--contexts", "0"), (["--contexts", "50,abc"], "--contexts", "50,abc"),
+    (["--contexts", ""], "--contexts", ""), (["--contexts=-5"], "--contexts", "-5"),
+    (["--contexts", "50,,500"], "--contexts", "50,,500"), (["--ks", "0"], "--ks", "0")])
+def test_bad_bench_options_exit_2_with_one_line_naming_the_value(argv, option, value, capsys,
+                                                                 tmp_path):
+    assert main(["bench", *argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("specjax: error: "), err
+    assert f"{option} must be comma-separated positive integers, got {value!r}" in err[0]
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_prompt_suite_is_versioned_and_has_one_quick_prompt_per_short_category():
     assert isinstance(SUITE["version"], int)
     prompts = SUITE["prompts"]
     assert len({p["id"] for p in prompts}) == len(prompts)
     categories = {p["category"] for p in prompts}
-    assert categories == {"code-completion", "code-editing", "prose-chat"}
-    for category in categories:
+    assert categories == {"code-completion", "code-editing", "long-code-editing", "prose-chat"}
+    for category in categories - {"long-code-editing"}:
         assert sum(p["quick"] for p in prompts if p["category"] == category) == 1
+
+
+def test_long_code_editing_prompts_hold_a_whole_module_and_are_skipped_where_they_do_not_fit():
+    """About 1,400 tokens with SmolLM2's tokenizer; more with the embedded models' smaller
+    vocabulary, whose 256-position window cannot hold them: skipped with a note."""
+    target = specjax.load(WEIGHTS / "llama-target")
+    long = [p for p in SUITE["prompts"] if p["category"] == "long-code-editing"]
+    assert long and not any(p["quick"] for p in long)
+    for p in long:
+        assert len(target.tokenizer.encode(p["prompt"]).ids) >= 1000
+        assert "\nclass Ledger:" in p["prompt"] and "\ndef merge(" in p["prompt"]
+    notes = []
+    settings = dict(quick=False, max_new_tokens=16)
+    kept = bench._encode_suite(target, None, SUITE["prompts"], settings, notes)
+    assert {p["id"] for p in kept} == {p["id"] for p in SUITE["prompts"]} - {p["id"] for p in long}
+    assert all(any(p["id"] in n and "context window" in n for n in notes) for p in long)
