@@ -90,7 +90,9 @@ def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
             new_k.append(layer_k)
             new_v.append(layer_v)
             attn = attend_cache(q, layer_k, layer_v, positions)         # [B, T, N, H]
-        out = jnp.einsum("BTNH,NHD->BTD", attn, p["wo"])
+        # One flat product over (N, H): as a two-axis einsum, XLA on a CPU copied wo every call.
+        b, t, n, h_ = attn.shape
+        out = attn.reshape(b, t, n * h_) @ p["wo"].reshape(n * h_, -1)  # [B, T, N*H] @ [N*H, D]
         if config.out_bias:
             out = out + p["bo"]
         x = x + out
