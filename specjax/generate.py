@@ -124,8 +124,9 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
     longest = max(len(r) for r in rows)
     padded_length = _bucket(longest)
     k_eff = k if method != "autoregressive" else 1
-    # Room for the prompt, the new tokens and one step's K + 1 writes past the end. Unused
-    # capacity costs memory, not time: attention reads only the filled prefix of the cache.
+    # Room for the prompt, the new tokens and one step's K + 1 writes past the end. Attention
+    # reads the shortest window that holds the filled prefix (`layers.attend_cache`; a decoding
+    # step reads at least 1,024 slots), so capacity beyond that costs memory, not time.
     buffer_length = _bucket(longest + max_new_tokens + k_eff + 1)
     prompt_array = np.zeros((len(rows), padded_length), np.int32)
     for i, row in enumerate(rows):
@@ -239,8 +240,8 @@ def _check_int(name: str, value, minimum: int) -> None:
 
 def _bucket(n: int) -> int:
     """Rounds lengths up so that new prompt lengths rarely recompile: powers of two up to 256,
-    then four sizes per octave (320, 384, 448, 512, 640, ...), so a buffer is at most 1.25x
-    what the request needs (a decoding step's attention reads the whole buffer)."""
+    then four sizes per octave (320, 384, 448, 512, 640, ...), so that a buffer is at most
+    1.25x what the request needs."""
     if n <= 256:
         return max(8, 1 << (n - 1).bit_length())
     step = 1 << (n.bit_length() - 3)
