@@ -98,10 +98,12 @@ def main():
 def numpy_matvecs(params, config):
     """One vector through every weight matrix, as [in, out] float32 numpy arrays, and through
     the LM head (embeddings are a lookup, so the head is their only mat-vec)."""
-    matrices = [np.asarray(a, np.float32).reshape(a.shape[0], -1) if a.ndim == 3 and
-                a.shape[0] == config.d_model else np.asarray(a, np.float32).reshape(-1, a.shape[-1])
-                for layer in params["layers"] for name, a in sorted(layer.items())
-                if not name.endswith("norm") and a.ndim >= 2]
+    def as_matrix(name, a):      # [in, out]: wq/wk/wv are [D, heads, H], wo is [N, H, D]
+        a = np.asarray(a, np.float32)
+        return a.reshape(a.shape[0], -1) if name in ("wq", "wk", "wv") else a.reshape(-1, a.shape[-1])
+
+    matrices = [as_matrix(name, a) for layer in params["layers"]
+                for name, a in sorted(layer.items()) if name.startswith("w")]
     inputs = [np.ones(w.shape[0], np.float32) for w in matrices]
     head = np.asarray(params["embed"] if config.tie_embeddings else params["lm_head"].T,
                       np.float32)                                               # [V, D]

@@ -11,7 +11,6 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from jax import lax
 
 from specjax.cache import attention_mask, windows
