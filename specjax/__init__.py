@@ -12,7 +12,8 @@ from specjax.config import ConfigError, ModelConfig
 from specjax.generate import GenerationError, GenerationResult, Stats, generate, stream
 from specjax.logits import SamplingParams
 from specjax.model import forward, init_params
+from specjax.tree import Tree, TreeError
 
 __all__ = ["CheckpointError", "ConfigError", "GenerationError", "GenerationResult", "Model",
-           "ModelConfig", "SamplingParams", "Stats", "forward", "generate", "init_params", "load",
+           "ModelConfig", "SamplingParams", "Stats", "Tree", "TreeError", "forward", "generate", "init_params", "load",
            "random_model", "save", "stream"]

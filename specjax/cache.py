@@ -57,15 +57,16 @@ class KVCache:
 
 
 def write(cache_k: jax.Array, cache_v: jax.Array, k: jax.Array, v: jax.Array,
-          positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+          slots: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Writes one layer's new keys and values at each row's positions.
 
     Args:
       cache_k: [B, K, H, S] and cache_v: [B, K, S, H], one layer's buffers.
       k, v: [B, T, K, H] the new entries.
-      positions: [B, T] absolute positions; each row's are consecutive, so the row is one slice
-        starting at positions[b, 0]. The caller keeps positions[b, -1] < S (a slice that ran past
-        the end would be shifted back by `dynamic_update_slice`, silently corrupting the cache).
+      slots: [B, T] the slots to write (the tokens' positions, except in a token tree); each
+        row's are consecutive, so the row is one slice starting at slots[b, 0]. The caller keeps
+        slots[b, -1] < S (a slice that ran past the end would be shifted back by
+        `dynamic_update_slice`, silently corrupting the cache).
     """
     def write_keys(buffer, new, start):      # [K, H, S] <- [T, K, H] at start
         new = jnp.transpose(new, (1, 2, 0)).astype(buffer.dtype)          # [K, H, T]
@@ -75,13 +76,74 @@ def write(cache_k: jax.Array, cache_v: jax.Array, k: jax.Array, v: jax.Array,
         new = jnp.swapaxes(new, 0, 1).astype(buffer.dtype)                # [K, T, H]
         return lax.dynamic_update_slice(buffer, new, (0, start, 0))
 
-    starts = positions[:, 0]
+    starts = slots[:, 0]
     return jax.vmap(write_keys)(cache_k, k, starts), jax.vmap(write_values)(cache_v, v, starts)
 
 
-def attention_mask(query_positions: jax.Array, key_positions: jax.Array) -> jax.Array:
-    """Causal mask from absolute positions: [B, T] queries x [B, S] keys -> [B, T, S] bool."""
-    return key_positions[:, None, :] <= query_positions[:, :, None]
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TreeAttention:
+    """Tells a forward call that its tokens are nodes of a token tree (`specjax.tree`).
+
+    The tree's nodes occupy consecutive cache slots after its root: node i of the row's tree is
+    at slot root + i, while its position (for RoPE) is root + depth[i]. A call feeds the nodes
+    first .. first + T - 1. Each attends to the slots before the root and to the nodes that are
+    its ancestors or itself, never to a sibling's branch.
+    """
+    root: jax.Array              # [B] int32: the slot (and position) of each row's tree root
+    ancestors: jax.Array         # [n, n] bool: `Tree.ancestors`
+    first: int = dataclasses.field(default=0, metadata=dict(static=True))
+
+    def slots(self, t: int) -> jax.Array:
+        """[B, T] the cache slots of this call's T nodes."""
+        return self.root[:, None] + self.first + jnp.arange(t, dtype=jnp.int32)
+
+
+def attention_mask(query_slots: jax.Array, key_slots: jax.Array,
+                   tree: TreeAttention | None = None) -> jax.Array:
+    """[B, T] queries x [B, S] keys -> [B, T, S] bool: which cache slots each query reads.
+
+    Causal over slots; inside a token tree's slots, only the query node's ancestors. Outside a
+    tree, slots are positions, so this is the usual causal mask from absolute positions; a chain
+    is the tree whose ancestor matrix is lower-triangular, so it gets the same mask.
+    """
+    mask = key_slots[:, None, :] <= query_slots[:, :, None]
+    if tree is None:
+        return mask
+    n = tree.ancestors.shape[0]
+    query_node = query_slots - tree.root[:, None]                            # [B, T]
+    key_node = key_slots - tree.root[:, None]                                # [B, S]
+    related = tree.ancestors[jnp.clip(query_node, 0, n - 1)[:, :, None],
+                             jnp.clip(key_node, 0, n - 1)[:, None, :]]       # [B, T, S]
+    return mask & ((key_node < 0)[:, None, :] | related)
+
+
+def keep_path(cache_k: jax.Array, cache_v: jax.Array, root: jax.Array, path: jax.Array,
+              nodes: int) -> tuple[jax.Array, jax.Array]:
+    """After a tree call: moves the accepted nodes' keys and values to consecutive slots.
+
+    Node path[b, d] (the accepted node at depth d + 1) moves from slot root + path[b, d] to slot
+    root + 1 + d, where the chain that the rest of the cache assumes puts it; then rolling back
+    by length forgets the other branches like any rejected draft.
+
+    Args:
+      cache_k: [B, K, H, S] and cache_v: [B, K, S, H], one layer's buffers.
+      root: [B] the tree's root slot; path: [B, D] node indices in 1 .. nodes - 1 (entries past
+        the accepted depth are ignored: their slots are stale after the rollback).
+      nodes: the tree's node count including the root (static).
+    """
+    b, depth = path.shape
+    source = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), path.astype(jnp.int32),
+                              jnp.broadcast_to(jnp.arange(depth + 1, nodes, dtype=jnp.int32),
+                                               (b, nodes - depth - 1))], axis=1)  # [B, n]
+
+    def move(buffer, src, start, axis):      # one row: gather the tree's slots in path order
+        region = lax.dynamic_slice_in_dim(buffer, start, nodes, axis=axis)
+        return lax.dynamic_update_slice_in_dim(buffer, jnp.take(region, src, axis=axis),
+                                               start, axis=axis)
+
+    return (jax.vmap(lambda buf, s, r: move(buf, s, r, 2))(cache_k, source, root),
+            jax.vmap(lambda buf, s, r: move(buf, s, r, 1))(cache_v, source, root))
 
 
 def windows(slots: int, smallest: int) -> tuple[int, ...]:

@@ -25,7 +25,12 @@ from specjax.checkpoint import Model
 from specjax.decoding import loop
 from specjax.decoding.loop import METHODS, DecodeSpec, Weights
 from specjax.decoding.state import DecodeState
+from specjax.decoding.trees import SCHEMES
 from specjax.logits import SamplingParams
+from specjax.tree import Tree, TreeError
+
+# Keyword arguments that replace a step of the algorithm, for the negative-control tests only.
+HOOKS = frozenset({"verify_fn", "propose_fn", "tree_verify_fn"})
 
 
 class GenerationError(ValueError):
@@ -41,6 +46,7 @@ class Stats:
     draft_calls: int
     drafted: int
     accepted: int
+    tree_size: int             # candidates verified per target call: k for a chain, 0 for AR
     compile_s: float
     run_s: float
 
@@ -85,20 +91,25 @@ class Request:
 def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Model | None = None,
             k: int = 4, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
             top_p: float = 1.0, seed: int | Sequence[int] = 0, eos_ids=None,
-            max_ngram: int = 3, min_ngram: int = 1, **hooks) -> Request:
+            max_ngram: int = 3, min_ngram: int = 1, tree=None, candidates: str | None = None,
+            **hooks) -> Request:
     """Validates everything and builds the static spec and the device inputs."""
+    unknown = sorted(set(hooks) - HOOKS)
+    if unknown:
+        raise GenerationError(f"unknown keyword argument {unknown[0]!r}")
     if method not in METHODS:
         raise GenerationError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
     _check_int("max_new_tokens", max_new_tokens, 1)
     if method != "autoregressive":
         _check_int("k", k, 1)
-    if method == "ngram":
-        _check_int("min_ngram", min_ngram, 1)
-        _check_int("max_ngram", max_ngram, min_ngram)
     try:
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     except ValueError as e:
         raise GenerationError(str(e)) from None
+    tree, candidates = _check_tree(method, tree, candidates, sampling, target)
+    if method == "ngram":
+        _check_int("min_ngram", min_ngram, 1)
+        _check_int("max_ngram", max_ngram, min_ngram)
     if method == "speculative":
         if draft is None:
             raise GenerationError("method 'speculative' needs a draft model (draft=...)")
@@ -124,7 +135,10 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
     longest = max(len(r) for r in rows)
     padded_length = _bucket(longest)
     k_eff = k if method != "autoregressive" else 1
-    # Room for the prompt, the new tokens and one step's K + 1 writes past the end. Attention
+    if tree is not None:
+        k_eff = tree.size
+    # Room for the prompt, the new tokens and one step's K + 1 writes past the end (a tree's
+    # nodes take one slot each). Attention
     # reads the shortest window that holds the filled prefix (`layers.attend_cache`; a decoding
     # step reads at least 1,024 slots), so capacity beyond that costs memory, not time.
     buffer_length = _bucket(longest + max_new_tokens + k_eff + 1)
@@ -136,7 +150,7 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
                       draft_config=draft.config if draft else None, sampling=sampling,
                       max_new_tokens=max_new_tokens, k=k_eff, eos_ids=eos_ids,
                       max_ngram=max_ngram, min_ngram=min_ngram, buffer_length=buffer_length,
-                      **hooks)
+                      tree=tree, candidates=candidates, **hooks)
     weights = Weights(target.params, draft.params if draft else None)
     return Request(spec, weights, prompt_array, np.array([len(r) for r in rows], np.int32),
                    row_keys(seed, len(rows)), target.tokenizer)
@@ -157,6 +171,11 @@ def generate(target: Model, prompts, **kwargs) -> GenerationResult:
         so a row's output is the same alone or in any batch).
       eos_ids: ids that end a row (default: the target's), () to never stop early.
       max_ngram, min_ngram: n-gram sizes tried by the lookup, longest first.
+      tree: a token tree of candidates instead of a chain of k (speculative and ngram): a
+        `specjax.Tree`, or its paths in Medusa's "choices" format, e.g. ((0,), (1,), (0, 0)).
+      candidates: how the draft model fills a tree: "top" (its most likely tokens; the default
+        at temperature 0), "distinct" (sampled without replacement; the default otherwise) or
+        "iid" (sampled independently). Each is verified by the rule exact for it.
     """
     request = prepare(target, prompts, **kwargs)
     compiled, compile_s = _compiled(request)
@@ -233,6 +252,44 @@ def row_keys(seed, rows: int) -> jax.Array:
     return jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
 
 
+def _check_tree(method, tree, candidates, sampling, target):
+    """The tree as a `Tree` and the candidate scheme, or (None, "top") without a tree."""
+    if tree is None:
+        if candidates is not None:
+            raise GenerationError("candidates applies to token trees; pass tree=... too")
+        return None, "top"
+    if method == "autoregressive":
+        raise GenerationError("a token tree needs method 'speculative' or 'ngram', not "
+                              "'autoregressive'")
+    if not isinstance(tree, Tree):
+        try:
+            tree = Tree.from_paths(tree)
+        except TreeError as e:
+            raise GenerationError(str(e)) from None
+    if tree.size >= target.config.max_positions:
+        raise GenerationError(f"the tree has {tree.size} nodes; a target call on it needs more "
+                              f"than the context window of {target.name} "
+                              f"({target.config.max_positions})")
+    if method == "ngram":
+        if candidates not in (None, "top"):
+            raise GenerationError(f"n-gram lookup fills a tree with deterministic candidates; "
+                                  f"candidates={candidates!r} applies to a draft model")
+        return tree, "top"
+    if candidates is None:
+        candidates = "top" if sampling.greedy else "distinct"
+    if candidates not in SCHEMES:
+        raise GenerationError(f"candidates must be one of {', '.join(SCHEMES)}; "
+                              f"got {candidates!r}")
+    if sampling.greedy and candidates != "top":
+        # Sampled from a one-hot p, every candidate would be the draft's argmax.
+        raise GenerationError(f"at temperature 0 the draft's distribution is one-hot, so "
+                              f"candidates={candidates!r} would draw its argmax only; use 'top'")
+    if tree.max_width > target.config.vocab_size:
+        raise GenerationError(f"the tree has {tree.max_width} children at a node, more than the "
+                              f"vocabulary ({target.config.vocab_size})")
+    return tree, candidates
+
+
 def _check_int(name: str, value, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise GenerationError(f"{name} must be an integer >= {minimum}, got {value!r}")
@@ -277,8 +334,15 @@ def _result(request: Request, state: DecodeState, compile_s: float, run_s: float
                   new_tokens=int(sum(len(r) for r in rows)),
                   target_calls=int(np.sum(state.target_calls)),
                   draft_calls=int(np.sum(state.draft_calls)), drafted=int(np.sum(state.drafted)),
-                  accepted=int(np.sum(state.accepted)), compile_s=compile_s, run_s=run_s)
+                  accepted=int(np.sum(state.accepted)), tree_size=_tree_size(request.spec),
+                  compile_s=compile_s, run_s=run_s)
     texts = None
     if request.tokenizer is not None:
         texts = [request.tokenizer.decode(r) for r in rows]
     return GenerationResult(rows, stats, texts)
+
+
+def _tree_size(spec) -> int:
+    if spec.method == "autoregressive":
+        return 0
+    return spec.tree.size if spec.tree is not None else spec.k

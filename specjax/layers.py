@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from specjax.cache import attention_mask, windows
+from specjax.cache import TreeAttention, attention_mask, windows
 from specjax.config import ModelConfig
 
 
@@ -85,12 +85,13 @@ def apply_rope(x, positions, inv_freq):
 
 # -- Attention ----------------------------------------------------------------------------------
 
-def attend(q, k, v, query_positions, key_positions):
-    """Grouped-query attention with a causal mask built from absolute positions.
+def attend(q, k, v, mask):
+    """Grouped-query attention.
 
     Args:
       q: [B, T, N, H]; k: [B, K, H, S] and v: [B, K, S, H] (the cache's layouts, see
-      `specjax.cache`); query_positions: [B, T]; key_positions: [B, S].
+      `specjax.cache`); mask: [B, T, S] bool, which keys each query reads
+      (`cache.attention_mask`).
     Returns:
       [B, T, N, H]
     """
@@ -102,7 +103,7 @@ def attend(q, k, v, query_positions, key_positions):
     # bfloat16 x bfloat16 -> float32 kernel for this shape).
     scores = jnp.einsum("BTKGH,BKHS->BKGTS", q, k).astype(jnp.float32)
     scores = scores / np.float32(math.sqrt(h))
-    mask = attention_mask(query_positions, key_positions)[:, None, None]  # [B, 1, 1, T, S]
+    mask = mask[:, None, None]                                           # [B, 1, 1, T, S]
     # Every query sees at least its own slot, so no row of the softmax is all -inf. The softmax
     # is normalised after the product with the values, on [.., T, H] rather than [.., T, S]:
     # the same numbers, one pass less over the scores.
@@ -119,11 +120,11 @@ def attend(q, k, v, query_positions, key_positions):
 STEP_WINDOW, CHUNK_WINDOW, CHUNK_QUERIES = 1024, 128, 64
 
 
-def attend_cache(q, cache_k, cache_v, query_positions):
+def attend_cache(q, cache_k, cache_v, query_slots, tree: TreeAttention | None = None):
     """Attention of queries to a layer's cache, reading only the prefix they can see.
 
-    The queries at `query_positions` see keys at positions <= their own, so slots past the
-    batch's largest query position are never needed. Shapes are static under `jit`, so the
+    The queries in `query_slots` see keys in slots <= their own, so slots past the batch's
+    largest query slot are never needed. Shapes are static under `jit`, so the
     prefix read is the shortest of a few static windows (`cache.windows`) that covers them,
     picked at run time by `lax.switch`: a long prompt's chunks and the steps after it cost
     what the tokens in the cache cost, not what the buffer could hold.
@@ -136,7 +137,8 @@ def attend_cache(q, cache_k, cache_v, query_positions):
 
     Args:
       q: [B, T, N, H]; cache_k: [B, K, H, S] and cache_v: [B, K, S, H] with this call's keys
-      already written; query_positions: [B, T].
+      already written; query_slots: [B, T] (their positions, except in a token tree); tree:
+      the token tree the queries belong to, if any (`cache.attention_mask`).
     Returns:
       [B, T, N, H]
     """
@@ -144,15 +146,15 @@ def attend_cache(q, cache_k, cache_v, query_positions):
     sizes = windows(cache_v.shape[2], CHUNK_WINDOW if t >= CHUNK_QUERIES else STEP_WINDOW)
 
     def attend_prefix(size):
-        def branch(q, cache_k, cache_v, query_positions):
-            key_positions = jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32), (b, size))
-            return attend(q, cache_k[..., :size], cache_v[:, :, :size], query_positions,
-                          key_positions)
+        def branch(q, cache_k, cache_v, query_slots, tree):
+            key_slots = jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32), (b, size))
+            return attend(q, cache_k[..., :size], cache_v[:, :, :size],
+                          attention_mask(query_slots, key_slots, tree))
         return branch
 
     if len(sizes) == 1:
-        return attend_prefix(sizes[0])(q, cache_k, cache_v, query_positions)
-    needed = jnp.max(query_positions) + 1
+        return attend_prefix(sizes[0])(q, cache_k, cache_v, query_slots, tree)
+    needed = jnp.max(query_slots) + 1
     index = jnp.searchsorted(jnp.asarray(sizes, jnp.int32), needed)   # first window >= needed
     return lax.switch(index, [attend_prefix(size) for size in sizes],
-                      q, cache_k, cache_v, query_positions)
+                      q, cache_k, cache_v, query_slots, tree)

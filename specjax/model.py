@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import cache as kv
-from specjax.cache import KVCache
+from specjax.cache import KVCache, TreeAttention
 from specjax.config import ModelConfig
 from specjax.layers import (activation, apply_rope, attend, attend_cache, layer_norm, rms_norm,
                             rope_frequencies)
@@ -42,7 +42,8 @@ Params = dict
 
 
 def forward(params: Params, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
-            cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+            cache: KVCache | None = None,
+            tree: TreeAttention | None = None) -> tuple[jax.Array, KVCache | None]:
     """Runs the model on `tokens` at absolute `positions`.
 
     Args:
@@ -51,22 +52,28 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, positions: j
       tokens: [B, T] int token ids.
       positions: [B, T] int absolute positions, consecutive within each row.
       cache: a KVCache, or None to attend only among the given tokens (training, scoring).
+      tree: when the tokens are nodes of a token tree (`specjax.cache.TreeAttention`): they are
+        written to consecutive slots after the tree's root, and each attends to its ancestors
+        only. `positions` are then the nodes' positions, root + depth, not consecutive.
     Returns:
       logits [B, T, V] float32, and the cache with the new keys/values written and each row's
-      length set to positions[:, -1] + 1 (a padded row's caller sets its true length after).
+      length set to the last slot written + 1 (callers set the true length after: a padded
+      row's, or the accepted part of a tree).
     """
-    x, cache = hidden_states(params, config, tokens, positions, cache)
+    x, cache = hidden_states(params, config, tokens, positions, cache, tree)
     return lm_head(params, config, x), cache
 
 
 def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
-                  cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+                  cache: KVCache | None = None,
+                  tree: TreeAttention | None = None) -> tuple[jax.Array, KVCache | None]:
     """`forward` without the LM head: the final-normed hidden states [B, T, D] and the cache.
 
     Prefill needs only the cache, and the LM head is a fifth of a small model's work per token
     (SmolLM2-135M: 28M of its 135M parameters), so prefill stops here.
     """
     positions = positions.astype(jnp.int32)
+    slots = positions if tree is None else tree.slots(tokens.shape[1])     # [B, T]
     x = params["embed"][tokens]                                         # [B, T, D]
     if config.arch == "gpt2":
         x = x + params["pos_embed"][positions]
@@ -84,12 +91,12 @@ def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
             q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
         if cache is None:
             keys, values = jnp.transpose(k, (0, 2, 3, 1)), jnp.transpose(v, (0, 2, 1, 3))
-            attn = attend(q, keys, values, positions, positions)        # [B, T, N, H]
+            attn = attend(q, keys, values, kv.attention_mask(slots, slots, tree))  # [B, T, N, H]
         else:
-            layer_k, layer_v = kv.write(cache.k[i], cache.v[i], k, v, positions)
+            layer_k, layer_v = kv.write(cache.k[i], cache.v[i], k, v, slots)
             new_k.append(layer_k)
             new_v.append(layer_v)
-            attn = attend_cache(q, layer_k, layer_v, positions)         # [B, T, N, H]
+            attn = attend_cache(q, layer_k, layer_v, slots, tree)       # [B, T, N, H]
         # One flat product over (N, H): as a two-axis einsum, XLA on a CPU copied wo every call.
         b, t, n, h_ = attn.shape
         out = attn.reshape(b, t, n * h_) @ p["wo"].reshape(n * h_, -1)  # [B, T, N*H] @ [N*H, D]
@@ -99,7 +106,7 @@ def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
         x = x + _mlp(config, p, _norm(config, p["mlp_norm"], x))
     x = _norm(config, params["final_norm"], x)
     if cache is not None:
-        cache = KVCache(tuple(new_k), tuple(new_v), positions[:, -1] + 1)
+        cache = KVCache(tuple(new_k), tuple(new_v), slots[:, -1] + 1)
     return x, cache
 
 

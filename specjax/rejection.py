@@ -49,12 +49,16 @@ import jax.numpy as jnp
 from specjax.logits import sample
 
 __all__ = [
+    "RULES",
     "acceptance_probability",
     "accepts",
     "num_leading_accepted",
     "residual_distribution",
     "emitted_token_law",
     "verify",
+    "candidate_distribution",
+    "after_rejection",
+    "verify_tree",
 ]
 
 
@@ -219,3 +223,128 @@ def verify(
     if num_drafted is None:
         num_drafted = jnp.full((batch,), num_draft, jnp.int32)
     return jax.vmap(_verify_row)(draft_tokens, draft_probs, target_probs, keys, num_drafted)
+
+
+# -- Token trees: several candidates per node ---------------------------------------------------
+#
+# A tree step drafts, at each node n, up to w candidate children x_1..x_w (rank order) and the
+# target scores every node in one call, giving q_n at each. The walk starts at the root with
+# q' = q_root and tries the children in rank order:
+#
+#   Step 1: accept x_r with probability min(1, q'(x_r) / p_r(x_r)), where p_r is the
+#           distribution x_r was drawn from given the siblings drawn before it;
+#   Step 2: if rejected, q' <- normalize(max(q' - p_r, 0)) and try the next sibling;
+#   Step 3: if x_r is accepted, move to it and start again with q' = q_{x_r};
+#   Step 4: when a node has no child left to try, the next token is drawn from q': the final
+#           residual if every child was rejected, q at the node itself (the bonus token) if it
+#           has no children.
+#
+# This is Chen et al.'s step applied to one sibling after another. Each sibling's test leaves
+# the law of what is emitted equal to q' (the chain proof), and the residual passed to the next
+# sibling does not depend on which token was rejected, so the rest of the walk, whatever x_r
+# was, emits its residual's law. That needs p_r to be the true conditional law of x_r given the
+# earlier siblings, which is what the candidate scheme decides:
+#
+#   rule "iid"                  candidates drawn i.i.d. from the node's draft p: p_r = p
+#                               (SpecInfer's multi-step speculative sampling, Miao et al. 2024);
+#   rule "without_replacement"  candidates drawn from p without replacement (Gumbel top-w):
+#                               p_r = p with x_1..x_{r-1} removed and renormalised (Recursive
+#                               Speculative Decoding, Jeon et al. 2024);
+#   rule "deterministic"        candidates that are a function of the drafter's own state (the
+#                               draft's top-w, n-gram lookups): p_r = one-hot(x_r), so x_r is
+#                               accepted with probability q'(x_r) and rejecting it removes it
+#                               from q'.
+#
+# A rule is exact for its scheme only: candidates drawn without replacement but verified with
+# p_r = p over-accept the later siblings (a negative control in the tests shows it). Ranks must
+# be contiguous (`Tree` refuses a path that skips one): a skipped rank would be a sibling drawn
+# but never tried, and the conditional law of the next one would no longer be p_r. A sampled
+# candidate with p_r(x) = 0 cannot have been drawn; it marks a sibling the drafter could not
+# fill (p had fewer than w tokens) and is skipped like one the tree marks invalid.
+
+RULES = ("iid", "without_replacement", "deterministic")
+
+
+def candidate_distribution(rule: str, p: jax.Array, x: jax.Array) -> jax.Array:
+    """p_r: the distribution [V] the next sibling x was drawn from, given `p` as the walk left
+    it (for "without_replacement", already renormalised over what was not drawn)."""
+    if rule == "deterministic":
+        return jax.nn.one_hot(x, p.shape[-1], dtype=p.dtype)
+    return p
+
+
+def after_rejection(rule: str, p: jax.Array, q: jax.Array, x: jax.Array):
+    """Step 2: (p, q') for the next sibling after x was rejected: q' becomes the residual of q'
+    against p_r, and a draw without replacement removes x from p."""
+    p_r = candidate_distribution(rule, p, x)
+    q = residual_distribution(p_r, q)
+    if rule == "without_replacement":
+        p = p.at[x].set(0.0)
+        mass = jnp.sum(p)
+        p = p / jnp.where(mass > 0, mass, 1.0)
+    return p, q
+
+
+def _verify_tree_row(tree, rule, tokens, valid, draft_probs, target_probs, key):
+    """One row's walk. tokens, valid: [n]; draft_probs, target_probs: [n, V] (p_n, q_n)."""
+    children = jnp.asarray(tree.children)                               # [n, W]
+    depth, width = tree.max_depth, tree.max_width
+    k_accept, k_next = jax.random.split(key)
+    u = jax.random.uniform(k_accept, (depth, width), dtype=jnp.float32)
+    p, q = _as_float(draft_probs[0], target_probs[0])                   # at the root
+    node, walking, path = jnp.zeros((), jnp.int32), jnp.ones((), bool), []
+    for d in range(depth):
+        moved = jnp.zeros((), bool)
+        for r in range(width):
+            child = children[node, r]
+            x = tokens[jnp.maximum(child, 0)]
+            p_r = candidate_distribution(rule, p, x)
+            tried = walking & ~moved & (child >= 0) & valid[jnp.maximum(child, 0)] & (p_r[x] > 0)
+            accept = tried & accepts(u[d, r], p_r[x], q[x])              # Step 1
+            p_next, q_next = after_rejection(rule, p, q, x)              # Step 2
+            rejected = tried & ~accept
+            p, q = jnp.where(rejected, p_next, p), jnp.where(rejected, q_next, q)
+            node, moved = jnp.where(accept, child, node), moved | accept
+        # Step 3: at the accepted child, its own draft and target distributions.
+        p_child, q_child = _as_float(draft_probs[node], target_probs[node])
+        p, q = jnp.where(moved, p_child, p), jnp.where(moved, q_child, q)
+        walking = walking & moved
+        path.append(node)
+    # Step 4: the residual after the last rejections, or q at an accepted leaf (the bonus).
+    next_token = sample(k_next, q)
+    n_accepted = jnp.sum(jnp.asarray(tree.depth)[jnp.stack(path)] == jnp.arange(1, depth + 1))
+    return n_accepted.astype(jnp.int32), jnp.stack(path), next_token.astype(jnp.int32)
+
+
+def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_probs: jax.Array | None,
+                target_probs: jax.Array, keys: jax.Array):
+    """Verify a token tree per row (Steps 1-4 above); lossless for the rule's candidate scheme.
+
+    Rows are independent, each with its own key. Pure and jittable; the tree is static.
+
+    Args:
+      tree: the static `specjax.tree.Tree`, n = tree.size + 1 nodes, node 0 the root.
+      rule: one of `RULES`, the one matching how the candidates were drawn (see above).
+      tokens: [B, n] int the nodes' tokens (the root's is not read).
+      valid: [B, n] bool: nodes the drafter filled; others (and their subtrees) are never tried.
+      draft_probs: [B, n, V] p_n, the draft distribution node n's children were drawn from, or
+        None for the deterministic rule, which does not read it.
+      target_probs: [B, n, V] q_n, the target's distribution for the token after node n.
+      keys: [B] PRNG keys.
+    Returns:
+      n_accepted [B] int32 (the depth reached), path [B, D] int32 (the accepted node at each
+      depth; entries past n_accepted repeat the last node) and next_token [B] int32. The row
+      emits the tokens of path[:n_accepted] followed by next_token.
+    """
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
+    n = tree.size + 1
+    if tokens.shape[1:] != (n,) or target_probs.shape[1] != n:
+        raise ValueError(f"a tree of {tree.size} nodes needs tokens [B, {n}] and target_probs "
+                         f"[B, {n}, V], got {tokens.shape} and {target_probs.shape}")
+    if draft_probs is None:
+        if rule != "deterministic":
+            raise ValueError(f"rule {rule!r} needs the draft distributions (draft_probs)")
+        draft_probs = jnp.zeros_like(target_probs)      # never read by the deterministic rule
+    return jax.vmap(lambda *a: _verify_tree_row(tree, rule, *a))(
+        tokens, valid, draft_probs, target_probs, keys)

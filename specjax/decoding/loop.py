@@ -19,7 +19,8 @@ from specjax.config import ModelConfig
 from specjax.decoding import autoregressive, ngram, speculative
 from specjax.decoding.state import DecodeState, initial_state
 from specjax.logits import SamplingParams
-from specjax.rejection import verify
+from specjax.rejection import verify, verify_tree
+from specjax.tree import Tree
 
 METHODS = ("autoregressive", "speculative", "ngram")
 
@@ -37,10 +38,13 @@ class DecodeSpec:
     max_ngram: int = 3
     min_ngram: int = 1
     buffer_length: int = 0         # token buffer and cache slots per row
+    tree: Tree | None = None       # a token tree instead of a chain of k (`specjax.tree`)
+    candidates: str = "top"        # how a draft model fills a tree (`decoding.trees.SCHEMES`)
     # Hooks, replaceable only to build deliberately broken samplers for the negative-control
     # tests; the defaults are the algorithm.
     verify_fn: Callable = verify
     propose_fn: Callable = speculative.propose
+    tree_verify_fn: Callable = verify_tree
 
     @property
     def vocab_size(self) -> int:

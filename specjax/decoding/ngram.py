@@ -11,7 +11,13 @@ deterministic draft, that is a one-hot draft distribution p. Token x is then acc
 probability q(x), and after a rejection the next token comes from q with x removed and the rest
 renormalised. So the output is distributed exactly as the target's, at any temperature; at
 temperature 0 it is the target's greedy output. (The reference implementations of prompt
-lookup are greedy-only.) Positions past a row's lookup get p = 0 and are never accepted, so the
+lookup are greedy-only.)
+
+With a token tree (`spec.tree`), several earlier occurrences of the suffix are kept, most recent
+first for each n from the longest, and their continuations are merged into a trie laid on the
+static tree: the rank-r child of a node is the r-th distinct token that follows the node's path
+among the continuations agreeing with it (`lookup_tree`). Lookups that disagree then fill
+sibling branches instead of being thrown away, and every node is a deterministic candidate. Positions past a row's lookup get p = 0 and are never accepted, so the
 token after the last real draft is drawn from q itself.
 """
 
@@ -19,8 +25,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
+from specjax.decoding import trees
 from specjax.decoding.speculative import score_and_verify
 from specjax.decoding.state import DecodeState, append, count_call, step_keys
 
@@ -54,6 +62,8 @@ def lookup(tokens, length, k: int, max_n: int, min_n: int):
 
 
 def step(spec, params, state: DecodeState) -> DecodeState:
+    if spec.tree is not None:
+        return tree_step(spec, params, state)
     k, vocab = spec.k, spec.vocab_size
     draft_tokens, count = jax.vmap(lookup, in_axes=(0, 0, None, None, None))(
         state.tokens, state.length, k, spec.max_ngram, spec.min_ngram)          # [B, K], [B]
@@ -62,5 +72,65 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     new, n_accepted, cache, nan = score_and_verify(spec, params, state, draft_tokens, draft_probs,
                                                    step_keys(state), num_drafted=count)
     state = count_call(state, drafted=count, accepted=n_accepted, nan=nan)
+    state = append(state, new, n_accepted + 1, spec.max_new_tokens, spec.eos_ids)
+    return state.replace(target_cache=cache.with_length(state.length - 1))
+
+
+def lookup_tree(tokens, length, tree, max_n: int, min_n: int):
+    """The candidates of a token tree for one row by prompt lookup.
+
+    Args:
+      tokens: [M] the row's token buffer; only tokens[:length] are real.
+      length: [] the row's length.
+      tree: the static `Tree`.
+    Returns:
+      node tokens [n] int32 (node 0 is the row's last token) and filled [n] bool.
+    """
+    m, depth, n = tokens.shape[0], tree.max_depth, tree.size + 1
+    per_n = max(1, int(np.sum(tree.children[:, 0] < 0)))   # the tree's leaves: at most that
+    starts = jnp.arange(m, dtype=jnp.int32)                 # many distinct continuations
+    begin, found = [], []
+    for ngram in range(max_n, min_n - 1, -1):               # longest n-gram first
+        suffix = lax.dynamic_slice(tokens, (jnp.maximum(length - ngram, 0),), (ngram,))
+        match = starts < length - ngram                     # at least one token follows
+        for i in range(ngram):
+            match = match & (jnp.roll(tokens, -i) == suffix[i])
+        latest, where = lax.top_k(jnp.where(match, starts, -1), per_n)   # most recent first
+        begin.append(where + ngram)
+        found.append(latest >= 0)
+    begin, found = jnp.concatenate(begin), jnp.concatenate(found)         # [C], in priority
+    span = begin[:, None] + jnp.arange(depth, dtype=jnp.int32)            # [C, D]
+    continuation = tokens[jnp.minimum(span, m - 1)]
+    available = found[:, None] & (span < length)                          # [C, D]
+
+    earlier = np.tril(np.ones((len(begin),) * 2, bool), -1)   # earlier[c, c']: c' before c
+    node_token = jnp.zeros((n,), jnp.int32).at[0].set(tokens[length - 1])
+    filled = jnp.ones((n,), bool)
+    path = jnp.zeros((n, depth), jnp.int32)                   # each node's tokens from the root
+    for d in range(1, depth + 1):
+        kids = tree.level(d)
+        parent, rank = tree.parent[kids.start:kids.stop], tree.rank[kids.start:kids.stop]
+        # agree[i, c]: continuation c reaches depth d and follows the path of node i's parent.
+        agree = available[None, :, d - 1] & filled[parent][:, None]                # [I, C]
+        agree = agree & jnp.all(continuation[None, :, :d - 1] == path[parent][:, None, :d - 1],
+                                axis=-1)
+        token = continuation[:, d - 1]                                             # [C]
+        same = (token[:, None] == token[None, :]) & earlier                        # [C, C]
+        first = agree & ~jnp.any(agree[:, None, :] & same[None], axis=-1)          # [I, C]
+        chosen = first & (jnp.cumsum(first, axis=-1) - 1 == rank[:, None])         # [I, C]
+        kid_token = jnp.sum(jnp.where(chosen, token[None], 0), axis=-1)
+        node_token = node_token.at[kids.start:kids.stop].set(kid_token)
+        filled = filled.at[kids.start:kids.stop].set(jnp.any(chosen, axis=-1))
+        path = path.at[kids.start:kids.stop].set(path[parent].at[:, d - 1].set(kid_token))
+    return node_token, filled
+
+
+def tree_step(spec, params, state: DecodeState) -> DecodeState:
+    tokens, filled = jax.vmap(lookup_tree, in_axes=(0, 0, None, None, None))(
+        state.tokens, state.length, spec.tree, spec.max_ngram, spec.min_ngram)   # [B, n]
+    new, n_accepted, _, cache, nan = trees.score_and_verify(
+        spec, params, state, tokens, filled, None, step_keys(state), "deterministic")
+    state = count_call(state, drafted=jnp.sum(filled[:, 1:], axis=1), accepted=n_accepted,
+                       nan=nan)
     state = append(state, new, n_accepted + 1, spec.max_new_tokens, spec.eos_ids)
     return state.replace(target_cache=cache.with_length(state.length - 1))

@@ -9,6 +9,10 @@ One step, for every row at once:
   3. `rejection.verify` accepts a prefix of the drafts and samples one more token, from the
      residual at the first rejection or from q_{K+1} when all K were accepted.
 
+With a token tree (`spec.tree`, see `specjax.tree`), step 1 expands the tree level by level,
+one draft call per depth over all the nodes of that depth, and steps 2-3 verify the tree in one
+target call (`decoding.trees`); `tree_step` below.
+
 Both caches roll back by length. The draft never makes an extra call: when all K drafts were
 accepted it has not yet seen x_K, so each step's first draft call feeds the last two tokens of
 the row (rewriting one cache slot with the same token when the draft is not behind).
@@ -20,7 +24,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.decoding.state import DecodeState, any_nan, append, count_call, last_tokens, step_keys
+from specjax.cache import TreeAttention
+from specjax.decoding import trees
+from specjax.decoding.state import (DecodeState, any_nan, append, count_call, last_tokens, pad_vocab,
+                                   step_keys)
 from specjax.logits import probs_from_logits, sample
 from specjax.model import forward
 
@@ -33,17 +40,6 @@ def propose(key, logits, sampling):
     """
     p = probs_from_logits(logits, sampling)
     return jax.vmap(sample)(key, p), p
-
-
-def pad_vocab(logits, vocab: int):
-    """Pads [..., V'] logits with -inf up to `vocab`: a token outside a model's vocabulary has
-    probability 0 under it. Lets a draft and target whose vocabularies differ only by padding
-    share one id space without changing either distribution."""
-    extra = vocab - logits.shape[-1]
-    if extra == 0:
-        return logits
-    padding = jnp.full((*logits.shape[:-1], extra), -jnp.inf, logits.dtype)
-    return jnp.concatenate([logits, padding], axis=-1)
 
 
 def draft(spec, params, state: DecodeState, keys):
@@ -101,6 +97,8 @@ def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs
 
 
 def step(spec, params, state: DecodeState) -> DecodeState:
+    if spec.tree is not None:
+        return tree_step(spec, params, state)
     k = spec.k
     keys = step_keys(state)                                            # [B]
     split = jax.vmap(lambda key: jax.random.split(key, k + 1))(keys)   # [B, K + 1]
@@ -121,3 +119,96 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     return state.replace(target_cache=target_cache.with_length(state.length - 1),
                          draft_cache=draft_cache.with_length(
                              jnp.minimum(state.length - 1, old_length + k - 1)))
+
+
+# -- Token trees ---------------------------------------------------------------------------------
+
+def candidates(scheme: str, key, logits, p, width: int):
+    """The first `width` candidate children of each node of one row.
+
+    Args:
+      scheme: "top" (the draft's `width` most likely tokens, by logit: deterministic), "iid"
+        (independent draws from p) or "distinct" (draws from p without replacement: the Gumbel
+        top-k trick, Kool et al. 2019, which draws exactly like repeated sampling without
+        replacement); key: one PRNG key; logits: [P, V] the draft's logits; p: [P, V] the
+        distributions sampled from (None for "top").
+    Returns:
+      tokens [P, W] int32 and valid [P, W] bool (False where p had fewer than W tokens left).
+    """
+    if scheme == "top":
+        tokens = lax.top_k(logits, width)[1]
+        return tokens.astype(jnp.int32), jnp.ones(tokens.shape, bool)
+    log_p = jnp.log(p)[:, None, :]                                        # [P, 1, V]
+    if scheme == "iid":
+        gumbel = jax.random.gumbel(key, (p.shape[0], width, p.shape[1]))  # [P, W, V]
+        tokens = jnp.argmax(log_p + gumbel, axis=-1)
+        return tokens.astype(jnp.int32), jnp.ones(tokens.shape, bool)
+    scores, tokens = lax.top_k(log_p[:, 0] + jax.random.gumbel(key, p.shape), width)
+    return tokens.astype(jnp.int32), scores > -jnp.inf
+
+
+def draft_tree(spec, params, state: DecodeState, keys):
+    """Step 1 for a tree: the nodes' tokens [B, n], which are filled [B, n], the draft
+    distribution at each node [B, n, V] (None for "top" candidates) and the draft's cache.
+
+    Depth d's candidates come from the draft's distributions at the nodes of depth d - 1: one
+    draft call per depth, over that depth's nodes at once, each attending to its ancestors. The
+    deepest level needs no call (like x_K of a chain), so a tree of depth D costs D draft calls.
+    """
+    tree, scheme, vocab = spec.tree, spec.candidates, spec.vocab_size
+    b, n, depth = state.length.shape[0], tree.size + 1, tree.max_depth
+    window, positions = last_tokens(state, 2)            # the first call, as in `draft`
+    logits, cache = forward(params.draft, spec.draft_config, window, positions, state.draft_cache)
+    last = (state.length - 1 - positions[:, 0])[:, None]
+    level_logits = jnp.take_along_axis(logits, last[:, :, None], axis=1)   # [B, 1, V']
+    root = state.length - 1
+    tokens = jnp.zeros((b, n), jnp.int32).at[:, 0].set(jnp.take_along_axis(window, last, 1)[:, 0])
+    valid = jnp.ones((b, n), bool)
+    probs = None if scheme == "top" else jnp.zeros((b, n, vocab), jnp.float32)
+    nan = any_nan(logits)
+    level_keys = jax.vmap(lambda key: jax.random.split(key, depth))(keys)   # [B, D]
+    for d in range(1, depth + 1):
+        parents, kids = tree.level(d - 1), tree.level(d)
+        level_logits = pad_vocab(level_logits, vocab)                         # [B, P, V]
+        p = None if scheme == "top" else probs_from_logits(level_logits, spec.sampling)
+        if p is not None:
+            probs = probs.at[:, parents.start:parents.stop].set(p)
+        cand, filled = jax.vmap(candidates, in_axes=(None, 0, 0, 0 if p is not None else None,
+                                                     None))(
+            scheme, level_keys[:, d - 1], level_logits, p, tree.max_width)    # [B, P, W]
+        parent = tree.parent[kids.start:kids.stop]                             # numpy [|kids|]
+        rank = tree.rank[kids.start:kids.stop]
+        tokens = tokens.at[:, kids.start:kids.stop].set(cand[:, parent - parents.start, rank])
+        valid = valid.at[:, kids.start:kids.stop].set(filled[:, parent - parents.start, rank]
+                                                      & valid[:, parent])
+        if d < depth:                   # the draft's distributions at this level's nodes
+            attention = TreeAttention(root, jnp.asarray(tree.ancestors), first=kids.start)
+            level_logits, cache = forward(params.draft, spec.draft_config,
+                                          tokens[:, kids.start:kids.stop],
+                                          root[:, None] + d + jnp.zeros((1, len(kids)), jnp.int32),
+                                          cache, attention)
+            nan = nan | any_nan(level_logits)
+    return tokens, valid, probs, cache, nan
+
+
+def tree_step(spec, params, state: DecodeState) -> DecodeState:
+    tree = spec.tree
+    depth, nodes = tree.max_depth, tree.size + 1
+    k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
+
+    # Step 1: the tree of candidates, level by level.
+    tokens, valid, probs, draft_cache, draft_nan = draft_tree(spec, params, state, k_draft)
+    # Steps 2 and 3: one target call over the tree, then the walk.
+    new, n_accepted, path, target_cache, target_nan = trees.score_and_verify(
+        spec, params, state, tokens, valid, probs, k_verify, trees.SCHEMES[spec.candidates])
+
+    old_length = state.length
+    state = count_call(state, drafted=jnp.sum(valid[:, 1:], axis=1), accepted=n_accepted,
+                       draft_calls=depth, nan=draft_nan | target_nan)
+    state = append(state, new, n_accepted + 1, spec.max_new_tokens, spec.eos_ids)
+    # The draft fed the nodes above the deepest level: after moving the accepted ones into
+    # place it holds the path up to depth D - 1, and catches up on the rest next step.
+    draft_cache = trees.keep_path(draft_cache, old_length - 1, path, nodes)
+    return state.replace(target_cache=target_cache.with_length(state.length - 1),
+                         draft_cache=draft_cache.with_length(
+                             jnp.minimum(state.length - 1, old_length + depth - 1)))

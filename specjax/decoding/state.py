@@ -114,3 +114,14 @@ def count_call(state: DecodeState, *, drafted: jax.Array | int = 0, accepted: ja
 
 def any_nan(*arrays) -> jax.Array:
     return jnp.any(jnp.stack([jnp.isnan(a).any() for a in arrays]))
+
+
+def pad_vocab(logits, vocab: int):
+    """Pads [..., V'] logits with -inf up to `vocab`: a token outside a model's vocabulary has
+    probability 0 under it. Lets a draft and target whose vocabularies differ only by padding
+    share one id space without changing either distribution."""
+    extra = vocab - logits.shape[-1]
+    if extra == 0:
+        return logits
+    padding = jnp.full((*logits.shape[:-1], extra), -jnp.inf, logits.dtype)
+    return jnp.concatenate([logits, padding], axis=-1)
