@@ -24,6 +24,14 @@ holds the medians of those over the prompts:
                     Eq. 1 and Theorem 3.8): the speedup that the measured a and c imply when a
                     target call on K + 1 tokens costs what a call on one token costs
   measured/theory   speedup / theory
+  step cost         tokens/call / speedup: the time of one step (its target call and its
+                    drafting) over one autoregressive step's; for n-gram lookup, whose drafting
+                    costs next to nothing, the cost of a verify call on K + 1 (or a tree's)
+                    tokens relative to a one-token call
+
+Token trees (--trees 2,2,1 3,2,1 ...): each full tree of those widths per depth also runs with
+speculative and n-gram decoding (`generate(..., tree=...)`), in rows labelled "tree 2,2,1"
+beside the chains; the chain theory above does not apply to them.
 
 N-gram steps that find no match draft nothing; a counts only tokens actually drafted, so the
 theory (K drafts every step) is an upper bound there.
@@ -90,7 +98,7 @@ ALL_METHODS = ("autoregressive", "speculative", "ngram")
 FULL = dict(ks="2,4,6", reps=5, warmup=1, max_new_tokens=128, contexts="50,500,1500")
 QUICK = dict(ks="2", reps=1, warmup=0, max_new_tokens=16, contexts="none")
 METRICS = ("tokens_per_second", "speedup", "speedup_vs_specjax_autoregressive", "acceptance_rate",
-           "tokens_per_target_call", "cost_ratio", "theoretical_speedup",
+           "tokens_per_target_call", "step_cost", "cost_ratio", "theoretical_speedup",
            "measured_over_theoretical")
 SWEEP_DECODE_TOKENS = 32   # M: tokens decoded after the first one, for the per-token time
 
@@ -111,6 +119,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "or none (default 50,500,1500; --quick: none)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--seed", type=int, default=0, help="timed run i uses seed + i")
+    parser.add_argument("--trees", nargs="+", metavar="WIDTHS",
+                        help="also run token trees, each the full tree of these widths per depth "
+                             "(e.g. --trees 2,2,1 3,2,1), for speculative and ngram; default none")
     parser.add_argument("--max-ngram", type=int, default=3,
                         help="longest n-gram looked up (default 3)")
     parser.add_argument("--quick", action="store_true",
@@ -174,7 +185,7 @@ def run(args) -> int:
     mismatched = [r for r in results["summary"] if r["same_tokens_as_specjax_autoregressive"] is False]
     if mismatched:
         notes.append("greedy outputs that differ from specjax autoregressive's: " + ", ".join(
-            f"{r['engine']} {r['method']} K={r['k']}" for r in mismatched))
+            f"{r['engine']} {r['method']} {_k_label(r)}" for r in mismatched))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     written = plots(results, out)
@@ -199,7 +210,7 @@ def _settings(args) -> dict:
                     ks=positive_ints("--ks", pick("ks")), reps=pick("reps"),
                     warmup=pick("warmup"), max_new_tokens=pick("max_new_tokens"),
                     contexts=contexts, temperature=args.temperature, seed=args.seed,
-                    max_ngram=args.max_ngram, quick=args.quick,
+                    max_ngram=args.max_ngram, quick=args.quick, trees=_trees(args.trees),
                     peers=args.peers if args.peers is not None else not args.quick)
     for name, minimum in (("reps", 1), ("warmup", 0), ("max_new_tokens", 1), ("max_ngram", 1),
                           ("seed", 0)):
@@ -211,6 +222,13 @@ def _settings(args) -> dict:
 
     SamplingParams(temperature=args.temperature)   # ValueError naming a bad temperature
     return settings
+
+
+def _trees(texts: list[str] | None) -> list[str]:
+    """--trees: each validated as a full tree's widths, kept as the canonical text "3,2,1"."""
+    from specjax.tree import parse_widths
+
+    return [",".join(map(str, parse_widths(t).full_widths())) for t in texts or []]
 
 
 def positive_ints(option: str, text: str) -> list[int]:
@@ -277,16 +295,20 @@ def _jobs(prompts, settings, target, draft, peers) -> list[dict]:
     """One job per (prompt, engine, method, K); `run` returns the timed runs' records."""
     jobs = []
 
-    def add(prompt, engine, method, k, run_job):
-        label = f"{prompt['id']} {engine} {method}" + (f" K={k}" if k else "")
-        jobs.append(dict(prompt=prompt, engine=engine, method=method, k=k, label=label,
-                         run=run_job))
+    def add(prompt, engine, method, k, run_job, tree=None):
+        label = (f"{prompt['id']} {engine} {method}" + (f" K={k}" if k else "")
+                 + (f" tree {tree}" if tree else ""))
+        jobs.append(dict(prompt=prompt, engine=engine, method=method, k=k, tree=tree,
+                         label=label, run=run_job))
 
     for p in prompts:
         ks = {m: [None] if m == "autoregressive" else settings["ks"] for m in settings["methods"]}
         for method in settings["methods"]:
             for k in ks[method]:
                 add(p, "specjax", method, k, _specjax_job(p, settings, target, method, k, draft))
+            for tree in settings["trees"] if method != "autoregressive" else []:
+                add(p, "specjax", method, None,
+                    _specjax_job(p, settings, target, method, None, draft, tree), tree)
         if "speculative" in settings["methods"]:
             # The draft decoding on its own, for the cost ratio c.
             add(p, "specjax", "draft-autoregressive", None,
@@ -301,13 +323,15 @@ def _jobs(prompts, settings, target, draft, peers) -> list[dict]:
     return jobs
 
 
-def _specjax_job(prompt, settings, model, method, k, draft):
+def _specjax_job(prompt, settings, model, method, k, draft, tree=None):
     def run_job() -> dict:
         from specjax.generate import generate
+        from specjax.tree import parse_widths
 
         records, compile_s = [], None
         for i in range(settings["warmup"] + settings["reps"]):
             result = generate(model, [prompt["ids"]], method=method, draft=draft, k=k or 1,
+                              tree=parse_widths(tree) if tree else None,
                               max_new_tokens=prompt["max_new_tokens"],
                               temperature=settings["temperature"],
                               seed=settings["seed"] + max(0, i - settings["warmup"]),
@@ -401,9 +425,10 @@ def _rows(jobs, settings) -> list[dict]:
     for job in jobs:
         recs = job["result"]["records"]
         per_run = [_ratio(r["new_tokens"], r["run_s"]) for r in recs]
-        measured[(job["prompt"]["id"], job["engine"], job["method"], job["k"])] = dict(
+        measured[(job["prompt"]["id"], job["engine"], job["method"], job["k"],
+                  job.get("tree"))] = dict(
             prompt_id=job["prompt"]["id"], category=job["prompt"]["category"],
-            engine=job["engine"], method=job["method"], k=job["k"],
+            engine=job["engine"], method=job["method"], k=job["k"], tree=job.get("tree"),
             new_tokens=int(_median([r["new_tokens"] for r in recs])),
             tokens_per_second=_median(per_run), per_run_tokens_per_second=per_run,
             run_s=_median([r["run_s"] for r in recs]), compile_s=job["result"]["compile_s"],
@@ -412,11 +437,11 @@ def _rows(jobs, settings) -> list[dict]:
             tokens=recs[0]["tokens"])
     tokens = {key: row.pop("tokens") for key, row in measured.items()}
     rows = []
-    for (pid, engine, method, k), row in measured.items():
+    for (pid, engine, method, k, tree), row in measured.items():
         if method == "draft-autoregressive":
             continue
-        own_ar = measured[(pid, engine, "autoregressive", None)]
-        specjax_ar = measured[(pid, "specjax", "autoregressive", None)]
+        own_ar = measured[(pid, engine, "autoregressive", None, None)]
+        specjax_ar = measured[(pid, "specjax", "autoregressive", None, None)]
         row["speedup"] = _ratio(row["tokens_per_second"], own_ar["tokens_per_second"])
         row["speedup_vs_specjax_autoregressive"] = _ratio(row["tokens_per_second"],
                                                           specjax_ar["tokens_per_second"])
@@ -427,11 +452,12 @@ def _rows(jobs, settings) -> list[dict]:
                                                      base["per_run_tokens_per_second"])]
         # Greedy decoding with any method is the target's greedy output: a live check.
         row["same_tokens_as_specjax_autoregressive"] = (
-            tokens[(pid, engine, method, k)] == tokens[(pid, "specjax", "autoregressive", None)]
+            tokens[(pid, engine, method, k, tree)]
+            == tokens[(pid, "specjax", "autoregressive", None, None)]
             if settings["temperature"] == 0 else None)
         cost = None
         if engine == "specjax" and method == "speculative":
-            draft_ar = measured[(pid, "specjax", "draft-autoregressive", None)]
+            draft_ar = measured[(pid, "specjax", "draft-autoregressive", None, None)]
             cost = _ratio(specjax_ar["tokens_per_second"], draft_ar["tokens_per_second"])
             row["draft_tokens_per_second"] = draft_ar["tokens_per_second"]
         elif engine == "specjax" and method == "ngram":
@@ -442,6 +468,8 @@ def _rows(jobs, settings) -> list[dict]:
         else:
             row["theoretical_speedup"] = theoretical_speedup(row["acceptance_rate"], k, cost)
         row["measured_over_theoretical"] = _ratio(row["speedup"], row["theoretical_speedup"])
+        # The time of one step (a target call and its drafting) over an autoregressive step's.
+        row["step_cost"] = _ratio(row["tokens_per_target_call"], row["speedup"])
         rows.append(row)
     return rows
 
@@ -460,11 +488,12 @@ def summarize(rows: list[dict], category: str) -> list[dict]:
     the two speedups (module docstring)."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
-        groups.setdefault((row["engine"], row["method"], row["k"]), []).append(row)
+        groups.setdefault((row["engine"], row["method"], row["k"], row.get("tree")), []).append(row)
     out = []
-    for (engine, method, k), group in groups.items():
+    for (engine, method, k, tree), group in groups.items():
         same = [r["same_tokens_as_specjax_autoregressive"] for r in group]
-        out.append(dict(category=category, engine=engine, method=method, k=k, prompts=len(group),
+        out.append(dict(category=category, engine=engine, method=method, k=k, tree=tree,
+                        prompts=len(group),
                         **{m: _median([r[m] for r in group]) for m in METRICS},
                         speedup_spread=_spread(_suite_runs(group, "per_run_speedup")),
                         speedup_vs_specjax_autoregressive_spread=_spread(_suite_runs(
@@ -593,6 +622,11 @@ def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
+def _k_label(row: dict) -> str:
+    """The K column: K for a chain, the widths for a token tree."""
+    return f"tree {row['tree']}" if row.get("tree") else _fmt(row["k"], "d")
+
+
 def markdown(results: dict, heading: bool = True) -> str:
     s, m = results["settings"], results["machine"]
     versions = ", ".join(f"{name} {m[name + '_version'] or '-'}"
@@ -607,25 +641,27 @@ def markdown(results: dict, heading: bool = True) -> str:
               f"{m['platform']}; Python {m['python']}, {versions}; jax on {m['device']}; "
               f"{results['created']}.", ""]
     lines += ["| engine | method | K | tokens/s | speedup | spread | vs specjax AR | spread | "
-              "acceptance | tokens/call | c | theory | measured/theory |",
-              "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+              "acceptance | tokens/call | step cost | c | theory | measured/theory |",
+              "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in results["summary"]:
-        lines.append(f"| {r['engine']} | {r['method']} | {_fmt(r['k'], 'd')} | "
+        lines.append(f"| {r['engine']} | {r['method']} | {_k_label(r)} | "
                      f"{_fmt(r['tokens_per_second'], ',.1f')} | {_fmt(r['speedup'], '.2f', 'x')} | "
                      f"{_fmt(r['speedup_spread'], '.1%')} | "
                      f"{_fmt(r['speedup_vs_specjax_autoregressive'], '.2f', 'x')} | "
                      f"{_fmt(r['speedup_vs_specjax_autoregressive_spread'], '.1%')} | "
                      f"{_fmt(r['acceptance_rate'], '.1%')} | {_fmt(r['tokens_per_target_call'])} | "
-                     f"{_fmt(r['cost_ratio'], '.3f')} | {_fmt(r['theoretical_speedup'], '.2f', 'x')} | "
+                     f"{_fmt(r.get('step_cost'))} | {_fmt(r['cost_ratio'], '.3f')} | {_fmt(r['theoretical_speedup'], '.2f', 'x')} | "
                      f"{_fmt(r['measured_over_theoretical'])} |")
     lines += ["", f"spread: (max - min) / median of the ratio to its left over the {s['reps']} "
                   "timed run(s) of the suite (- with one run); vs specjax AR: tokens/s over "
-                  "specjax's autoregressive tokens/s."]
+                  "specjax's autoregressive tokens/s; step cost: tokens/call / speedup, the time "
+                  "of one step (its target call and drafting) over an autoregressive step's; "
+                  "tree w1,w2,..: the full token tree of those widths per depth."]
     lines += ["", "By category (speedup / acceptance):", "",
               "| category | engine | method | K | tokens/s | speedup | acceptance | tokens/call |",
               "|---|---|---|--:|--:|--:|--:|--:|"]
     for r in results["by_category"]:
-        lines.append(f"| {r['category']} | {r['engine']} | {r['method']} | {_fmt(r['k'], 'd')} | "
+        lines.append(f"| {r['category']} | {r['engine']} | {r['method']} | {_k_label(r)} | "
                      f"{_fmt(r['tokens_per_second'], ',.1f')} | {_fmt(r['speedup'], '.2f', 'x')} | "
                      f"{_fmt(r['acceptance_rate'], '.1%')} | {_fmt(r['tokens_per_target_call'])} |")
     if results["context_sweep"]:

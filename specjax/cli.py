@@ -108,10 +108,12 @@ text; with --temperature > 0 each method still samples exactly from the target's
 --json prints one object instead of streaming:
   {"target", "target_path", "draft", "draft_path" (null without speculative), "prompt",
    "prompt_tokens", "settings": {"method", "k", "max_new_tokens", "temperature", "top_k",
-   "top_p", "seed", "max_ngram", "min_ngram", "chat", "dtype"},
+   "top_p", "seed", "max_ngram", "min_ngram", "tree" (a list of paths, or null),
+   "candidates", "chat", "dtype"},
    "results": [{"method", "text", "tokens", "speedup_vs_autoregressive",
                 "stats": {"method", "rows", "new_tokens", "target_calls", "draft_calls",
-                          "drafted", "accepted", "acceptance_rate", "tokens_per_target_call",
+                          "drafted", "accepted", "tree_size", "acceptance_rate",
+                          "tokens_per_target_call",
                           "tokens_per_second", "compile_s", "run_s", "timed_runs"}}]}
 """
 
@@ -140,6 +142,15 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--seed", type=int, default=0, help="random seed in [0, 2^32) (default: 0)")
     d.add_argument("--max-ngram", type=int, default=3, help="longest n-gram looked up (default 3)")
     d.add_argument("--min-ngram", type=int, default=1, help="shortest n-gram looked up (default 1)")
+    d.add_argument("--tree", metavar="WIDTHS",
+                   help="verify a token tree instead of a chain of k (speculative, ngram): the "
+                        "full tree of these widths per depth, e.g. 3,2,1")
+    d.add_argument("--tree-file", metavar="PATH",
+                   help="a token tree as a JSON list of paths of child ranks (Medusa's "
+                        "'choices'), e.g. [[0], [1], [0, 0]]")
+    d.add_argument("--candidates", choices=("top", "distinct", "iid"),
+                   help="how the draft fills a tree: its top tokens (default at temperature 0), "
+                        "sampled without replacement (default otherwise) or i.i.d.")
     o = parser.add_argument_group("output")
     o.add_argument("--show-acceptance", action=argparse.BooleanOptionalAction, default=None,
                    help="colour drafted vs target tokens (default: on when stdout is a terminal "
@@ -155,7 +166,8 @@ def run_generate(args) -> int:
     methods = list(METHODS) if args.method == "all" else [args.method]
     options = dict(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_ngram=args.max_ngram,
-                   min_ngram=args.min_ngram)
+                   min_ngram=args.min_ngram, tree=read_tree(args, methods),
+                   candidates=args.candidates)
     check_numbers(methods, options)
     prompt = read_prompt(args)
     enable_compile_cache()
@@ -165,8 +177,9 @@ def run_generate(args) -> int:
     if draft is None and "speculative" in methods and len(methods) > 1:
         methods.remove("speculative")
     ids = prompt_ids(target, prompt, args.chat)
+    options = {m: for_method(m, options, len(methods) > 1) for m in methods}
     for method in methods:                  # every error before the first token is printed
-        prepare(target, [ids], method=method, draft=draft, **options)
+        prepare(target, [ids], method=method, draft=draft, **options[method])
 
     if args.json:
         report = json_report(target, draft, prompt, ids, methods, options, args)
@@ -179,8 +192,8 @@ def run_generate(args) -> int:
     for method in methods:
         if len(methods) > 1:
             print(f"{DIM if show else ''}--- {method} ---{RESET if show else ''}", flush=True)
-        streamed = stream_text(target, draft, ids, method, options, show)
-        result, runs = timed_generate(target, draft, ids, method, options)
+        streamed = stream_text(target, draft, ids, method, options[method], show)
+        result, runs = timed_generate(target, draft, ids, method, options[method])
         if result.tokens[0] != streamed:
             print(f"specjax: warning: {method}: the streamed tokens differ from the compiled "
                   "loop's", file=sys.stderr)
@@ -212,6 +225,32 @@ def check_numbers(methods: list[str], options: dict) -> None:
         raise GenerationError(str(e)) from None
     if not 0 <= options["seed"] < 2**32:
         raise GenerationError(f"seed must be an integer in [0, 2^32), got {options['seed']}")
+
+
+def read_tree(args, methods: list[str]):
+    """The `Tree` of --tree or --tree-file, or None."""
+    from specjax.tree import Tree, parse_widths
+
+    if args.tree is not None and args.tree_file:
+        raise CLIError("give either --tree or --tree-file, not both")
+    if args.tree is None and not args.tree_file:
+        if args.candidates is not None:
+            raise CLIError("--candidates applies to token trees; give --tree or --tree-file")
+        return None
+    if methods == ["autoregressive"]:
+        raise CLIError("--tree needs --method speculative, ngram or all")
+    return parse_widths(args.tree) if args.tree is not None else Tree.from_json(args.tree_file)
+
+
+def for_method(method: str, options: dict, several: bool) -> dict:
+    """The options that apply to `method`. With --method all (`several`), the tree is for the
+    drafting methods only and --candidates for the draft model only; given for one method, an
+    option that does not apply to it stays, for `generate` to refuse."""
+    if several and method == "autoregressive":
+        return dict(options, tree=None, candidates=None)
+    if several and method == "ngram":
+        return dict(options, candidates=None)
+    return options
 
 
 def read_prompt(args) -> str:
@@ -340,7 +379,8 @@ def summary_line(stats, runs: int) -> str:
                   if stats.method != "autoregressive" else "acceptance n/a")
     return (f"[{stats.method}] {stats.new_tokens} tokens, {stats.tokens_per_second:,.1f} tokens/s "
             f"(median run {stats.run_s:.3f} s of {runs}; compile {stats.compile_s:.1f} s), "
-            f"{acceptance}, {stats.tokens_per_target_call:.2f} tokens/target call")
+            f"{acceptance}, {stats.tokens_per_target_call:.2f} tokens/target call"
+            + (f" ({stats.tree_size} candidates per call)" if stats.tree_size else ""))
 
 
 def comparison_table(rows) -> str:
@@ -355,13 +395,15 @@ def comparison_table(rows) -> str:
 
 
 def json_report(target, draft, prompt: str, ids: list[int], methods, options, args) -> dict:
+    """`options`: each method's generate options."""
     results = []
     for method in methods:
-        result, runs = timed_generate(target, draft, ids, method, options)
+        result, runs = timed_generate(target, draft, ids, method, options[method])
         stats = result.stats.as_dict()
         stats["timed_runs"] = runs
         results.append({"method": method, "text": (result.texts or [None])[0],
                         "tokens": result.tokens[0], "stats": stats})
+    settings = options[methods[-1]]            # the drafting method's, when there is one
     base = {r["method"]: r["stats"]["tokens_per_second"] for r in results}.get("autoregressive")
     for r in results:
         r["speedup_vs_autoregressive"] = r["stats"]["tokens_per_second"] / base if base else None
@@ -369,5 +411,8 @@ def json_report(target, draft, prompt: str, ids: list[int], methods, options, ar
             "draft": draft.name if draft is not None and "speculative" in methods else None,
             "draft_path": str(draft.path) if draft is not None and "speculative" in methods else None,
             "prompt": prompt, "prompt_tokens": len(ids),
-            "settings": dict(options, chat=args.chat, dtype=args.dtype, method=args.method),
+            "settings": dict(settings, chat=args.chat, dtype=args.dtype, method=args.method,
+                             candidates=args.candidates,
+                             tree=[list(p) for p in settings["tree"].paths]
+                             if settings["tree"] is not None else None),
             "results": results}

@@ -16,6 +16,10 @@ seen at this sample size turns it red.
 Negative controls. The same test, same seeds and sample size, must REJECT (p < the same
 per-case level) each deliberately broken sampler below; this shows the test has the power to
 see those bugs, which are the ones found in public speculative-sampling code.
+
+Token trees draw N = 50,000 samples per case: a tree call feeds several times the tokens of a
+chain, and at 50,000 (and at 30,000) every tree negative control below is rejected with
+p < 1e-100 (measured), so the extra half of the sample would buy no power on these bugs.
 """
 
 from __future__ import annotations
@@ -33,16 +37,30 @@ from specjax import rejection
 from specjax.decoding import speculative
 from specjax.generate import generate
 from specjax.logits import SamplingParams, probs_from_logits, sample
+from specjax.tree import Tree
 from tests.tiny import close_pair
 
 V, L, N = 6, 3, 100_000
+N_TREE = 50_000        # token-tree cases: see the module docstring
 PROMPT = [1, 4, 2, 1, 4]          # repeats, so n-gram lookups hit
 NGRAM_PROMPT = [2, 5, 3, 2, 5, 3, 2, 5]
 
 
-def case(method, k=2, temperature=1.0, top_k=0, top_p=1.0, draft="draft", prompt=PROMPT):
+NGRAM_TREE_PROMPT = [1, 4, 2, 3, 1, 4, 5, 4, 5, 4, 3, 3]   # "3" and "4" are followed by two
+SPARSE_TREE = ((0,), (1,), (2,), (0, 0), (1, 0))           # different tokens earlier on
+
+
+def case(method, k=2, temperature=1.0, top_k=0, top_p=1.0, draft="draft", prompt=PROMPT,
+         tree=None, candidates=None):
     return dict(method=method, k=k, temperature=temperature, top_k=top_k, top_p=top_p,
-                draft=draft, prompt=tuple(prompt))
+                draft=draft, prompt=tuple(prompt), tree=tree, candidates=candidates)
+
+
+def tree_case(widths_or_paths, candidates="distinct", method="speculative", **kwargs):
+    tree = (Tree.full(widths_or_paths) if isinstance(widths_or_paths[0], int)
+            else Tree.from_paths(widths_or_paths))
+    return case(method, tree=tree, candidates=candidates if method == "speculative" else None,
+                **kwargs)
 
 
 POSITIVE = {
@@ -55,6 +73,14 @@ POSITIVE = {
     "speculative-draft-is-target": case("speculative", k=2, draft="target"),
     "ngram-k2": case("ngram", k=2, prompt=NGRAM_PROMPT),
     "ngram-k4-top-k": case("ngram", k=4, temperature=0.7, top_k=4, prompt=NGRAM_PROMPT),
+    # Token trees (test_tree.py has the exact law): each candidate scheme, two shapes, the
+    # sampling transforms, a third sibling that top-k leaves unfilled, and the chain as a tree.
+    "tree-2x2-distinct": tree_case((2, 2)),
+    "tree-sparse-iid-t0.7-top-k": tree_case(SPARSE_TREE, "iid", temperature=0.7, top_k=3),
+    "tree-2x2-top-t0.7-top-p": tree_case((2, 2), "top", temperature=0.7, top_p=0.9),
+    "tree-3x1-distinct-top-k2": tree_case((3, 1), top_k=2),
+    "tree-chain-2": tree_case((1, 1)),
+    "ngram-tree-2x2": tree_case((2, 2), method="ngram", prompt=NGRAM_TREE_PROMPT),
 }
 FAMILY_ALPHA = 0.01
 ALPHA = FAMILY_ALPHA / len(POSITIVE)
@@ -98,11 +124,13 @@ def draw(models, c, seed=0, **hooks) -> tuple[np.ndarray, float]:
     target, draft = models
     draft = target if c["draft"] == "target" else draft
     sampling = SamplingParams(c["temperature"], c["top_k"], c["top_p"])
-    result = generate(target, [list(c["prompt"])] * N, method=c["method"], draft=draft,
+    rows = N if c["tree"] is None else N_TREE
+    result = generate(target, [list(c["prompt"])] * rows, method=c["method"], draft=draft,
                       k=c["k"], max_new_tokens=L, temperature=c["temperature"], top_k=c["top_k"],
-                      top_p=c["top_p"], seed=seed, eos_ids=(), **hooks)
+                      top_p=c["top_p"], seed=seed, eos_ids=(), tree=c["tree"],
+                      candidates=c["candidates"], **hooks)
     samples = np.array(result.tokens, np.int32)
-    assert samples.shape == (N, L)
+    assert samples.shape == (rows, L)
     return samples, g_test(samples, exact_law(target, c["prompt"], sampling)), result.stats
 
 
@@ -168,6 +196,56 @@ def _top_k_on_draft_only_propose(key, logits, sampling):
     return jax.vmap(sample)(key, truncated), probs_from_logits(logits, sampling)
 
 
+def _broken_tree_verify(update_residual=True, bonus_from_parent=False, rule=None):
+    """`rejection.verify_tree`'s walk with one step done wrong (or verified with another rule);
+    the defaults reproduce the correct walk (`test_correct_tree_walk_reproduces_verify_tree`)."""
+    def verify_fn(tree, scheme_rule, tokens, valid, draft_probs, target_probs, keys):
+        use = rule or scheme_rule
+        if draft_probs is None:
+            draft_probs = jnp.zeros_like(target_probs)
+        children, parent = jnp.asarray(tree.children), jnp.asarray(tree.parent)
+
+        def row(tokens, valid, p_all, q_all, key):
+            k_accept, k_next = jax.random.split(key)
+            u = jax.random.uniform(k_accept, (tree.max_depth, tree.max_width))
+            p, q = p_all[0], q_all[0]
+            node, walking, rejected, path = jnp.zeros((), jnp.int32), True, False, []
+            for d in range(tree.max_depth):
+                moved, rejected = False, False
+                for r in range(tree.max_width):
+                    child = children[node, r]
+                    x = tokens[jnp.maximum(child, 0)]
+                    p_r = rejection.candidate_distribution(use, p, x)
+                    tried = (walking & ~moved & (child >= 0) & valid[jnp.maximum(child, 0)]
+                             & (p_r[x] > 0))
+                    accept = tried & rejection.accepts(u[d, r], p_r[x], q[x])
+                    p_next, q_next = rejection.after_rejection(use, p, q, x)
+                    if not update_residual:
+                        q_next = q
+                    p = jnp.where(tried & ~accept, p_next, p)
+                    q = jnp.where(tried & ~accept, q_next, q)
+                    node, moved = jnp.where(accept, child, node), moved | accept
+                    rejected = rejected | (tried & ~accept)
+                p = jnp.where(moved, p_all[node], p)
+                q = jnp.where(moved, q_all[node], q)
+                walking = walking & moved
+                path.append(node)
+            if bonus_from_parent:            # at a node where nothing was rejected: its parent's q
+                q = jnp.where(rejected, q, q_all[parent[node]])
+            n = jnp.sum(jnp.asarray(tree.depth)[jnp.stack(path)] == jnp.arange(1, len(path) + 1))
+            return n.astype(jnp.int32), jnp.stack(path), sample(k_next, q)
+        return jax.vmap(row)(tokens, valid, draft_probs, target_probs, keys)
+    return verify_fn
+
+
+class LeakyTree(Tree):
+    """A tree whose attention mask is the causal one: later siblings see earlier branches."""
+
+    @property
+    def ancestors(self):
+        return np.tril(np.ones((self.size + 1,) * 2, bool))
+
+
 NEGATIVE = {
     "always-accept": (case("speculative", k=2), dict(verify_fn=_broken_verify(accept_rule="always"))),
     "residual-replaced-by-q": (case("speculative", k=2),
@@ -183,6 +261,14 @@ NEGATIVE = {
     "top-k-on-draft-only": (case("speculative", k=2), dict(propose_fn=_top_k_on_draft_only_propose)),
     "ngram-always-accept": (case("ngram", k=2, prompt=NGRAM_PROMPT),
                             dict(verify_fn=_broken_verify(accept_rule="always"))),
+    "tree-residual-not-updated": (tree_case((3, 1)),
+                                  dict(tree_verify_fn=_broken_tree_verify(update_residual=False))),
+    "tree-without-replacement-verified-as-iid": (
+        tree_case((3, 1)), dict(tree_verify_fn=_broken_tree_verify(rule="iid"))),
+    "tree-sibling-sees-another-branch": (
+        dict(tree_case((2, 2)), tree=LeakyTree.from_paths(Tree.full((2, 2)).paths)), {}),
+    "tree-bonus-at-the-wrong-node": (tree_case((2, 2)),
+                                     dict(tree_verify_fn=_broken_tree_verify(bonus_from_parent=True))),
 }
 
 
@@ -199,3 +285,21 @@ def test_correct_hooks_reproduce_the_real_sampler(models):
     real, _, _ = draw(models, c)
     rebuilt, _, _ = draw(models, c, verify_fn=_broken_verify(), propose_fn=speculative.propose)
     np.testing.assert_array_equal(real, rebuilt)
+
+
+def test_correct_tree_walk_reproduces_verify_tree():
+    # The tree negative controls differ from the real walk only in the step they break: with
+    # the defaults, the test's walk gives the library's results on random trees of candidates.
+    tree, rows, vocab = Tree.from_paths(SPARSE_TREE + ((0, 1),)), 512, 5
+    k_tokens, k_p, k_q, k_keys = jax.random.split(jax.random.key(0), 4)
+    tokens = jax.random.randint(k_tokens, (rows, tree.size + 1), 0, vocab)
+    p = jax.nn.softmax(2 * jax.random.normal(k_p, (rows, tree.size + 1, vocab)))
+    q = jax.nn.softmax(2 * jax.random.normal(k_q, (rows, tree.size + 1, vocab)))
+    valid = jnp.ones(tokens.shape, bool).at[::3, 2].set(False)
+    keys = jax.random.split(k_keys, rows)
+    for rule in rejection.RULES:
+        want = rejection.verify_tree(tree, rule, tokens, valid, p, q, keys)
+        got = _broken_tree_verify()(tree, rule, tokens, valid, p, q, keys)
+        for a, b in zip(want, got):
+            np.testing.assert_array_equal(a, b)
+        assert 0 < int(jnp.sum(want[0])) < rows * tree.max_depth    # accepts and rejects

@@ -39,3 +39,8 @@ def test_all_methods_give_the_greedy_output_on_code(trained_pair):
         ngram = generate(target, PROMPTS, method="ngram", k=k, max_new_tokens=48,
                          temperature=0.0, eos_ids=())
         assert ngram.tokens == greedy
+    tree = specjax.Tree.full((3, 2, 1))
+    for method in ("speculative", "ngram"):
+        result = generate(target, PROMPTS, method=method, draft=draft, tree=tree,
+                          max_new_tokens=48, temperature=0.0, eos_ids=())
+        assert result.tokens == greedy, method

@@ -1,0 +1,15 @@
+"""Shared pytest setup."""
+
+import jax
+import pytest
+
+from specjax.generate import _COMPILED
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drops each module's compiled programs when it ends: the suite compiles a few hundred
+    programs, and keeping them all alive only grows the process."""
+    yield
+    _COMPILED.clear()
+    jax.clear_caches()
