@@ -159,13 +159,6 @@ class Tree:
         nodes = np.flatnonzero(self.depth == d)
         return range(int(nodes[0]), int(nodes[-1]) + 1)
 
-    def describe(self) -> str:
-        widths = self.full_widths()
-        if widths is not None:
-            return "chain of " + str(len(widths)) if set(widths) == {1} else \
-                "full " + ",".join(map(str, widths))
-        return f"{self.size} nodes, depth {self.max_depth}"
-
     def full_widths(self) -> tuple[int, ...] | None:
         """The widths if this is a full tree, else None."""
         widths = []

@@ -90,7 +90,9 @@ def tiny(tmp_path_factory):
     for name in ("config.json", "tokenizer.json"):
         (corrupt / name).write_bytes((a / name).read_bytes())
     (corrupt / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json" * 8)
-    return dict(a=a, b=b, bare=bare, corrupt=corrupt)
+    tree = root / "tree.json"
+    tree.write_text("[[0], [2]]")
+    return dict(a=a, b=b, bare=bare, corrupt=corrupt, tree=tree)
 
 
 @pytest.fixture(scope="session")
@@ -158,6 +160,10 @@ def bad_inputs(tiny):
         "no chat template": ["--target", str(tiny["a"]), "--method", "autoregressive", "--chat",
                              *prompt],
         "missing prompt file": ["--prompt-file", str(tiny["a"] / "nope.txt")],
+        "bad tree widths": ["--tree", "2,x", *prompt],
+        "tree skips a rank": ["--tree-file", str(tiny["tree"]), *prompt],
+        "tree without drafting": ["--method", "autoregressive", "--tree", "2,1", *prompt],
+        "candidates without tree": ["--candidates", "iid", *prompt],
     }
 
 
@@ -176,6 +182,18 @@ def test_bad_inputs_exit_2_with_one_line(tiny, env):
     assert "context window" in procs["prompt too long"].stderr
     assert "context window" in procs["too many new tokens"].stderr
     assert "top_p" in procs["top-p 1.5"].stderr and "temperature" in procs["negative temperature"].stderr
+    assert "'2,x'" in procs["bad tree widths"].stderr
+    assert "[2] skips a rank" in procs["tree skips a rank"].stderr
+
+
+def test_tree_run_prints_the_greedy_text(generated, env):
+    proc = specjax_cli(["generate", "--method", "ngram", "--tree", "2,1", "--json", *FAST], env)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["settings"]["tree"] == [[0], [1], [0, 0], [1, 0]]
+    (result,) = report["results"]
+    assert result["stats"]["tree_size"] == 4
+    assert result["text"] in generated.stdout            # the same greedy text as every method
 
 
 def test_stdin_prompt_colours_and_ctrl_c(generated, env):

@@ -84,17 +84,14 @@ def test_speculative_greedy_with_the_trained_draft_equals_autoregressive(ours, g
     assert result.stats.tokens_per_target_call >= 1.25, result.stats
 
 
-def test_token_trees_give_the_greedy_output(ours, greedy):
-    # A full tree from the trained draft and a Medusa-style sparse tree from n-gram lookup,
-    # on the batch of three prompts; `bench --trees` measures what they gain.
+def test_a_token_tree_gives_the_greedy_output(ours, greedy):
+    # A full tree from the trained draft, on the batch of three prompts (n-gram trees are
+    # checked on the shipped pairs, test_trained.py); `bench --trees` measures what they gain.
     draft = specjax.load(DRAFT)
     spec = generate(ours, PROMPTS[:3], method="speculative", draft=draft,
                     tree=specjax.Tree.full((2, 2, 1)), max_new_tokens=50, temperature=0.0)
     assert spec.tokens == greedy
-    sparse = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0))
-    ngram = generate(ours, PROMPTS[:3], method="ngram", tree=sparse, max_new_tokens=50,
-                     temperature=0.0)
-    assert ngram.tokens == greedy
+    assert spec.stats.tokens_per_target_call >= 1.25, spec.stats
 
 
 EDIT_SOURCE = '''def mean_and_spread(values):

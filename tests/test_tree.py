@@ -241,13 +241,16 @@ class Law:
         return law
 
 
-def random_tree(data, max_width=3, max_depth=3):
-    """A random tree of width <= 3 and depth <= 3 (ranks contiguous)."""
+def random_tree(data, max_width=3, max_depth=3, max_nodes=9):
+    """A random tree of width <= 3 and depth <= 3 (ranks contiguous), at most 9 nodes: the
+    enumeration's cost grows as vocab^width at every node reached."""
     paths, frontier = [], [()]
     for _ in range(data.draw(st.integers(1, max_depth), label="depth")):
         nxt = []
         for parent in frontier:
-            w = data.draw(st.integers(0 if parent else 1, max_width), label="width")
+            room = max_nodes - len(paths) - len(nxt)
+            w = data.draw(st.integers(0 if parent else 1, max(0, min(max_width, room))),
+                          label="width")
             nxt += [parent + (r,) for r in range(w)]
         if not nxt:
             break
@@ -267,7 +270,7 @@ def distributions(rng, vocab, kind):
     return x / x.sum()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(data=st.data(), vocab=st.integers(2, 3), scheme=st.sampled_from(list(SCHEME_RULES)),
        p_kind=st.sampled_from(["dense", "sparse", "one-hot", "equal"]),
        q_kind=st.sampled_from(["dense", "sparse", "one-hot"]), seed=st.integers(0, 2**31))
@@ -338,8 +341,9 @@ def greedy(models):
     return generate(models[0], PROMPTS, max_new_tokens=N, temperature=0.0, eos_ids=()).tokens
 
 
-GREEDY_CASES = [("speculative", "full-2-2-1"), ("speculative", "full-3-2"),
-                ("speculative", "medusa-like"), ("ngram", "full-2-2-1"), ("ngram", "medusa-like")]
+# Full 2,2,1 trees are compared with the greedy output in the EOS test below.
+GREEDY_CASES = [("speculative", "full-3-2"), ("speculative", "medusa-like"),
+                ("ngram", "medusa-like")]
 
 
 @pytest.mark.parametrize("method, shape", GREEDY_CASES)
@@ -391,10 +395,9 @@ def test_tree_stops_exactly_at_eos_and_max_new_tokens(models, greedy, method):
     assert short.tokens == [g[:2] for g in greedy]
 
 
-@pytest.mark.parametrize("method", ["speculative", "ngram"])
-def test_a_tree_row_alone_equals_the_row_in_a_batch(models, method):
+def test_a_tree_row_alone_equals_the_row_in_a_batch(models):
     target, draft = models
-    kwargs = dict(method=method, draft=draft, tree=Tree.full((2, 2, 1)), max_new_tokens=N,
+    kwargs = dict(method="speculative", draft=draft, tree=Tree.full((2, 2, 1)), max_new_tokens=N,
                   temperature=1.0, eos_ids=())
     batch = generate(target, PROMPTS, seed=[5, 6, 7, 8], **kwargs).tokens
     assert generate(target, [PROMPTS[2]], seed=[7], **kwargs).tokens[0] == batch[2]
