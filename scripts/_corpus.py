@@ -291,7 +291,6 @@ def code_prompts(n: int, seed: int = 0) -> list[tuple[str, str]]:
     continued), 'module' (a module's first lines up to its first definition) and 'edit' (a
     function of 3 to 15 lines, an instruction, and the first line of the edited function)."""
     import random
-    import textwrap
 
     functions, modules, edits = [], [], []
     train, _, _ = documents()

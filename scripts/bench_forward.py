@@ -2,6 +2,12 @@
 
     python scripts/bench_forward.py                          # a random 12-layer D=768 Llama
     python scripts/bench_forward.py --model ~/.cache/specjax/smollm2-135m-instruct
+    python scripts/bench_forward.py --model ~/.cache/specjax/smollm2-135m-instruct \
+        --medusa weights/smollm2-medusa --sizes 1,5,9,16,24
+
+`--medusa` adds one step of Medusa heads (every head's blocks and its subset projection, on one
+hidden state) and its cost ratio c to the decode step; `--sizes` times verify calls of each
+number of tokens (a tree's nodes plus its root), in units of the decode step.
 
 Reports medians of several calls after warm-up, and the bytes of weights each call must read,
 which divided by the time gives the memory bandwidth the call achieves (decoding a small batch
@@ -36,7 +42,11 @@ def main():
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--medusa", help="a Medusa heads directory for --model: time one step of them")
+    parser.add_argument("--sizes", help="comma-separated call sizes to time, in decode steps")
     args = parser.parse_args()
+    if args.medusa and not args.model:
+        parser.error("--medusa needs --model, the target the heads were trained on")
 
     if args.model:
         model = specjax.load(args.model)
@@ -93,6 +103,33 @@ def main():
         print(f"{name:30s} {seconds * 1e3:8.2f} ms   {weight_bytes / seconds / 1e9:6.2f} GB/s of weights")
     print(f"verify / decode = {verify / decode:.2f}  (the price of checking K={args.k} drafts)")
     print(f"decode step at {numpy_time / decode:.2f} of numpy's bandwidth")
+    if args.sizes:
+        costs = {int(t): timed(int(t)) / decode for t in args.sizes.split(",")}
+        print("call of n tokens / decode step: "
+              + ", ".join(f"{t}:{c:.2f}" for t, c in costs.items()))
+    if args.medusa:
+        heads_time = time_heads(args.medusa, model, repeats, median_time)
+        print(f"{'medusa heads (one step)':30s} {heads_time * 1e3:8.2f} ms   "
+              f"c = {heads_time / decode:.3f} of the decode step")
+
+
+def time_heads(directory, model, repeats, median_time):
+    """Seconds for one step of the heads on one hidden state, as many heads as their shipped
+    tree is deep: what Medusa decoding adds to each target call."""
+    from specjax import medusa
+
+    heads = specjax.load(directory)
+    weights = medusa.runtime_weights(heads, model)
+    depth = heads.tree.max_depth if heads.tree else heads.config.num_heads
+
+    @jax.jit
+    def repeated(weights, h):
+        def call(i, total):
+            return total + jnp.max(medusa.subset_logits(weights, h + i, depth))
+        return jax.lax.fori_loop(0, repeats, call, jnp.zeros((), jnp.float32))
+
+    h = jnp.ones((1, heads.config.hidden_size), jnp.float32)
+    return median_time(lambda: repeated(weights, h)) / repeats
 
 
 def numpy_matvecs(params, config):

@@ -11,9 +11,11 @@ from specjax.checkpoint import CheckpointError, Model, load, random_model, save
 from specjax.config import ConfigError, ModelConfig
 from specjax.generate import GenerationError, GenerationResult, Stats, generate, stream
 from specjax.logits import SamplingParams
+from specjax.medusa import Heads, HeadsConfig, init_heads, save_heads
 from specjax.model import forward, init_params
 from specjax.tree import Tree, TreeError
 
-__all__ = ["CheckpointError", "ConfigError", "GenerationError", "GenerationResult", "Model",
-           "ModelConfig", "SamplingParams", "Stats", "Tree", "TreeError", "forward", "generate", "init_params", "load",
-           "random_model", "save", "stream"]
+__all__ = ["CheckpointError", "ConfigError", "GenerationError", "GenerationResult", "Heads",
+           "HeadsConfig", "Model", "ModelConfig", "SamplingParams", "Stats", "Tree", "TreeError",
+           "forward", "generate", "init_heads", "init_params", "load", "random_model", "save",
+           "save_heads", "stream"]

@@ -91,10 +91,12 @@ import textwrap
 import time
 from pathlib import Path
 
-from specjax.cli_common import CLIError, add_model_arguments, enable_compile_cache, model_paths
+from specjax.cli_common import (CLIError, add_model_arguments, enable_compile_cache, heads_path,
+                                model_paths)
 
 SCHEMA = "specjax.bench/1"
-ALL_METHODS = ("autoregressive", "speculative", "ngram")
+ALL_METHODS = ("autoregressive", "speculative", "ngram", "medusa")
+HEADS_TREE = "heads"       # the tree key of medusa rows that use the tree shipped with the heads
 FULL = dict(ks="2,4,6", reps=5, warmup=1, max_new_tokens=128, contexts="50,500,1500")
 QUICK = dict(ks="2", reps=1, warmup=0, max_new_tokens=16, contexts="none")
 METRICS = ("tokens_per_second", "speedup", "speedup_vs_specjax_autoregressive", "acceptance_rate",
@@ -121,7 +123,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="timed run i uses seed + i")
     parser.add_argument("--trees", nargs="+", metavar="WIDTHS",
                         help="also run token trees, each the full tree of these widths per depth "
-                             "(e.g. --trees 2,2,1 3,2,1), for speculative and ngram; default none")
+                             "(e.g. --trees 2,2,1 3,2,1), for speculative, ngram and medusa "
+                             "(which always runs its heads' own tree too); default none")
     parser.add_argument("--max-ngram", type=int, default=3,
                         help="longest n-gram looked up (default 3)")
     parser.add_argument("--quick", action="store_true",
@@ -145,6 +148,16 @@ def run(args) -> int:
     if "speculative" in settings["methods"] and draft_path is None:
         settings["methods"].remove("speculative")
         notes.append(f"speculative skipped: {no_draft}")
+    heads = None
+    if "medusa" in settings["methods"]:
+        path, no_heads = heads_path(args)
+        if path is None:
+            settings["methods"].remove("medusa")
+            notes.append(f"medusa skipped: {no_heads}")
+        else:
+            heads = load(path)
+    elif args.heads:
+        raise CLIError("--heads applies when --methods includes medusa")
     target = load(target_path, dtype=args.dtype)
     draft = load(draft_path, dtype=args.dtype) if draft_path is not None else None
     if draft is not None:
@@ -153,7 +166,7 @@ def run(args) -> int:
     contexts = _sweep_prompts(target, settings["contexts"], notes)
     peers = Peers.create(target, draft, settings, args.dtype, notes) if settings["peers"] else None
 
-    suite_jobs = _jobs(prompts, settings, target, draft, peers)
+    suite_jobs = _jobs(prompts, settings, target, draft, peers, heads)
     sweep_jobs = _sweep_jobs(contexts, settings, target, peers)
     progress = Progress(len(suite_jobs) + len(sweep_jobs))
     for job in suite_jobs + sweep_jobs:
@@ -170,6 +183,9 @@ def run(args) -> int:
         "settings": {**settings, "target": target.name, "target_path": str(target.path),
                      "draft": draft.name if draft is not None else None,
                      "draft_path": str(draft.path) if draft is not None else None,
+                     "heads": heads.name if heads is not None else None,
+                     "heads_tree": ([list(p) for p in heads.tree.paths]
+                                    if heads is not None and heads.tree is not None else None),
                      "dtype": args.dtype, "peers": peers is not None,
                      "context_text": f"textwrap source of Python {platform.python_version()}",
                      "context_decode_tokens": SWEEP_DECODE_TOKENS},
@@ -291,8 +307,8 @@ def _sweep_prompts(target, contexts: list[int], notes: list[str]) -> list[dict]:
 
 # -- Measurements -------------------------------------------------------------------------------
 
-def _jobs(prompts, settings, target, draft, peers) -> list[dict]:
-    """One job per (prompt, engine, method, K); `run` returns the timed runs' records."""
+def _jobs(prompts, settings, target, draft, peers, heads=None) -> list[dict]:
+    """One job per (prompt, engine, method, K or tree); `run` returns the timed runs' records."""
     jobs = []
 
     def add(prompt, engine, method, k, run_job, tree=None):
@@ -302,19 +318,26 @@ def _jobs(prompts, settings, target, draft, peers) -> list[dict]:
                          label=label, run=run_job))
 
     for p in prompts:
-        ks = {m: [None] if m == "autoregressive" else settings["ks"] for m in settings["methods"]}
+        ks = {m: settings["ks"] if m in ("speculative", "ngram") else [None]
+              for m in settings["methods"]}
         for method in settings["methods"]:
-            for k in ks[method]:
-                add(p, "specjax", method, k, _specjax_job(p, settings, target, method, k, draft))
+            if method == "medusa":
+                add(p, "specjax", method, None,
+                    _specjax_job(p, settings, target, method, None, None, HEADS_TREE, heads),
+                    HEADS_TREE)
+            else:
+                for k in ks[method]:
+                    add(p, "specjax", method, k, _specjax_job(p, settings, target, method, k,
+                                                              draft))
             for tree in settings["trees"] if method != "autoregressive" else []:
                 add(p, "specjax", method, None,
-                    _specjax_job(p, settings, target, method, None, draft, tree), tree)
+                    _specjax_job(p, settings, target, method, None, draft, tree, heads), tree)
         if "speculative" in settings["methods"]:
             # The draft decoding on its own, for the cost ratio c.
             add(p, "specjax", "draft-autoregressive", None,
                 _specjax_job(p, settings, draft, "autoregressive", None, None))
         if peers is not None:
-            for method in settings["methods"]:
+            for method in (m for m in settings["methods"] if m != "medusa"):   # no peer
                 for k in ks[method]:
                     add(p, "transformers", method, k, peers.job(p, method, k))
             if "speculative" in settings["methods"]:
@@ -323,15 +346,16 @@ def _jobs(prompts, settings, target, draft, peers) -> list[dict]:
     return jobs
 
 
-def _specjax_job(prompt, settings, model, method, k, draft, tree=None):
+def _specjax_job(prompt, settings, model, method, k, draft, tree=None, heads=None):
     def run_job() -> dict:
         from specjax.generate import generate
         from specjax.tree import parse_widths
 
         records, compile_s = [], None
+        extra = dict(heads=heads) if method == "medusa" else dict(draft=draft, k=k or 1)
         for i in range(settings["warmup"] + settings["reps"]):
-            result = generate(model, [prompt["ids"]], method=method, draft=draft, k=k or 1,
-                              tree=parse_widths(tree) if tree else None,
+            result = generate(model, [prompt["ids"]], method=method, **extra,
+                              tree=parse_widths(tree) if tree and tree != HEADS_TREE else None,
                               max_new_tokens=prompt["max_new_tokens"],
                               temperature=settings["temperature"],
                               seed=settings["seed"] + max(0, i - settings["warmup"]),
@@ -624,6 +648,8 @@ def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
 
 def _k_label(row: dict) -> str:
     """The K column: K for a chain, the widths for a token tree."""
+    if row.get("tree") == HEADS_TREE:
+        return "heads' tree"
     return f"tree {row['tree']}" if row.get("tree") else _fmt(row["k"], "d")
 
 
@@ -633,7 +659,9 @@ def markdown(results: dict, heading: bool = True) -> str:
                          for name in ("jax", "jaxlib", "numpy", "torch", "transformers"))
     lines = ["# specjax bench", ""] if heading else []
     lines += [f"Suite v{results['suite_version']}, {len(results['prompts'])} prompts; target "
-              f"`{s['target']}`, draft `{s['draft']}`, {s['dtype']}; max_new_tokens "
+              f"`{s['target']}`, draft `{s['draft']}`"
+              + (f", heads `{s['heads']}`" if s.get("heads") else "") + f", {s['dtype']}; "
+              f"max_new_tokens "
               f"{s['max_new_tokens']}, temperature {s['temperature']}; {s['reps']} timed run(s) "
               f"after {s['warmup']} warm-up run(s); medians over runs, then over prompts.",
               "",
@@ -650,13 +678,15 @@ def markdown(results: dict, heading: bool = True) -> str:
                      f"{_fmt(r['speedup_vs_specjax_autoregressive'], '.2f', 'x')} | "
                      f"{_fmt(r['speedup_vs_specjax_autoregressive_spread'], '.1%')} | "
                      f"{_fmt(r['acceptance_rate'], '.1%')} | {_fmt(r['tokens_per_target_call'])} | "
-                     f"{_fmt(r.get('step_cost'))} | {_fmt(r['cost_ratio'], '.3f')} | {_fmt(r['theoretical_speedup'], '.2f', 'x')} | "
+                     f"{_fmt(r.get('step_cost'))} | {_fmt(r['cost_ratio'], '.3f')} | "
+                     f"{_fmt(r['theoretical_speedup'], '.2f', 'x')} | "
                      f"{_fmt(r['measured_over_theoretical'])} |")
     lines += ["", f"spread: (max - min) / median of the ratio to its left over the {s['reps']} "
                   "timed run(s) of the suite (- with one run); vs specjax AR: tokens/s over "
                   "specjax's autoregressive tokens/s; step cost: tokens/call / speedup, the time "
                   "of one step (its target call and drafting) over an autoregressive step's; "
-                  "tree w1,w2,..: the full token tree of those widths per depth."]
+                  "tree w1,w2,..: the full token tree of those widths per depth; heads' tree: "
+                  "the tree shipped with the Medusa heads."]
     lines += ["", "By category (speedup / acceptance):", "",
               "| category | engine | method | K | tokens/s | speedup | acceptance | tokens/call |",
               "|---|---|---|--:|--:|--:|--:|--:|"]

@@ -247,8 +247,9 @@ def _leaf(tree, path):
     return tree
 
 
-def load(path: str | Path, dtype: str = "float32") -> Model:
-    """Loads a Hugging Face checkpoint directory (or a GGUF file, converted first).
+def load(path: str | Path, dtype: str = "float32"):
+    """Loads a Hugging Face checkpoint directory (or a GGUF file, converted first) as a `Model`,
+    or a directory of Medusa heads (config.json's model_type "medusa") as `medusa.Heads`.
 
     Args:
       path: a directory with config.json, safetensors weights and (optionally) tokenizer.json.
@@ -264,6 +265,10 @@ def load(path: str | Path, dtype: str = "float32") -> Model:
         raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist")
     if not path.is_dir():
         raise CheckpointError(f"{str(path)!r} is not a checkpoint directory (or a .gguf file)")
+    from specjax import medusa
+
+    if medusa.is_heads_dir(path):
+        return medusa.load_heads(path)
     try:
         config = ModelConfig.from_file(path / "config.json")
     except ConfigError as e:

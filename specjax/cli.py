@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 
 from specjax import bench
-from specjax.cli_common import CLIError, add_model_arguments, enable_compile_cache, model_paths
+from specjax.cli_common import (CLIError, add_model_arguments, enable_compile_cache, heads_path,
+                                model_paths)
 from specjax.fetch import FetchError
 
 EXIT_ERROR = 2
@@ -117,7 +118,7 @@ text; with --temperature > 0 each method still samples exactly from the target's
                           "tokens_per_second", "compile_s", "run_s", "timed_runs"}}]}
 """
 
-METHOD_CHOICES = ("autoregressive", "speculative", "ngram", "all")
+METHOD_CHOICES = ("autoregressive", "speculative", "ngram", "medusa", "all")
 DEMO_PROMPT = "import os\nimport sys\n\n\ndef read_lines(path):\n    lines = []\n"   # bench --quick's
 GREEN, RESET, DIM = "\x1b[32m", "\x1b[0m", "\x1b[2m"
 
@@ -132,7 +133,7 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
                    help="wrap the prompt as a user turn in the target's chat template")
     d = parser.add_argument_group("decoding")
     d.add_argument("--method", choices=METHOD_CHOICES, default="speculative",
-                   help="default: speculative; all runs the three and compares them")
+                   help="default: speculative; all runs every method and compares them")
     d.add_argument("-n", "--max-new-tokens", type=int, default=64, help="default: 64")
     d.add_argument("-k", type=int, default=4,
                    help="tokens drafted per step (speculative, ngram); default: 4")
@@ -143,14 +144,16 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--max-ngram", type=int, default=3, help="longest n-gram looked up (default 3)")
     d.add_argument("--min-ngram", type=int, default=1, help="shortest n-gram looked up (default 1)")
     d.add_argument("--tree", metavar="WIDTHS",
-                   help="verify a token tree instead of a chain of k (speculative, ngram): the "
-                        "full tree of these widths per depth, e.g. 3,2,1")
+                   help="verify a token tree instead of a chain of k (speculative, ngram; for "
+                        "medusa, instead of the heads' own tree): the full tree of these widths "
+                        "per depth, e.g. 3,2,1")
     d.add_argument("--tree-file", metavar="PATH",
                    help="a token tree as a JSON list of paths of child ranks (Medusa's "
                         "'choices'), e.g. [[0], [1], [0, 0]]")
     d.add_argument("--candidates", choices=("top", "distinct", "iid"),
-                   help="how the draft fills a tree: its top tokens (default at temperature 0), "
-                        "sampled without replacement (default otherwise) or i.i.d.")
+                   help="how the draft or the heads fill a tree: the top tokens (default at "
+                        "temperature 0), sampled without replacement (default otherwise) or "
+                        "i.i.d.")
     o = parser.add_argument_group("output")
     o.add_argument("--show-acceptance", action=argparse.BooleanOptionalAction, default=None,
                    help="colour drafted vs target tokens (default: on when stdout is a terminal "
@@ -171,13 +174,15 @@ def run_generate(args) -> int:
     check_numbers(methods, options)
     prompt = read_prompt(args)
     enable_compile_cache()
-    target, draft = load_models(args, methods)
+    target, draft, heads = load_models(args, methods)
     if draft is not None:
         check_compatible(target, draft)
     if draft is None and "speculative" in methods and len(methods) > 1:
         methods.remove("speculative")
+    if heads is None and "medusa" in methods and len(methods) > 1:
+        methods.remove("medusa")
     ids = prompt_ids(target, prompt, args.chat)
-    options = {m: for_method(m, options, len(methods) > 1) for m in methods}
+    options = {m: for_method(m, dict(options, heads=heads), len(methods) > 1) for m in methods}
     for method in methods:                  # every error before the first token is printed
         prepare(target, [ids], method=method, draft=draft, **options[method])
 
@@ -238,14 +243,17 @@ def read_tree(args, methods: list[str]):
             raise CLIError("--candidates applies to token trees; give --tree or --tree-file")
         return None
     if methods == ["autoregressive"]:
-        raise CLIError("--tree needs --method speculative, ngram or all")
+        raise CLIError("--tree needs --method speculative, ngram, medusa or all")
     return parse_widths(args.tree) if args.tree is not None else Tree.from_json(args.tree_file)
 
 
 def for_method(method: str, options: dict, several: bool) -> dict:
     """The options that apply to `method`. With --method all (`several`), the tree is for the
-    drafting methods only and --candidates for the draft model only; given for one method, an
-    option that does not apply to it stays, for `generate` to refuse."""
+    drafting methods only and --candidates for the draft model and the heads only; given for one
+    method, an option that does not apply to it stays, for `generate` to refuse. The heads go to
+    method medusa only (they are loaded for no other)."""
+    if method != "medusa":
+        options = {k: v for k, v in options.items() if k != "heads"}
     if several and method == "autoregressive":
         return dict(options, tree=None, candidates=None)
     if several and method == "ngram":
@@ -274,8 +282,23 @@ def read_prompt(args) -> str:
 
 
 def load_models(args, methods: list[str]):
+    """The target, the draft (or None) and the Medusa heads (or None) the methods need."""
     from specjax.checkpoint import load
+    from specjax.medusa import Heads
 
+    heads = None
+    if "medusa" in methods:
+        path, no_heads = heads_path(args)
+        if path is None and methods == ["medusa"]:
+            raise CLIError(f"method medusa needs Medusa heads: {no_heads}; pass --heads DIR")
+        if path is None:
+            print(f"specjax: note: skipping medusa: {no_heads}", file=sys.stderr)
+        else:
+            heads = load(path)
+            if not isinstance(heads, Heads):
+                raise CLIError(f"--heads {path} is a model checkpoint, not Medusa heads")
+    elif args.heads:
+        raise CLIError("--heads applies to --method medusa or all")
     want_draft = "speculative" in methods
     target_path, draft_path, no_draft = model_paths(args, want_draft)
     if want_draft and draft_path is None:
@@ -285,7 +308,7 @@ def load_models(args, methods: list[str]):
         print(f"specjax: note: skipping speculative: {no_draft}", file=sys.stderr)
     target = load(target_path, dtype=args.dtype)
     draft = load(draft_path, dtype=args.dtype) if draft_path is not None else None
-    return target, draft
+    return target, draft, heads
 
 
 def prompt_ids(target, prompt: str, chat: bool) -> list[int]:
@@ -411,7 +434,9 @@ def json_report(target, draft, prompt: str, ids: list[int], methods, options, ar
             "draft": draft.name if draft is not None and "speculative" in methods else None,
             "draft_path": str(draft.path) if draft is not None and "speculative" in methods else None,
             "prompt": prompt, "prompt_tokens": len(ids),
-            "settings": dict(settings, chat=args.chat, dtype=args.dtype, method=args.method,
+            "heads": options["medusa"]["heads"].name if "medusa" in methods else None,
+            "settings": dict({k: v for k, v in settings.items() if k != "heads"}, chat=args.chat,
+                             dtype=args.dtype, method=args.method,
                              candidates=args.candidates,
                              tree=[list(p) for p in settings["tree"].paths]
                              if settings["tree"] is not None else None),

@@ -24,12 +24,13 @@ class CLIError(ValueError):
 class Preset:
     target: str             # a directory under weights/, or "fetch:<name>" for specjax.fetch
     draft: str | None       # a directory under weights/ (may not exist for fetched targets)
+    heads: str | None = None    # Medusa heads under weights/, for method medusa
 
 
 PRESETS = {
-    "tiny-llama": Preset("llama-target", "llama-draft"),
+    "tiny-llama": Preset("llama-target", "llama-draft", "llama-medusa"),
     "tiny-gpt2": Preset("gpt2-target", "gpt2-draft"),
-    "smollm2": Preset("fetch:smollm2", "smollm2-draft"),
+    "smollm2": Preset("fetch:smollm2", "smollm2-draft", "smollm2-medusa"),
 }
 
 
@@ -42,6 +43,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                        help="target checkpoint: a Hugging Face directory or a GGUF file")
     group.add_argument("--draft", metavar="DIR|FILE.gguf",
                        help="draft checkpoint for speculative sampling (same tokenizer)")
+    group.add_argument("--heads", metavar="DIR",
+                       help="Medusa heads for method medusa (default: the preset's)")
     group.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                        help="parameter and compute dtype (default: float32)")
 
@@ -70,6 +73,21 @@ def model_paths(args, want_draft: bool) -> tuple[Path, Path | None, str]:
     if preset.target.startswith("fetch:") and not draft.exists():
         return target, None, f"preset {name} has no draft model ({draft} does not exist)"
     return target, _embedded(preset.draft), ""
+
+
+def heads_path(args) -> tuple[Path | None, str]:
+    """The Medusa heads directory the arguments name, or None and why there is none."""
+    if args.heads:
+        return Path(args.heads), ""
+    if args.target:
+        return None, "no --heads given"
+    name = args.preset or DEFAULT_PRESET
+    heads = PRESETS[name].heads
+    if heads is None:
+        return None, f"preset {name} has no Medusa heads"
+    if not (WEIGHTS / heads / "config.json").exists():
+        return None, f"preset {name}'s heads ({WEIGHTS / heads}) do not exist"
+    return WEIGHTS / heads, ""
 
 
 def _embedded(name: str) -> Path:

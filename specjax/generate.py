@@ -27,6 +27,7 @@ from specjax.decoding.loop import METHODS, DecodeSpec, Weights
 from specjax.decoding.state import DecodeState
 from specjax.decoding.trees import SCHEMES
 from specjax.logits import SamplingParams
+from specjax.medusa import Heads, check_target, runtime_weights
 from specjax.tree import Tree, TreeError
 
 # Keyword arguments that replace a step of the algorithm, for the negative-control tests only.
@@ -92,7 +93,7 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
             k: int = 4, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
             top_p: float = 1.0, seed: int | Sequence[int] = 0, eos_ids=None,
             max_ngram: int = 3, min_ngram: int = 1, tree=None, candidates: str | None = None,
-            **hooks) -> Request:
+            heads: Heads | None = None, **hooks) -> Request:
     """Validates everything and builds the static spec and the device inputs."""
     unknown = sorted(set(hooks) - HOOKS)
     if unknown:
@@ -106,7 +107,13 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     except ValueError as e:
         raise GenerationError(str(e)) from None
+    if method == "medusa":
+        tree = _check_heads(heads, tree, target)
+    elif heads is not None:
+        raise GenerationError(f"heads applies to method 'medusa', not {method!r}")
     tree, candidates = _check_tree(method, tree, candidates, sampling, target)
+    if method == "medusa":
+        _check_tree_fits_heads(tree, heads)
     if method == "ngram":
         _check_int("min_ngram", min_ngram, 1)
         _check_int("max_ngram", max_ngram, min_ngram)
@@ -138,9 +145,9 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
     if tree is not None:
         k_eff = tree.size
     # Room for the prompt, the new tokens and one step's K + 1 writes past the end (a tree's
-    # nodes take one slot each). Attention
-    # reads the shortest window that holds the filled prefix (`layers.attend_cache`; a decoding
-    # step reads at least 1,024 slots), so capacity beyond that costs memory, not time.
+    # nodes take one slot each). Attention reads the shortest window that holds the filled
+    # prefix (`layers.attend_cache`; a decoding step reads at least 1,024 slots), so capacity
+    # beyond that costs memory, not time.
     buffer_length = _bucket(longest + max_new_tokens + k_eff + 1)
     prompt_array = np.zeros((len(rows), padded_length), np.int32)
     for i, row in enumerate(rows):
@@ -150,8 +157,10 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
                       draft_config=draft.config if draft else None, sampling=sampling,
                       max_new_tokens=max_new_tokens, k=k_eff, eos_ids=eos_ids,
                       max_ngram=max_ngram, min_ngram=min_ngram, buffer_length=buffer_length,
-                      tree=tree, candidates=candidates, **hooks)
-    weights = Weights(target.params, draft.params if draft else None)
+                      tree=tree, candidates=candidates,
+                      heads_config=heads.config if method == "medusa" else None, **hooks)
+    weights = Weights(target.params, draft.params if draft else None,
+                      runtime_weights(heads, target) if method == "medusa" else None)
     return Request(spec, weights, prompt_array, np.array([len(r) for r in rows], np.int32),
                    row_keys(seed, len(rows)), target.tokenizer)
 
@@ -162,7 +171,8 @@ def generate(target: Model, prompts, **kwargs) -> GenerationResult:
     Args:
       target: the model whose distribution is sampled (from `specjax.load`).
       prompts: a list of texts (needs the target's tokenizer) or of token-id lists; ragged.
-      method: "autoregressive", "speculative" (needs `draft`) or "ngram".
+      method: "autoregressive", "speculative" (needs `draft`), "ngram" or "medusa" (needs
+        `heads`).
       draft: the draft model for speculative sampling; same tokenizer as the target.
       k: tokens drafted per step (speculative and ngram), >= 1.
       max_new_tokens: tokens to generate per row, >= 1; fewer only if an EOS id comes first.
@@ -173,9 +183,12 @@ def generate(target: Model, prompts, **kwargs) -> GenerationResult:
       max_ngram, min_ngram: n-gram sizes tried by the lookup, longest first.
       tree: a token tree of candidates instead of a chain of k (speculative and ngram): a
         `specjax.Tree`, or its paths in Medusa's "choices" format, e.g. ((0,), (1,), (0, 0)).
-      candidates: how the draft model fills a tree: "top" (its most likely tokens; the default
-        at temperature 0), "distinct" (sampled without replacement; the default otherwise) or
-        "iid" (sampled independently). Each is verified by the rule exact for it.
+        For medusa, the default is the tree shipped with the heads.
+      candidates: how a draft model or Medusa heads fill a tree: "top" (the most likely tokens;
+        the default at temperature 0), "distinct" (sampled without replacement; the default
+        otherwise) or "iid" (sampled independently). Each is verified by the rule exact for it.
+      heads: Medusa heads for this target (`specjax.load` of a heads directory), method
+        "medusa" only.
     """
     request = prepare(target, prompts, **kwargs)
     compiled, compile_s = _compiled(request)
@@ -252,6 +265,33 @@ def row_keys(seed, rows: int) -> jax.Array:
     return jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
 
 
+def _check_heads(heads, tree, target):
+    """Medusa's heads must be heads, trained on this target; returns the tree to use."""
+    if heads is None:
+        raise GenerationError("method 'medusa' needs Medusa heads (heads=specjax.load(DIR))")
+    if not isinstance(heads, Heads):
+        raise GenerationError(f"heads must be Medusa heads from specjax.load, got "
+                              f"{type(heads).__name__}")
+    try:
+        check_target(heads, target)
+    except ValueError as e:
+        raise GenerationError(str(e)) from None
+    if tree is None:
+        if heads.tree is None:
+            raise GenerationError(f"{heads.name} ships no tree; pass tree=...")
+        return heads.tree
+    return tree
+
+
+def _check_tree_fits_heads(tree: Tree, heads: Heads) -> None:
+    if tree.max_depth > heads.config.num_heads:
+        raise GenerationError(f"the tree is {tree.max_depth} deep but {heads.name} has "
+                              f"{heads.config.num_heads} heads (one per depth)")
+    if tree.max_width > heads.config.subset_size:
+        raise GenerationError(f"the tree has {tree.max_width} children at a node, more than the "
+                              f"{heads.config.subset_size} tokens the heads can propose")
+
+
 def _check_tree(method, tree, candidates, sampling, target):
     """The tree as a `Tree` and the candidate scheme, or (None, "top") without a tree."""
     if tree is None:
@@ -259,8 +299,8 @@ def _check_tree(method, tree, candidates, sampling, target):
             raise GenerationError("candidates applies to token trees; pass tree=... too")
         return None, "top"
     if method == "autoregressive":
-        raise GenerationError("a token tree needs method 'speculative' or 'ngram', not "
-                              "'autoregressive'")
+        raise GenerationError("a token tree needs method 'speculative', 'ngram' or 'medusa', "
+                              "not 'autoregressive'")
     if not isinstance(tree, Tree):
         try:
             tree = Tree.from_paths(tree)

@@ -23,7 +23,8 @@ on every call. Decoding a token reads every weight once, so the copy doubled the
 of a step: SmolLM2-135M's 30 layers of mat-vecs took 34 ms under a scan against 18 ms with one
 array per layer (12 vs 24 GB/s, numpy's bandwidth on the same machine; measured with jax 0.10.2
 on a 2-core x86-64 CPU). The price is compile time that grows with depth (SmolLM2's whole
-generation loop compiles in 5 to 10 s on that CPU). The KV cache is split per layer for the same reason (`specjax.cache`).
+generation loop compiles in 5 to 10 s on that CPU). The KV cache is split per layer for the
+same reason (`specjax.cache`).
 """
 
 from __future__ import annotations

@@ -176,5 +176,6 @@ def parse_widths(text: str) -> Tree:
     try:
         widths = [int(w) for w in text.split(",")]
     except ValueError:
-        raise TreeError(f"--tree takes comma-separated widths such as 3,2,1, got {text!r}") from None
+        raise TreeError(f"--tree takes comma-separated widths such as 3,2,1, "
+                        f"got {text!r}") from None
     return Tree.full(widths)

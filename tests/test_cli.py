@@ -26,7 +26,7 @@ from specjax.chat import ChatTemplateError, render
 WEIGHTS = Path(specjax.__file__).resolve().parent.parent / "weights"
 PROMPT = "import os\nimport sys\n\n\ndef read_lines(path):\n    lines = []\n"   # bench --quick's
 FAST = ["-n", "16", "-k", "2", "--prompt", PROMPT]
-METHODS = ("autoregressive", "speculative", "ngram")
+METHODS = ("autoregressive", "speculative", "ngram", "medusa")   # tiny-llama ships heads
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
           "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -97,7 +97,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def generated(embedded, env):
-    """One streamed, piped run of all three methods: the slow part, shared by the tests."""
+    """One streamed, piped run of all four methods: the slow part, shared by the tests."""
     proc = specjax_cli(["generate", "--method", "all", *FAST], env)
     assert proc.returncode == 0, proc.stderr
     return proc

@@ -60,8 +60,17 @@ def case(method, k=2, temperature=1.0, top_k=0, top_p=1.0, draft="draft", prompt
 def tree_case(widths_or_paths, candidates="distinct", method="speculative", **kwargs):
     tree = (Tree.full(widths_or_paths) if isinstance(widths_or_paths[0], int)
             else Tree.from_paths(widths_or_paths))
-    return case(method, tree=tree, candidates=candidates if method == "speculative" else None,
+    return case(method, tree=tree, candidates=None if method == "ngram" else candidates,
                 **kwargs)
+
+
+def medusa_heads(target):
+    """Random Medusa heads for the tiny target: three heads, one residual block each, that can
+    propose 5 of the V = 6 tokens (token 4 gets draft probability 0, so the residual alone
+    must supply it)."""
+    config = specjax.HeadsConfig(num_heads=3, num_blocks=1, hidden_size=target.config.d_model,
+                                 vocab_size=V, subset_size=5)
+    return specjax.init_heads(config, target, token_ids=[2, 0, 1, 3, 5], seed=3, std=0.5)
 
 
 POSITIVE = {
@@ -82,6 +91,10 @@ POSITIVE = {
     "tree-2x2-top-t0.7-top-p": tree_case((2, 2), "top", temperature=0.7, top_p=0.9),
     "tree-3x1-distinct-top-k2": tree_case((3, 1), top_k=2),
     "ngram-tree-2x2": tree_case((2, 2), method="ngram", prompt=NGRAM_TREE_PROMPT),
+    # Medusa: random heads on the target's hidden state fill the tree.
+    "medusa-2x2-distinct": tree_case((2, 2), method="medusa"),
+    "medusa-sparse-iid-t0.7-top-p": tree_case(SPARSE_TREE, "iid", method="medusa",
+                                              temperature=0.7, top_p=0.9),
 }
 FAMILY_ALPHA = 0.01
 ALPHA = FAMILY_ALPHA / len(POSITIVE)
@@ -126,6 +139,8 @@ def draw(models, c, seed=0, rows=None, **hooks) -> tuple[np.ndarray, float]:
     draft = target if c["draft"] == "target" else draft
     sampling = SamplingParams(c["temperature"], c["top_k"], c["top_p"])
     rows = rows or (N if c["tree"] is None else N_TREE)
+    if c["method"] == "medusa":
+        hooks["heads"] = medusa_heads(target)
     result = generate(target, [list(c["prompt"])] * rows, method=c["method"], draft=draft,
                       k=c["k"], max_new_tokens=L, temperature=c["temperature"], top_k=c["top_k"],
                       top_p=c["top_p"], seed=seed, eos_ids=(), tree=c["tree"],
@@ -239,6 +254,13 @@ def _broken_tree_verify(update_residual=True, bonus_from_parent=False, rule=None
     return verify_fn
 
 
+def _verified_with_sharpened_p(tree, rule, tokens, valid, draft_probs, target_probs, keys):
+    """Candidates drawn from the heads' p, verified as if drawn from p^2 (renormalised)."""
+    sharp = draft_probs ** 2
+    sharp = sharp / jnp.maximum(sharp.sum(-1, keepdims=True), 1e-30)
+    return rejection.verify_tree(tree, rule, tokens, valid, sharp, target_probs, keys)
+
+
 class LeakyTree(Tree):
     """A tree whose attention mask is the causal one: later siblings see earlier branches."""
 
@@ -268,8 +290,10 @@ NEGATIVE = {
         tree_case((3, 1)), dict(tree_verify_fn=_broken_tree_verify(rule="iid"))),
     "tree-sibling-sees-another-branch": (
         dict(tree_case((2, 2)), tree=LeakyTree.from_paths(Tree.full((2, 2)).paths)), {}),
-    "tree-bonus-at-the-wrong-node": (tree_case((2, 2)),
-                                     dict(tree_verify_fn=_broken_tree_verify(bonus_from_parent=True))),
+    "tree-bonus-at-the-wrong-node": (
+        tree_case((2, 2)), dict(tree_verify_fn=_broken_tree_verify(bonus_from_parent=True))),
+    "medusa-verified-with-another-p": (
+        tree_case((2, 2), method="medusa"), dict(tree_verify_fn=_verified_with_sharpened_p)),
 }
 
 

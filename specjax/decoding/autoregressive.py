@@ -19,7 +19,7 @@ PREFILL_CHUNK = 256
 
 
 def prefill(params, config, prompts, prompt_length, slots: int,
-            chunk: int = PREFILL_CHUNK) -> KVCache:
+            chunk: int = PREFILL_CHUNK, with_hidden: bool = False):
     """Runs the padded prompts [B, P] through a fresh cache of `slots` >= P slots, `chunk`
     positions per call.
 
@@ -28,21 +28,35 @@ def prefill(params, config, prompts, prompt_length, slots: int,
     code path for every prompt length, including 1). Chunks past the longest row's last needed
     position are not run (the loop's trip count is computed at run time), and prefill stops
     before the LM head: it needs only the keys and values.
+
+    With `with_hidden`, also returns each row's final hidden state [B, D] at its last cached
+    position, prompt_length - 2 (zeros for a one-token prompt): what Medusa heads read.
     """
     b, p = prompts.shape
     chunk = min(p, chunk)
     n_chunks = (jnp.max(prompt_length) - 1 + chunk - 1) // chunk
+    wanted = prompt_length - 2                                                  # [B]
 
-    def run_chunk(c, cache):
+    def run_chunk(c, carry):
+        cache, hidden = carry
         # A last chunk that would run past the padded prompt is moved back to end with it: the
         # positions it repeats get the same keys and values again.
         start = jnp.minimum(c * chunk, p - chunk)
         tokens = lax.dynamic_slice_in_dim(prompts, start, chunk, axis=1)           # [B, chunk]
         positions = start + jnp.broadcast_to(jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
-        return hidden_states(params, config, tokens, positions, cache)[1]
+        x, cache = hidden_states(params, config, tokens, positions, cache)
+        if with_hidden:
+            index = wanted - start
+            here = (index >= 0) & (index < chunk)
+            picked = jnp.take_along_axis(x, jnp.clip(index, 0, chunk - 1)[:, None, None], 1)
+            hidden = jnp.where(here[:, None], picked[:, 0], hidden)
+        return cache, hidden
 
-    cache = lax.fori_loop(0, n_chunks, run_chunk, KVCache.init(config, b, slots))
-    return cache.with_length(prompt_length - 1)
+    hidden = jnp.zeros((b, config.d_model), jnp.dtype(config.dtype)) if with_hidden else None
+    cache, hidden = lax.fori_loop(0, n_chunks, run_chunk,
+                                  (KVCache.init(config, b, slots), hidden))
+    cache = cache.with_length(prompt_length - 1)
+    return (cache, hidden) if with_hidden else cache
 
 
 def step(spec, params, state: DecodeState) -> DecodeState:

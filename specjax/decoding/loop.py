@@ -16,13 +16,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax.config import ModelConfig
-from specjax.decoding import autoregressive, ngram, speculative
+from specjax.decoding import autoregressive, medusa, ngram, speculative
 from specjax.decoding.state import DecodeState, initial_state
 from specjax.logits import SamplingParams
+from specjax.medusa import HeadsConfig
 from specjax.rejection import verify, verify_tree
 from specjax.tree import Tree
 
-METHODS = ("autoregressive", "speculative", "ngram")
+METHODS = ("autoregressive", "speculative", "ngram", "medusa")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +40,8 @@ class DecodeSpec:
     min_ngram: int = 1
     buffer_length: int = 0         # token buffer and cache slots per row
     tree: Tree | None = None       # a token tree instead of a chain of k (`specjax.tree`)
-    candidates: str = "top"        # how a draft model fills a tree (`decoding.trees.SCHEMES`)
+    candidates: str = "top"        # how a drafter fills a tree (`decoding.trees.SCHEMES`)
+    heads_config: HeadsConfig | None = None     # method "medusa" (`specjax.medusa`)
     # Hooks, replaceable only to build deliberately broken samplers for the negative-control
     # tests; the defaults are the algorithm.
     verify_fn: Callable = verify
@@ -59,14 +61,20 @@ class DecodeSpec:
 class Weights:
     target: dict
     draft: dict | None = None
+    heads: dict | None = None      # `medusa.runtime_weights`
 
 
 _STEPS = {"autoregressive": autoregressive.step, "speculative": speculative.step,
-          "ngram": ngram.step}
+          "ngram": ngram.step, "medusa": medusa.step}
 
 
 def _init(spec: DecodeSpec, weights: Weights, prompts, prompt_length, row_keys) -> DecodeState:
     slots = spec.buffer_length
+    if spec.method == "medusa":
+        target_cache, hidden = autoregressive.prefill(weights.target, spec.target_config, prompts,
+                                                      prompt_length, slots, with_hidden=True)
+        return initial_state(prompts, prompt_length, row_keys, slots, target_cache,
+                             hidden=hidden)
     target_cache = autoregressive.prefill(weights.target, spec.target_config, prompts,
                                           prompt_length, slots)
     draft_cache = None

@@ -11,14 +11,14 @@ deterministic draft, that is a one-hot draft distribution p. Token x is then acc
 probability q(x), and after a rejection the next token comes from q with x removed and the rest
 renormalised. So the output is distributed exactly as the target's, at any temperature; at
 temperature 0 it is the target's greedy output. (The reference implementations of prompt
-lookup are greedy-only.)
+lookup are greedy-only.) Positions past a row's lookup get p = 0 and are never accepted, so the
+token after the last real draft is drawn from q itself.
 
 With a token tree (`spec.tree`), several earlier occurrences of the suffix are kept, most recent
 first for each n from the longest, and their continuations are merged into a trie laid on the
 static tree: the rank-r child of a node is the r-th distinct token that follows the node's path
 among the continuations agreeing with it (`lookup_tree`). Lookups that disagree then fill
-sibling branches instead of being thrown away, and every node is a deterministic candidate. Positions past a row's lookup get p = 0 and are never accepted, so the
-token after the last real draft is drawn from q itself.
+sibling branches instead of being thrown away, and every node is a deterministic candidate.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def lookup_tree(tokens, length, tree, max_n: int, min_n: int):
 def tree_step(spec, params, state: DecodeState) -> DecodeState:
     tokens, filled = jax.vmap(lookup_tree, in_axes=(0, 0, None, None, None))(
         state.tokens, state.length, spec.tree, spec.max_ngram, spec.min_ngram)   # [B, n]
-    new, n_accepted, _, cache, nan = trees.score_and_verify(
+    new, n_accepted, _, cache, nan, _ = trees.score_and_verify(
         spec, params, state, tokens, filled, None, step_keys(state), "deterministic")
     state = count_call(state, drafted=jnp.sum(filled[:, 1:], axis=1), accepted=n_accepted,
                        nan=nan)

@@ -24,10 +24,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.cache import TreeAttention
 from specjax.decoding import trees
-from specjax.decoding.state import (DecodeState, any_nan, append, count_call, last_tokens, pad_vocab,
-                                   step_keys)
+from specjax.decoding.state import (DecodeState, any_nan, append, count_call, last_tokens,
+                                    pad_vocab, step_keys)
 from specjax.logits import probs_from_logits, sample
 from specjax.model import forward
 
@@ -182,11 +181,10 @@ def draft_tree(spec, params, state: DecodeState, keys):
         valid = valid.at[:, kids.start:kids.stop].set(filled[:, parent - parents.start, rank]
                                                       & valid[:, parent])
         if d < depth:                   # the draft's distributions at this level's nodes
-            attention = TreeAttention(root, jnp.asarray(tree.ancestors), first=kids.start)
             level_logits, cache = forward(params.draft, spec.draft_config,
                                           tokens[:, kids.start:kids.stop],
-                                          root[:, None] + d + jnp.zeros((1, len(kids)), jnp.int32),
-                                          cache, attention)
+                                          trees.node_positions(tree, root)[:, kids.start:kids.stop],
+                                          cache, trees.tree_attention(tree, root, kids.start))
             nan = nan | any_nan(level_logits)
     return tokens, valid, probs, cache, nan
 
@@ -199,7 +197,7 @@ def tree_step(spec, params, state: DecodeState) -> DecodeState:
     # Step 1: the tree of candidates, level by level.
     tokens, valid, probs, draft_cache, draft_nan = draft_tree(spec, params, state, k_draft)
     # Steps 2 and 3: one target call over the tree, then the walk.
-    new, n_accepted, path, target_cache, target_nan = trees.score_and_verify(
+    new, n_accepted, path, target_cache, target_nan, _ = trees.score_and_verify(
         spec, params, state, tokens, valid, probs, k_verify, trees.SCHEMES[spec.candidates])
 
     old_length = state.length

@@ -39,12 +39,16 @@ class DecodeState:
     drafted: jax.Array
     accepted: jax.Array
     nan_seen: jax.Array        # [] bool: some logits were NaN (the API raises on it)
+    # Medusa only: the target's final hidden state [B, D] at the position before each row's
+    # last token (the one that produced it), which the heads read.
+    hidden: jax.Array | None = None
 
     def replace(self, **changes) -> "DecodeState":
         return dataclasses.replace(self, **changes)
 
 
-def initial_state(prompts, prompt_length, row_keys, buffer_length, target_cache, draft_cache=None):
+def initial_state(prompts, prompt_length, row_keys, buffer_length, target_cache, draft_cache=None,
+                  hidden=None):
     """Copies the padded prompts [B, P] into a token buffer [B, buffer_length]."""
     b, p = prompts.shape
     tokens = jnp.zeros((b, buffer_length), jnp.int32).at[:, :p].set(prompts.astype(jnp.int32))
@@ -54,7 +58,7 @@ def initial_state(prompts, prompt_length, row_keys, buffer_length, target_cache,
                        done=jnp.zeros((b,), bool), row_keys=row_keys, step=jnp.zeros((), jnp.int32),
                        target_cache=target_cache, draft_cache=draft_cache, target_calls=zeros,
                        draft_calls=zeros, drafted=zeros, accepted=zeros,
-                       nan_seen=jnp.zeros((), bool))
+                       nan_seen=jnp.zeros((), bool), hidden=hidden)
 
 
 def step_keys(state: DecodeState) -> jax.Array:

@@ -20,15 +20,16 @@ from specjax import cache as kv
 from specjax.cache import KVCache, TreeAttention
 from specjax.decoding.state import DecodeState, any_nan, last_tokens, pad_vocab
 from specjax.logits import probs_from_logits
-from specjax.model import forward
+from specjax.model import hidden_states, lm_head
 
 # How each candidate scheme a drafter can use is verified (`rejection.RULES`).
 SCHEMES = {"top": "deterministic", "iid": "iid", "distinct": "without_replacement"}
 
 
-def tree_attention(tree, root) -> TreeAttention:
-    """The attention of a call whose tokens are nodes of `tree` rooted at slot `root` [B]."""
-    return TreeAttention(root=root, ancestors=jnp.asarray(tree.ancestors))
+def tree_attention(tree, root, first: int = 0) -> TreeAttention:
+    """The attention of a call whose tokens are the nodes first, first + 1, ... of `tree`,
+    rooted at slot `root` [B]."""
+    return TreeAttention(root=root, ancestors=jnp.asarray(tree.ancestors), first=first)
 
 
 def node_positions(tree, root):
@@ -50,13 +51,18 @@ def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_prob
       draft_probs: [B, n, V] or None; keys: [B]; rule: the verification rule of the scheme.
     Returns:
       new tokens [B, D + 1] (the accepted path, then the residual or bonus token), n_accepted
-      [B], the target's cache with the path in consecutive slots, and whether a NaN was seen.
+      [B], the accepted path [B, D] (node indices), the target's cache with the path in
+      consecutive slots, whether a NaN was seen, and the target's final hidden state at the
+      last accepted node (the root if none) [B, D_model]: the state that produced the new last
+      token, which Medusa heads read (other drafters ignore it).
     """
     tree = spec.tree
     _, root = last_tokens(state, 1)
     root = root[:, 0]                                                  # [B] slot = position
-    logits, cache = forward(params.target, spec.target_config, tokens, node_positions(tree, root),
-                            state.target_cache, tree_attention(tree, root))   # [B, n, V']
+    x, cache = hidden_states(params.target, spec.target_config, tokens,
+                             node_positions(tree, root), state.target_cache,
+                             tree_attention(tree, root))                    # [B, n, D_model]
+    logits = lm_head(params.target, spec.target_config, x)                  # [B, n, V']
     target_probs = probs_from_logits(pad_vocab(logits, spec.vocab_size), spec.sampling)
     n_accepted, path, next_token = spec.tree_verify_fn(tree, rule, tokens, valid, draft_probs,
                                                        target_probs, keys)
@@ -64,5 +70,8 @@ def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_prob
     new = jnp.concatenate([new, jnp.zeros_like(new[:, :1])], axis=1)   # [B, D + 1]
     new = new.at[jnp.arange(new.shape[0]), n_accepted].set(next_token)
     cache = keep_path(cache, root, path, tree.size + 1)
-    return new, n_accepted, path, cache, any_nan(logits)
+    deepest = jnp.take_along_axis(path, jnp.maximum(n_accepted - 1, 0)[:, None], axis=1)[:, 0]
+    last = jnp.where(n_accepted > 0, deepest, 0)                             # [B] node index
+    hidden = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
+    return new, n_accepted, path, cache, any_nan(logits), hidden
 

@@ -1,0 +1,430 @@
+"""Stage: Medusa heads for a frozen target (`specjax.medusa`), from data to a shipped directory.
+
+    python scripts/train.py medusa-data --target smollm2 --out runs/medusa/smollm2
+    python scripts/train.py medusa --data runs/medusa/smollm2 --target smollm2 \
+        --out weights/smollm2-medusa
+
+`medusa-data` makes the training set once: the target's own greedy continuations of chat and
+code prompts (self-distillation: the labels are exactly the tokens greedy decoding will ask the
+heads for), then one teacher-forced pass of the target over each document that caches its final
+hidden states (float16). Training then never runs the target: each example is a cached hidden
+state h_t and the K tokens after the next, so an epoch costs only the heads' own work.
+
+`--text-windows` adds stdlib windows in two forms for the labels comparison (`medusa
+--labels data`): the original text after a 32-token prompt (the data's next tokens) and the
+target's greedy continuation of the same prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shlex
+import time
+from pathlib import Path
+
+import numpy as np
+
+import _corpus
+from _cards import write_heads_card
+from _training import resolve_checkpoint as resolve
+
+# Sizes of the verify call measured on SmolLM2-135M by scripts/bench_forward.py on the 2-core
+# host (a call of n tokens over a one-token step), interpolated to price a tree of n - 1 nodes.
+SMOLLM2_VERIFY_COST = {1: 1.0, 5: 1.42, 9: 1.76, 16: 1.94}
+
+
+# -- Data -----------------------------------------------------------------------------------------
+
+def _jobs(args, target, directory: Path) -> list[dict]:
+    """The documents to generate: (kind, prompt ids, new tokens, eos ids, original text)."""
+    jobs = []
+    if target.tokenizer.token_to_id("<|im_start|>") is not None and args.chat_prompts:
+        questions = random.Random(args.seed).sample(_corpus.chat_questions(), args.chat_prompts)
+        for i, q in enumerate(questions):
+            prompt = _corpus.chatml(q, _corpus.SMOLLM2_SYSTEM if i % 2 else None)
+            jobs.append({"kind": "chat", "prompt": target.tokenizer.encode(prompt).ids,
+                         "new": args.chat_new_tokens, "eos": None})
+    if args.code_prompts:
+        shaped = _corpus.code_prompts(args.code_prompts, args.seed)
+        jobs += sorted(({"kind": kind, "prompt": target.tokenizer.encode(p).ids,
+                         "new": args.code_new_tokens, "eos": None} for kind, p in shaped),
+                       key=lambda j: len(j["prompt"]))
+    if args.text_windows:
+        stream = _corpus.corpus(directory / "tokenizer.json")["train"]
+        length = args.text_prompt_len + args.text_new_tokens
+        starts = np.random.default_rng(args.seed).integers(0, stream.size - length,
+                                                           size=args.text_windows)
+        for s in starts:
+            window = stream[s:s + length].tolist()
+            jobs.append({"kind": "text", "prompt": window[:args.text_prompt_len],
+                         "new": args.text_new_tokens, "eos": (), "original": window})
+    context = target.config.max_positions
+    return [j for j in jobs if len(j["prompt"]) + j["new"] <= context]
+
+
+def medusa_data(args) -> None:
+    """Greedy continuations (resumable: one JSON line per document), then cached hidden states."""
+    import specjax
+    from specjax.model import hidden_states
+
+    started = time.time()
+    directory = resolve(args.target)
+    target = specjax.load(directory)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    docs_file = out / "documents.jsonl"
+    done = docs_file.read_text().splitlines() if docs_file.exists() else []
+    jobs = _jobs(args, target, directory)
+    print(f"{len(jobs)} documents, {len(done)} already generated", flush=True)
+    with open(docs_file, "a") as f:
+        for first in range(len(done), len(jobs), args.batch):
+            batch = jobs[first:first + args.batch]
+            t0 = time.time()
+            result = specjax.generate(target, [j["prompt"] for j in batch], temperature=0.0,
+                                      max_new_tokens=max(j["new"] for j in batch),
+                                      eos_ids=batch[0]["eos"])
+            for job, new in zip(batch, result.tokens):
+                f.write(json.dumps({"kind": job["kind"], "prompt": job["prompt"], "new": new,
+                                    "original": job.get("original")}) + "\n")
+            f.flush()
+            print(f"documents {first}-{first + len(batch)}: {result.stats.new_tokens} tokens in "
+                  f"{time.time() - t0:.0f} s", flush=True)
+    generate_s = time.time() - started
+
+    docs = [json.loads(line) for line in docs_file.read_text().splitlines()]
+    # Text windows are also kept in their original form, for `--labels data`.
+    sequences = [(d["kind"], d["prompt"] + d["new"], len(d["prompt"])) for d in docs]
+    sequences += [("text-original", d["original"], len(d["prompt"])) for d in docs
+                  if d.get("original")]
+    tokens = np.concatenate([np.asarray(s, np.int32) for _, s, _ in sequences])
+    starts = np.cumsum([0] + [len(s) for _, s, _ in sequences])
+    hidden = np.lib.format.open_memmap(out / "hidden.npy", mode="w+", dtype=np.float16,
+                                       shape=(tokens.size, target.config.d_model))
+    t0 = time.time()
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][1]))
+    for first in range(0, len(order), args.batch):
+        rows = order[first:first + args.batch]
+        width = max(len(sequences[i][1]) for i in rows)
+        batch = np.zeros((len(rows), width), np.int32)
+        for r, i in enumerate(rows):
+            batch[r, :len(sequences[i][1])] = sequences[i][1]
+        positions = np.broadcast_to(np.arange(width, dtype=np.int32), batch.shape)
+        x = np.asarray(hidden_states(target.params, target.config, batch, positions)[0])
+        for r, i in enumerate(rows):
+            hidden[starts[i]:starts[i + 1]] = x[r, :len(sequences[i][1])]
+    hidden.flush()
+    np.savez(out / "index.npz", tokens=tokens, starts=starts,
+             prompt_length=np.array([p for _, _, p in sequences], np.int32),
+             kinds=np.array([k for k, _, _ in sequences]))
+    meta = {"target": args.target, "documents": len(docs),
+            "generated_tokens": int(sum(len(d["new"]) for d in docs)),
+            "tokens": int(tokens.size), "generate_s": round(generate_s, 1),
+            "hidden_s": round(time.time() - t0, 1),
+            "kinds": {k: sum(1 for d in docs if d["kind"] == k) for k in
+                      sorted({d["kind"] for d in docs})},
+            "command": shlex.join(["python", "scripts/train.py", "medusa-data", "--target",
+                                   args.target, "--chat-prompts", str(args.chat_prompts),
+                                   "--code-prompts", str(args.code_prompts),
+                                   "--text-windows", str(args.text_windows),
+                                   "--chat-new-tokens", str(args.chat_new_tokens),
+                                   "--code-new-tokens", str(args.code_new_tokens),
+                                   "--batch", str(args.batch), "--seed", str(args.seed),
+                                   "--out", str(args.out)])}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(json.dumps(meta, indent=1))
+
+
+def examples(data: Path, heads: int, kinds: tuple[str, ...], validation_every: int):
+    """Rows of the cached set: (position in hidden.npy, labels [K] or -1) per split.
+
+    A position t of a document is an example when it is at or after the last prompt position
+    (so every label is a generated token, or a data token for "text-original") and at least one
+    of its K labels, tokens t + 2 .. t + 1 + K, is inside the document.
+    """
+    index = np.load(data / "index.npz")
+    tokens, starts = index["tokens"], index["starts"]
+    split = {"train": ([], []), "validation": ([], [])}
+    for i, kind in enumerate(index["kinds"]):
+        if str(kind) not in kinds:
+            continue
+        begin, end = int(starts[i]), int(starts[i + 1])
+        t = np.arange(begin + int(index["prompt_length"][i]) - 1, end - 2)
+        if t.size == 0:
+            continue
+        ahead = t[:, None] + 1 + np.arange(1, heads + 1)[None]                  # [T, K]
+        labels = np.where(ahead < end, tokens[np.minimum(ahead, end - 1)], -1)
+        name = "validation" if i % validation_every == validation_every - 1 else "train"
+        split[name][0].append(t)
+        split[name][1].append(labels)
+    return {name: (np.concatenate(t), np.concatenate(y)) for name, (t, y) in split.items()}
+
+
+def frequent_tokens(labels: np.ndarray, count: int, vocab: int) -> np.ndarray:
+    """The `count` most frequent label ids (ties by id), then the rest by id to fill up."""
+    freq = np.bincount(labels[labels >= 0], minlength=vocab)
+    return np.argsort(-freq, kind="stable")[:count].astype(np.int32)
+
+
+def train_heads(args) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    import specjax
+    from specjax import medusa
+
+    started = time.time()
+    directory = resolve(args.target)
+    target = specjax.load(directory)
+    data = Path(args.data)
+    kinds = ("text-original",) if args.labels == "data" else tuple(args.kinds)
+    sets = examples(data, args.heads, kinds, args.validation_every)
+    valid_sets = examples(data, args.heads, tuple(args.eval_kinds), args.validation_every)
+    hidden = np.load(data / "hidden.npy", mmap_mode="r")
+    train_rows, train_labels = sets["train"]
+    eval_rows, eval_labels = valid_sets["validation"]
+    vocab = target.config.vocab_size
+    ids = frequent_tokens(train_labels, args.tokens, vocab)
+    to_subset = np.full(vocab, -1, np.int32)
+    to_subset[ids] = np.arange(ids.size)
+    config = medusa.HeadsConfig(num_heads=args.heads, num_blocks=args.blocks,
+                                hidden_size=target.config.d_model, vocab_size=vocab,
+                                subset_size=ids.size)
+    heads = medusa.init_heads(config, target, ids)
+    weights = medusa.runtime_weights(heads, target)
+    proj = weights["proj"]
+    lam = jnp.asarray([args.decay ** k for k in range(1, args.heads + 1)], jnp.float32)
+
+    def loss_fn(blocks, h, y):
+        logits = medusa.subset_logits({"blocks": blocks, "proj": proj}, h)      # [B, K, S]
+        y_sub = jnp.asarray(to_subset)[jnp.maximum(y, 0)]
+        mask = (y >= 0) & (y_sub >= 0)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        nll = -jnp.take_along_axis(logp, jnp.maximum(y_sub, 0)[..., None], axis=-1)[..., 0]
+        per_head = jnp.sum(nll * mask, axis=0) / jnp.maximum(jnp.sum(mask, axis=0), 1)
+        return jnp.sum(lam * per_head), per_head
+
+    steps = args.steps or max(1, int(args.epochs * len(train_rows) / args.batch))
+    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, min(args.warmup, steps // 5),
+                                                  steps, args.lr * 0.1)
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0),
+                            optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=args.weight_decay))
+    blocks = heads.params["blocks"]
+    opt_state = optimizer.init(blocks)
+
+    @jax.jit
+    def train_step(blocks, opt_state, h, y):
+        (loss, per_head), grads = jax.value_and_grad(loss_fn, has_aux=True)(blocks, h, y)
+        updates, opt_state = optimizer.update(grads, opt_state, blocks)
+        return optax.apply_updates(blocks, updates), opt_state, loss, per_head
+
+    rng = np.random.default_rng(args.seed)
+    log, t0 = [], time.time()
+    order = rng.permutation(len(train_rows))
+    cursor = 0
+    for step in range(1, steps + 1):
+        if cursor + args.batch > len(order):
+            order, cursor = rng.permutation(len(train_rows)), 0
+        pick = np.sort(order[cursor:cursor + args.batch])
+        cursor += args.batch
+        h = jnp.asarray(hidden[train_rows[pick]], jnp.float32)
+        blocks, opt_state, loss, per_head = train_step(blocks, opt_state, h,
+                                                       jnp.asarray(train_labels[pick]))
+        if step % args.log_every == 0 or step == steps:
+            log.append({"step": step, "loss": float(loss),
+                        "per_head": [round(float(v), 4) for v in per_head],
+                        "seconds": round(time.time() - t0, 1)})
+            print(json.dumps(log[-1]), flush=True)
+    train_s = time.time() - t0
+    trained = medusa.Heads(config, {"blocks": blocks}, ids, heads.target)
+    accuracy = rank_accuracy(trained, target, hidden, eval_rows, eval_labels)
+    last = log[-1]["per_head"] if log else []
+    record = {"steps": steps, "batch": args.batch, "epochs": round(steps * args.batch / len(train_rows), 2),
+              "train_examples": int(len(train_rows)), "validation_examples": int(len(eval_rows)),
+              "train_s": round(train_s, 1), "labels": args.labels, "kinds": list(kinds),
+              "eval_kinds": list(args.eval_kinds), "decay": args.decay, "lr": args.lr,
+              "warmup": min(args.warmup, steps // 5), "weight_decay": args.weight_decay,
+              "tokens": int(ids.size), "validation_every": args.validation_every,
+              "label_coverage": round(float(np.mean(np.isin(eval_labels[eval_labels >= 0], ids))), 4),
+              "top1": [round(float(a[0]), 4) for a in accuracy],
+              "top5": [round(float(a[:5].sum()), 4) for a in accuracy],
+              "final_train_loss": last,
+              "rank_accuracy": [[round(float(v), 4) for v in a] for a in accuracy],
+              "log": log}
+    print(json.dumps({k: v for k, v in record.items() if k not in ("log", "rank_accuracy")}),
+          flush=True)
+    if args.out:
+        tree, expected = best_tree(accuracy, args.max_nodes, args.verify_cost)
+        trained = medusa.Heads(config, {"blocks": blocks}, ids, heads.target, tree)
+        record.update(tree=[list(p) for p in tree.paths], expected_tokens_per_call=expected,
+                      max_nodes=args.max_nodes,
+                      verify_cost={str(n): c for n, c in sorted(args.verify_cost.items())},
+                      target=args.target, data=json.loads((data / "meta.json").read_text()),
+                      seconds=round(time.time() - started, 1), machine=machine(),
+                      command=shlex.join(["python", "scripts/train.py", *args.argv]))
+        out = Path(args.out)
+        previous = out / "train_log.json"
+        if previous.exists():     # a labels comparison made for an earlier run stays
+            kept = json.loads(previous.read_text()).get("labels_comparison")
+            if kept:
+                record["labels_comparison"] = kept
+        medusa.save_heads(trained, out, extra={"loss_weights": [round(args.decay ** k, 6) for k in
+                                                                range(1, args.heads + 1)]})
+        (out / "train_log.json").write_text(json.dumps(record, indent=1) + "\n")
+        write_heads_card(out)
+        print(f"wrote {out}: tree of {tree.size} nodes, expected {expected:.2f} tokens per call")
+    return record
+
+
+def compare_labels(args) -> None:
+    """`medusa-labels`: the same training run with self-distilled labels and with the data's
+    next tokens, both evaluated on the held-out generated documents; written into the shipped
+    heads' train_log.json and card."""
+    runs = {}
+    for labels in ("self", "data"):
+        print(f"-- labels {labels}", flush=True)
+        # The same prompts either way: the target's continuation ("text") or the original text.
+        run = argparse.Namespace(**{**vars(args), "labels": labels, "kinds": ["text"],
+                                    "out": None})
+        runs[labels] = {k: v for k, v in train_heads(run).items()
+                        if k in ("steps", "train_examples", "kinds", "top1", "top5", "train_s")}
+    out = Path(args.heads_dir)
+    record = json.loads((out / "train_log.json").read_text())
+    record["labels_comparison"] = {
+        **runs, "command": shlex.join(["python", "scripts/train.py", *args.argv])}
+    (out / "train_log.json").write_text(json.dumps(record, indent=1) + "\n")
+    write_heads_card(out)
+    print(json.dumps(record["labels_comparison"], indent=1))
+
+
+def machine() -> dict:
+    import platform
+    import os
+
+    import jax
+
+    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "jax": jax.__version__,
+            "python": platform.python_version()}
+
+
+def rank_accuracy(heads, target, hidden, rows, labels, ranks: int = 10, batch: int = 4096):
+    """a[k][r]: how often head k's r-th most likely token is the label ([K, ranks]); labels
+    outside the heads' tokens count as misses."""
+    import jax.numpy as jnp
+
+    from specjax import medusa
+
+    weights = medusa.runtime_weights(heads, target)
+    hits = np.zeros((heads.config.num_heads, ranks))
+    counts = np.zeros(heads.config.num_heads)
+    for first in range(0, len(rows), batch):
+        h = jnp.asarray(hidden[rows[first:first + batch]], jnp.float32)
+        top = np.asarray(weights["ids"])[np.argsort(-np.asarray(medusa.subset_logits(weights, h)),
+                                                    axis=-1)[..., :ranks]]      # [B, K, R]
+        y = labels[first:first + batch]
+        hits += np.sum((top == y[..., None]) & (y[..., None] >= 0), axis=0)
+        counts += np.sum(y >= 0, axis=0)
+    return hits / counts[:, None]
+
+
+def verify_cost(nodes: int, table: dict[int, float]) -> float:
+    """A verify call over the root and `nodes` nodes, in one-token steps: linear between the
+    measured call sizes, extrapolated from the last two past the largest."""
+    n, sizes = nodes + 1, sorted(table)
+    if n <= sizes[0]:
+        return table[sizes[0]]
+    for lo, hi in zip(sizes, sizes[1:]):
+        if n <= hi:
+            return table[lo] + (n - lo) * (table[hi] - table[lo]) / (hi - lo)
+    lo, hi = sizes[-2], sizes[-1]
+    return table[hi] + (n - hi) * (table[hi] - table[lo]) / (hi - lo)
+
+
+def best_tree(accuracy: np.ndarray, max_nodes: int, table: dict[int, float]):
+    """The tree of at most `max_nodes` nodes with the best expected tokens per unit of verify
+    cost, grown best-first as in Medusa: a node's chance of being accepted is the product of
+    its path's rank accuracies (heads treated as independent), and the expected tokens of a
+    call are 1 + the sum of those chances."""
+    from specjax.tree import Tree
+
+    k, ranks = accuracy.shape
+    # Frontier entries: (path, chance of its parent, its own chance).
+    frontier = [((0,), 1.0, accuracy[0, 0])]
+    chosen, best = [], None
+    total = 1.0
+    while frontier and len(chosen) < max_nodes:
+        frontier.sort(key=lambda item: -item[2])
+        path, parent_p, p = frontier.pop(0)
+        chosen.append(path)
+        total += p
+        depth, rank = len(path), path[-1]
+        if rank + 1 < ranks:                      # its next sibling
+            frontier.append((path[:-1] + (rank + 1,), parent_p,
+                             parent_p * accuracy[depth - 1, rank + 1]))
+        if depth < k:                             # its first child
+            frontier.append((path + (0,), p, p * accuracy[depth, 0]))
+        score = total / verify_cost(len(chosen), table)
+        if best is None or score > best[0]:
+            best = (score, list(chosen), total)
+    return Tree.from_paths(best[1]), round(best[2], 3)
+
+
+def parse_cost(text: str) -> dict[int, float]:
+    return {int(a): float(b) for a, b in (item.split(":") for item in text.split(","))}
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("medusa-data", help="the target's greedy continuations and its cached "
+                                           "hidden states, for `medusa`")
+    p.add_argument("--target", required=True, help="a checkpoint directory or fetch name")
+    p.add_argument("--chat-prompts", type=int, default=512)
+    p.add_argument("--code-prompts", type=int, default=384,
+                   help="prompts shaped from the stdlib's functions and modules")
+    p.add_argument("--text-windows", type=int, default=0,
+                   help="stdlib windows continued by the target and kept as text too")
+    p.add_argument("--text-prompt-len", type=int, default=32)
+    p.add_argument("--text-new-tokens", type=int, default=96)
+    p.add_argument("--chat-new-tokens", type=int, default=128)
+    p.add_argument("--code-new-tokens", type=int, default=96)
+    p.add_argument("--batch", type=int, default=48)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=medusa_data)
+
+    common = argparse.ArgumentParser(add_help=False)    # training options, both commands
+    common.add_argument("--data", type=Path, required=True)
+    common.add_argument("--target", required=True)
+    common.add_argument("--heads", type=int, default=4)
+    common.add_argument("--blocks", type=int, default=1)
+    common.add_argument("--tokens", type=int, default=4096,
+                        help="the frequency-ranked vocabulary subset the heads project onto")
+    common.add_argument("--kinds", nargs="+", default=["chat", "function", "module", "edit", "text"])
+    common.add_argument("--eval-kinds", nargs="+",
+                        default=["chat", "function", "module", "edit", "text"])
+    common.add_argument("--epochs", type=float, default=4.0)
+    common.add_argument("--steps", type=int, default=0, help="default: from --epochs")
+    common.add_argument("--batch", type=int, default=512)
+    common.add_argument("--lr", type=float, default=1e-3)
+    common.add_argument("--warmup", type=int, default=50)
+    common.add_argument("--weight-decay", type=float, default=0.0)
+    common.add_argument("--decay", type=float, default=0.8, help="lambda_k = decay ** k")
+    common.add_argument("--validation-every", type=int, default=16)
+    common.add_argument("--max-nodes", type=int, default=16)
+    common.add_argument("--verify-cost", type=parse_cost,
+                        default=SMOLLM2_VERIFY_COST,
+                        help="call size:cost pairs, e.g. 1:1,5:1.42,9:1.76,16:1.94")
+    common.add_argument("--seed", type=int, default=0)
+    common.add_argument("--log-every", type=int, default=50)
+    p = sub.add_parser("medusa", parents=[common], help="train Medusa heads on a `medusa-data` set")
+    p.add_argument("--labels", choices=("self", "data"), default="self",
+                   help="self: the target's greedy continuations; data: the stdlib text")
+    p.add_argument("--out", type=Path)
+    p.set_defaults(func=train_heads)
+
+    p = sub.add_parser("medusa-labels", parents=[common],
+                       help="train on the same text windows with self-distilled and with the "
+                            "data's labels, the same steps, and record both in a heads card")
+    p.add_argument("--heads-dir", type=Path, required=True, help="the shipped heads to annotate")
+    p.set_defaults(func=compare_labels)

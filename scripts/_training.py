@@ -1,0 +1,423 @@
+"""Model training: the `model` stage of scripts/train.py.
+
+The model's config (its own, or sized for the vocabulary of a `--tokenizer-from` checkpoint),
+its initialisation (GPT-2 style, optionally with a checkpoint's embeddings by PCA), the
+next-token and distillation losses, the optimizer, the training windows, the extra corpus
+written by `distill-data` (scripts/_generated.py), and `train_model`, which trains, validates,
+saves the checkpoint with its train_log.json and writes its card (scripts/_cards.py). Also the
+helpers that data generation and evaluation share with it: `resolve_checkpoint`, `windows_at`,
+`tokenizer_digest`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+import _corpus
+from _cards import flops_per_token, write_card
+
+VAL_WINDOWS = 128
+
+
+def resolve_checkpoint(name_or_dir: str) -> Path:
+    """A checkpoint directory, or a name that specjax.fetch knows (e.g. "smollm2")."""
+    from specjax.fetch import CHECKPOINTS, fetch
+
+    path = Path(name_or_dir).expanduser()
+    if path.is_dir():
+        return path
+    if name_or_dir in CHECKPOINTS:
+        return fetch(name_or_dir)
+    raise SystemExit(f"{name_or_dir!r} is neither a checkpoint directory nor one of "
+                     f"{sorted(CHECKPOINTS)}")
+
+
+def build_config(args, vocab_size: int, source=None):
+    """The config of the model to train; `source` (the config of --tokenizer-from) supplies the
+    vocabulary size and the BOS/EOS ids, so the draft uses the target's token ids."""
+    from specjax import ModelConfig
+
+    head_dim = args.d_model // args.heads
+    special = dict(bos_token_id=_corpus.EOT_ID, eos_token_ids=(_corpus.EOT_ID,))
+    if source is not None:
+        vocab_size = source.vocab_size
+        special = dict(bos_token_id=source.bos_token_id, eos_token_ids=source.eos_token_ids)
+    common = dict(vocab_size=vocab_size, d_model=args.d_model, n_layers=args.layers,
+                  n_heads=args.heads, head_dim=head_dim, d_ff=args.d_ff,
+                  max_positions=args.max_positions or args.context, **special)
+    if args.arch == "gpt2":
+        return ModelConfig(arch="gpt2", n_kv_heads=args.heads, norm_eps=1e-5,
+                           activation="gelu_tanh", tie_embeddings=True, qkv_bias=True,
+                           out_bias=True, mlp_bias=True, model_type="gpt2", **common)
+    return ModelConfig(arch="llama", n_kv_heads=args.kv_heads or args.heads, norm_eps=1e-5,
+                       activation="silu", tie_embeddings=args.tie_embeddings,
+                       rope_theta=10000.0, model_type="llama", **common)
+
+
+def specjax_load_config(directory: Path):
+    from specjax import ModelConfig
+
+    return ModelConfig.from_file(directory / "config.json")
+
+
+def target_parameters(directory: Path) -> int:
+    from safetensors import safe_open
+
+    with safe_open(str(directory / "model.safetensors"), "np") as f:
+        return int(sum(np.prod(f.get_slice(k).get_shape()) for k in f.keys()))
+
+
+def pca_embeddings(directory: Path, d_model: int, std: float) -> tuple[np.ndarray, float]:
+    """The token embeddings E [V, D_big] of the checkpoint in `directory`, projected onto their
+    top `d_model` principal axes and rescaled to entries of standard deviation `std`; and the
+    share of E's variance that the projection keeps.
+
+    The projection (E - mean) V_d [V, D] keeps the differences between tokens, which are what a
+    tied LM head turns into logits (a row shared by all tokens shifts every logit equally). The
+    rescaling matters: E's own scale (entries of about 0.14, rows of norm about 3 in SmolLM2),
+    with the draft's unit-RMS hidden states, gives logits in the tens and an initial loss near
+    30 nats; at `std` 0.02, the usual initialisation scale, training starts below ln V.
+    """
+    import specjax
+
+    embed = np.asarray(specjax.load(directory).params["embed"], np.float64)   # [V, D_big]
+    if d_model > embed.shape[1]:
+        raise SystemExit(f"--d-model {d_model} exceeds the width {embed.shape[1]} of {directory}")
+    centered = embed - embed.mean(axis=0)
+    eigenvalues, eigenvectors = np.linalg.eigh(centered.T @ centered)       # ascending
+    axes = eigenvectors[:, ::-1][:, :d_model]                              # [D_big, D]
+    kept = eigenvalues[::-1][:d_model].sum() / eigenvalues.sum()
+    projected = centered @ axes                                            # [V, D]
+    print(f"embeddings from {directory}: top {d_model} of {embed.shape[1]} principal axes keep "
+          f"{kept:.1%} of the variance", flush=True)
+    return (projected * (std / projected.std())).astype(np.float32), float(kept)
+
+
+def init(config, seed: int):
+    """GPT-2 initialisation: N(0, 0.02), residual output projections scaled by 1/sqrt(2L)."""
+    import jax
+
+    from specjax import init_params
+
+    params = init_params(config, jax.random.key(seed), std=0.02)
+    scale = 1.0 / math.sqrt(2 * config.n_layers)
+    for layer in params["layers"]:
+        for name in ("wo", "w_out", "w_down"):
+            if name in layer:
+                layer[name] = layer[name] * scale
+    return params
+
+
+def loss_fn(params, config, windows):
+    """Mean next-token cross-entropy of windows [B, T+1]."""
+    import jax.numpy as jnp
+    import optax
+
+    from specjax import forward
+
+    inputs, targets = windows[:, :-1], windows[:, 1:]                   # [B, T] each
+    positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+    logits, _ = forward(params, config, inputs, positions, cache=None)  # [B, T, V]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+
+def distill_loss_fn(params, config, windows, teacher, weight: float):
+    """(1 - weight) x next-token cross-entropy + weight x cross-entropy against the teacher's
+    next-token distribution (forward KL(teacher || student) plus the teacher's entropy, which
+    has no gradient), on windows [B, T+1]. `teacher` is a (params, config) pair with the same
+    vocabulary; its forward pass is part of the step but not of the gradient.
+
+    Matching the target's whole distribution, not only the sampled next token, is what raises
+    the acceptance rate: greedy acceptance asks that the draft's argmax be the target's, and
+    sampled acceptance is sum_x min(p, q) = 1 - TV(p, q) (Leviathan et al., 2023), and this
+    loss minimises KL(q || p), which bounds TV(p, q) (Pinsker). DistillSpec (Zhou et al., 2023)
+    measures the gain.
+    """
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from specjax import forward
+
+    inputs, targets = windows[:, :-1], windows[:, 1:]
+    positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+    logits, _ = forward(params, config, inputs, positions, cache=None)       # [B, T, V]
+    teacher_params, teacher_config = teacher
+    teacher_logits, _ = forward(teacher_params, teacher_config, inputs, positions, cache=None)
+    soft = jax.lax.stop_gradient(jax.nn.softmax(teacher_logits, axis=-1))
+    hard = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+    return (1 - weight) * hard + weight * optax.softmax_cross_entropy(logits, soft).mean()
+
+
+def load_teacher(name_or_dir: str, config):
+    """The (params, config) of --teacher, checked to share the student's vocabulary."""
+    import specjax
+
+    teacher = specjax.load(resolve_checkpoint(name_or_dir))
+    if teacher.config.vocab_size != config.vocab_size:
+        raise SystemExit(f"--teacher {name_or_dir} has vocab_size {teacher.config.vocab_size}, "
+                         f"the model being trained {config.vocab_size}")
+    return teacher.params, teacher.config
+
+
+def make_optimizer(args, steps: int):
+    import jax
+    import optax
+
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=args.lr, warmup_steps=min(args.warmup, steps // 10 + 1),
+        decay_steps=steps, end_value=args.lr * 0.1)
+    # Decay the weight matrices, token embeddings and LM head; not norms, biases, positions.
+    def decay_mask(params):
+        return jax.tree_util.tree_map_with_path(
+            lambda path, a: a.ndim >= 3 and "['b" not in jax.tree_util.keystr(path)
+            or jax.tree_util.keystr(path) in ("['embed']", "['lm_head']"), params)
+
+    return optax.chain(optax.clip_by_global_norm(args.clip),
+                       optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=args.weight_decay,
+                                   mask=decay_mask)), schedule
+
+
+def windows_at(tokens: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
+    return tokens[starts[:, None] + np.arange(length)]                  # [B, length]
+
+
+def validation_windows(tokens: np.ndarray, context: int) -> np.ndarray:
+    """A fixed set of non-overlapping windows spread evenly over the held-out stream."""
+    n = (tokens.size - 1) // (context + 1)
+    picks = np.linspace(0, n - 1, min(n, VAL_WINDOWS)).round().astype(int)
+    return windows_at(tokens, picks * (context + 1), context + 1)
+
+
+def evaluate_loss(params, config, windows: np.ndarray, batch: int = 16) -> float:
+    import jax
+
+    step = jax.jit(lambda p, w: loss_fn(p, config, w))
+    losses = [float(step(params, windows[i:i + batch])) * len(windows[i:i + batch])
+              for i in range(0, len(windows), batch)]
+    return sum(losses) / len(windows)
+
+
+def train_model(args) -> None:
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from tokenizers import Tokenizer
+
+    from specjax import Model, save
+    from specjax.model import count_params
+
+    started = time.time()
+    source = source_config = None
+    if args.tokenizer_from:
+        source = resolve_checkpoint(args.tokenizer_from)
+        args.tokenizer = source / "tokenizer.json"
+        source_config = specjax_load_config(source)
+    tokenizer = Tokenizer.from_file(str(args.tokenizer))
+    data = _corpus.corpus(args.tokenizer)
+    train_tokens, context = data["train"], args.context
+    config = build_config(args, tokenizer.get_vocab_size(with_added_tokens=True), source_config)
+    params = init(config, args.seed)
+    kept = None
+    if args.init_embeddings_from:
+        embed, kept = pca_embeddings(resolve_checkpoint(args.init_embeddings_from), config.d_model,
+                                     args.init_embeddings_std)
+        params["embed"] = jnp.asarray(embed)
+    n_params = count_params(params)
+    extra = load_extra_corpus(args.extra_corpus, args.tokenizer) if args.extra_corpus else None
+    n_extra = round(args.batch * args.extra_fraction) if extra else 0
+    print(f"{args.out}: {config.arch}, {n_params:,} parameters, "
+          f"{train_tokens.size:,} training tokens"
+          + (f", {extra['train'].size:,} extra tokens ({n_extra} of {args.batch} windows per "
+             f"batch)" if extra else ""), flush=True)
+
+    rng = np.random.default_rng(args.seed)
+
+    def next_batch():
+        starts = rng.integers(0, train_tokens.size - context - 1, size=args.batch - n_extra)
+        windows = windows_at(train_tokens, starts, context + 1)
+        if n_extra:
+            starts = rng.integers(0, extra["train"].size - context - 1, size=n_extra)
+            windows = np.concatenate([windows, windows_at(extra["train"], starts, context + 1)])
+        return jnp.asarray(windows)
+
+    teacher_params = teacher_config = None
+    if args.teacher:
+        teacher_params, teacher_config = load_teacher(args.teacher, config)
+        print(f"distilling from {args.teacher} (weight {args.distill_weight})", flush=True)
+
+    def objective(params, windows, teacher_params):
+        if teacher_params is None:
+            return loss_fn(params, config, windows)
+        return distill_loss_fn(params, config, windows, (teacher_params, teacher_config),
+                               args.distill_weight)
+
+    def make_step(optimizer):
+        @jax.jit
+        def step(params, opt_state, windows, teacher_params):
+            loss, grads = jax.value_and_grad(objective)(params, windows, teacher_params)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads)
+        # The teacher's weights are an argument, not constants baked into the compiled step.
+        return lambda params, opt_state, windows: step(params, opt_state, windows, teacher_params)
+
+    steps = args.steps
+    if not steps:
+        steps = calibrate(make_step, args, params, next_batch)
+        rng = np.random.default_rng(args.seed)   # the timing run must not shift the data order
+    optimizer, schedule = make_optimizer(args, steps)
+    step = make_step(optimizer)
+    opt_state = optimizer.init(params)
+
+    deadline = started + 60 * args.minutes if args.minutes else math.inf
+    stop_after = min(args.stop_after or steps, steps)
+    log, smoothed, t0, done = [], None, time.time(), 0
+    for i in range(stop_after):
+        params, opt_state, loss, grad_norm = step(params, opt_state, next_batch())
+        done = i + 1
+        if i % args.log_every == 0 or done == stop_after:
+            loss = float(loss)
+            smoothed = loss if smoothed is None else 0.9 * smoothed + 0.1 * loss
+            elapsed = time.time() - t0
+            log.append({"step": done, "loss": round(loss, 4), "lr": float(schedule(i)),
+                        "grad_norm": round(float(grad_norm), 3), "seconds": round(elapsed, 1)})
+            print(f"step {done:5d}/{steps}  loss {loss:.4f}  lr {float(schedule(i)):.2e}  "
+                  f"{done * args.batch * context / elapsed:,.0f} tok/s", flush=True)
+        if time.time() > deadline:
+            print(f"stopping at step {done}: --minutes {args.minutes} reached", flush=True)
+            break
+    train_seconds = time.time() - t0
+
+    # Validation loss of the weights as shipped (float16) and of the float32 weights.
+    val = validation_windows(data["validation"], context)
+    params16 = jax.tree.map(lambda a: a.astype(jnp.float16).astype(jnp.float32), params)
+    val_loss = evaluate_loss(params16, config, val)
+    val_loss32 = evaluate_loss(params, config, val)
+    final_train = float(np.mean([e["loss"] for e in log[-5:]]))
+    print(f"validation loss {val_loss:.4f} (float32 {val_loss32:.4f}), "
+          f"perplexity {math.exp(val_loss):.2f}", flush=True)
+    val_extra = None
+    if extra is not None:
+        val_extra = evaluate_loss(params16, config, validation_windows(extra["validation"], context))
+        print(f"validation loss on held-out extra documents {val_extra:.4f}", flush=True)
+
+    out = Path(args.out)
+    save(Model(config, params, tokenizer), out, dtype="float16")
+    if source is not None:
+        # The target's own tokenizer files: the chat template, special tokens and EOS travel too.
+        for name in ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+            if (source / name).exists():
+                shutil.copyfile(source / name, out / name)
+    else:
+        (out / "tokenizer_config.json").write_text(json.dumps(_corpus.tokenizer_config(), indent=2) + "\n")
+    meta = data["meta"]
+    record = {
+        "name": out.name,
+        "command": regenerate_command(args, steps, done),
+        "hyperparameters": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                            if k not in ("func", "out", "tokenizer", "minutes", "log_every")},
+        "resolved_steps": steps, "steps_done": done, "stopped_by_minutes": done < steps,
+        "parameters": n_params,
+        "tokens_seen": done * args.batch * context,
+        "train_seconds": round(train_seconds, 1), "total_seconds": round(time.time() - started, 1),
+        "final_train_loss": round(final_train, 4),
+        "val_loss": round(val_loss, 4), "val_loss_float32": round(val_loss32, 4),
+        "val_perplexity": round(math.exp(val_loss), 3),
+        "val_tokens": int(val.shape[0] * context),
+        "data": {k: v for k, v in meta.items() if k != "stdlib"},
+        **({"target": args.tokenizer_from, "init_embeddings_from": args.init_embeddings_from,
+            "init_embeddings_kept": kept,
+            "extra": extra["meta"], "extra_windows_per_batch": n_extra,
+            "val_loss_extra": round(val_extra, 4), "target_parameters": target_parameters(source),
+            "cost_ratio_flops": round(flops_per_token(config) / flops_per_token(source_config), 4)}
+           if source is not None and extra else {}),
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or
+                    platform.machine(), "cpu_count": os.cpu_count(),
+                    "jax": jax.__version__, "backend": jax.default_backend(),
+                    "python": platform.python_version()},
+        "log": log,
+    }
+    (out / "train_log.json").write_text(json.dumps(record, indent=1) + "\n")
+    write_card(out)
+    print(f"saved {out} in {time.time() - started:.0f} s", flush=True)
+
+
+def calibrate(make_step, args, params, next_batch) -> int:
+    """Steps that fit in --minutes, from the time of a few steps after compilation."""
+    import optax
+
+    if not args.minutes:
+        raise SystemExit("give --steps or --minutes")
+    optimizer = optax.adam(0.0)
+    step, state = make_step(optimizer), optimizer.init(params)
+    p, state, loss, _ = step(params, state, next_batch())
+    loss.block_until_ready()
+    t0, n = time.time(), 10
+    for _ in range(n):
+        p, state, loss, _ = step(p, state, next_batch())
+    loss.block_until_ready()
+    per_step = (time.time() - t0) / n
+    # Leave room for compilation, evaluation and saving (20 s) and for the shared CPU being
+    # slower later than during the timing (15%).
+    steps = int((60 * args.minutes * 0.85 - 20) / per_step)
+    print(f"timing: {per_step:.2f} s/step -> {steps} steps in {args.minutes} minutes", flush=True)
+    return max(steps, 10)
+
+
+def regenerate_command(args, steps: int, done: int) -> str:
+    parts = ["python", "scripts/train.py", "model", "--arch", args.arch,
+             "--layers", args.layers, "--d-model", args.d_model, "--heads", args.heads]
+    if args.arch == "llama":
+        parts += ["--kv-heads", args.kv_heads or args.heads]
+    parts += ["--d-ff", args.d_ff, "--context", args.context, "--batch", args.batch,
+              "--lr", args.lr, "--warmup", args.warmup, "--seed", args.seed, "--steps", steps]
+    if args.max_positions:
+        parts += ["--max-positions", args.max_positions]
+    if args.tokenizer_from:
+        parts += ["--tokenizer-from", args.tokenizer_from]
+    if args.tie_embeddings:
+        parts += ["--tie-embeddings"]
+    if args.init_embeddings_from:
+        parts += ["--init-embeddings-from", args.init_embeddings_from,
+                  "--init-embeddings-std", args.init_embeddings_std]
+    if args.extra_corpus:
+        parts += ["--extra-corpus", args.extra_corpus, "--extra-fraction", args.extra_fraction]
+    if args.teacher:
+        teacher = Path(args.teacher)
+        parts += ["--teacher", f"weights/{teacher.name}" if teacher.is_dir() else args.teacher,
+                  "--distill-weight", args.distill_weight]
+    if done < steps:   # cut short by --minutes: the schedule is still that of `steps`
+        parts += ["--stop-after", done]
+    parts += ["--out", f"weights/{Path(args.out).name}"]
+    return shlex.join(str(p) for p in parts)
+
+
+# -- The extra corpus (from `distill-data`) -----------------------------------------------------
+
+def tokenizer_digest(tokenizer_file: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(tokenizer_file).read_bytes()).hexdigest()[:12]
+
+
+def load_extra_corpus(file: Path, tokenizer_file: Path) -> dict:
+    """The streams written by `distill_data`, checked against the tokenizer being trained."""
+    file = Path(file)
+    if not file.exists():
+        raise SystemExit(f"--extra-corpus {file} does not exist: run `distill-data` first")
+    meta = json.loads(file.with_suffix(".json").read_text())
+    if meta["tokenizer_sha256"] != tokenizer_digest(tokenizer_file):
+        raise SystemExit(f"--extra-corpus {file} was tokenized with another tokenizer than "
+                         f"{tokenizer_file}")
+    streams = np.load(file)
+    return {"train": streams["train"].astype(np.int32),
+            "validation": streams["validation"].astype(np.int32), "meta": meta}

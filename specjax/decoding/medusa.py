@@ -1,0 +1,82 @@
+"""Medusa decoding (Cai et al. 2024): the target's own extra heads fill a token tree.
+
+One step, for every row at once:
+
+  1. The heads read the target's hidden state h at the position before the row's last token x
+     (the state whose LM head produced x) and give K distributions: head d's is the draft p_d
+     for the token d places after x. The tree's rank-r child at depth d is the r-th candidate
+     of head d: its r-th most likely token ("top"), or draws from p_d ("distinct": without
+     replacement, "iid": independent), made afresh at each node of depth d - 1 with that
+     node's own randomness.
+  2. The target scores x and every node in one call with tree attention (`decoding.trees`).
+  3. `rejection.verify_tree` accepts a path and draws one more token with the rule exact for
+     the candidate scheme; the same call's hidden state at the last accepted node is the h of
+     the next step, so the heads cost no extra target work.
+
+Why it is exact: the heads' distributions depend only on the target's past (the accepted
+tokens), never on the verification's coins, and each node's children are drawn from the p it
+is verified with, so `verify_tree`'s Theorem 1 argument applies unchanged: a path-independent
+p is still a draft distribution (Medusa's heads ignore the tokens between h and the node;
+that costs acceptance, not exactness).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from specjax import medusa
+from specjax.decoding import trees
+from specjax.decoding.speculative import candidates
+from specjax.decoding.state import DecodeState, any_nan, append, count_call, last_tokens, step_keys
+from specjax.logits import probs_from_logits
+
+
+def candidate_tree(spec, heads, state: DecodeState, keys):
+    """Step 1: the nodes' tokens [B, n], which are filled [B, n] and the draft distribution
+    at each node [B, n, V] (None for "top" candidates)."""
+    tree, scheme, vocab = spec.tree, spec.candidates, spec.vocab_size
+    b, n, width = state.length.shape[0], tree.size + 1, tree.max_width
+    sub_logits = medusa.subset_logits(heads, state.hidden, tree.max_depth)     # [B, D, S]
+    root = last_tokens(state, 1)[0][:, 0]
+    tokens = jnp.zeros((b, n), jnp.int32).at[:, 0].set(root)
+    valid = jnp.ones((b, n), bool)
+    probs = None if scheme == "top" else jnp.zeros((b, n, vocab), jnp.float32)
+    level_keys = jax.vmap(lambda key: jax.random.split(key, tree.max_depth))(keys)   # [B, D]
+    for d in range(1, tree.max_depth + 1):
+        parents, kids = tree.level(d - 1), tree.level(d)
+        size = parents.stop - parents.start
+        if scheme == "top":            # the same candidates under every parent
+            best = lax.top_k(sub_logits[:, d - 1], width)[1]                  # [B, W]
+            cand = jnp.broadcast_to(heads["ids"][best][:, None], (b, size, width))
+            filled = jnp.ones(cand.shape, bool)
+        else:
+            logits = medusa.full_logits(heads, sub_logits[:, d - 1], vocab)     # [B, V]
+            p = probs_from_logits(logits, spec.sampling)
+            p = jnp.broadcast_to(p[:, None], (b, size, vocab))
+            probs = probs.at[:, parents.start:parents.stop].set(p)
+            cand, filled = jax.vmap(candidates, in_axes=(None, 0, 0, 0, None))(
+                scheme, level_keys[:, d - 1], jnp.broadcast_to(logits[:, None], p.shape), p,
+                width)                                                          # [B, P, W]
+        parent = tree.parent[kids.start:kids.stop] - parents.start
+        rank = tree.rank[kids.start:kids.stop]
+        tokens = tokens.at[:, kids.start:kids.stop].set(cand[:, parent, rank])
+        valid = valid.at[:, kids.start:kids.stop].set(
+            filled[:, parent, rank] & valid[:, tree.parent[kids.start:kids.stop]])
+    return tokens, valid, probs
+
+
+def step(spec, params, state: DecodeState) -> DecodeState:
+    k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
+    # Step 1: the heads' candidates, from the hidden state the last call left.
+    tokens, valid, probs = candidate_tree(spec, params.heads, state, k_draft)
+    # Steps 2 and 3: one target call over the tree, the walk, and the next hidden state.
+    new, n_accepted, _, cache, nan, hidden = trees.score_and_verify(
+        spec, params, state, tokens, valid, probs, k_verify, trees.SCHEMES[spec.candidates])
+    state = count_call(state, drafted=jnp.sum(valid[:, 1:], axis=1), accepted=n_accepted,
+                       nan=nan | any_nan(state.hidden))
+    active = ~state.done
+    state = append(state, new, n_accepted + 1, spec.max_new_tokens, spec.eos_ids)
+    return state.replace(target_cache=cache.with_length(state.length - 1),
+                         hidden=jnp.where(active[:, None], hidden, state.hidden))
