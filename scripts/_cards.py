@@ -309,9 +309,39 @@ def write_index(args) -> None:
     real = real_model_drafts_section()
     python = (json.loads((WEIGHTS / "llama-draft" / "train_log.json").read_text())["data"]["python"]
               if (WEIGHTS / "llama-draft" / "train_log.json").exists() else "3.11")
-    text = render("index.md", rows=nl.join(rows), python=python, commands=nl.join(commands)) + real
+    text = (render("index.md", rows=nl.join(rows), python=python, commands=nl.join(commands))
+            + real + medusa_section())
     (WEIGHTS / "README.md").write_text(text)
     print((WEIGHTS / "README.md").read_text())
+
+
+HEADS = ("llama-medusa", "smollm2-medusa")
+
+
+def medusa_section() -> str:
+    """The index's section on the shipped Medusa heads (empty when there are none)."""
+    rows, commands = [], []
+    for name in HEADS:
+        d = WEIGHTS / name
+        if not (d / "train_log.json").exists():
+            continue
+        r = json.loads((d / "train_log.json").read_text())
+        c = json.loads((d / "config.json").read_text())
+        size = (d / "model.safetensors").stat().st_size / 2 ** 20
+        rows.append(f"| [`{name}`]({name}/) | {r['target']} | {c['num_heads']} x {c['num_blocks']} | "
+                    f"{c['projection']['tokens']:,} | {', '.join(f'{a:.2f}' for a in r['top1'])} | "
+                    f"{len(r['tree'])} nodes, {max(len(p) for p in r['tree'])} deep | "
+                    f"{r['expected_tokens_per_call']:.2f} | {size:.1f} MB |")
+        if r["target"] == "smollm2":
+            commands.append("python -m specjax fetch smollm2")
+        commands += [d["command"] for d in r["data"]] + [r["command"]]
+        for extra in ("labels_comparison", "tree_choice"):
+            if r.get(extra):
+                commands.append(r[extra]["command"])
+    if not rows:
+        return ""
+    nl = "\n"
+    return "\n" + render("index-medusa.md", rows=nl.join(rows), commands=nl.join(commands))
 
 
 # -- Medusa heads (cards/medusa.md) -------------------------------------------------------------
@@ -329,7 +359,13 @@ def write_heads_card(directory: Path) -> None:
 
     record = json.loads((directory / "train_log.json").read_text())
     config = json.loads((directory / "config.json").read_text())
-    data = record["data"]
+    sets = record["data"]                      # one `medusa-data` record per set
+    data = {key: sum(d[key] for d in sets)
+            for key in ("documents", "generated_tokens", "tokens", "generate_s", "hidden_s")}
+    data["kinds"] = {}
+    for d in sets:
+        for kind, n in d["kinds"].items():
+            data["kinds"][kind] = data["kinds"].get(kind, 0) + n
     target_dir = (fetch(record["target"]) if record["target"] in CHECKPOINTS
                   else _corpus.REPO / record["target"])
     target_config = specjax.ModelConfig.from_file(target_dir / "config.json")
@@ -369,12 +405,51 @@ def write_heads_card(directory: Path) -> None:
             f"target than from text the target would not have written.")
     else:
         labels_text = "(No comparison with the data's labels was run for these heads.)"
-    kinds = ", ".join(f"{n} {kind}" for kind, n in data["kinds"].items())
+    kinds = ", ".join(f"{n} {kind}" for kind, n in data["kinds"].items() if kind != "forced")
+    forced = ""
+    if data["kinds"].get("forced"):
+        length = next(d["forced_len"] for d in sets if d.get("forced_windows"))
+        forced = (f" and {data['kinds']['forced']:,} windows of {length} standard-library tokens "
+                  f"that the target only read (`--forced-windows`): there head k's label at t is "
+                  f"the target's greedy token at t + k, kept where the text's tokens t + 1 .. t + k "
+                  f"are its greedy tokens too, which is exactly what a greedy continuation from t "
+                  f"would have produced, for the price of a forward pass instead of generation;")
     paths = "paths " + " ".join("(" + ",".join(map(str, p)) + ")" for p in record["tree"])
     commands = ["python -m specjax fetch smollm2"] if record["target"] == "smollm2" else []
-    commands += [data["command"], record["command"]]
+    commands += [d["command"] for d in sets] + [record["command"]]
     if comparison:
         commands.append(comparison["command"])
+    if record.get("tree_choice"):
+        commands.append(record["tree_choice"]["command"])
+    cost_text = ", ".join(f"{n}: {c:g}" for n, c in record["verify_cost"].items())
+    choice = record.get("tree_choice")
+    if choice:
+        choice_rows = "\n".join(
+            f"| {r['nodes']} | {' '.join('(' + ','.join(map(str, p)) + ')' for p in r['tree'])} | "
+            f"{r['tokens_per_target_call']:.2f} | {r['verify_cost']:.2f} | "
+            f"{r['tokens_per_cost']:.2f} |" for r in choice["rows"])
+        tree_text = (
+            f"The best trees of several sizes were run greedily on {choice['prompts']} held-out "
+            f"prompts (the bench suite's, {choice['new_tokens']} new tokens each; "
+            f"`medusa-tree`), and the shipped tree is the one with the most tokens per unit of "
+            f"verify cost among those making at least {choice['min_tokens_per_call']:g} tokens "
+            f"per target call (verify cost by call size, a call of n tokens over a one-token "
+            f"step, `scripts/bench_forward.py --sizes` on this host: "
+            f"{', '.join(f'{n}: {c:g}' for n, c in choice['verify_cost'].items())}):\n\n"
+            f"| nodes | tree (paths) | tokens per target call | verify cost | tokens per cost |\n"
+            f"|--:|---|--:|--:|--:|\n{choice_rows}\n\n"
+            f"On this CPU a verify call costs more with every token it checks, so a smaller tree "
+            f"is faster per token where its tokens per call suffice (`--tree 1`); on an "
+            f"accelerator, where a call on 16 tokens costs about what a call on one does, the "
+            f"larger trees are the better choice.")
+    else:
+        tree_text = (
+            f"Of the trees of up to {record['max_nodes']} nodes the one with the best expected "
+            f"tokens per unit of verify cost is kept, with the target's verify cost by call size "
+            f"{cost_text} (a call of n tokens over a one-token step, `scripts/bench_forward.py` "
+            f"on this host). Expected tokens per target call with that tree: "
+            f"**{record['expected_tokens_per_call']:.2f}** (a model of the walk, not a "
+            f"measurement; the bench measures it).")
     usage = HEADS_USAGE.get(record["target"],
                             f"python -m specjax generate --target {record['target']} "
                             f"--method medusa --heads weights/{directory.name} --prompt ...")
@@ -390,8 +465,14 @@ def write_heads_card(directory: Path) -> None:
         tree_depth=depth, flops_ratio=f"{step_macs / target_macs:.3f}",
         target_macs=f"{target_macs:,}", tree_nodes=len(record["tree"]), tree_paths=paths,
         model_kb=f"{(directory / 'model.safetensors').stat().st_size / 1024:,.0f}",
-        projection_reasoning=reasoning, data_minutes=f"{(data['generate_s'] + data['hidden_s']) / 60:.1f}",
-        documents=f"{data['documents']:,}", kinds=kinds,
+        projection_reasoning=reasoning,
+        data_sets="one set" if len(sets) == 1 else f"{len(sets)} sets", data_minutes=f"{(data['generate_s'] + data['hidden_s']) / 60:.1f}",
+        documents=f"{data['documents']:,}", kinds=kinds, forced=forced,
+        overlap=("" if sum(1 for d in sets if d["kinds"].get("chat")) < 2 else
+                 " The sets draw their chat questions from one pool of templates, so a held-out "
+                 "document's question may be trained on in another set (with the other system "
+                 "turn): these numbers flatter the heads; the tree measurements below use "
+                 "prompts that no set contains."),
         generated_tokens=f"{data['generated_tokens']:,}", cached_tokens=f"{data['tokens']:,}",
         validation_every=record["validation_every"], validation_examples=f"{record['validation_examples']:,}",
         train_examples=f"{record['train_examples']:,}", labels_comparison=labels_text,
@@ -400,7 +481,5 @@ def write_heads_card(directory: Path) -> None:
         weight_decay=record["weight_decay"], lr=record["lr"], warmup=record["warmup"],
         batch=record["batch"], steps=record["steps"], epochs=record["epochs"],
         train_minutes=f"{record['train_s'] / 60:.1f}", accuracy_rows=nl.join(rows),
-        max_nodes=record["max_nodes"],
-        verify_cost=", ".join(f"{n}: {c:g}" for n, c in record["verify_cost"].items()),
-        expected=f"{record['expected_tokens_per_call']:.2f}", commands=nl.join(commands))
+        tree_text=tree_text, commands=nl.join(commands))
     (directory / "README.md").write_text(text)

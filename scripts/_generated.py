@@ -9,14 +9,13 @@ scripts/_training.py checks them against the tokenizer being trained).
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from pathlib import Path
 
 import numpy as np
 
 import _corpus
-from _training import resolve_checkpoint, tokenizer_digest, windows_at
+from _training import command_line, resolve_checkpoint, tokenizer_digest, windows_at
 
 
 def distill_data(args) -> None:
@@ -90,13 +89,8 @@ def distill_data(args) -> None:
             "documents": len(documents), "generated_tokens": generated,
             "train_tokens": len(splits["train"]), "validation_tokens": len(splits["validation"]),
             "validation_every": args.validation_every, "seconds": round(time.time() - started, 1),
-            "command": shlex.join(["python", "scripts/train.py", "distill-data", "--target",
-                                   args.target, "--chat-prompts", str(args.chat_prompts),
-                                   "--code-prompts", str(args.code_prompts),
-                                   "--shaped-prompts", str(args.shaped_prompts),
-                                   "--chat-new-tokens", str(args.chat_new_tokens),
-                                   "--code-new-tokens", str(args.code_new_tokens),
-                                   "--batch", str(args.batch), "--seed", str(args.seed),
-                                   "--out", str(args.out)])}
+            "command": command_line("distill-data", args, (
+                "target", "chat_prompts", "code_prompts", "shaped_prompts", "chat_new_tokens",
+                "code_new_tokens", "batch", "seed", "out"))}
     out_file.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
     print(json.dumps(meta, indent=1))

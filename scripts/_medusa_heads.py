@@ -28,11 +28,12 @@ import numpy as np
 
 import _corpus
 from _cards import write_heads_card
-from _training import resolve_checkpoint as resolve
+from _training import command_line, resolve_checkpoint as resolve
 
-# Sizes of the verify call measured on SmolLM2-135M by scripts/bench_forward.py on the 2-core
-# host (a call of n tokens over a one-token step), interpolated to price a tree of n - 1 nodes.
-SMOLLM2_VERIFY_COST = {1: 1.0, 5: 1.42, 9: 1.76, 16: 1.94}
+# The verify call on SmolLM2-135M by its size, measured by `scripts/bench_forward.py --sizes` on
+# the 2-core host (a call of n tokens over a one-token step), interpolated to price a tree of
+# n - 1 nodes. (An earlier measurement on the same machine type gave 1.42 for 5 tokens.)
+SMOLLM2_VERIFY_COST = {1: 0.98, 3: 1.36, 5: 1.64, 9: 1.95, 13: 2.16, 17: 2.42, 25: 2.6}
 
 
 # -- Data -----------------------------------------------------------------------------------------
@@ -98,6 +99,12 @@ def medusa_data(args) -> None:
     sequences = [(d["kind"], d["prompt"] + d["new"], len(d["prompt"])) for d in docs]
     sequences += [("text-original", d["original"], len(d["prompt"])) for d in docs
                   if d.get("original")]
+    # Forced windows: stdlib text read by the target, nothing generated (see `examples`).
+    if args.forced_windows:
+        stream = _corpus.corpus(directory / "tokenizer.json")["train"]
+        starts = np.random.default_rng(args.seed + 1).integers(
+            0, stream.size - args.forced_len, size=args.forced_windows)
+        sequences += [("forced", stream[s:s + args.forced_len].tolist(), 1) for s in starts]
     tokens = np.concatenate([np.asarray(s, np.int32) for _, s, _ in sequences])
     starts = np.cumsum([0] + [len(s) for _, s, _ in sequences])
     hidden = np.lib.format.open_memmap(out / "hidden.npy", mode="w+", dtype=np.float16,
@@ -119,46 +126,92 @@ def medusa_data(args) -> None:
              prompt_length=np.array([p for _, _, p in sequences], np.int32),
              kinds=np.array([k for k, _, _ in sequences]))
     meta = {"target": args.target, "documents": len(docs),
+            "forced_windows": args.forced_windows, "forced_len": args.forced_len,
             "generated_tokens": int(sum(len(d["new"]) for d in docs)),
             "tokens": int(tokens.size), "generate_s": round(generate_s, 1),
             "hidden_s": round(time.time() - t0, 1),
-            "kinds": {k: sum(1 for d in docs if d["kind"] == k) for k in
-                      sorted({d["kind"] for d in docs})},
-            "command": shlex.join(["python", "scripts/train.py", "medusa-data", "--target",
-                                   args.target, "--chat-prompts", str(args.chat_prompts),
-                                   "--code-prompts", str(args.code_prompts),
-                                   "--text-windows", str(args.text_windows),
-                                   "--chat-new-tokens", str(args.chat_new_tokens),
-                                   "--code-new-tokens", str(args.code_new_tokens),
-                                   "--batch", str(args.batch), "--seed", str(args.seed),
-                                   "--out", str(args.out)])}
+            "kinds": {k: sum(1 for kind, _, _ in sequences if kind == k) for k in
+                      sorted({kind for kind, _, _ in sequences} - {"text-original"})},
+            "command": command_line("medusa-data", args, (
+                "target", "chat_prompts", "code_prompts", "text_windows", "text_prompt_len",
+                "text_new_tokens", "chat_new_tokens", "code_new_tokens", "forced_windows",
+                "forced_len", "batch", "seed", "out"))}
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(json.dumps(meta, indent=1))
 
 
-def examples(data: Path, heads: int, kinds: tuple[str, ...], validation_every: int):
-    """Rows of the cached set: (position in hidden.npy, labels [K] or -1) per split.
+def examples(data: list[Path], heads: int, kinds: tuple[str, ...], validation_every: int,
+             target=None):
+    """Rows of the cached sets: (position in their hidden states, concatenated in order, and
+    labels [K] or -1) per split.
 
-    A position t of a document is an example when it is at or after the last prompt position
-    (so every label is a generated token, or a data token for "text-original") and at least one
-    of its K labels, tokens t + 2 .. t + 1 + K, is inside the document.
+    In a generated document, a position t is an example when it is at or after the last prompt
+    position (so every label is a generated token, or a data token for "text-original") and at
+    least one of its K labels, tokens t + 2 .. t + 1 + K, is inside the document. In a "forced"
+    window (text the target only read) head k's label at t is the target's own greedy token at
+    t + k, kept only where the text's tokens t + 1 .. t + k are the target's greedy tokens too:
+    exactly what a greedy continuation from t would have produced, at the price of one forward
+    pass instead of generation. One document in `validation_every` of each set is held out; a
+    document that an earlier set already holds (the same kind and tokens) is skipped.
     """
-    index = np.load(data / "index.npz")
-    tokens, starts = index["tokens"], index["starts"]
     split = {"train": ([], []), "validation": ([], [])}
-    for i, kind in enumerate(index["kinds"]):
-        if str(kind) not in kinds:
-            continue
-        begin, end = int(starts[i]), int(starts[i + 1])
-        t = np.arange(begin + int(index["prompt_length"][i]) - 1, end - 2)
-        if t.size == 0:
-            continue
-        ahead = t[:, None] + 1 + np.arange(1, heads + 1)[None]                  # [T, K]
-        labels = np.where(ahead < end, tokens[np.minimum(ahead, end - 1)], -1)
-        name = "validation" if i % validation_every == validation_every - 1 else "train"
-        split[name][0].append(t)
-        split[name][1].append(labels)
+    seen, offset = set(), 0
+    for directory in data:
+        index = np.load(directory / "index.npz")
+        tokens, starts = index["tokens"], index["starts"]
+        greedy = (greedy_tokens(directory, target) if "forced" in kinds and "forced" in
+                  set(map(str, index["kinds"])) else None)
+        for i, kind in enumerate(index["kinds"]):
+            begin, end = int(starts[i]), int(starts[i + 1])
+            key = (str(kind), tokens[begin:end].tobytes())
+            if str(kind) not in kinds or key in seen:
+                continue
+            seen.add(key)
+            t = np.arange(begin + int(index["prompt_length"][i]) - 1, end - 2)
+            if t.size == 0:
+                continue
+            k = np.arange(1, heads + 1)[None]
+            if str(kind) == "forced":
+                agree = np.zeros(end - begin, bool)           # text[p + 1] == greedy[p]
+                agree[:-1] = tokens[begin + 1:end] == greedy[begin:end - 1]
+                run = np.cumprod(agree[np.minimum((t - begin)[:, None] + np.arange(heads)[None],
+                                                  end - begin - 1)], axis=1).astype(bool)
+                labels = np.where(run & (t[:, None] + k < end), greedy[np.minimum(t[:, None] + k,
+                                                                                  end - 1)], -1)
+            else:
+                ahead = t[:, None] + 1 + k                                   # [T, K]
+                labels = np.where(ahead < end, tokens[np.minimum(ahead, end - 1)], -1)
+            keep = labels[:, 0] >= 0
+            name = "validation" if i % validation_every == validation_every - 1 else "train"
+            split[name][0].append(offset + t[keep])
+            split[name][1].append(labels[keep])
+        offset += int(starts[-1])
     return {name: (np.concatenate(t), np.concatenate(y)) for name, (t, y) in split.items()}
+
+
+def greedy_tokens(directory: Path, target, batch: int = 2048) -> np.ndarray:
+    """The target's greedy token at every cached position of a set (from its cached hidden
+    states and its LM head), computed once into greedy.npy."""
+    import jax.numpy as jnp
+
+    from specjax.model import lm_head
+
+    path = directory / "greedy.npy"
+    if path.exists():
+        return np.load(path)
+    hidden = np.load(directory / "hidden.npy", mmap_mode="r")
+    out = np.empty(hidden.shape[0], np.int32)
+    for first in range(0, hidden.shape[0], batch):
+        h = jnp.asarray(hidden[first:first + batch], jnp.float32)
+        logits = lm_head(target.params, target.config, h[None])[0]
+        out[first:first + batch] = np.asarray(jnp.argmax(logits, axis=-1))
+    np.save(path, out)
+    return out
+
+
+def cached_hidden(data: list[Path]) -> np.ndarray:
+    """The cached hidden states of the sets, concatenated (float16, in memory)."""
+    return np.concatenate([np.load(directory / "hidden.npy") for directory in data])
 
 
 def frequent_tokens(labels: np.ndarray, count: int, vocab: int) -> np.ndarray:
@@ -178,11 +231,11 @@ def train_heads(args) -> dict:
     started = time.time()
     directory = resolve(args.target)
     target = specjax.load(directory)
-    data = Path(args.data)
+    data = [Path(d) for d in args.data]
     kinds = ("text-original",) if args.labels == "data" else tuple(args.kinds)
-    sets = examples(data, args.heads, kinds, args.validation_every)
-    valid_sets = examples(data, args.heads, tuple(args.eval_kinds), args.validation_every)
-    hidden = np.load(data / "hidden.npy", mmap_mode="r")
+    sets = examples(data, args.heads, kinds, args.validation_every, target)
+    valid_sets = examples(data, args.heads, tuple(args.eval_kinds), args.validation_every, target)
+    hidden = cached_hidden(data)
     train_rows, train_labels = sets["train"]
     eval_rows, eval_labels = valid_sets["validation"]
     vocab = target.config.vocab_size
@@ -261,7 +314,8 @@ def train_heads(args) -> dict:
         record.update(tree=[list(p) for p in tree.paths], expected_tokens_per_call=expected,
                       max_nodes=args.max_nodes,
                       verify_cost={str(n): c for n, c in sorted(args.verify_cost.items())},
-                      target=args.target, data=json.loads((data / "meta.json").read_text()),
+                      target=args.target,
+                      data=[json.loads((d / "meta.json").read_text()) for d in data],
                       seconds=round(time.time() - started, 1), machine=machine(),
                       command=shlex.join(["python", "scripts/train.py", *args.argv]))
         out = Path(args.out)
@@ -297,6 +351,53 @@ def compare_labels(args) -> None:
     (out / "train_log.json").write_text(json.dumps(record, indent=1) + "\n")
     write_heads_card(out)
     print(json.dumps(record["labels_comparison"], indent=1))
+
+
+def choose_tree(args) -> None:
+    """`medusa-tree`: measure the greedy tokens per target call of candidate trees (the best
+    trees of several sizes under the heads' rank accuracies) on held-out prompts, the bench
+    suite's (all but the long-editing ones, which do not fit every context), and ship the tree
+    with the best measured tokens per unit of verify cost among those reaching
+    --min-tokens-per-call (the most tokens per call when none does)."""
+    import specjax
+    from specjax import chat
+    from specjax.bench_prompts import SUITE
+    from specjax.generate import generate
+    from specjax.tree import Tree
+
+    out = Path(args.heads_dir)
+    record = json.loads((out / "train_log.json").read_text())
+    target = specjax.load(resolve(record["target"]))
+    heads = specjax.load(out)
+    prompts = [chat.encode(target, chat.render(target, p["prompt"])) if p.get("chat") else
+               p["prompt"] for p in SUITE["prompts"] if p["category"] != "long-code-editing"]
+    accuracy = np.asarray(record["rank_accuracy"])
+    rows = []
+    for size in args.sizes:
+        tree, _ = best_tree(accuracy, size, {1: 1.0, 2: 1.0})   # the most expected tokens
+        result = generate(target, prompts, method="medusa", heads=heads, tree=tree,
+                          max_new_tokens=args.new_tokens, temperature=0.0)
+        tpc = result.stats.tokens_per_target_call
+        cost = verify_cost(tree.size, args.verify_cost)
+        rows.append({"nodes": tree.size, "tree": [list(p) for p in tree.paths],
+                     "tokens_per_target_call": round(tpc, 3), "verify_cost": round(cost, 3),
+                     "tokens_per_cost": round(tpc / cost, 3)})
+        print(json.dumps(rows[-1]), flush=True)
+    good = [r for r in rows if r["tokens_per_target_call"] >= args.min_tokens_per_call]
+    pick = (max(good, key=lambda r: r["tokens_per_cost"]) if good else
+            max(rows, key=lambda r: r["tokens_per_target_call"]))
+    chosen = Tree.from_paths([tuple(p) for p in pick["tree"]])
+    medusa_heads = specjax.Heads(heads.config, heads.params, heads.token_ids, heads.target, chosen)
+    specjax.save_heads(medusa_heads, out, extra={"loss_weights": [
+        round(record["decay"] ** k, 6) for k in range(1, heads.config.num_heads + 1)]})
+    record.update(tree=pick["tree"], tree_choice={
+        "prompts": len(prompts), "new_tokens": args.new_tokens,
+        "min_tokens_per_call": args.min_tokens_per_call, "rows": rows,
+        "verify_cost": {str(n): c for n, c in sorted(args.verify_cost.items())},
+        "command": shlex.join(["python", "scripts/train.py", *args.argv])})
+    (out / "train_log.json").write_text(json.dumps(record, indent=1) + "\n")
+    write_heads_card(out)
+    print(f"shipped tree: {pick}")
 
 
 def machine() -> dict:
@@ -388,19 +489,24 @@ def add_commands(sub) -> None:
     p.add_argument("--text-new-tokens", type=int, default=96)
     p.add_argument("--chat-new-tokens", type=int, default=128)
     p.add_argument("--code-new-tokens", type=int, default=96)
+    p.add_argument("--forced-windows", type=int, default=0,
+                   help="stdlib windows only read by the target: labels where it agrees")
+    p.add_argument("--forced-len", type=int, default=256)
     p.add_argument("--batch", type=int, default=48)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=medusa_data)
 
     common = argparse.ArgumentParser(add_help=False)    # training options, both commands
-    common.add_argument("--data", type=Path, required=True)
+    common.add_argument("--data", type=Path, nargs="+", required=True,
+                        help="`medusa-data` sets; documents repeated in a later set are skipped")
     common.add_argument("--target", required=True)
     common.add_argument("--heads", type=int, default=4)
     common.add_argument("--blocks", type=int, default=1)
     common.add_argument("--tokens", type=int, default=4096,
                         help="the frequency-ranked vocabulary subset the heads project onto")
-    common.add_argument("--kinds", nargs="+", default=["chat", "function", "module", "edit", "text"])
+    common.add_argument("--kinds", nargs="+",
+                        default=["chat", "function", "module", "edit", "text", "forced"])
     common.add_argument("--eval-kinds", nargs="+",
                         default=["chat", "function", "module", "edit", "text"])
     common.add_argument("--epochs", type=float, default=4.0)
@@ -428,3 +534,12 @@ def add_commands(sub) -> None:
                             "data's labels, the same steps, and record both in a heads card")
     p.add_argument("--heads-dir", type=Path, required=True, help="the shipped heads to annotate")
     p.set_defaults(func=compare_labels)
+
+    p = sub.add_parser("medusa-tree", help="measure candidate trees on held-out prompts and "
+                                           "ship the one the rule picks")
+    p.add_argument("--heads-dir", type=Path, required=True)
+    p.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--min-tokens-per-call", type=float, default=1.6)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--verify-cost", type=parse_cost, default=SMOLLM2_VERIFY_COST)
+    p.set_defaults(func=choose_tree)

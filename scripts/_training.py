@@ -28,6 +28,15 @@ from _cards import flops_per_token, write_card
 VAL_WINDOWS = 128
 
 
+def command_line(command: str, args, options: tuple[str, ...]) -> str:
+    """`python scripts/train.py COMMAND --option value ...` with every option named, defaults
+    included, so that a recorded command does not depend on the defaults of a later version."""
+    words = ["python", "scripts/train.py", command]
+    for name in options:
+        words += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    return shlex.join(words)
+
+
 def resolve_checkpoint(name_or_dir: str) -> Path:
     """A checkpoint directory, or a name that specjax.fetch knows (e.g. "smollm2")."""
     from specjax.fetch import CHECKPOINTS, fetch

@@ -1,5 +1,5 @@
-"""Benchmarks autoregressive, speculative and n-gram decoding on a fixed prompt suite, and how
-prefill and decoding times grow with the prompt's length.
+"""Benchmarks autoregressive, speculative, n-gram and Medusa decoding on a fixed prompt suite, and
+how prefill and decoding times grow with the prompt's length.
 
 Suite. Every prompt of the suite (specjax/bench_prompts.py: code completion, code editing, long
 code editing, prose and chat) runs through every method and every K: --warmup untimed runs,
@@ -30,8 +30,13 @@ holds the medians of those over the prompts:
                     tokens relative to a one-token call
 
 Token trees (--trees 2,2,1 3,2,1 ...): each full tree of those widths per depth also runs with
-speculative and n-gram decoding (`generate(..., tree=...)`), in rows labelled "tree 2,2,1"
-beside the chains; the chain theory above does not apply to them.
+speculative, n-gram and Medusa decoding (`generate(..., tree=...)`), in rows labelled "tree
+2,2,1" beside the chains; the chain theory above does not apply to them.
+
+Medusa (with --heads DIR, or a preset that ships heads): rows for the heads' own tree ("heads'
+tree") and for each --trees tree. They have no c or theory: the heads run inside the target's
+step, so their cost is not a separate model's decoding (scripts/bench_forward.py --medusa
+times it); step cost still gives a step's time over an autoregressive step's.
 
 N-gram steps that find no match draft nothing; a counts only tokens actually drafted, so the
 theory (K drafts every step) is an upper bound there.

@@ -164,6 +164,12 @@ def bad_inputs(tiny):
         "tree skips a rank": ["--tree-file", str(tiny["tree"]), *prompt],
         "tree without drafting": ["--method", "autoregressive", "--tree", "2,1", *prompt],
         "candidates without tree": ["--candidates", "iid", *prompt],
+        "heads with ngram": ["--method", "ngram", "--heads", str(WEIGHTS / "llama-medusa"), *prompt],
+        "medusa without heads": ["--preset", "tiny-gpt2", "--method", "medusa", *prompt],
+        "heads of another target": ["--target", str(WEIGHTS / "gpt2-target"), "--method", "medusa",
+                                    "--heads", str(WEIGHTS / "llama-medusa"), *prompt],
+        "model as heads": ["--method", "medusa", "--heads", str(WEIGHTS / "llama-target"), *prompt],
+        "tree deeper than heads": ["--method", "medusa", "--tree", "2,2,2,2,2", *prompt],
     }
 
 
@@ -184,6 +190,11 @@ def test_bad_inputs_exit_2_with_one_line(tiny, env):
     assert "top_p" in procs["top-p 1.5"].stderr and "temperature" in procs["negative temperature"].stderr
     assert "'2,x'" in procs["bad tree widths"].stderr
     assert "[2] skips a rank" in procs["tree skips a rank"].stderr
+    assert "--heads applies to --method medusa" in procs["heads with ngram"].stderr
+    assert "preset tiny-gpt2 has no Medusa heads" in procs["medusa without heads"].stderr
+    assert "llama-medusa/config.json" in procs["heads of another target"].stderr
+    assert "not Medusa heads" in procs["model as heads"].stderr
+    assert "5 deep but llama-medusa has 4 heads" in procs["tree deeper than heads"].stderr
 
 
 def test_tree_run_prints_the_greedy_text(generated, env):
