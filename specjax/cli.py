@@ -20,7 +20,9 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from specjax import bench
@@ -34,10 +36,33 @@ EXIT_INTERRUPTED = 130
 
 # -- Entry point --------------------------------------------------------------------------------
 
+class _Interrupt:
+    """Ctrl-C, remembered: Python raises KeyboardInterrupt wherever the interpreter is, and one
+    raised inside a garbage-collection callback (JAX registers one) is printed and dropped. The
+    flag keeps it: the streaming loop re-raises at its next step, and `main` reports it even if
+    the run finished."""
+    seen = False
+
+    @classmethod
+    def handler(cls, signum, frame):
+        cls.seen = True
+        raise KeyboardInterrupt
+
+    @classmethod
+    def check(cls) -> None:
+        if cls.seen:
+            raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _Interrupt.seen = False
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _Interrupt.handler) if in_main_thread else None
     try:
-        return args.run(args)
+        code = args.run(args)
+        _Interrupt.check()
+        return code
     except KeyboardInterrupt:
         if sys.stdout.isatty():
             sys.stdout.write("\x1b[0m")   # a colour may be open mid-stream
@@ -54,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         _flush_quietly()
         print(f"specjax: error: {one_line(e)}", file=sys.stderr)
         return EXIT_ERROR
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGINT, previous)
 
 
 def one_line(error: BaseException) -> str:
@@ -367,6 +395,7 @@ def stream_text(target, draft, ids: list[int], method: str, options: dict, colou
         sys.stderr.flush()
     printer = TextPrinter(target.tokenizer, sys.stdout, colour)
     for step_tokens, result in stream(target, [ids], method=method, draft=draft, **options):
+        _Interrupt.check()
         if status:
             sys.stderr.write("\r\x1b[K")
             status = False
