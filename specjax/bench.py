@@ -38,6 +38,12 @@ tree") and for each --trees tree. They have no c or theory: the heads run inside
 step, so their cost is not a separate model's decoding (scripts/bench_forward.py --medusa
 times it); step cost still gives a step's time over an autoregressive step's.
 
+Lookahead schedules (--k-schedules constant,heuristic,confidence): each K also runs with the
+other schedules (`generate(..., k_schedule=...)`, `decoding.lookahead`), K then being the most a
+step drafts; rows labelled "≤K heuristic" / "≤K confidence", with drafted/call the tokens
+drafted per target call. The chain theory assumes K drafts every step, so those rows have none.
+--oracle runs the oracle analysis instead of the suite's timings (`specjax.oracle`).
+
 N-gram steps that find no match draft nothing; a counts only tokens actually drafted, so the
 theory (K drafts every step) is an upper bound there.
 
@@ -104,9 +110,10 @@ ALL_METHODS = ("autoregressive", "speculative", "ngram", "medusa")
 HEADS_TREE = "heads"       # the tree key of medusa rows that use the tree shipped with the heads
 FULL = dict(ks="2,4,6", reps=5, warmup=1, max_new_tokens=128, contexts="50,500,1500")
 QUICK = dict(ks="2", reps=1, warmup=0, max_new_tokens=16, contexts="none")
+CONSTANT = "constant"      # the lookahead schedule of rows that draft K every step
 METRICS = ("tokens_per_second", "speedup", "speedup_vs_specjax_autoregressive", "acceptance_rate",
            "tokens_per_target_call", "step_cost", "cost_ratio", "theoretical_speedup",
-           "measured_over_theoretical")
+           "measured_over_theoretical", "mean_draft_length")
 SWEEP_DECODE_TOKENS = 32   # M: tokens decoded after the first one, for the per-token time
 
 
@@ -130,6 +137,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also run token trees, each the full tree of these widths per depth "
                              "(e.g. --trees 2,2,1 3,2,1), for speculative, ngram and medusa "
                              "(which always runs its heads' own tree too); default none")
+    parser.add_argument("--k-schedules", default="constant", metavar="SCHEDULES",
+                        help="comma-separated lookahead schedules to run for each K (constant, "
+                             "heuristic, confidence; default constant): K is the most a step "
+                             "drafts; n-gram runs constant and heuristic only")
+    parser.add_argument("--confidence-threshold", type=float, default=0.4,
+                        help="the confidence schedule's threshold (default 0.4)")
+    parser.add_argument("--oracle", action="store_true",
+                        help="instead of the suite's timings, the oracle lookahead analysis "
+                             "(specjax.oracle): greedy, the draft's oracle, constant and dynamic "
+                             "draft lengths per step, figures and call counts")
     parser.add_argument("--max-ngram", type=int, default=3,
                         help="longest n-gram looked up (default 3)")
     parser.add_argument("--quick", action="store_true",
@@ -148,6 +165,10 @@ def run(args) -> int:
 
     settings = _settings(args)
     enable_compile_cache()
+    if args.oracle:
+        from specjax import oracle
+
+        return oracle.run(args, settings)
     notes: list[str] = []
     target_path, draft_path, no_draft = model_paths(args, "speculative" in settings["methods"])
     if "speculative" in settings["methods"] and draft_path is None:
@@ -232,17 +253,32 @@ def _settings(args) -> dict:
                     warmup=pick("warmup"), max_new_tokens=pick("max_new_tokens"),
                     contexts=contexts, temperature=args.temperature, seed=args.seed,
                     max_ngram=args.max_ngram, quick=args.quick, trees=_trees(args.trees),
+                    k_schedules=_schedules(args.k_schedules),
+                    confidence_threshold=args.confidence_threshold,
                     peers=args.peers if args.peers is not None else not args.quick)
     for name, minimum in (("reps", 1), ("warmup", 0), ("max_new_tokens", 1), ("max_ngram", 1),
                           ("seed", 0)):
         if settings[name] < minimum:
             raise CLIError(f"--{name.replace('_', '-')} must be >= {minimum}, got {settings[name]}")
+    if not 0.0 <= settings["confidence_threshold"] <= 1.0:
+        raise CLIError(f"--confidence-threshold must be in [0, 1], got "
+                       f"{settings['confidence_threshold']}")
     if settings["seed"] >= 2**31:
         raise CLIError(f"--seed must be below 2^31, got {settings['seed']}")
     from specjax.logits import SamplingParams
 
     SamplingParams(temperature=args.temperature)   # ValueError naming a bad temperature
     return settings
+
+
+def _schedules(text: str) -> list[str]:
+    from specjax.decoding.lookahead import SCHEDULES
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names or any(n not in SCHEDULES for n in names):
+        raise CLIError(f"--k-schedules must be a comma-separated subset of "
+                       f"{','.join(SCHEDULES)}, got {text!r}")
+    return [n for n in SCHEDULES if n in names]
 
 
 def _trees(texts: list[str] | None) -> list[str]:
@@ -316,11 +352,12 @@ def _jobs(prompts, settings, target, draft, peers, heads=None) -> list[dict]:
     """One job per (prompt, engine, method, K or tree); `run` returns the timed runs' records."""
     jobs = []
 
-    def add(prompt, engine, method, k, run_job, tree=None):
+    def add(prompt, engine, method, k, run_job, tree=None, schedule=CONSTANT):
         label = (f"{prompt['id']} {engine} {method}" + (f" K={k}" if k else "")
-                 + (f" tree {tree}" if tree else ""))
+                 + (f" tree {tree}" if tree else "")
+                 + (f" {schedule}" if schedule != CONSTANT else ""))
         jobs.append(dict(prompt=prompt, engine=engine, method=method, k=k, tree=tree,
-                         label=label, run=run_job))
+                         schedule=schedule, label=label, run=run_job))
 
     for p in prompts:
         ks = {m: settings["ks"] if m in ("speculative", "ngram") else [None]
@@ -332,8 +369,10 @@ def _jobs(prompts, settings, target, draft, peers, heads=None) -> list[dict]:
                     HEADS_TREE)
             else:
                 for k in ks[method]:
-                    add(p, "specjax", method, k, _specjax_job(p, settings, target, method, k,
-                                                              draft))
+                    for schedule in _method_schedules(method, settings):
+                        add(p, "specjax", method, k,
+                            _specjax_job(p, settings, target, method, k, draft,
+                                         schedule=schedule), schedule=schedule)
             for tree in settings["trees"] if method != "autoregressive" else []:
                 add(p, "specjax", method, None,
                     _specjax_job(p, settings, target, method, None, draft, tree, heads), tree)
@@ -351,13 +390,27 @@ def _jobs(prompts, settings, target, draft, peers, heads=None) -> list[dict]:
     return jobs
 
 
-def _specjax_job(prompt, settings, model, method, k, draft, tree=None, heads=None):
+def _method_schedules(method: str, settings) -> list[str]:
+    """The lookahead schedules that apply to `method` among --k-schedules."""
+    if method == "speculative":
+        return settings["k_schedules"]
+    if method == "ngram":
+        return [s for s in settings["k_schedules"] if s != "confidence"]
+    return [CONSTANT]
+
+
+def _specjax_job(prompt, settings, model, method, k, draft, tree=None, heads=None,
+                 schedule=CONSTANT):
     def run_job() -> dict:
         from specjax.generate import generate
         from specjax.tree import parse_widths
 
         records, compile_s = [], None
         extra = dict(heads=heads) if method == "medusa" else dict(draft=draft, k=k or 1)
+        if schedule != CONSTANT:
+            extra["k_schedule"] = schedule
+        if schedule == "confidence":
+            extra["confidence_threshold"] = settings["confidence_threshold"]
         for i in range(settings["warmup"] + settings["reps"]):
             result = generate(model, [prompt["ids"]], method=method, **extra,
                               tree=parse_widths(tree) if tree and tree != HEADS_TREE else None,
@@ -371,6 +424,8 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, heads=Non
                 records.append(dict(new_tokens=s.new_tokens, run_s=s.run_s,
                                     acceptance_rate=s.acceptance_rate if s.drafted else None,
                                     tokens_per_target_call=s.tokens_per_target_call,
+                                    mean_draft_length=(s.mean_draft_length
+                                                       if method != "autoregressive" else None),
                                     tokens=result.tokens[0]))
         return dict(records=records, compile_s=compile_s)
     return run_job
@@ -455,22 +510,24 @@ def _rows(jobs, settings) -> list[dict]:
         recs = job["result"]["records"]
         per_run = [_ratio(r["new_tokens"], r["run_s"]) for r in recs]
         measured[(job["prompt"]["id"], job["engine"], job["method"], job["k"],
-                  job.get("tree"))] = dict(
+                  job.get("tree"), job.get("schedule", CONSTANT))] = dict(
             prompt_id=job["prompt"]["id"], category=job["prompt"]["category"],
             engine=job["engine"], method=job["method"], k=job["k"], tree=job.get("tree"),
+            schedule=job.get("schedule", CONSTANT),
             new_tokens=int(_median([r["new_tokens"] for r in recs])),
             tokens_per_second=_median(per_run), per_run_tokens_per_second=per_run,
             run_s=_median([r["run_s"] for r in recs]), compile_s=job["result"]["compile_s"],
             acceptance_rate=_median([r["acceptance_rate"] for r in recs]),
             tokens_per_target_call=_median([r["tokens_per_target_call"] for r in recs]),
+            mean_draft_length=_median([r.get("mean_draft_length") for r in recs]),
             tokens=recs[0]["tokens"])
     tokens = {key: row.pop("tokens") for key, row in measured.items()}
     rows = []
-    for (pid, engine, method, k, tree), row in measured.items():
+    for (pid, engine, method, k, tree, schedule), row in measured.items():
         if method == "draft-autoregressive":
             continue
-        own_ar = measured[(pid, engine, "autoregressive", None, None)]
-        specjax_ar = measured[(pid, "specjax", "autoregressive", None, None)]
+        own_ar = measured[(pid, engine, "autoregressive", None, None, CONSTANT)]
+        specjax_ar = measured[(pid, "specjax", "autoregressive", None, None, CONSTANT)]
         row["speedup"] = _ratio(row["tokens_per_second"], own_ar["tokens_per_second"])
         row["speedup_vs_specjax_autoregressive"] = _ratio(row["tokens_per_second"],
                                                           specjax_ar["tokens_per_second"])
@@ -481,12 +538,12 @@ def _rows(jobs, settings) -> list[dict]:
                                                      base["per_run_tokens_per_second"])]
         # Greedy decoding with any method is the target's greedy output: a live check.
         row["same_tokens_as_specjax_autoregressive"] = (
-            tokens[(pid, engine, method, k, tree)]
-            == tokens[(pid, "specjax", "autoregressive", None, None)]
+            tokens[(pid, engine, method, k, tree, schedule)]
+            == tokens[(pid, "specjax", "autoregressive", None, None, CONSTANT)]
             if settings["temperature"] == 0 else None)
         cost = None
         if engine == "specjax" and method == "speculative":
-            draft_ar = measured[(pid, "specjax", "draft-autoregressive", None, None)]
+            draft_ar = measured[(pid, "specjax", "draft-autoregressive", None, None, CONSTANT)]
             cost = _ratio(specjax_ar["tokens_per_second"], draft_ar["tokens_per_second"])
             row["draft_tokens_per_second"] = draft_ar["tokens_per_second"]
         elif engine == "specjax" and method == "ngram":
@@ -494,6 +551,8 @@ def _rows(jobs, settings) -> list[dict]:
         row["cost_ratio"] = cost
         if method == "autoregressive":
             row["theoretical_speedup"] = 1.0
+        elif schedule != CONSTANT:
+            row["theoretical_speedup"] = None     # the chain theory assumes K drafts per step
         else:
             row["theoretical_speedup"] = theoretical_speedup(row["acceptance_rate"], k, cost)
         row["measured_over_theoretical"] = _ratio(row["speedup"], row["theoretical_speedup"])
@@ -517,11 +576,13 @@ def summarize(rows: list[dict], category: str) -> list[dict]:
     the two speedups (module docstring)."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
-        groups.setdefault((row["engine"], row["method"], row["k"], row.get("tree")), []).append(row)
+        groups.setdefault((row["engine"], row["method"], row["k"], row.get("tree"),
+                           row.get("schedule", CONSTANT)), []).append(row)
     out = []
-    for (engine, method, k, tree), group in groups.items():
+    for (engine, method, k, tree, schedule), group in groups.items():
         same = [r["same_tokens_as_specjax_autoregressive"] for r in group]
         out.append(dict(category=category, engine=engine, method=method, k=k, tree=tree,
+                        schedule=schedule,
                         prompts=len(group),
                         **{m: _median([r[m] for r in group]) for m in METRICS},
                         speedup_spread=_spread(_suite_runs(group, "per_run_speedup")),
@@ -655,6 +716,8 @@ def _k_label(row: dict) -> str:
     """The K column: K for a chain, the widths for a token tree."""
     if row.get("tree") == HEADS_TREE:
         return "heads' tree"
+    if row.get("schedule", CONSTANT) != CONSTANT:
+        return f"≤{row['k']} {row['schedule']}"
     return f"tree {row['tree']}" if row.get("tree") else _fmt(row["k"], "d")
 
 
@@ -674,8 +737,9 @@ def markdown(results: dict, heading: bool = True) -> str:
               f"{m['platform']}; Python {m['python']}, {versions}; jax on {m['device']}; "
               f"{results['created']}.", ""]
     lines += ["| engine | method | K | tokens/s | speedup | spread | vs specjax AR | spread | "
-              "acceptance | tokens/call | step cost | c | theory | measured/theory |",
-              "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+              "acceptance | tokens/call | step cost | c | theory | measured/theory | "
+              "drafted/call |",
+              "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in results["summary"]:
         lines.append(f"| {r['engine']} | {r['method']} | {_k_label(r)} | "
                      f"{_fmt(r['tokens_per_second'], ',.1f')} | {_fmt(r['speedup'], '.2f', 'x')} | "
@@ -685,20 +749,25 @@ def markdown(results: dict, heading: bool = True) -> str:
                      f"{_fmt(r['acceptance_rate'], '.1%')} | {_fmt(r['tokens_per_target_call'])} | "
                      f"{_fmt(r.get('step_cost'))} | {_fmt(r['cost_ratio'], '.3f')} | "
                      f"{_fmt(r['theoretical_speedup'], '.2f', 'x')} | "
-                     f"{_fmt(r['measured_over_theoretical'])} |")
+                     f"{_fmt(r['measured_over_theoretical'])} | "
+                     f"{_fmt(r.get('mean_draft_length'))} |")
     lines += ["", f"spread: (max - min) / median of the ratio to its left over the {s['reps']} "
                   "timed run(s) of the suite (- with one run); vs specjax AR: tokens/s over "
                   "specjax's autoregressive tokens/s; step cost: tokens/call / speedup, the time "
                   "of one step (its target call and drafting) over an autoregressive step's; "
                   "tree w1,w2,..: the full token tree of those widths per depth; heads' tree: "
-                  "the tree shipped with the Medusa heads."]
+                  "the tree shipped with the Medusa heads; ≤K heuristic / confidence: at most K "
+                  "drafted per step under that lookahead schedule (no chain theory); "
+                  "drafted/call: tokens drafted per target call."]
     lines += ["", "By category (speedup / acceptance):", "",
-              "| category | engine | method | K | tokens/s | speedup | acceptance | tokens/call |",
-              "|---|---|---|--:|--:|--:|--:|--:|"]
+              "| category | engine | method | K | tokens/s | speedup | acceptance | tokens/call | "
+              "drafted/call |",
+              "|---|---|---|--:|--:|--:|--:|--:|--:|"]
     for r in results["by_category"]:
         lines.append(f"| {r['category']} | {r['engine']} | {r['method']} | {_k_label(r)} | "
                      f"{_fmt(r['tokens_per_second'], ',.1f')} | {_fmt(r['speedup'], '.2f', 'x')} | "
-                     f"{_fmt(r['acceptance_rate'], '.1%')} | {_fmt(r['tokens_per_target_call'])} |")
+                     f"{_fmt(r['acceptance_rate'], '.1%')} | {_fmt(r['tokens_per_target_call'])} | "
+                     f"{_fmt(r.get('mean_draft_length'))} |")
     if results["context_sweep"]:
         n = s["context_decode_tokens"]
         lines += ["", f"Context sweep (greedy autoregressive, EOS ignored; prompt: the first N "
@@ -732,22 +801,24 @@ def plots(results: dict, out: Path) -> list[str]:
     lines = {}
     for r in results["summary"]:
         if r["k"] is not None:
-            lines.setdefault((r["engine"], r["method"]), []).append(r)
+            lines.setdefault((r["engine"], r["method"], r.get("schedule", CONSTANT)),
+                             []).append(r)
     written = []
     for name, metric, label in (("speedup_vs_k.png", "speedup", "speedup over autoregressive"),
                                 ("acceptance_vs_k.png", "acceptance_rate", "acceptance rate")):
         fig, ax = plt.subplots(figsize=(6, 4))
-        for (engine, method), group in sorted(lines.items()):
+        for (engine, method, schedule), group in sorted(lines.items()):
+            series = f"{engine} {method}" + (f" {schedule}" if schedule != CONSTANT else "")
             group = [r for r in sorted(group, key=lambda r: r["k"]) if r[metric] is not None]
             if not group:
                 continue
             style = "-o" if engine == "specjax" else ":s"
             line, = ax.plot([r["k"] for r in group], [r[metric] for r in group], style,
-                            label=f"{engine} {method}")
+                            label=series)
             theory = [r for r in group if r["theoretical_speedup"] is not None]
             if metric == "speedup" and theory:
                 ax.plot([r["k"] for r in theory], [r["theoretical_speedup"] for r in theory], "--",
-                        color=line.get_color(), alpha=0.6, label=f"{engine} {method} (theory)")
+                        color=line.get_color(), alpha=0.6, label=f"{series} (theory)")
         if metric == "speedup":
             ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xticks(results["settings"]["ks"])

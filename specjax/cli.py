@@ -53,12 +53,20 @@ class _Interrupt:
         if cls.seen:
             raise KeyboardInterrupt
 
+    @staticmethod
+    def unraisable(info) -> None:
+        """sys.unraisablehook: the dropped KeyboardInterrupt is kept by the flag, so its
+        "Exception ignored" traceback is not printed; anything else is, as usual."""
+        if not issubclass(info.exc_type, KeyboardInterrupt):
+            sys.__unraisablehook__(info)
+
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _Interrupt.seen = False
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, _Interrupt.handler) if in_main_thread else None
+    previous_hook, sys.unraisablehook = sys.unraisablehook, _Interrupt.unraisable
     try:
         code = args.run(args)
         _Interrupt.check()
@@ -80,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specjax: error: {one_line(e)}", file=sys.stderr)
         return EXIT_ERROR
     finally:
+        sys.unraisablehook = previous_hook
         if in_main_thread:
             signal.signal(signal.SIGINT, previous)
 
@@ -165,6 +174,15 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("-n", "--max-new-tokens", type=int, default=64, help="default: 64")
     d.add_argument("-k", type=int, default=4,
                    help="tokens drafted per step (speculative, ngram); default: 4")
+    d.add_argument("--k-schedule", default="constant", metavar="SCHEDULE",
+                   help="how many of the k tokens each step drafts: constant (k, the default), "
+                        "heuristic (per row: + 2 after a fully accepted step, - 1 otherwise; "
+                        "speculative, ngram) or confidence (stop after a draft token whose "
+                        "probability is below --confidence-threshold; speculative)")
+    d.add_argument("--k-start", type=int, metavar="N",
+                   help="the heuristic schedule's first length (default: min(5, k))")
+    d.add_argument("--confidence-threshold", type=float, metavar="P",
+                   help="the confidence schedule's threshold in [0, 1] (default: 0.4)")
     d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     d.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
     d.add_argument("--top-p", type=float, default=1.0, help="in (0, 1]; 1 = off (default)")
@@ -198,7 +216,8 @@ def run_generate(args) -> int:
     options = dict(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_ngram=args.max_ngram,
                    min_ngram=args.min_ngram, tree=read_tree(args, methods),
-                   candidates=args.candidates)
+                   candidates=args.candidates, k_schedule=args.k_schedule, k_start=args.k_start,
+                   confidence_threshold=args.confidence_threshold)
     check_numbers(methods, options)
     prompt = read_prompt(args)
     enable_compile_cache()
@@ -258,6 +277,9 @@ def check_numbers(methods: list[str], options: dict) -> None:
         raise GenerationError(str(e)) from None
     if not 0 <= options["seed"] < 2**32:
         raise GenerationError(f"seed must be an integer in [0, 2^32), got {options['seed']}")
+    threshold = options["confidence_threshold"]
+    if threshold is not None and not 0.0 <= threshold <= 1.0:
+        raise GenerationError(f"--confidence-threshold must be in [0, 1], got {threshold}")
 
 
 def read_tree(args, methods: list[str]):
@@ -282,9 +304,14 @@ def for_method(method: str, options: dict, several: bool) -> dict:
     method medusa only (they are loaded for no other)."""
     if method != "medusa":
         options = {k: v for k, v in options.items() if k != "heads"}
+    no_schedule = dict(k_schedule="constant", k_start=None, confidence_threshold=None)
+    if several and method in ("autoregressive", "medusa"):
+        options = dict(options, **no_schedule)
     if several and method == "autoregressive":
         return dict(options, tree=None, candidates=None)
     if several and method == "ngram":
+        if options["k_schedule"] == "confidence":   # n-gram lookup has no probabilities
+            options = dict(options, **no_schedule)
         return dict(options, candidates=None)
     return options
 
@@ -432,6 +459,8 @@ def summary_line(stats, runs: int) -> str:
     return (f"[{stats.method}] {stats.new_tokens} tokens, {stats.tokens_per_second:,.1f} tokens/s "
             f"(median run {stats.run_s:.3f} s of {runs}; compile {stats.compile_s:.1f} s), "
             f"{acceptance}, {stats.tokens_per_target_call:.2f} tokens/target call"
+            + (f", {stats.mean_draft_length:.2f} drafted/call"
+               if stats.method in ("speculative", "ngram") else "")
             + (f" ({stats.tree_size} candidates per call)" if stats.tree_size else ""))
 
 

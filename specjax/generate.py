@@ -23,6 +23,8 @@ import numpy as np
 
 from specjax.checkpoint import Model
 from specjax.decoding import loop
+from specjax.decoding.lookahead import (DEFAULT_CONFIDENCE_THRESHOLD, DEFAULT_K_START,
+                                        SCHEDULES)
 from specjax.decoding.loop import METHODS, DecodeSpec, Weights
 from specjax.decoding.state import DecodeState
 from specjax.decoding.trees import SCHEMES
@@ -60,6 +62,12 @@ class Stats:
         return self.new_tokens / self.target_calls if self.target_calls else 0.0
 
     @property
+    def mean_draft_length(self) -> float:
+        """Tokens drafted per target call: K for a constant chain, less under a dynamic
+        lookahead schedule or an n-gram lookup that finds fewer."""
+        return self.drafted / self.target_calls if self.target_calls else 0.0
+
+    @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.run_s if self.run_s > 0 else 0.0
 
@@ -67,6 +75,7 @@ class Stats:
         d = dataclasses.asdict(self)
         d.update(acceptance_rate=self.acceptance_rate,
                  tokens_per_target_call=self.tokens_per_target_call,
+                 mean_draft_length=self.mean_draft_length,
                  tokens_per_second=self.tokens_per_second)
         return d
 
@@ -93,7 +102,8 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
             k: int = 4, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
             top_p: float = 1.0, seed: int | Sequence[int] = 0, eos_ids=None,
             max_ngram: int = 3, min_ngram: int = 1, tree=None, candidates: str | None = None,
-            heads: Heads | None = None, **hooks) -> Request:
+            heads: Heads | None = None, k_schedule: str = "constant", k_start: int | None = None,
+            confidence_threshold: float | None = None, **hooks) -> Request:
     """Validates everything and builds the static spec and the device inputs."""
     unknown = sorted(set(hooks) - HOOKS)
     if unknown:
@@ -114,6 +124,7 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
     tree, candidates = _check_tree(method, tree, candidates, sampling, target)
     if method == "medusa":
         _check_tree_fits_heads(tree, heads)
+    schedule = _check_schedule(method, tree, k, k_schedule, k_start, confidence_threshold)
     if method == "ngram":
         _check_int("min_ngram", min_ngram, 1)
         _check_int("max_ngram", max_ngram, min_ngram)
@@ -158,7 +169,8 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
                       max_new_tokens=max_new_tokens, k=k_eff, eos_ids=eos_ids,
                       max_ngram=max_ngram, min_ngram=min_ngram, buffer_length=buffer_length,
                       tree=tree, candidates=candidates,
-                      heads_config=heads.config if method == "medusa" else None, **hooks)
+                      heads_config=heads.config if method == "medusa" else None, **schedule,
+                      **hooks)
     weights = Weights(target.params, draft.params if draft else None,
                       runtime_weights(heads, target) if method == "medusa" else None)
     return Request(spec, weights, prompt_array, np.array([len(r) for r in rows], np.int32),
@@ -189,6 +201,14 @@ def generate(target: Model, prompts, **kwargs) -> GenerationResult:
         otherwise) or "iid" (sampled independently). Each is verified by the rule exact for it.
       heads: Medusa heads for this target (`specjax.load` of a heads directory), method
         "medusa" only.
+      k_schedule: how many of the k tokens each row drafts per step (`decoding.lookahead`):
+        "constant" (k every step, the default), "heuristic" (a per-row length starting at
+        k_start, + 2 after a fully accepted step, - 1 otherwise; speculative and ngram) or
+        "confidence" (a row stops after a draft token whose probability under the draft falls
+        below confidence_threshold; speculative). Every schedule is exact: the decision to stop
+        never looks at the target.
+      k_start: the heuristic schedule's first length, 1..k (default min(5, k)).
+      confidence_threshold: the confidence schedule's threshold in [0, 1] (default 0.4).
     """
     request = prepare(target, prompts, **kwargs)
     compiled, compile_s = _compiled(request)
@@ -328,6 +348,45 @@ def _check_tree(method, tree, candidates, sampling, target):
         raise GenerationError(f"the tree has {tree.max_width} children at a node, more than the "
                               f"vocabulary ({target.config.vocab_size})")
     return tree, candidates
+
+
+def _check_schedule(method, tree, k, k_schedule, k_start, threshold) -> dict:
+    """The lookahead schedule's spec fields (`decoding.lookahead`), checked."""
+    if k_schedule not in SCHEDULES:
+        raise GenerationError(f"k_schedule must be one of {', '.join(SCHEDULES)}; "
+                              f"got {k_schedule!r}")
+    if k_schedule != "constant":
+        if method not in ("speculative", "ngram"):
+            raise GenerationError(f"k_schedule={k_schedule!r} applies to methods 'speculative' "
+                                  f"and 'ngram', not {method!r}")
+        if tree is not None:
+            raise GenerationError(f"k_schedule={k_schedule!r} drafts a chain; a token tree's "
+                                  "shape is fixed (use k_schedule='constant')")
+    if k_schedule == "confidence" and method != "speculative":
+        raise GenerationError("k_schedule='confidence' needs a draft model's probabilities "
+                              "(method 'speculative'); n-gram lookup has none")
+    if k_start is not None and k_schedule != "heuristic":
+        raise GenerationError("k_start applies to k_schedule='heuristic'")
+    if threshold is not None and k_schedule != "confidence":
+        raise GenerationError("confidence_threshold applies to k_schedule='confidence'")
+    fields = dict(k_schedule=k_schedule)
+    if k_schedule == "heuristic":
+        if k_start is None:
+            k_start = min(DEFAULT_K_START, k)
+        _check_int("k_start", k_start, 1)
+        if k_start > k:
+            raise GenerationError(f"k_start={k_start} is more than k={k}, the most a step drafts "
+                                  "under the heuristic schedule")
+        fields["k_start"] = k_start
+    if k_schedule == "confidence":
+        if threshold is None:
+            threshold = DEFAULT_CONFIDENCE_THRESHOLD
+        if (isinstance(threshold, bool) or not isinstance(threshold, numbers.Real)
+                or not 0.0 <= threshold <= 1.0):
+            raise GenerationError(f"confidence_threshold must be a number in [0, 1], "
+                                  f"got {threshold!r}")
+        fields["confidence_threshold"] = float(threshold)
+    return fields
 
 
 def _check_int(name: str, value, minimum: int) -> None:

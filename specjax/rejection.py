@@ -17,7 +17,8 @@ One verify step, for each batch row, given K drafted tokens x_1..x_K with x_i ~ 
           accepts, and accepts after a rejection count for nothing.
   Step 3: if n < K, draw the next token from the residual normalize(max(q_{n+1} - p_{n+1}, 0))
           at the first rejected position.
-  Step 4: if n = K, draw the bonus token from q_{K+1}; the target computed it for free.
+  Step 4: if n = K, draw the bonus token from q_{K+1}; the target computed it for free. (A row
+          that drafted only m < K tokens and had all m accepted draws from q_{m+1} here.)
 
 The row emits x_1..x_n followed by the next token: between 1 and K + 1 tokens. Theorem 1 (Chen et
 al.; Leviathan et al. Appendix A.1): each emitted token is distributed exactly as q. The paper
@@ -156,16 +157,16 @@ def _verify_row(
     drafted = jnp.arange(num_draft) < num_drafted  # [K]
     n_accepted = num_leading_accepted(accepts(u, p_x, q_x) & drafted)  # []
 
-    # Step 3: residual at the first rejected position (0-based index n). When n = K there is no
-    # rejected position; the clamped index is harmless because Step 4's token is used instead.
-    rejected_at = jnp.minimum(n_accepted, num_draft - 1)
-    residual = residual_distribution(draft_probs[rejected_at], target_probs[rejected_at])  # [V]
-    residual_token = sample(k_residual, residual)
-
-    # Step 4: everything accepted: the bonus token from q_{K+1}.
-    bonus_token = sample(k_bonus, target_probs[num_draft])
-
-    next_token = jnp.where(n_accepted < num_draft, residual_token, bonus_token)
+    # Steps 3 and 4: the next token comes from the residual at the first rejected position
+    # (0-based index n), or, when every drafted token was accepted, from q at the first
+    # position not drafted (the bonus q_{K+1} when all K were). The key is picked by which of
+    # the two happened, not by K, so a row that drafted n tokens draws the same token whether
+    # it is verified on its own or padded to a longer call beside longer drafts.
+    all_accepted = n_accepted >= jnp.minimum(num_drafted, num_draft)
+    q_next = target_probs[n_accepted]  # [V]
+    residual = residual_distribution(draft_probs[jnp.minimum(n_accepted, num_draft - 1)], q_next)
+    next_token = sample(jnp.where(all_accepted, k_bonus, k_residual),
+                        jnp.where(all_accepted, q_next, residual))
     return n_accepted, next_token.astype(jnp.int32)
 
 

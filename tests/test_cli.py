@@ -136,7 +136,8 @@ def test_json_has_documented_fields(generated, env):
         assert r["tokens"] == report["results"][0]["tokens"]       # greedy: identical tokens
         s = r["stats"]
         for key in ("acceptance_rate", "tokens_per_target_call", "tokens_per_second", "compile_s",
-                    "run_s", "target_calls", "draft_calls", "drafted", "accepted"):
+                    "run_s", "target_calls", "draft_calls", "drafted", "accepted",
+                    "mean_draft_length"):
             assert isinstance(s[key], (int, float)) and s[key] >= 0, key
         assert s["tokens_per_second"] > 0 and r["speedup_vs_autoregressive"] > 0
     assert report["results"][1]["stats"]["draft_calls"] > 0
@@ -170,6 +171,10 @@ def bad_inputs(tiny):
                                     "--heads", str(WEIGHTS / "llama-medusa"), *prompt],
         "model as heads": ["--method", "medusa", "--heads", str(WEIGHTS / "llama-target"), *prompt],
         "tree deeper than heads": ["--method", "medusa", "--tree", "2,2,2,2,2", *prompt],
+        "unknown schedule": ["--k-schedule", "dynamic", *prompt],
+        "threshold 1.5": ["--k-schedule", "confidence", "--confidence-threshold", "1.5", *prompt],
+        "k below k-start": ["--k-schedule", "heuristic", "-k", "3", "--k-start", "5", *prompt],
+        "confidence for ngram": ["--method", "ngram", "--k-schedule", "confidence", *prompt],
     }
 
 
@@ -195,6 +200,10 @@ def test_bad_inputs_exit_2_with_one_line(tiny, env):
     assert "llama-medusa/config.json" in procs["heads of another target"].stderr
     assert "not Medusa heads" in procs["model as heads"].stderr
     assert "5 deep but llama-medusa has 4 heads" in procs["tree deeper than heads"].stderr
+    assert "got 'dynamic'" in procs["unknown schedule"].stderr
+    assert "--confidence-threshold must be in [0, 1], got 1.5" in procs["threshold 1.5"].stderr
+    assert "k_start=5 is more than k=3" in procs["k below k-start"].stderr
+    assert "n-gram lookup has none" in procs["confidence for ngram"].stderr
 
 
 def test_tree_run_prints_the_greedy_text(generated, env):
@@ -205,6 +214,16 @@ def test_tree_run_prints_the_greedy_text(generated, env):
     (result,) = report["results"]
     assert result["stats"]["tree_size"] == 4
     assert result["text"] in generated.stdout            # the same greedy text as every method
+
+
+def test_confidence_schedule_run_reports_its_draft_length(generated, env):
+    proc = specjax_cli(["generate", "--method", "speculative", *FAST, "-k", "8", "--k-schedule",
+                        "confidence", "--confidence-threshold", "0.3"], env)
+    assert proc.returncode == 0, proc.stderr
+    text, summary = proc.stdout.split("[speculative] ", 1)
+    assert text in generated.stdout                       # greedy: the same text as every method
+    drafted = float(summary.split(" drafted/call")[0].rsplit(" ", 1)[1])
+    assert 1.0 <= drafted < 8.0                            # it stopped before K = 8 somewhere
 
 
 def test_stdin_prompt_colours_and_ctrl_c(generated, env):

@@ -35,8 +35,8 @@ from scipy import stats as scipy_stats
 
 import specjax
 from specjax import rejection
-from specjax.decoding import speculative
-from specjax.generate import generate
+from specjax.decoding import loop, speculative
+from specjax.generate import generate, prepare
 from specjax.logits import SamplingParams, probs_from_logits, sample
 from specjax.tree import Tree
 from tests.tiny import close_pair
@@ -52,9 +52,10 @@ SPARSE_TREE = ((0,), (1,), (2,), (0, 0), (1, 0))           # different tokens ea
 
 
 def case(method, k=2, temperature=1.0, top_k=0, top_p=1.0, draft="draft", prompt=PROMPT,
-         tree=None, candidates=None):
+         tree=None, candidates=None, **schedule):
     return dict(method=method, k=k, temperature=temperature, top_k=top_k, top_p=top_p,
-                draft=draft, prompt=tuple(prompt), tree=tree, candidates=candidates)
+                draft=draft, prompt=tuple(prompt), tree=tree, candidates=candidates,
+                schedule=schedule)
 
 
 def tree_case(widths_or_paths, candidates="distinct", method="speculative", **kwargs):
@@ -73,6 +74,14 @@ def medusa_heads(target):
     return specjax.init_heads(config, target, token_ids=[2, 0, 1, 3, 5], seed=3, std=0.5)
 
 
+# Thresholds near the middle of the draft's probabilities here, so that rows stop after
+# 1, 2, .., K tokens (test_confidence_rows_stop_at_different_depths).
+CONFIDENCE = {
+    "speculative-confidence-t1": case("speculative", k=3, k_schedule="confidence",
+                                      confidence_threshold=0.5),
+    "speculative-confidence-t0.7-top-p": case("speculative", k=3, temperature=0.7, top_p=0.9,
+                                              k_schedule="confidence", confidence_threshold=0.6),
+}
 POSITIVE = {
     "autoregressive": case("autoregressive"),
     "autoregressive-top-k-top-p": case("autoregressive", temperature=0.7, top_k=3, top_p=0.9),
@@ -95,6 +104,10 @@ POSITIVE = {
     "medusa-2x2-distinct": tree_case((2, 2), method="medusa"),
     "medusa-sparse-iid-t0.7-top-p": tree_case(SPARSE_TREE, "iid", method="medusa",
                                               temperature=0.7, top_p=0.9),
+    # Dynamic lookahead: rows stop drafting at different depths (checked below).
+    **CONFIDENCE,
+    "speculative-heuristic-top-p": case("speculative", k=3, top_p=0.9, k_schedule="heuristic",
+                                        k_start=1),
 }
 FAMILY_ALPHA = 0.01
 ALPHA = FAMILY_ALPHA / len(POSITIVE)
@@ -144,7 +157,7 @@ def draw(models, c, seed=0, rows=None, **hooks) -> tuple[np.ndarray, float]:
     result = generate(target, [list(c["prompt"])] * rows, method=c["method"], draft=draft,
                       k=c["k"], max_new_tokens=L, temperature=c["temperature"], top_k=c["top_k"],
                       top_p=c["top_p"], seed=seed, eos_ids=(), tree=c["tree"],
-                      candidates=c["candidates"], **hooks)
+                      candidates=c["candidates"], **c["schedule"], **hooks)
     samples = np.array(result.tokens, np.int32)
     assert samples.shape == (rows, L)
     return samples, g_test(samples, exact_law(target, c["prompt"], sampling)), result.stats
@@ -194,8 +207,9 @@ def _broken_verify(accept_rule="leading", residual="residual", bonus_position=No
             r = q[at]
         elif residual == "swapped":         # p and q letters crossed: max(p - q, 0)
             r = rejection.residual_distribution(q[at], p[at])
-        bonus_q = q[k] if bonus_position is None else q[bonus_position]
-        next_token = jnp.where(n < k, sample(k_residual, r), sample(k_bonus, bonus_q))
+        bonus_q = q[n] if bonus_position is None else q[bonus_position]
+        next_token = jnp.where(n < jnp.minimum(num_drafted, k), sample(k_residual, r),
+                               sample(k_bonus, bonus_q))
         return n, next_token.astype(jnp.int32)
     return _row_verify(row)
 
@@ -269,6 +283,22 @@ class LeakyTree(Tree):
         return np.tril(np.ones((self.size + 1,) * 2, bool))
 
 
+def _stop_before_a_likely_rejection(draft_tokens, draft_probs, target_probs, keys,
+                                    num_drafted=None):
+    """A lookahead schedule that peeks at the target: each row's draft stops before its first
+    token with q(x) < p(x), one the target would likely reject. Drafting less is harmless
+    only when the decision cannot see the target; this one can, and it skews the law."""
+    k = draft_tokens.shape[1]
+    p_x = jnp.take_along_axis(draft_probs, draft_tokens[..., None], axis=-1)[..., 0]
+    q_x = jnp.take_along_axis(target_probs[:, :k], draft_tokens[..., None], axis=-1)[..., 0]
+    stop = rejection.num_leading_accepted(q_x >= p_x)
+    if num_drafted is not None:
+        stop = jnp.minimum(stop, num_drafted)
+    kept = (jnp.arange(k) < stop[:, None])[..., None]
+    return rejection.verify(draft_tokens, draft_probs * kept, target_probs, keys,
+                            num_drafted=stop)
+
+
 NEGATIVE = {
     "always-accept": (case("speculative", k=2), dict(verify_fn=_broken_verify(accept_rule="always"))),
     "residual-replaced-by-q": (case("speculative", k=2),
@@ -294,6 +324,8 @@ NEGATIVE = {
         tree_case((2, 2)), dict(tree_verify_fn=_broken_tree_verify(bonus_from_parent=True))),
     "medusa-verified-with-another-p": (
         tree_case((2, 2), method="medusa"), dict(tree_verify_fn=_verified_with_sharpened_p)),
+    "lookahead-stop-peeks-at-the-target": (
+        CONFIDENCE["speculative-confidence-t1"], dict(verify_fn=_stop_before_a_likely_rejection)),
 }
 
 
@@ -302,6 +334,22 @@ def test_broken_sampler_is_caught(models, name):
     c, hooks = NEGATIVE[name]
     _, p_value, _ = draw(models, c, **hooks)
     assert p_value < ALPHA, f"{name} was not caught: p = {p_value:.3g}"
+
+
+@pytest.mark.parametrize("name", CONFIDENCE)
+def test_confidence_rows_stop_at_different_depths(models, name):
+    # The confidence cases are only a test of the schedule if their rows stop at every depth:
+    # after the first step, each of 1..K drafted tokens is seen in at least 5% of 2,000 rows.
+    c = CONFIDENCE[name]
+    target, draft = models
+    request = prepare(target, [list(c["prompt"])] * 2000, method="speculative", draft=draft,
+                      k=c["k"], max_new_tokens=L, temperature=c["temperature"], top_p=c["top_p"],
+                      eos_ids=(), **c["schedule"])
+    state = loop.init(request.spec, request.weights, request.prompts, request.prompt_length,
+                      request.row_keys)
+    drafted = np.asarray(loop.step(request.spec, request.weights, state).drafted)
+    share = np.bincount(drafted, minlength=c["k"] + 1)[1:] / len(drafted)
+    assert (share >= 0.05).all(), share
 
 
 def test_correct_hooks_reproduce_the_real_sampler(models):

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax.config import ModelConfig
-from specjax.decoding import autoregressive, medusa, ngram, speculative
+from specjax.decoding import autoregressive, lookahead, medusa, ngram, speculative
 from specjax.decoding.state import DecodeState, initial_state
 from specjax.logits import SamplingParams
 from specjax.medusa import HeadsConfig
@@ -42,6 +42,10 @@ class DecodeSpec:
     tree: Tree | None = None       # a token tree instead of a chain of k (`specjax.tree`)
     candidates: str = "top"        # how a drafter fills a tree (`decoding.trees.SCHEMES`)
     heads_config: HeadsConfig | None = None     # method "medusa" (`specjax.medusa`)
+    # How many of the k tokens a row drafts each step (`decoding.lookahead`).
+    k_schedule: str = "constant"
+    k_start: int = lookahead.DEFAULT_K_START
+    confidence_threshold: float = lookahead.DEFAULT_CONFIDENCE_THRESHOLD
     # Hooks, replaceable only to build deliberately broken samplers for the negative-control
     # tests; the defaults are the algorithm.
     verify_fn: Callable = verify
@@ -81,7 +85,8 @@ def _init(spec: DecodeSpec, weights: Weights, prompts, prompt_length, row_keys) 
     if spec.method == "speculative":
         draft_cache = autoregressive.prefill(weights.draft, spec.draft_config, prompts,
                                              prompt_length, slots)
-    return initial_state(prompts, prompt_length, row_keys, slots, target_cache, draft_cache)
+    return initial_state(prompts, prompt_length, row_keys, slots, target_cache, draft_cache,
+                         lookahead=lookahead.initial_lengths(spec, prompts.shape[0]))
 
 
 def _step(spec: DecodeSpec, weights: Weights, state: DecodeState) -> DecodeState:

@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from specjax.decoding import trees
-from specjax.decoding.speculative import score_and_verify
+from specjax.decoding import lookahead, trees
+from specjax.decoding.speculative import score_and_verify, score_and_verify_ragged
 from specjax.decoding.state import DecodeState, append, count_call, step_keys
 
 
@@ -67,10 +67,18 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     k, vocab = spec.k, spec.vocab_size
     draft_tokens, count = jax.vmap(lookup, in_axes=(0, 0, None, None, None))(
         state.tokens, state.length, k, spec.max_ngram, spec.min_ngram)          # [B, K], [B]
+    # The heuristic schedule caps a row's draft at its current length (`lookahead`).
+    count = jnp.minimum(count, lookahead.draft_limit(spec, state))
     drafted = jnp.arange(k) < count[:, None]                                     # [B, K]
     draft_probs = jax.nn.one_hot(draft_tokens, vocab) * drafted[..., None]       # [B, K, V]
-    new, n_accepted, cache, nan = score_and_verify(spec, params, state, draft_tokens, draft_probs,
-                                                   step_keys(state), num_drafted=count)
+    if spec.k_schedule == "constant":
+        new, n_accepted, cache, nan = score_and_verify(
+            spec, params, state, draft_tokens, draft_probs, step_keys(state), num_drafted=count)
+    else:
+        new, n_accepted, cache, nan = score_and_verify_ragged(
+            spec, params, state, draft_tokens, draft_probs, step_keys(state),
+            jnp.where(state.done, 0, count))
+    state = state.replace(lookahead=lookahead.update(spec, state, count, n_accepted))
     state = count_call(state, drafted=count, accepted=n_accepted, nan=nan)
     state = append(state, new, n_accepted + 1, spec.max_new_tokens, spec.eos_ids)
     return state.replace(target_cache=cache.with_length(state.length - 1))

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.decoding import trees
+from specjax.decoding import lookahead, trees
 from specjax.decoding.state import (DecodeState, any_nan, append, count_call, last_tokens,
                                     pad_vocab, step_keys)
 from specjax.logits import probs_from_logits, sample
@@ -41,33 +41,59 @@ def propose(key, logits, sampling):
     return jax.vmap(sample)(key, p), p
 
 
-def draft(spec, params, state: DecodeState, keys):
-    """Step 1: K draft tokens [B, K] and their distributions [B, K, V], and the draft's cache."""
-    vocab = spec.vocab_size
+def draft(spec, params, state: DecodeState, keys, limit):
+    """Step 1: up to K draft tokens per row, each row stopping as its schedule says.
+
+    Args:
+      keys: [B, K] one key per draft position; limit: [B] the most each row drafts this step.
+    Returns:
+      tokens [B, K] int32 and their distributions [B, K, V] (zero past a row's draft), the
+      number each row drafted [B] (0 for a finished row), the draft's cache, and whether a NaN
+      was seen.
+    """
+    vocab, k = spec.vocab_size, spec.k
     # The first call feeds the last two tokens (see the module docstring) and reads the logits
     # of the row's last real position: index 1, or 0 for a row of a single token.
     window, positions = last_tokens(state, 2)
     logits, cache = forward(params.draft, spec.draft_config, window, positions, state.draft_cache)
     last = state.length - 1 - positions[:, 0]
     logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]   # [B, V']
+    nan = any_nan(logits)
 
-    def draft_one(carry, xs):
-        logits, cache = carry                                          # [B, V'], draft cache
-        key, offset = xs
-        token, p = spec.propose_fn(key, pad_vocab(logits, vocab), spec.sampling)
-        # Feed x_i at position length + i to get the logits of p_{i+1}.
+    def propose_at(i, logits, running, tokens, probs, count):
+        """Draws x_{i+1} ~ p_{i+1} for every row and keeps it where the row is still drafting."""
+        token, p = spec.propose_fn(keys[:, i], logits, spec.sampling)
+        tokens = tokens.at[:, i].set(jnp.where(running, token, 0))
+        probs = probs.at[:, i].set(jnp.where(running[:, None], p, 0.0))
+        count = count + running
+        running = running & ~lookahead.stops(spec, i, limit, logits, p, token)
+        return token, running, tokens, probs, count
+
+    b = state.length.shape[0]
+    tokens = jnp.zeros((b, k), jnp.int32)
+    probs = jnp.zeros((b, k, vocab), jnp.float32)
+    count = jnp.zeros((b,), jnp.int32)
+    token, running, tokens, probs, count = propose_at(
+        0, pad_vocab(logits, vocab), ~state.done, tokens, probs, count)
+
+    def more(carry):
+        i, running = carry[0], carry[2]
+        return (i < k) & jnp.any(running)
+
+    def draft_next(carry):
+        # Feed x_i at position length + i - 1 for the logits of p_{i+1}. Rows that stopped feed
+        # it too (static shapes); their cache slots past the draft are rolled back below.
+        i, token, running, cache, tokens, probs, count, nan = carry
         out, cache = forward(params.draft, spec.draft_config, token[:, None],
-                             (state.length + offset)[:, None], cache)
-        return (out[:, 0], cache), (token, p, any_nan(out))
+                             (state.length + i - 1)[:, None], cache)
+        token, running, tokens, probs, count = propose_at(
+            i, pad_vocab(out[:, 0], vocab), running, tokens, probs, count)
+        return i + 1, token, running, cache, tokens, probs, count, nan | any_nan(out)
 
-    # x_1..x_{K-1} each need a draft call to produce the next distribution; x_K does not.
-    offsets = jnp.arange(spec.k - 1, dtype=jnp.int32)
-    (logits_k, cache), (tokens, probs, nans) = lax.scan(
-        draft_one, (logits, cache), (jnp.swapaxes(keys[:, :-1], 0, 1), offsets))
-    token_k, p_k = spec.propose_fn(keys[:, -1], pad_vocab(logits_k, vocab), spec.sampling)
-    tokens = jnp.concatenate([jnp.swapaxes(tokens, 0, 1), token_k[:, None]], axis=1)  # [B, K]
-    probs = jnp.concatenate([jnp.swapaxes(probs, 0, 1), p_k[:, None]], axis=1)        # [B, K, V]
-    return tokens, probs, cache, any_nan(logits) | nans.any()
+    _, _, _, cache, tokens, probs, count, nan = lax.while_loop(
+        more, draft_next, (jnp.ones((), jnp.int32), token, running, cache, tokens, probs, count,
+                           nan))
+    return tokens, probs, count, cache, nan
 
 
 def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs, keys,
@@ -103,21 +129,44 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     split = jax.vmap(lambda key: jax.random.split(key, k + 1))(keys)   # [B, K + 1]
     draft_keys, verify_keys = split[:, :k], split[:, k]
 
-    # Step 1: draft x_1..x_K ~ p_1..p_K.
-    draft_tokens, draft_probs, draft_cache, draft_nan = draft(spec, params, state, draft_keys)
+    # Step 1: draft x_1..x_n ~ p_1..p_n, n <= K as the row's schedule says (`lookahead`).
+    draft_tokens, draft_probs, count, draft_cache, draft_nan = draft(
+        spec, params, state, draft_keys, lookahead.draft_limit(spec, state))
     # Steps 2 and 3: score with the target, accept a prefix, draw the residual or bonus token.
-    new, n_accepted, target_cache, target_nan = score_and_verify(
-        spec, params, state, draft_tokens, draft_probs, verify_keys)
+    if spec.k_schedule == "constant":
+        new, n_accepted, target_cache, target_nan = score_and_verify(
+            spec, params, state, draft_tokens, draft_probs, verify_keys)
+    else:
+        new, n_accepted, target_cache, target_nan = score_and_verify_ragged(
+            spec, params, state, draft_tokens, draft_probs, verify_keys, count)
 
     old_length = state.length
-    state = count_call(state, drafted=k, accepted=n_accepted, draft_calls=k,
+    state = state.replace(lookahead=lookahead.update(spec, state, count, n_accepted))
+    state = count_call(state, drafted=count, accepted=n_accepted, draft_calls=count,
                        nan=draft_nan | target_nan)
     state = append(state, new, n_accepted + 1, spec.max_new_tokens, spec.eos_ids)
     # Roll back: the target holds everything before the new last token; the draft has seen the
-    # fed tokens up to x_{K-1}, so it may be one behind (the next step catches up).
+    # fed tokens up to x_{n-1}, so it may be one behind (the next step catches up).
     return state.replace(target_cache=target_cache.with_length(state.length - 1),
                          draft_cache=draft_cache.with_length(
-                             jnp.minimum(state.length - 1, old_length + k - 1)))
+                             jnp.minimum(state.length - 1, old_length + count - 1)))
+
+
+def score_and_verify_ragged(spec, params, state: DecodeState, draft_tokens, draft_probs, keys,
+                            num_drafted):
+    """`score_and_verify` for rows that drafted different numbers of tokens, `num_drafted` [B]:
+    the target scores only as many positions as the longest row needs (`lookahead.ragged`).
+    Positions past a row's draft must have p = 0. Returns the same as `score_and_verify`, with
+    new tokens [B, K + 1]."""
+    k = draft_tokens.shape[1]
+
+    def verify_first(n, tokens, probs):
+        new, n_accepted, cache, nan = score_and_verify(
+            spec, params, state, tokens[:, :n], probs[:, :n], keys,
+            num_drafted=jnp.minimum(num_drafted, n))
+        return jnp.pad(new, ((0, 0), (0, k - n))), n_accepted, cache, nan
+
+    return lookahead.ragged(verify_first, k, num_drafted, draft_tokens, draft_probs)
 
 
 # -- Token trees ---------------------------------------------------------------------------------

@@ -42,13 +42,15 @@ class DecodeState:
     # Medusa only: the target's final hidden state [B, D] at the position before each row's
     # last token (the one that produced it), which the heads read.
     hidden: jax.Array | None = None
+    # The heuristic lookahead schedule only: each row's draft length for its next step [B].
+    lookahead: jax.Array | None = None
 
     def replace(self, **changes) -> "DecodeState":
         return dataclasses.replace(self, **changes)
 
 
 def initial_state(prompts, prompt_length, row_keys, buffer_length, target_cache, draft_cache=None,
-                  hidden=None):
+                  hidden=None, lookahead=None):
     """Copies the padded prompts [B, P] into a token buffer [B, buffer_length]."""
     b, p = prompts.shape
     tokens = jnp.zeros((b, buffer_length), jnp.int32).at[:, :p].set(prompts.astype(jnp.int32))
@@ -58,7 +60,8 @@ def initial_state(prompts, prompt_length, row_keys, buffer_length, target_cache,
                        done=jnp.zeros((b,), bool), row_keys=row_keys, step=jnp.zeros((), jnp.int32),
                        target_cache=target_cache, draft_cache=draft_cache, target_calls=zeros,
                        draft_calls=zeros, drafted=zeros, accepted=zeros,
-                       nan_seen=jnp.zeros((), bool), hidden=hidden)
+                       nan_seen=jnp.zeros((), bool), hidden=hidden,
+                       lookahead=lookahead)
 
 
 def step_keys(state: DecodeState) -> jax.Array:
