@@ -821,10 +821,15 @@ def plots(results: dict, out: Path) -> list[str]:
                         color=line.get_color(), alpha=0.6, label=f"{series} (theory)")
         if metric == "speedup":
             ax.axhline(1.0, color="gray", lw=0.8)
+            for r in results["summary"]:       # no K: transformers' own dynamic schedule
+                if r["method"] == "speculative-dynamic" and r["speedup"] is not None:
+                    ax.axhline(r["speedup"], color="tab:red", lw=1.0, ls="-.",
+                               label=f"{r['engine']} speculative-dynamic (≤20, confidence)")
         ax.set_xticks(results["settings"]["ks"])
         ax.set_xlabel("K (tokens drafted per step)")
         ax.set_ylabel(label)
-        ax.set_title(f"{results['settings']['target']}: {label} (median over prompts)")
+        ax.set_title(f"{results['settings']['target']}: {label}\n(median over prompts; "
+                     f"{results['machine']['cpu_model']}, {results['created'][:10]})", fontsize=9)
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out / name, dpi=120)

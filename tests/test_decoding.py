@@ -45,7 +45,7 @@ def test_autoregressive_greedy_equals_full_sequence_argmax(models, greedy):
         assert got == reference_greedy(target, prompt, N)
 
 
-@pytest.mark.parametrize("k", range(1, 9))
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
 def test_speculative_greedy_equals_autoregressive(models, greedy, k):
     target, draft = models
     result = generate(target, PROMPTS, method="speculative", draft=draft, k=k, max_new_tokens=N,

@@ -151,20 +151,20 @@ def test_oracle_analysis_needs_the_fewest_target_calls(models, tmp_path):
     from specjax import oracle
 
     target, draft = models
-    prompts = [dict(id="p", category="c", ids=PROMPTS[0], max_new_tokens=N)]
-    per_prompt = oracle.analyse(target, draft, prompts, ks=[2, 4], threshold=0.5)
+    n = 16
+    prompts = [dict(id="p", category="c", ids=PROMPTS[0], max_new_tokens=n)]
+    per_prompt = oracle.analyse(target, draft, prompts, ks=[3], threshold=0.5)
     runs = per_prompt[0]["runs"]
-    assert set(runs) == {"oracle", "constant K=2", "constant K=4", "heuristic K<=4",
-                         "confidence K<=4"}
+    assert set(runs) == {"oracle", "constant K=3", "heuristic K<=3", "confidence K<=3"}
     for name, run in runs.items():
         assert run["target_calls"] >= runs["oracle"]["target_calls"], name
         emitted = sum(run["accepted"]) + run["target_calls"]
-        assert emitted in (N, N + 1), name        # the last step may be cut by max_new_tokens
-    assert runs["constant K=4"]["drafted"] == [4] * runs["constant K=4"]["target_calls"]
-    assert runs["constant K=4"]["draft_calls"] == sum(runs["constant K=4"]["drafted"])
+        assert emitted in (n, n + 1), name        # the last step may be cut by max_new_tokens
+    assert runs["constant K=3"]["drafted"] == [3] * runs["constant K=3"]["target_calls"]
+    assert runs["constant K=3"]["draft_calls"] == sum(runs["constant K=3"]["drafted"])
     results = dict(per_prompt=per_prompt, summary=oracle.summary(per_prompt), notes=[],
                    created="2026-11-23T00:00:00", machine=dict(cpu_model="cpu", cpu_count=2),
-                   settings=dict(target="t", draft="d", suite_version=2, max_new_tokens=N,
+                   settings=dict(target="t", draft="d", suite_version=2, max_new_tokens=n,
                                  confidence_threshold=0.5), prompts=prompts)
     assert "| oracle | " in oracle.markdown(results)
     written = oracle.plots(results, tmp_path)
