@@ -9,6 +9,7 @@
 
 from specjax.checkpoint import CheckpointError, Model, load, random_model, save
 from specjax.config import ConfigError, ModelConfig
+from specjax.explain import explain, format_steps
 from specjax.generate import GenerationError, GenerationResult, Stats, generate, stream
 from specjax.logits import SamplingParams
 from specjax.medusa import Heads, HeadsConfig, init_heads, save_heads
@@ -17,5 +18,5 @@ from specjax.tree import Tree, TreeError
 
 __all__ = ["CheckpointError", "ConfigError", "GenerationError", "GenerationResult", "Heads",
            "HeadsConfig", "Model", "ModelConfig", "SamplingParams", "Stats", "Tree", "TreeError",
-           "forward", "generate", "init_heads", "init_params", "load", "random_model", "save",
+           "explain", "format_steps", "forward", "generate", "init_heads", "init_params", "load", "random_model", "save",
            "save_heads", "stream"]

@@ -426,6 +426,7 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, heads=Non
                                     tokens_per_target_call=s.tokens_per_target_call,
                                     mean_draft_length=(s.mean_draft_length
                                                        if method != "autoregressive" else None),
+                                    accepted_histogram=list(s.accepted_histogram),
                                     tokens=result.tokens[0]))
         return dict(records=records, compile_s=compile_s)
     return run_job
@@ -520,6 +521,7 @@ def _rows(jobs, settings) -> list[dict]:
             acceptance_rate=_median([r["acceptance_rate"] for r in recs]),
             tokens_per_target_call=_median([r["tokens_per_target_call"] for r in recs]),
             mean_draft_length=_median([r.get("mean_draft_length") for r in recs]),
+            accepted_histogram=_pooled([r.get("accepted_histogram") for r in recs]),
             tokens=recs[0]["tokens"])
     tokens = {key: row.pop("tokens") for key, row in measured.items()}
     rows = []
@@ -567,8 +569,7 @@ def theoretical_speedup(a: float | None, k: int | None, c: float | None) -> floa
     (Leviathan et al. 2023, Eq. 1 and Theorem 3.8); None when a or c is unknown."""
     if a is None or k is None or c is None:
         return None
-    expected = k + 1.0 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
-    return expected / (c * k + 1.0)
+    return expected_tokens_per_call(a, k) / (c * k + 1.0)
 
 
 def summarize(rows: list[dict], category: str) -> list[dict]:
@@ -585,12 +586,37 @@ def summarize(rows: list[dict], category: str) -> list[dict]:
                         schedule=schedule,
                         prompts=len(group),
                         **{m: _median([r[m] for r in group]) for m in METRICS},
+                        accepted_histogram=_pooled([r.get("accepted_histogram") for r in group]),
                         speedup_spread=_spread(_suite_runs(group, "per_run_speedup")),
                         speedup_vs_specjax_autoregressive_spread=_spread(_suite_runs(
                             group, "per_run_speedup_vs_specjax_autoregressive")),
                         same_tokens_as_specjax_autoregressive=(
                             None if None in same else all(same))))
     return out
+
+
+def _pooled(histograms) -> list[int] | None:
+    """Histograms of accepted drafts per step, added up (None when there are none)."""
+    histograms = [h for h in histograms if h]
+    return [sum(col) for col in zip(*histograms)] if histograms else None
+
+
+def acceptance_by_position(histogram: list[int] | None) -> list[float | None]:
+    """P(draft i accepted | drafts 1..i-1 accepted), i = 1..K, from a histogram of accepted
+    drafts per step (`Stats.acceptance_by_position`)."""
+    if not histogram:
+        return []
+    reached = [sum(histogram[j:]) for j in range(len(histogram))]
+    return [reached[i] / reached[i - 1] if reached[i - 1] else None
+            for i in range(1, len(histogram))]
+
+
+def expected_tokens_per_call(a: float | None, k: int | None) -> float | None:
+    """(1 - a^(K+1)) / (1 - a): tokens per target call when each of K drafts is accepted with
+    probability a independently (Leviathan et al. 2023, Eq. 1)."""
+    if a is None or k is None:
+        return None
+    return k + 1.0 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
 def _suite_runs(rows: list[dict], key: str) -> list[float | None]:
@@ -835,7 +861,55 @@ def plots(results: dict, out: Path) -> list[str]:
         fig.savefig(out / name, dpi=120)
         plt.close(fig)
         written.append(name)
+    written += _study_plots(results, lines, out, plt)
     return written
+
+
+def _study_plots(results, lines, out: Path, plt) -> list[str]:
+    """tokens_per_call_vs_k.png (measured against (1 - a^(K+1)) / (1 - a) from the same run's
+    a) and acceptance_by_position.png (the i.i.d. theory assumes one constant a)."""
+    stamp = f"{results['machine']['cpu_model']}, {results['created'][:10]}"
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (engine, method, schedule), group in sorted(lines.items()):
+        group = [r for r in sorted(group, key=lambda r: r["k"])
+                 if r["tokens_per_target_call"] is not None]
+        if engine != "specjax" or schedule != CONSTANT or not group:
+            continue
+        line, = ax.plot([r["k"] for r in group], [r["tokens_per_target_call"] for r in group],
+                        "-o", label=f"{method}: measured")
+        predicted = [(r["k"], expected_tokens_per_call(r["acceptance_rate"], r["k"]))
+                     for r in group if r["acceptance_rate"] is not None]
+        if predicted:
+            ax.plot(*zip(*predicted), "--", color=line.get_color(), alpha=0.7,
+                    label=f"{method}: (1 - a^(K+1)) / (1 - a)")
+    ax.set_xticks(results["settings"]["ks"])
+    ax.set_xlabel("K (tokens drafted per step)")
+    ax.set_ylabel("new tokens per target call")
+    ax.set_title(f"{results['settings']['target']}: tokens per target call\n({stamp})",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "tokens_per_call_vs_k.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in sorted(results["summary"], key=lambda r: (r["method"], r["k"] or 0)):
+        if (r["engine"] != "specjax" or r.get("schedule", CONSTANT) != CONSTANT or r["k"] is None
+                or r.get("tree") or not r.get("accepted_histogram")):
+            continue
+        by_position = acceptance_by_position(r["accepted_histogram"])
+        ax.plot(range(1, len(by_position) + 1), by_position, "-o", ms=3,
+                label=f"{r['method']} K={r['k']} (a = {r['acceptance_rate']:.2f})")
+    ax.set_xticks(range(1, max(results["settings"]["ks"]) + 1))
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("P(i accepted | 1..i-1 accepted)")
+    ax.set_title(f"{results['settings']['target']}: acceptance by draft position\n({stamp})",
+                 fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "acceptance_by_position.png", dpi=120)
+    plt.close(fig)
+    return ["tokens_per_call_vs_k.png", "acceptance_by_position.png"]
 
 
 # -- Machine and progress -----------------------------------------------------------------------

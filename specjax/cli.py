@@ -205,6 +205,10 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
                    help="colour drafted vs target tokens (default: on when stdout is a terminal "
                         "and NO_COLOR is unset)")
     o.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
+    o.add_argument("--trace", type=int, metavar="STEPS",
+                   help="instead of the text, print the first STEPS verify steps: each drafted "
+                        "token with p, q, the uniform draw and the verdict, the residual's top "
+                        "entries and the emitted token (speculative or ngram, no tree)")
     parser.set_defaults(run=run_generate)
 
 
@@ -233,6 +237,15 @@ def run_generate(args) -> int:
     for method in methods:                  # every error before the first token is printed
         prepare(target, [ids], method=method, draft=draft, **options[method])
 
+    if args.trace is not None:
+        from specjax.explain import explain, format_steps
+
+        if len(methods) != 1:
+            raise CLIError("--trace explains one method; pick --method speculative or ngram")
+        steps = explain(target, ids, method=methods[0], draft=draft, steps=args.trace,
+                        **options[methods[0]])
+        print(format_steps(steps, target.tokenizer))
+        return 0
     if args.json:
         report = json_report(target, draft, prompt, ids, methods, options, args)
         print(json.dumps(report, indent=2, ensure_ascii=False))

@@ -52,6 +52,20 @@ class Stats:
     tree_size: int             # candidates verified per target call: k for a chain, 0 for AR
     compile_s: float
     run_s: float
+    # Steps that accepted exactly j drafted tokens, j = 0..K (or a tree's depth); () for AR.
+    accepted_histogram: tuple[int, ...] = ()
+
+    @property
+    def acceptance_by_position(self) -> list[float | None]:
+        """For i = 1..K: of the steps that accepted at least i - 1 drafts, the fraction that
+        accepted at least i (None where no step got that far). With K drafts every step this is
+        the probability that draft i is accepted given drafts 1..i-1 were, which the i.i.d.
+        theory (Leviathan et al. 2023) assumes to be one constant a; with fewer drafts (n-gram
+        misses, dynamic lookahead) a step that drafted fewer than i counts as not accepting i."""
+        h = self.accepted_histogram
+        reached = [sum(h[j:]) for j in range(len(h))]
+        return [reached[i] / reached[i - 1] if reached[i - 1] else None
+                for i in range(1, len(h))]
 
     @property
     def acceptance_rate(self) -> float:
@@ -76,6 +90,7 @@ class Stats:
         d.update(acceptance_rate=self.acceptance_rate,
                  tokens_per_target_call=self.tokens_per_target_call,
                  mean_draft_length=self.mean_draft_length,
+                 acceptance_by_position=self.acceptance_by_position,
                  tokens_per_second=self.tokens_per_second)
         return d
 
@@ -434,7 +449,9 @@ def _result(request: Request, state: DecodeState, compile_s: float, run_s: float
                   target_calls=int(np.sum(state.target_calls)),
                   draft_calls=int(np.sum(state.draft_calls)), drafted=int(np.sum(state.drafted)),
                   accepted=int(np.sum(state.accepted)), tree_size=_tree_size(request.spec),
-                  compile_s=compile_s, run_s=run_s)
+                  compile_s=compile_s, run_s=run_s,
+                  accepted_histogram=(() if state.accepted_histogram is None else tuple(
+                      int(n) for n in np.sum(np.asarray(state.accepted_histogram), axis=0))))
     texts = None
     if request.tokenizer is not None:
         texts = [request.tokenizer.decode(r) for r in rows]

@@ -167,7 +167,9 @@ def _verify_row(
     residual = residual_distribution(draft_probs[jnp.minimum(n_accepted, num_draft - 1)], q_next)
     next_token = sample(jnp.where(all_accepted, k_bonus, k_residual),
                         jnp.where(all_accepted, q_next, residual))
-    return n_accepted, next_token.astype(jnp.int32)
+    # What a reader of one step wants to see (`specjax.explain`), computed anyway.
+    details = dict(p_x=p_x, q_x=q_x, u=u, residual=jnp.where(all_accepted, 0.0, residual))
+    return n_accepted, next_token.astype(jnp.int32), details
 
 
 def verify(
@@ -176,7 +178,8 @@ def verify(
     target_probs: jax.Array,
     keys: jax.Array,
     num_drafted: jax.Array | None = None,
-) -> tuple[jax.Array, jax.Array]:
+    with_details: bool = False,
+):
     """Verify K drafted tokens per row against the target (Chen et al. 2023, Algorithm 2).
 
     Rows are independent: each has its own key, and its result does not depend on the others.
@@ -200,6 +203,9 @@ def verify(
       next_token: [B] int32 in [0, V): the residual sample at position n_accepted + 1 if
         n_accepted < K, else the bonus token from q_{K+1}. The row emits
         draft_tokens[:n_accepted] followed by next_token.
+      With `with_details`, also a dict of each row's p_i(x_i) and q_i(x_i) [B, K], the uniform
+      draws u [B, K], and the residual it sampled from after a rejection ([B, V], zero when every
+      drafted token was accepted): the numbers of one step, for `specjax.explain`.
     """
     if draft_tokens.ndim != 2 or draft_tokens.shape[1] < 1:
         raise ValueError(
@@ -223,7 +229,9 @@ def verify(
         )
     if num_drafted is None:
         num_drafted = jnp.full((batch,), num_draft, jnp.int32)
-    return jax.vmap(_verify_row)(draft_tokens, draft_probs, target_probs, keys, num_drafted)
+    n_accepted, next_token, details = jax.vmap(_verify_row)(
+        draft_tokens, draft_probs, target_probs, keys, num_drafted)
+    return (n_accepted, next_token, details) if with_details else (n_accepted, next_token)
 
 
 # -- Token trees: several candidates per node ---------------------------------------------------

@@ -46,6 +46,9 @@ class DecodeSpec:
     k_schedule: str = "constant"
     k_start: int = lookahead.DEFAULT_K_START
     confidence_threshold: float = lookahead.DEFAULT_CONFIDENCE_THRESHOLD
+    # Keep each step's verify numbers in the state (`specjax.explain`, stepping only: the
+    # state's structure changes after the first step, so `run` never traces).
+    trace: bool = False
     # Hooks, replaceable only to build deliberately broken samplers for the negative-control
     # tests; the defaults are the algorithm.
     verify_fn: Callable = verify
@@ -78,7 +81,7 @@ def _init(spec: DecodeSpec, weights: Weights, prompts, prompt_length, row_keys) 
         target_cache, hidden = autoregressive.prefill(weights.target, spec.target_config, prompts,
                                                       prompt_length, slots, with_hidden=True)
         return initial_state(prompts, prompt_length, row_keys, slots, target_cache,
-                             hidden=hidden)
+                             hidden=hidden, max_accepted=_max_accepted(spec))
     target_cache = autoregressive.prefill(weights.target, spec.target_config, prompts,
                                           prompt_length, slots)
     draft_cache = None
@@ -86,7 +89,15 @@ def _init(spec: DecodeSpec, weights: Weights, prompts, prompt_length, row_keys) 
         draft_cache = autoregressive.prefill(weights.draft, spec.draft_config, prompts,
                                              prompt_length, slots)
     return initial_state(prompts, prompt_length, row_keys, slots, target_cache, draft_cache,
-                         lookahead=lookahead.initial_lengths(spec, prompts.shape[0]))
+                         lookahead=lookahead.initial_lengths(spec, prompts.shape[0]),
+                         max_accepted=_max_accepted(spec))
+
+
+def _max_accepted(spec: DecodeSpec) -> int | None:
+    """The most drafted tokens one step can accept: K, a tree's depth, None without drafts."""
+    if spec.method == "autoregressive":
+        return None
+    return spec.tree.max_depth if spec.tree is not None else spec.k
 
 
 def _step(spec: DecodeSpec, weights: Weights, state: DecodeState) -> DecodeState:

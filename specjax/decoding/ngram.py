@@ -29,7 +29,8 @@ import numpy as np
 from jax import lax
 
 from specjax.decoding import lookahead, trees
-from specjax.decoding.speculative import score_and_verify, score_and_verify_ragged
+from specjax.decoding.speculative import (record_trace, score_and_verify,
+                                          score_and_verify_ragged)
 from specjax.decoding.state import DecodeState, append, count_call, step_keys
 
 
@@ -72,12 +73,13 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     drafted = jnp.arange(k) < count[:, None]                                     # [B, K]
     draft_probs = jax.nn.one_hot(draft_tokens, vocab) * drafted[..., None]       # [B, K, V]
     if spec.k_schedule == "constant":
-        new, n_accepted, cache, nan = score_and_verify(
+        new, n_accepted, cache, nan, details = score_and_verify(
             spec, params, state, draft_tokens, draft_probs, step_keys(state), num_drafted=count)
     else:
-        new, n_accepted, cache, nan = score_and_verify_ragged(
+        new, n_accepted, cache, nan, details = score_and_verify_ragged(
             spec, params, state, draft_tokens, draft_probs, step_keys(state),
             jnp.where(state.done, 0, count))
+    state = record_trace(spec, state, draft_tokens, count, new, n_accepted, details)
     state = state.replace(lookahead=lookahead.update(spec, state, count, n_accepted))
     state = count_call(state, drafted=count, accepted=n_accepted, nan=nan)
     state = append(state, new, n_accepted + 1, spec.max_new_tokens, spec.eos_ids)

@@ -29,6 +29,7 @@ from specjax.decoding.state import (DecodeState, any_nan, append, count_call, la
                                     pad_vocab, step_keys)
 from specjax.logits import probs_from_logits, sample
 from specjax.model import forward
+from specjax.rejection import verify
 
 
 def propose(key, logits, sampling):
@@ -105,7 +106,8 @@ def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs
 
     Returns:
       new tokens [B, K + 1] (the accepted drafts, then the residual or bonus token; the rest is
-      padding), n_accepted [B], the target's cache, and whether its logits had a NaN.
+      padding), n_accepted [B], the target's cache, whether its logits had a NaN, and, with
+      `spec.trace`, the verify step's numbers (`rejection.verify`'s details; else None).
     """
     k = draft_tokens.shape[1]
     last, last_position = last_tokens(state, 1)
@@ -114,11 +116,16 @@ def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs
     logits, cache = forward(params.target, spec.target_config, target_in, positions,
                             state.target_cache)
     target_probs = probs_from_logits(pad_vocab(logits, spec.vocab_size), spec.sampling)
-    n_accepted, next_token = spec.verify_fn(draft_tokens, draft_probs, target_probs, keys,
-                                            num_drafted=num_drafted)
+    details = None
+    if spec.trace:          # the same verify, also returning the numbers it computed
+        n_accepted, next_token, details = verify(draft_tokens, draft_probs, target_probs, keys,
+                                                 num_drafted=num_drafted, with_details=True)
+    else:
+        n_accepted, next_token = spec.verify_fn(draft_tokens, draft_probs, target_probs, keys,
+                                                num_drafted=num_drafted)
     new = jnp.concatenate([draft_tokens, jnp.zeros_like(draft_tokens[:, :1])], axis=1)
     new = new.at[jnp.arange(new.shape[0]), n_accepted].set(next_token)
-    return new, n_accepted, cache, any_nan(logits)
+    return new, n_accepted, cache, any_nan(logits), details
 
 
 def step(spec, params, state: DecodeState) -> DecodeState:
@@ -134,11 +141,12 @@ def step(spec, params, state: DecodeState) -> DecodeState:
         spec, params, state, draft_keys, lookahead.draft_limit(spec, state))
     # Steps 2 and 3: score with the target, accept a prefix, draw the residual or bonus token.
     if spec.k_schedule == "constant":
-        new, n_accepted, target_cache, target_nan = score_and_verify(
+        new, n_accepted, target_cache, target_nan, details = score_and_verify(
             spec, params, state, draft_tokens, draft_probs, verify_keys)
     else:
-        new, n_accepted, target_cache, target_nan = score_and_verify_ragged(
+        new, n_accepted, target_cache, target_nan, details = score_and_verify_ragged(
             spec, params, state, draft_tokens, draft_probs, verify_keys, count)
+    state = record_trace(spec, state, draft_tokens, count, new, n_accepted, details)
 
     old_length = state.length
     state = state.replace(lookahead=lookahead.update(spec, state, count, n_accepted))
@@ -161,12 +169,26 @@ def score_and_verify_ragged(spec, params, state: DecodeState, draft_tokens, draf
     k = draft_tokens.shape[1]
 
     def verify_first(n, tokens, probs):
-        new, n_accepted, cache, nan = score_and_verify(
+        new, n_accepted, cache, nan, details = score_and_verify(
             spec, params, state, tokens[:, :n], probs[:, :n], keys,
             num_drafted=jnp.minimum(num_drafted, n))
-        return jnp.pad(new, ((0, 0), (0, k - n))), n_accepted, cache, nan
+        if details is not None:         # per-position numbers padded to K, as every branch
+            details = {name: jnp.pad(v, ((0, 0), (0, k - n))) if name != "residual" else v
+                       for name, v in details.items()}
+        return jnp.pad(new, ((0, 0), (0, k - n))), n_accepted, cache, nan, details
 
     return lookahead.ragged(verify_first, k, num_drafted, draft_tokens, draft_probs)
+
+
+def record_trace(spec, state: DecodeState, draft_tokens, drafted, new, n_accepted, details):
+    """With `spec.trace`, keeps this step's numbers in the state for `specjax.explain`: the
+    drafted tokens [B, K] and how many [B], p_i(x_i), q_i(x_i) and u_i [B, K], the accepted
+    count [B], the residual sampled from after a rejection [B, V] and the emitted token [B]."""
+    if not spec.trace:
+        return state
+    emitted = jnp.take_along_axis(new, n_accepted[:, None], axis=1)[:, 0]
+    return state.replace(trace=dict(details, tokens=draft_tokens, drafted=drafted,
+                                    accepted=n_accepted, emitted=emitted))
 
 
 # -- Token trees ---------------------------------------------------------------------------------

@@ -44,13 +44,18 @@ class DecodeState:
     hidden: jax.Array | None = None
     # The heuristic lookahead schedule only: each row's draft length for its next step [B].
     lookahead: jax.Array | None = None
+    # Drafting methods: steps that accepted exactly j drafted tokens, [B, D + 1] int32 (D the
+    # longest path a step can accept: K, or a tree's depth); None for autoregressive decoding.
+    accepted_histogram: jax.Array | None = None
+    # With DecodeSpec.trace only: the last step's verify numbers (`speculative.record_trace`).
+    trace: dict | None = None
 
     def replace(self, **changes) -> "DecodeState":
         return dataclasses.replace(self, **changes)
 
 
 def initial_state(prompts, prompt_length, row_keys, buffer_length, target_cache, draft_cache=None,
-                  hidden=None, lookahead=None):
+                  hidden=None, lookahead=None, max_accepted=None):
     """Copies the padded prompts [B, P] into a token buffer [B, buffer_length]."""
     b, p = prompts.shape
     tokens = jnp.zeros((b, buffer_length), jnp.int32).at[:, :p].set(prompts.astype(jnp.int32))
@@ -61,7 +66,9 @@ def initial_state(prompts, prompt_length, row_keys, buffer_length, target_cache,
                        target_cache=target_cache, draft_cache=draft_cache, target_calls=zeros,
                        draft_calls=zeros, drafted=zeros, accepted=zeros,
                        nan_seen=jnp.zeros((), bool), hidden=hidden,
-                       lookahead=lookahead)
+                       lookahead=lookahead,
+                       accepted_histogram=(None if max_accepted is None else
+                                           jnp.zeros((b, max_accepted + 1), jnp.int32)))
 
 
 def step_keys(state: DecodeState) -> jax.Array:
@@ -112,7 +119,11 @@ def count_call(state: DecodeState, *, drafted: jax.Array | int = 0, accepted: ja
                draft_calls: int = 0, nan: jax.Array | bool = False) -> DecodeState:
     """Adds one target call (and the given draft work) to the counters of active rows."""
     active = (~state.done).astype(jnp.int32)
-    return state.replace(target_calls=state.target_calls + active,
+    histogram = state.accepted_histogram
+    if histogram is not None:
+        histogram = histogram + active[:, None] * jax.nn.one_hot(
+            accepted, histogram.shape[1], dtype=jnp.int32)
+    return state.replace(target_calls=state.target_calls + active, accepted_histogram=histogram,
                          draft_calls=state.draft_calls + active * draft_calls,
                          drafted=state.drafted + active * drafted,
                          accepted=state.accepted + active * accepted,
