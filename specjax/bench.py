@@ -857,18 +857,30 @@ def plots(results: dict, out: Path) -> list[str]:
         ax.set_title(f"{results['settings']['target']}: {label}\n(median over prompts; "
                      f"{results['machine']['cpu_model']}, {results['created'][:10]})", fontsize=9)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=120)
-        plt.close(fig)
+        _save(fig, out / name, results)
         written.append(name)
     written += _study_plots(results, lines, out, plt)
     return written
+
+
+def _save(fig, path: Path, results: dict) -> None:
+    """Writes a figure and records its legend's series under results["figures"]."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    results.setdefault("figures", {})[path.name] = [
+        text.get_text() for ax in fig.axes if ax.get_legend() for text in ax.get_legend().texts]
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
 
 
 def _study_plots(results, lines, out: Path, plt) -> list[str]:
     """tokens_per_call_vs_k.png (measured against (1 - a^(K+1)) / (1 - a) from the same run's
     a) and acceptance_by_position.png (the i.i.d. theory assumes one constant a)."""
     stamp = f"{results['machine']['cpu_model']}, {results['created'][:10]}"
+    histograms = [r for r in results["summary"] if r.get("accepted_histogram")]
+    if not histograms:          # recorded before the histogram existed: nothing to draw
+        return []
     fig, ax = plt.subplots(figsize=(6, 4))
     for (engine, method, schedule), group in sorted(lines.items()):
         group = [r for r in sorted(group, key=lambda r: r["k"])
@@ -881,16 +893,23 @@ def _study_plots(results, lines, out: Path, plt) -> list[str]:
                      for r in group if r["acceptance_rate"] is not None]
         if predicted:
             ax.plot(*zip(*predicted), "--", color=line.get_color(), alpha=0.7,
-                    label=f"{method}: (1 - a^(K+1)) / (1 - a)")
+                    label=f"{method}: (1 - a^(K+1)) / (1 - a), a = accepted / drafted")
+        # Leviathan et al.'s alpha is the chance that a drafted token is accepted when it is
+        # reached; accepted / drafted counts the drafts after a rejection as failures too, so
+        # it falls with K. The first position's acceptance estimates alpha without that bias.
+        first = [(r["k"], expected_tokens_per_call(acceptance_by_position(
+                  r.get("accepted_histogram"))[0], r["k"]))
+                 for r in group if r.get("accepted_histogram")]
+        if first:
+            ax.plot(*zip(*first), ":", color=line.get_color(), alpha=0.9,
+                    label=f"{method}: the same, a = P(first draft accepted)")
     ax.set_xticks(results["settings"]["ks"])
     ax.set_xlabel("K (tokens drafted per step)")
     ax.set_ylabel("new tokens per target call")
     ax.set_title(f"{results['settings']['target']}: tokens per target call\n({stamp})",
                  fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "tokens_per_call_vs_k.png", dpi=120)
-    plt.close(fig)
+    ax.legend(fontsize=7)
+    _save(fig, out / "tokens_per_call_vs_k.png", results)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in sorted(results["summary"], key=lambda r: (r["method"], r["k"] or 0)):
@@ -906,9 +925,7 @@ def _study_plots(results, lines, out: Path, plt) -> list[str]:
     ax.set_title(f"{results['settings']['target']}: acceptance by draft position\n({stamp})",
                  fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "acceptance_by_position.png", dpi=120)
-    plt.close(fig)
+    _save(fig, out / "acceptance_by_position.png", results)
     return ["tokens_per_call_vs_k.png", "acceptance_by_position.png"]
 
 

@@ -199,3 +199,30 @@ def test_long_code_editing_prompts_hold_a_whole_module_and_are_skipped_where_the
     kept = bench._encode_suite(target, None, SUITE["prompts"], settings, notes)
     assert {p["id"] for p in kept} == {p["id"] for p in SUITE["prompts"]} - {p["id"] for p in long}
     assert all(any(p["id"] in n and "context window" in n for n in notes) for p in long)
+
+
+def test_figures_render_from_results_with_the_theory_series(tmp_path):
+    # The figures come from results.json alone: a small fixture of two methods over three K.
+    rows = []
+    for method, c in (("speculative", 0.4), ("ngram", 0.0)):
+        for k in (1, 2, 4):
+            a = 0.7
+            rows.append(dict(engine="specjax", method=method, k=k, tree=None,
+                             schedule="constant", speedup=1.0 + 0.1 * k, acceptance_rate=a,
+                             tokens_per_target_call=1.0 + k * a,
+                             theoretical_speedup=theoretical_speedup(a, k, c),
+                             accepted_histogram=[10] + [5] * k))
+    rows.append(dict(engine="specjax", method="autoregressive", k=None, tree=None,
+                     schedule="constant", speedup=1.0, acceptance_rate=None,
+                     tokens_per_target_call=1.0, theoretical_speedup=1.0,
+                     accepted_histogram=None))
+    results = dict(summary=rows, settings=dict(ks=[1, 2, 4], target="tiny"), notes=[],
+                   machine=dict(cpu_model="cpu"), created="2026-11-23T00:00:00")
+    written = bench.plots(results, tmp_path)
+    assert written == ["speedup_vs_k.png", "acceptance_vs_k.png", "tokens_per_call_vs_k.png",
+                       "acceptance_by_position.png"]
+    assert all((tmp_path / name).stat().st_size > 1000 for name in written)
+    series = results["figures"]
+    assert "specjax speculative (theory)" in series["speedup_vs_k.png"]
+    assert any("(1 - a^(K+1)) / (1 - a)" in s for s in series["tokens_per_call_vs_k.png"])
+    assert any(s.startswith("speculative K=4") for s in series["acceptance_by_position.png"])
