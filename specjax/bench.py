@@ -83,7 +83,10 @@ tokens/call counts target forward calls, prefill included.
 
 results.json records the machine: CPU model, core count, usable threads, and the versions of
 Python, jax, jaxlib, numpy, torch and transformers. Writes results.json, results.md and, with
-matplotlib, speedup_vs_k.png and acceptance_vs_k.png into --out (default bench-out/).
+matplotlib, speedup_vs_k.png, acceptance_vs_k.png and, when the rows carry histograms of
+accepted drafts per step, tokens_per_call_vs_k.png (measured against (1 - a^(K+1)) / (1 - a))
+and acceptance_by_position.png into --out (default bench-out/). Each figure's legend series
+are listed under "figures" in results.json.
 """
 
 from __future__ import annotations
@@ -601,16 +604,6 @@ def _pooled(histograms) -> list[int] | None:
     return [sum(col) for col in zip(*histograms)] if histograms else None
 
 
-def acceptance_by_position(histogram: list[int] | None) -> list[float | None]:
-    """P(draft i accepted | drafts 1..i-1 accepted), i = 1..K, from a histogram of accepted
-    drafts per step (`Stats.acceptance_by_position`)."""
-    if not histogram:
-        return []
-    reached = [sum(histogram[j:]) for j in range(len(histogram))]
-    return [reached[i] / reached[i - 1] if reached[i - 1] else None
-            for i in range(1, len(histogram))]
-
-
 def expected_tokens_per_call(a: float | None, k: int | None) -> float | None:
     """(1 - a^(K+1)) / (1 - a): tokens per target call when each of K drafts is accepted with
     probability a independently (Leviathan et al. 2023, Eq. 1)."""
@@ -815,7 +808,7 @@ def markdown(results: dict, heading: bool = True) -> str:
 
 
 def plots(results: dict, out: Path) -> list[str]:
-    """speedup_vs_k.png and acceptance_vs_k.png; [] with a note when matplotlib is missing."""
+    """The figures (module docstring); [] with a note when matplotlib is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -877,6 +870,8 @@ def _save(fig, path: Path, results: dict) -> None:
 def _study_plots(results, lines, out: Path, plt) -> list[str]:
     """tokens_per_call_vs_k.png (measured against (1 - a^(K+1)) / (1 - a) from the same run's
     a) and acceptance_by_position.png (the i.i.d. theory assumes one constant a)."""
+    from specjax.generate import acceptance_by_position
+
     stamp = f"{results['machine']['cpu_model']}, {results['created'][:10]}"
     histograms = [r for r in results["summary"] if r.get("accepted_histogram")]
     if not histograms:          # recorded before the histogram existed: nothing to draw

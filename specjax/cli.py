@@ -223,6 +223,8 @@ def run_generate(args) -> int:
                    candidates=args.candidates, k_schedule=args.k_schedule, k_start=args.k_start,
                    confidence_threshold=args.confidence_threshold)
     check_numbers(methods, options)
+    if args.trace is not None and args.trace < 1:
+        raise CLIError(f"--trace must be an integer >= 1, got {args.trace}")
     prompt = read_prompt(args)
     enable_compile_cache()
     target, draft, heads = load_models(args, methods)

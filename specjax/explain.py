@@ -48,8 +48,9 @@ def explain(target: Model, prompt, *, steps: int = 4, top: int = 3, **kwargs) ->
         raise GenerationError("explain shows chain verification: method 'speculative' or "
                               f"'ngram' without a tree, not {method!r}"
                               + (" with a tree" if kwargs.get("tree") is not None else ""))
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise GenerationError(f"steps must be an integer >= 1, got {steps!r}")
+    for name, value in (("steps", steps), ("top", top)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise GenerationError(f"{name} must be an integer >= 1, got {value!r}")
     request = prepare(target, [prompt], **kwargs)
     spec = dataclasses.replace(request.spec, trace=True)
     state = loop.init(spec, request.weights, request.prompts, request.prompt_length,

@@ -40,6 +40,20 @@ class GenerationError(ValueError):
     """Invalid input to `generate`: the message names the parameter and its value."""
 
 
+def acceptance_by_position(histogram) -> list[float | None]:
+    """From a histogram of accepted drafts per step (`Stats.accepted_histogram`), for i = 1..K:
+    of the steps that accepted at least i - 1 drafts, the fraction that accepted at least i
+    (None where no step got that far). With K drafts every step this is the probability that
+    draft i is accepted given drafts 1..i-1 were, which the i.i.d. theory (Leviathan et al.
+    2023) assumes to be one constant a; with fewer drafts (n-gram misses, dynamic lookahead) a
+    step that drafted fewer than i counts as not accepting i."""
+    if not histogram:
+        return []
+    reached = [sum(histogram[j:]) for j in range(len(histogram))]
+    return [reached[i] / reached[i - 1] if reached[i - 1] else None
+            for i in range(1, len(histogram))]
+
+
 @dataclasses.dataclass(frozen=True)
 class Stats:
     method: str
@@ -57,15 +71,8 @@ class Stats:
 
     @property
     def acceptance_by_position(self) -> list[float | None]:
-        """For i = 1..K: of the steps that accepted at least i - 1 drafts, the fraction that
-        accepted at least i (None where no step got that far). With K drafts every step this is
-        the probability that draft i is accepted given drafts 1..i-1 were, which the i.i.d.
-        theory (Leviathan et al. 2023) assumes to be one constant a; with fewer drafts (n-gram
-        misses, dynamic lookahead) a step that drafted fewer than i counts as not accepting i."""
-        h = self.accepted_histogram
-        reached = [sum(h[j:]) for j in range(len(h))]
-        return [reached[i] / reached[i - 1] if reached[i - 1] else None
-                for i in range(1, len(h))]
+        """`acceptance_by_position` of this run's histogram."""
+        return acceptance_by_position(self.accepted_histogram)
 
     @property
     def acceptance_rate(self) -> float:

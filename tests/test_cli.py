@@ -175,6 +175,8 @@ def bad_inputs(tiny):
         "threshold 1.5": ["--k-schedule", "confidence", "--confidence-threshold", "1.5", *prompt],
         "k below k-start": ["--k-schedule", "heuristic", "-k", "3", "--k-start", "5", *prompt],
         "confidence for ngram": ["--method", "ngram", "--k-schedule", "confidence", *prompt],
+        "trace 0": ["--trace", "0", *prompt],
+        "trace of all methods": ["--method", "all", "--trace", "2", *prompt],
     }
 
 
@@ -204,6 +206,8 @@ def test_bad_inputs_exit_2_with_one_line(tiny, env):
     assert "--confidence-threshold must be in [0, 1], got 1.5" in procs["threshold 1.5"].stderr
     assert "k_start=5 is more than k=3" in procs["k below k-start"].stderr
     assert "n-gram lookup has none" in procs["confidence for ngram"].stderr
+    assert "--trace must be an integer >= 1, got 0" in procs["trace 0"].stderr
+    assert "--trace explains one method" in procs["trace of all methods"].stderr
 
 
 def test_tree_run_prints_the_greedy_text(generated, env):

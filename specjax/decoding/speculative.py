@@ -4,7 +4,8 @@
 One step, for every row at once:
 
   1. The draft proposes K tokens x_1..x_K autoregressively, each sampled from its own
-     distribution p_i, which is kept.
+     distribution p_i, which is kept (up to K under a dynamic lookahead schedule: each row may
+     stop earlier, `decoding.lookahead`).
   2. The target scores the row's last token and x_1..x_K in one call: K + 1 distributions q_i.
   3. `rejection.verify` accepts a prefix of the drafts and samples one more token, from the
      residual at the first rejection or from q_{K+1} when all K were accepted.
