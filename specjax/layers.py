@@ -94,24 +94,34 @@ def attend(q, k, v, mask):
       (`cache.attention_mask`).
     Returns:
       [B, T, N, H]
+
+    Both products are batched over (B, K) with those axes leading in every operand, and the
+    queries of one key/value head, its G = N / K heads at the T positions, are the M rows of
+    one matrix product [T*G, H] @ [H, S]. Written as einsums with T and G as separate axes, XLA
+    on a CPU transposed the small operands around every product: with SmolLM2's shapes, 30
+    layers of one-token attention over 1,024 slots took 20.5 ms that way and 2.5 ms this way
+    (32 rows over 128 slots: 56 vs 22 ms; jax 0.10.2 on a 2-core x86-64 CPU).
     """
     b, t, n, h = q.shape
     kv_heads = k.shape[1]
-    # Queries of one group share a key/value head: reshape instead of repeating K and V.
-    q = q.reshape(b, t, kv_heads, n // kv_heads, h)                     # [B, T, K, G, H]
+    g = n // kv_heads
+    # Queries of one group share a key/value head: regroup instead of repeating K and V.
+    q = q.reshape(b, t, kv_heads, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kv_heads, t * g, h)
+    batched = ((0, 1), (0, 1))                                          # (B, K) in both
     # The softmax is in float32; the product stays in the cache's dtype (XLA's CPU dot has no
     # bfloat16 x bfloat16 -> float32 kernel for this shape).
-    scores = jnp.einsum("BTKGH,BKHS->BKGTS", q, k).astype(jnp.float32)
+    scores = lax.dot_general(q, k, (((3,), (2,)), batched)).astype(jnp.float32)  # [B, K, TG, S]
     scores = scores / np.float32(math.sqrt(h))
-    mask = mask[:, None, None]                                           # [B, 1, 1, T, S]
+    mask = jnp.repeat(mask, g, axis=1)[:, None]                          # [B, 1, TG, S]
     # Every query sees at least its own slot, so no row of the softmax is all -inf. The softmax
-    # is normalised after the product with the values, on [.., T, H] rather than [.., T, S]:
+    # is normalised after the product with the values, on [.., TG, H] rather than [.., TG, S]:
     # the same numbers, one pass less over the scores.
     scores = jnp.where(mask, scores, -jnp.inf)
-    weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))  # [B, K, G, T, S]
-    total = jnp.sum(weights, axis=-1)                                    # [B, K, G, T]
-    out = jnp.einsum("BKGTS,BKSH->BTKGH", weights.astype(v.dtype), v).astype(jnp.float32)
-    out = out / jnp.transpose(total, (0, 3, 1, 2))[..., None]           # [B, T, K, G, H]
+    weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))  # [B, K, TG, S]
+    total = jnp.sum(weights, axis=-1, keepdims=True)                     # [B, K, TG, 1]
+    out = lax.dot_general(weights.astype(v.dtype), v, (((3,), (2,)), batched))  # [B, K, TG, H]
+    out = out.astype(jnp.float32) / total
+    out = out.reshape(b, kv_heads, t, g, h).transpose(0, 2, 1, 3, 4)     # [B, T, K, G, H]
     return out.astype(v.dtype).reshape(b, t, n, h)
 
 

@@ -46,8 +46,9 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
-__all__ = ["SamplingParams", "probs_from_logits", "sample", "has_nan"]
+__all__ = ["SamplingParams", "probs_from_logits", "sample", "sample_rows", "has_nan"]
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,22 @@ def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
     """
     log_probs = jnp.log(jnp.asarray(probs))  # [..., V], -inf where probs == 0
     return jax.random.categorical(key, log_probs, axis=-1).astype(jnp.int32)
+
+
+def sample_rows(keys: jax.Array, probs: jax.Array) -> jax.Array:
+    """`sample` for each row of a batch: keys [B], probs [B, V] -> [B] int32, draw for draw.
+
+    When every row has a single token of nonzero probability (greedy decoding, where every
+    distribution is one-hot), `sample` can only return that token: log(probs) has one finite
+    entry, and the Gumbel-max trick's argmax lands on it whatever the noise. The draw is then
+    that argmax, without the B x V Gumbel variates (with 32 rows of a 49,152-token vocabulary,
+    20-30 ms a step on a 2-core CPU, a fifth of a batched greedy step). Otherwise every row is
+    drawn by `sample`. The two branches are a `lax.cond` on the batch, so a program runs one.
+    """
+    one_token = jnp.all(jnp.sum(probs > 0, axis=-1) == 1)
+    return lax.cond(one_token,
+                    lambda: jnp.argmax(probs, axis=-1).astype(jnp.int32),
+                    lambda: jax.vmap(sample)(keys, probs))
 
 
 def has_nan(logits: jax.Array) -> jax.Array:

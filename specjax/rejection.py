@@ -47,7 +47,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.logits import sample
+from specjax.logits import sample_rows
 
 __all__ = [
     "RULES",
@@ -165,11 +165,12 @@ def _verify_row(
     all_accepted = n_accepted >= jnp.minimum(num_drafted, num_draft)
     q_next = target_probs[n_accepted]  # [V]
     residual = residual_distribution(draft_probs[jnp.minimum(n_accepted, num_draft - 1)], q_next)
-    next_token = sample(jnp.where(all_accepted, k_bonus, k_residual),
-                        jnp.where(all_accepted, q_next, residual))
+    # The draw itself is made for the whole batch (`sample_rows`), by the caller.
+    next_key = jnp.where(all_accepted, k_bonus, k_residual)
+    next_dist = jnp.where(all_accepted, q_next, residual)
     # What a reader of one step wants to see (`specjax.explain`), computed anyway.
     details = dict(p_x=p_x, q_x=q_x, u=u, residual=jnp.where(all_accepted, 0.0, residual))
-    return n_accepted, next_token.astype(jnp.int32), details
+    return n_accepted, next_key, next_dist, details
 
 
 def verify(
@@ -229,8 +230,9 @@ def verify(
         )
     if num_drafted is None:
         num_drafted = jnp.full((batch,), num_draft, jnp.int32)
-    n_accepted, next_token, details = jax.vmap(_verify_row)(
+    n_accepted, next_keys, next_dists, details = jax.vmap(_verify_row)(
         draft_tokens, draft_probs, target_probs, keys, num_drafted)
+    next_token = sample_rows(next_keys, next_dists)
     return (n_accepted, next_token, details) if with_details else (n_accepted, next_token)
 
 
@@ -319,10 +321,10 @@ def _verify_tree_row(tree, rule, tokens, valid, draft_probs, target_probs, key):
         p, q = jnp.where(moved, p_child, p), jnp.where(moved, q_child, q)
         walking = walking & moved
         path.append(node)
-    # Step 4: the residual after the last rejections, or q at an accepted leaf (the bonus).
-    next_token = sample(k_next, q)
+    # Step 4: the residual after the last rejections, or q at an accepted leaf (the bonus),
+    # drawn for the whole batch by the caller (`sample_rows`).
     n_accepted = jnp.sum(jnp.asarray(tree.depth)[jnp.stack(path)] == jnp.arange(1, depth + 1))
-    return n_accepted.astype(jnp.int32), jnp.stack(path), next_token.astype(jnp.int32)
+    return n_accepted.astype(jnp.int32), jnp.stack(path), k_next, q
 
 
 def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_probs: jax.Array | None,
@@ -355,5 +357,6 @@ def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_prob
         if rule != "deterministic":
             raise ValueError(f"rule {rule!r} needs the draft distributions (draft_probs)")
         draft_probs = jnp.zeros_like(target_probs)      # never read by the deterministic rule
-    return jax.vmap(lambda *a: _verify_tree_row(tree, rule, *a))(
-        tokens, valid, draft_probs, target_probs, keys)
+    n_accepted, path, next_keys, next_dists = jax.vmap(
+        lambda *a: _verify_tree_row(tree, rule, *a))(tokens, valid, draft_probs, target_probs, keys)
+    return n_accepted, path, sample_rows(next_keys, next_dists)

@@ -8,7 +8,7 @@ from jax import lax
 
 from specjax.cache import KVCache
 from specjax.decoding.state import DecodeState, any_nan, append, count_call, last_tokens, step_keys
-from specjax.logits import probs_from_logits, sample
+from specjax.logits import probs_from_logits, sample_rows
 from specjax.model import forward, hidden_states
 
 
@@ -16,10 +16,26 @@ from specjax.model import forward, hidden_states
 # short enough that padding costs little (at most one chunk) and that a call's attention reads
 # only the cache prefix its positions can see (`layers.attend_cache`).
 PREFILL_CHUNK = 256
+MIN_PREFILL_CHUNK = 16
+
+
+def prefill_chunk(batch: int) -> int:
+    """Prompt positions per prefill call for `batch` rows: PREFILL_CHUNK for one row, halved
+    while a call would hold more than PREFILL_CHUNK tokens (down to MIN_PREFILL_CHUNK).
+
+    A call on B rows of c positions is a matrix product of B * c rows, efficient from a few
+    hundred; and the last chunk pads every row up to a multiple of c, so a batch of short
+    prompts wastes less with small chunks (SmolLM2, 32 prompts of 34 to 40 tokens on a 2-core
+    CPU: 1.76 s with 64-position chunks, 1.23 s with 16).
+    """
+    chunk = PREFILL_CHUNK
+    while chunk > MIN_PREFILL_CHUNK and chunk * batch > PREFILL_CHUNK:
+        chunk //= 2
+    return chunk
 
 
 def prefill(params, config, prompts, prompt_length, slots: int,
-            chunk: int = PREFILL_CHUNK, with_hidden: bool = False):
+            chunk: int | None = None, with_hidden: bool = False):
     """Runs the padded prompts [B, P] through a fresh cache of `slots` >= P slots, `chunk`
     positions per call.
 
@@ -33,7 +49,7 @@ def prefill(params, config, prompts, prompt_length, slots: int,
     position, prompt_length - 2 (zeros for a one-token prompt): what Medusa heads read.
     """
     b, p = prompts.shape
-    chunk = min(p, chunk)
+    chunk = min(p, chunk or prefill_chunk(b))
     n_chunks = (jnp.max(prompt_length) - 1 + chunk - 1) // chunk
     wanted = prompt_length - 2                                                  # [B]
 
@@ -64,7 +80,7 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     token, position = last_tokens(state, 1)                            # [B, 1]
     logits, cache = forward(params.target, spec.target_config, token, position, state.target_cache)
     probs = probs_from_logits(logits[:, 0], spec.sampling)              # [B, V]
-    next_token = jax.vmap(sample)(step_keys(state), probs)              # [B]
+    next_token = sample_rows(step_keys(state), probs)                  # [B]
     state = count_call(state, nan=any_nan(logits)).replace(target_cache=cache)
     state = append(state, next_token[:, None], jnp.ones_like(state.length), spec.max_new_tokens,
                    spec.eos_ids)

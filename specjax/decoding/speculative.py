@@ -28,7 +28,7 @@ from jax import lax
 from specjax.decoding import lookahead, trees
 from specjax.decoding.state import (DecodeState, any_nan, append, count_call, last_tokens,
                                     pad_vocab, step_keys)
-from specjax.logits import probs_from_logits, sample
+from specjax.logits import probs_from_logits, sample_rows
 from specjax.model import forward
 from specjax.rejection import verify
 
@@ -40,7 +40,7 @@ def propose(key, logits, sampling):
       key: [B] keys; logits: [B, V]. Returns token [B] int32 and p [B, V] float32.
     """
     p = probs_from_logits(logits, sampling)
-    return jax.vmap(sample)(key, p), p
+    return sample_rows(key, p), p
 
 
 def draft(spec, params, state: DecodeState, keys, limit):
