@@ -133,22 +133,22 @@ def time_heads(directory, model, repeats, median_time):
 
 
 def numpy_matvecs(params, config):
-    """One vector through every weight matrix, as [in, out] float32 numpy arrays, and through
+    """One vector through every weight matrix, as [out, in] float32 numpy arrays, and through
     the LM head (embeddings are a lookup, so the head is their only mat-vec)."""
-    def as_matrix(name, a):      # [in, out]: wq/wk/wv are [D, heads, H], wo is [N, H, D]
+    def as_matrix(name, a):      # [out, in]: wq/wk/wv are [heads, H, D], wo is [D, N, H]
         a = np.asarray(a, np.float32)
-        return a.reshape(a.shape[0], -1) if name in ("wq", "wk", "wv") else a.reshape(-1, a.shape[-1])
+        return a.reshape(-1, a.shape[-1]) if name in ("wq", "wk", "wv") else a.reshape(a.shape[0], -1)
 
     matrices = [as_matrix(name, a) for layer in params["layers"]
                 for name, a in sorted(layer.items()) if name.startswith("w")]
-    inputs = [np.ones(w.shape[0], np.float32) for w in matrices]
-    head = np.asarray(params["embed"] if config.tie_embeddings else params["lm_head"].T,
+    inputs = [np.ones(w.shape[1], np.float32) for w in matrices]
+    head = np.asarray(params["embed"] if config.tie_embeddings else params["lm_head"],
                       np.float32)                                               # [V, D]
     x = np.ones(config.d_model, np.float32)
 
     def run():
         for w, v in zip(matrices, inputs):
-            v @ w
+            w @ v
         return head @ x
     return run
 

@@ -150,6 +150,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead of the suite's timings, the oracle lookahead analysis "
                              "(specjax.oracle): greedy, the draft's oracle, constant and dynamic "
                              "draft lengths per step, figures and call counts")
+    parser.add_argument("--batch", metavar="SIZES",
+                        help="comma-separated batch sizes, e.g. 1,8,32: instead of the suite's "
+                             "timings, the batch sweep (specjax.bench_batch): B suite prompts in "
+                             "one generate call per method and K, against transformers")
     parser.add_argument("--max-ngram", type=int, default=3,
                         help="longest n-gram looked up (default 3)")
     parser.add_argument("--quick", action="store_true",
@@ -172,6 +176,10 @@ def run(args) -> int:
         from specjax import oracle
 
         return oracle.run(args, settings)
+    if settings["batch"]:
+        from specjax import bench_batch
+
+        return bench_batch.run(args, settings)
     notes: list[str] = []
     target_path, draft_path, no_draft = model_paths(args, "speculative" in settings["methods"])
     if "speculative" in settings["methods"] and draft_path is None:
@@ -258,6 +266,7 @@ def _settings(args) -> dict:
                     max_ngram=args.max_ngram, quick=args.quick, trees=_trees(args.trees),
                     k_schedules=_schedules(args.k_schedules),
                     confidence_threshold=args.confidence_threshold,
+                    batch=positive_ints("--batch", args.batch) if args.batch else [],
                     peers=args.peers if args.peers is not None else not args.quick)
     for name, minimum in (("reps", 1), ("warmup", 0), ("max_new_tokens", 1), ("max_ngram", 1),
                           ("seed", 0)):
@@ -266,6 +275,8 @@ def _settings(args) -> dict:
     if not 0.0 <= settings["confidence_threshold"] <= 1.0:
         raise CLIError(f"--confidence-threshold must be in [0, 1], got "
                        f"{settings['confidence_threshold']}")
+    if settings["batch"] and args.oracle:
+        raise CLIError("--batch and --oracle are two different runs; pick one")
     if settings["seed"] >= 2**31:
         raise CLIError(f"--seed must be below 2^31, got {settings['seed']}")
     from specjax.logits import SamplingParams

@@ -58,10 +58,13 @@ def _same(a):
 
 def _gpt2_table(c: ModelConfig) -> list[Entry]:
     D, N, H = c.d_model, c.n_heads, c.head_dim
-    # GPT-2's Conv1D weights are already [in, out], so only reshapes are needed. c_attn packs
-    # q, k and v side by side along its output axis.
+    # GPT-2's Conv1D weights are [in, out], transposed to specjax's [out, in]. c_attn packs q, k
+    # and v side by side along its output axis.
     def qkv(index):
-        return (lambda w: w[..., index * D:(index + 1) * D].reshape(*w.shape[:-1], N, H))
+        return lambda w: w[:, index * D:(index + 1) * D].T.reshape(N, H, D)
+
+    def qkv_bias(index):
+        return lambda b: b[index * D:(index + 1) * D].reshape(N, H)
 
     t = [Entry("wte.weight", ("embed",), _same, _same),
          Entry("wpe.weight", ("pos_embed",), _same, _same),
@@ -76,28 +79,28 @@ def _gpt2_table(c: ModelConfig) -> list[Entry]:
           Entry(layer + "attn.c_attn.weight", ("layers", "wq"), qkv(0), None),
           Entry(layer + "attn.c_attn.weight", ("layers", "wk"), qkv(1), None),
           Entry(layer + "attn.c_attn.weight", ("layers", "wv"), qkv(2), None),
-          Entry(layer + "attn.c_attn.bias", ("layers", "bq"), qkv(0), None),
-          Entry(layer + "attn.c_attn.bias", ("layers", "bk"), qkv(1), None),
-          Entry(layer + "attn.c_attn.bias", ("layers", "bv"), qkv(2), None),
+          Entry(layer + "attn.c_attn.bias", ("layers", "bq"), qkv_bias(0), None),
+          Entry(layer + "attn.c_attn.bias", ("layers", "bk"), qkv_bias(1), None),
+          Entry(layer + "attn.c_attn.bias", ("layers", "bv"), qkv_bias(2), None),
           Entry(layer + "attn.c_proj.weight", ("layers", "wo"),
-                lambda w: w.reshape(N, H, D), lambda w: w.reshape(N * H, D)),
+                lambda w: w.T.reshape(D, N, H), lambda w: w.reshape(D, N * H).T),
           Entry(layer + "attn.c_proj.bias", ("layers", "bo"), _same, _same),
-          Entry(layer + "mlp.c_fc.weight", ("layers", "w_in"), _same, _same),
+          Entry(layer + "mlp.c_fc.weight", ("layers", "w_in"), np.transpose, np.transpose),
           Entry(layer + "mlp.c_fc.bias", ("layers", "b_in"), _same, _same),
-          Entry(layer + "mlp.c_proj.weight", ("layers", "w_out"), _same, _same),
+          Entry(layer + "mlp.c_proj.weight", ("layers", "w_out"), np.transpose, np.transpose),
           Entry(layer + "mlp.c_proj.bias", ("layers", "b_out"), _same, _same)]
     if not c.tie_embeddings:
-        t.append(Entry("lm_head.weight", ("lm_head",), np.transpose, np.transpose))
+        t.append(Entry("lm_head.weight", ("lm_head",), _same, _same))
     return t
 
 
 def _llama_table(c: ModelConfig) -> list[Entry]:
     D, N, K, H = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim
-    # torch.nn.Linear stores [out, in]; specjax keeps [in, out] with heads split out.
+    # torch.nn.Linear stores [out, in], as specjax does, with heads split out.
     # Hugging Face Llama q/k rows are already in the half-split (rotate_half) RoPE layout that
     # `layers.apply_rope` uses, so no permutation is needed (GGUF files differ: see gguf.py).
     def proj_in(heads):
-        return (lambda w: w.T.reshape(D, heads, H), lambda w: w.reshape(D, heads * H).T)
+        return (lambda w: w.reshape(heads, H, D), lambda w: w.reshape(heads * H, D))
 
     def bias(heads):
         return (lambda b: b.reshape(heads, H), lambda b: b.reshape(heads * H))
@@ -111,10 +114,10 @@ def _llama_table(c: ModelConfig) -> list[Entry]:
          Entry(layer + "self_attn.k_proj.weight", ("layers", "wk"), *proj_in(K)),
          Entry(layer + "self_attn.v_proj.weight", ("layers", "wv"), *proj_in(K)),
          Entry(layer + "self_attn.o_proj.weight", ("layers", "wo"),
-               lambda w: w.T.reshape(N, H, D), lambda w: w.reshape(N * H, D).T),
-         Entry(layer + "mlp.gate_proj.weight", ("layers", "w_gate"), np.transpose, np.transpose),
-         Entry(layer + "mlp.up_proj.weight", ("layers", "w_up"), np.transpose, np.transpose),
-         Entry(layer + "mlp.down_proj.weight", ("layers", "w_down"), np.transpose, np.transpose)]
+               lambda w: w.reshape(D, N, H), lambda w: w.reshape(D, N * H)),
+         Entry(layer + "mlp.gate_proj.weight", ("layers", "w_gate"), _same, _same),
+         Entry(layer + "mlp.up_proj.weight", ("layers", "w_up"), _same, _same),
+         Entry(layer + "mlp.down_proj.weight", ("layers", "w_down"), _same, _same)]
     if c.qkv_bias:
         t += [Entry(layer + "self_attn.q_proj.bias", ("layers", "bq"), *bias(N)),
               Entry(layer + "self_attn.k_proj.bias", ("layers", "bk"), *bias(K)),
@@ -126,7 +129,7 @@ def _llama_table(c: ModelConfig) -> list[Entry]:
               Entry(layer + "mlp.up_proj.bias", ("layers", "b_up"), _same, _same),
               Entry(layer + "mlp.down_proj.bias", ("layers", "b_down"), _same, _same)]
     if not c.tie_embeddings:
-        t.append(Entry("lm_head.weight", ("lm_head",), np.transpose, np.transpose))
+        t.append(Entry("lm_head.weight", ("lm_head",), _same, _same))
     return t
 
 
@@ -374,7 +377,7 @@ def _gpt2_c_attn(params: Params, config: ModelConfig, tensors: dict[str, np.ndar
     D = config.d_model
     layers = params["layers"]
     for i in range(config.n_layers):
-        w = [layers[i][n].reshape(D, D) for n in ("wq", "wk", "wv")]
+        w = [layers[i][n].reshape(D, D).T for n in ("wq", "wk", "wv")]      # [in, out]
         b = [layers[i][n].reshape(D) for n in ("bq", "bk", "bv")]
         tensors[f"h.{i}.attn.c_attn.weight"] = np.concatenate(w, axis=-1)
         tensors[f"h.{i}.attn.c_attn.bias"] = np.concatenate(b, axis=-1)

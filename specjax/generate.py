@@ -68,6 +68,8 @@ class Stats:
     run_s: float
     # Steps that accepted exactly j drafted tokens, j = 0..K (or a tree's depth); () for AR.
     accepted_histogram: tuple[int, ...] = ()
+    # Iterations of the decoding loop: every row pays for each, finished or not.
+    steps: int = 0
 
     @property
     def acceptance_by_position(self) -> list[float | None]:
@@ -89,6 +91,13 @@ class Stats:
         return self.drafted / self.target_calls if self.target_calls else 0.0
 
     @property
+    def idle_fraction(self) -> float:
+        """Of the rows x loop iterations the batch paid for, the share spent on rows that had
+        already finished (EOS or max_new_tokens): the cost of ragged lengths in one batch."""
+        paid = self.rows * self.steps
+        return 1.0 - self.target_calls / paid if paid else 0.0
+
+    @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.run_s if self.run_s > 0 else 0.0
 
@@ -96,7 +105,7 @@ class Stats:
         d = dataclasses.asdict(self)
         d.update(acceptance_rate=self.acceptance_rate,
                  tokens_per_target_call=self.tokens_per_target_call,
-                 mean_draft_length=self.mean_draft_length,
+                 mean_draft_length=self.mean_draft_length, idle_fraction=self.idle_fraction,
                  acceptance_by_position=self.acceptance_by_position,
                  tokens_per_second=self.tokens_per_second)
         return d
@@ -156,24 +165,27 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
         check_compatible(target, draft)
     else:
         draft = None
-    rows = encode_prompts(target, prompts)
+    prompt_array, lengths = _prompt_matrix(target, prompts)
+    longest = int(lengths.max())
+    padded_length = _bucket(longest)
     vocab = max(target.config.vocab_size, draft.config.vocab_size if draft else 0)
-    for i, row in enumerate(rows):
-        bad = [t for t in row if not 0 <= t < vocab]
-        if bad:
-            raise GenerationError(f"prompt {i} has token id {bad[0]} outside the vocabulary "
-                                  f"[0, {vocab})")
-        for model in (target, draft):
-            if model is not None and len(row) + max_new_tokens > model.config.max_positions:
-                raise GenerationError(
-                    f"prompt {i} has {len(row)} tokens; with max_new_tokens={max_new_tokens} that "
-                    f"exceeds the context window of {model.name} ({model.config.max_positions})")
+    real = np.arange(padded_length) < lengths[:, None]
+    outside = real & ((prompt_array < 0) | (prompt_array >= vocab))
+    if outside.any():
+        i, j = np.argwhere(outside)[0]
+        raise GenerationError(f"prompt {i} has token id {prompt_array[i, j]} outside the "
+                              f"vocabulary [0, {vocab})")
+    for model in (target, draft):
+        too_long = lengths + max_new_tokens > model.config.max_positions if model else [False]
+        if np.any(too_long):
+            i = int(np.argmax(too_long))
+            raise GenerationError(
+                f"prompt {i} has {lengths[i]} tokens; with max_new_tokens={max_new_tokens} that "
+                f"exceeds the context window of {model.name} ({model.config.max_positions})")
     if eos_ids is None:
         eos_ids = target.config.eos_token_ids
     eos_ids = tuple(int(e) for e in eos_ids)
 
-    longest = max(len(r) for r in rows)
-    padded_length = _bucket(longest)
     k_eff = k if method != "autoregressive" else 1
     if tree is not None:
         k_eff = tree.size
@@ -182,9 +194,6 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
     # prefix (`layers.attend_cache`; a decoding step reads at least 1,024 slots), so capacity
     # beyond that costs memory, not time.
     buffer_length = _bucket(longest + max_new_tokens + k_eff + 1)
-    prompt_array = np.zeros((len(rows), padded_length), np.int32)
-    for i, row in enumerate(rows):
-        prompt_array[i, :len(row)] = row
 
     spec = DecodeSpec(method=method, target_config=target.config,
                       draft_config=draft.config if draft else None, sampling=sampling,
@@ -195,8 +204,8 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
                       **hooks)
     weights = Weights(target.params, draft.params if draft else None,
                       runtime_weights(heads, target) if method == "medusa" else None)
-    return Request(spec, weights, prompt_array, np.array([len(r) for r in rows], np.int32),
-                   row_keys(seed, len(rows)), target.tokenizer)
+    return Request(spec, weights, prompt_array.astype(np.int32), lengths,
+                   row_keys(seed, len(lengths)), target.tokenizer)
 
 
 def generate(target: Model, prompts, **kwargs) -> GenerationResult:
@@ -276,6 +285,25 @@ def check_compatible(target: Model, draft: Model) -> None:
                               f"{target.name})")
 
 
+def _prompt_matrix(model: Model, prompts) -> tuple[np.ndarray, np.ndarray]:
+    """The prompts right-padded with zeros to their bucketed length (`_bucket`), [B, P] int64,
+    and each row's length [B]. A 2-D integer array is taken as it is (every row full length:
+    the fast way in for 10^5 equal rows); anything else goes through `encode_prompts`."""
+    if (isinstance(prompts, np.ndarray) and prompts.ndim == 2 and prompts.dtype.kind in "iu"
+            and prompts.size):
+        rows, lengths = prompts, np.full(len(prompts), prompts.shape[1], np.int32)
+    else:
+        rows = encode_prompts(model, prompts)
+        lengths = np.array([len(r) for r in rows], np.int32)
+    matrix = np.zeros((len(rows), _bucket(int(lengths.max()))), np.int64)
+    if isinstance(rows, np.ndarray):
+        matrix[:, :rows.shape[1]] = rows
+    else:
+        for i, row in enumerate(rows):
+            matrix[i, :len(row)] = row
+    return matrix, lengths
+
+
 def encode_prompts(model: Model, prompts) -> list[list[int]]:
     if isinstance(prompts, np.ndarray):
         prompts = list(prompts)
@@ -288,12 +316,20 @@ def encode_prompts(model: Model, prompts) -> list[list[int]]:
                 raise GenerationError(f"{model.name} has no tokenizer.json; pass token ids")
             row = model.tokenizer.encode(prompt).ids
         else:
-            row = list(np.asarray(prompt).reshape(-1).tolist()) if len(prompt) else []
-            if not all(isinstance(t, numbers.Integral) for t in row):
+            try:
+                array = np.asarray(prompt)
+            except ValueError:         # ragged nesting
+                array = np.asarray(prompt, dtype=object)
+            if array.size and array.dtype.kind not in "iub":
+                big = [t for t in array.reshape(-1) if isinstance(t, numbers.Integral)]
+                if array.dtype == object and len(big) == array.size:   # beyond int64
+                    raise GenerationError(f"prompt {i} has token id {max(big, key=abs)} outside "
+                                          f"the vocabulary [0, {model.config.vocab_size})")
                 raise GenerationError(f"prompt {i} must hold integer token ids")
+            row = array.reshape(-1).tolist()
         if not row:
             raise GenerationError(f"prompt {i} is empty")
-        rows.append([int(t) for t in row])
+        rows.append(row)
     return rows
 
 
@@ -456,7 +492,7 @@ def _result(request: Request, state: DecodeState, compile_s: float, run_s: float
                   target_calls=int(np.sum(state.target_calls)),
                   draft_calls=int(np.sum(state.draft_calls)), drafted=int(np.sum(state.drafted)),
                   accepted=int(np.sum(state.accepted)), tree_size=_tree_size(request.spec),
-                  compile_s=compile_s, run_s=run_s,
+                  compile_s=compile_s, run_s=run_s, steps=int(state.step),
                   accepted_histogram=(() if state.accepted_histogram is None else tuple(
                       int(n) for n in np.sum(np.asarray(state.accepted_histogram), axis=0))))
     texts = None

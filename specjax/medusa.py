@@ -97,7 +97,7 @@ def projection(target: Model, token_ids) -> jax.Array:
     ids = jnp.asarray(token_ids)
     if target.config.tie_embeddings:
         return target.params["embed"][ids]
-    return target.params["lm_head"][:, ids].T
+    return target.params["lm_head"][ids]
 
 
 def target_identity(target: Model, token_ids) -> dict:

@@ -16,7 +16,7 @@ from specjax.model import forward, hidden_states
 # short enough that padding costs little (at most one chunk) and that a call's attention reads
 # only the cache prefix its positions can see (`layers.attend_cache`).
 PREFILL_CHUNK = 256
-MIN_PREFILL_CHUNK = 16
+MIN_PREFILL_CHUNK = 8
 
 
 def prefill_chunk(batch: int) -> int:
