@@ -15,6 +15,7 @@ many prompts are), each decoding up to --max-new-tokens and stopping at its EOS,
                 after one untimed call; rows at position 64 of a 128-slot cache)
   c             the draft's cost ratio: a draft call on B rows of one token over a target
                 call on B rows of one token, timed the same way
+  = AR          greedy only: every row's tokens equal specjax autoregressive's at the same B
   cost model    tokens/call / (c K + v): the speedup if a step cost exactly its target and
                 draft calls. Leviathan et al. 2023 (Eq. 1, Theorem 3.8) take v = 1, true while
                 a call is bound by reading the weights; a batch makes each call do B times the
@@ -70,8 +71,10 @@ def run(args, settings) -> int:
     prompts = bench._encode_suite(target, draft, short, dict(settings, quick=False), notes)
     if not prompts:
         raise CLIError("no prompt of the suite fits the target's context window")
-    peers = (bench.Peers.create(target, draft, settings, args.dtype, notes)
+    peer_notes: list[str] = []
+    peers = (bench.Peers.create(target, draft, settings, args.dtype, peer_notes)
              if settings["peers"] else None)
+    notes += [n for n in peer_notes if "speculative-dynamic" not in n]   # not run here
 
     jobs = []
     for b in batches:
@@ -269,15 +272,17 @@ def markdown(results: dict, heading: bool = True) -> str:
                   f"{s['max_new_tokens']} new tokens per row (fewer at EOS) · "
                   f"{s['reps']} timed runs", ""]
     lines += ["| B | engine | method | K | tokens/s | speedup | tokens/call | idle | v | c | "
-              "cost model | spread |",
-              "|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+              "cost model | spread | = AR |",
+              "|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|"]
+    same = {True: "yes", False: "NO", None: ""}
     f = bench._fmt
     for r in results["rows"]:
         lines.append(f"| {r['batch']} | {r['engine']} | {r['method']} | {r['k'] or ''} | "
                      f"{f(r['tokens_per_second'], '.1f')} | {f(r['speedup'], '.2f', 'x')} | "
                      f"{f(r['tokens_per_target_call'])} | {f(r['idle_fraction'], '.0%')} | "
                      f"{f(r['v'])} | {f(r['c'])} | {f(r['cost_model'], '.2f', 'x')} | "
-                     f"{f(r['spread'], '.0%')} |")
+                     f"{f(r['spread'], '.0%')} | "
+                     f"{same[r['same_tokens_as_specjax_autoregressive']]} |")
     if results["notes"]:
         lines += [""] + [f"- {n}" for n in results["notes"]]
     return "\n".join(lines) + "\n"
@@ -301,8 +306,7 @@ def plots(results: dict, out: Path) -> list[str]:
         ax.plot(*zip(*pts), marker="o", label=name)
     ax.set(xscale="log", xlabel="batch size B", ylabel="total new tokens / s")
     ax.set_xticks(batches, [str(b) for b in batches])
-    ax.set_title(f"{results['settings']['target']}: throughput by batch size
-({stamp})",
+    ax.set_title(f"{results['settings']['target']}: throughput by batch size\n({stamp})",
                  fontsize=9)
     ax.legend(fontsize=8)
     bench._save(fig, out / "tokens_per_second_vs_batch.png", results)
@@ -320,8 +324,7 @@ def plots(results: dict, out: Path) -> list[str]:
         ax.set(xscale="log", xlabel="batch size B", ylabel="speedup over autoregressive at B")
         ax.set_xticks(batches, [str(b) for b in batches])
         ax.set_title(f"{results['settings']['target']}: speedup by batch size, measured and "
-                     f"tokens/call / (cK + v)
-({stamp})", fontsize=9)
+                     f"tokens/call / (cK + v)\n({stamp})", fontsize=9)
         ax.legend(fontsize=7)
         bench._save(fig, out / "speedup_vs_batch.png", results)
         written.append("speedup_vs_batch.png")

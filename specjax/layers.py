@@ -69,15 +69,26 @@ def rope_frequencies(config: ModelConfig) -> np.ndarray:
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def apply_rope(x, positions, inv_freq):
-    """Half-split ("rotate_half") RoPE, the Hugging Face Llama layout.
+def rope_tables(positions, inv_freq):
+    """cos and sin of every position's rotation angles, [B, T, 1, H] each (float32).
+
+    Computed once per forward call and shared by every layer's queries and keys.
 
     Args:
-      x: [B, T, heads, H]; positions: [B, T] int; inv_freq: [H/2].
+      positions: [B, T] int; inv_freq: [H/2] (`rope_frequencies`).
     """
     angles = positions.astype(jnp.float32)[..., None] * inv_freq       # [B, T, H/2]
     angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, H]
-    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x, tables):
+    """Half-split ("rotate_half") RoPE, the Hugging Face Llama layout.
+
+    Args:
+      x: [B, T, heads, H]; tables: (cos, sin) from `rope_tables`.
+    """
+    cos, sin = tables
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
     return (x.astype(jnp.float32) * cos + rotated * sin).astype(x.dtype)

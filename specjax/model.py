@@ -43,7 +43,7 @@ from specjax import cache as kv
 from specjax.cache import KVCache, TreeAttention
 from specjax.config import ModelConfig
 from specjax.layers import (activation, apply_rope, attend, attend_cache, layer_norm, rms_norm,
-                            rope_frequencies)
+                            rope_frequencies, rope_tables)
 
 Params = dict
 
@@ -84,7 +84,8 @@ def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
     x = params["embed"][tokens]                                         # [B, T, D]
     if config.arch == "gpt2":
         x = x + params["pos_embed"][positions]
-    inv_freq = jnp.asarray(rope_frequencies(config)) if config.arch == "llama" else None
+    if config.arch == "llama":
+        rope = rope_tables(positions, jnp.asarray(rope_frequencies(config)))
 
     new_k, new_v = [], []
     for i, p in enumerate(params["layers"]):
@@ -93,7 +94,7 @@ def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
         if config.qkv_bias:
             q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
         if config.arch == "llama":
-            q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
         if cache is None:
             keys, values = jnp.transpose(k, (0, 2, 3, 1)), jnp.transpose(v, (0, 2, 1, 3))
             attn = attend(q, keys, values, kv.attention_mask(slots, slots, tree))  # [B, T, N, H]

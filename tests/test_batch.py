@@ -1,8 +1,9 @@
 """A batch of 32 ragged prompts: every row gives exactly its single-row output.
 
-Batching changes how the work is laid out (prefill chunks of 8 positions for 32 rows against one
-chunk for a row alone, rows that finish early idling in the loop while others go on, verify
-calls padded to the longest row's draft) but must never change a row's tokens: greedy, and with
+Batching changes how the work is laid out (a prefill that sorts the 32 rows by length and reads
+them in groups, rows that finish early idling in the loop
+while others go on, verify calls padded to the longest row's draft, Medusa's hidden states
+gathered per group) but must never change a row's tokens: greedy, and with
 seeded sampling (seed=[...]: row b uses key(seed[b]) wherever it sits).
 """
 
@@ -11,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specjax.decoding.autoregressive import prefill_chunk
+import specjax
+from specjax.decoding.autoregressive import prefill_groups
 from specjax.generate import generate
 from tests.tiny import pair
 
@@ -25,8 +27,7 @@ def models():
 
 @pytest.fixture(scope="module")
 def prompts():
-    # 2 to 16 tokens (two prompt buckets, so a lone row's prefill is one chunk of 8 or 16
-    # positions where the batch's is two of 8), with repeats for the n-gram lookup to find.
+    # 2 to 16 tokens (two prompt buckets), with repeats for the n-gram lookup to find.
     rng = np.random.default_rng(5)
     rows = []
     for i in range(BATCH):
@@ -35,19 +36,30 @@ def prompts():
     return rows
 
 
+def medusa_heads(target):
+    config = specjax.HeadsConfig(num_heads=2, num_blocks=1, hidden_size=target.config.d_model,
+                                 vocab_size=8, subset_size=4)
+    return specjax.init_heads(config, target, token_ids=[0, 2, 5, 6], seed=4, std=0.5,
+                              tree=specjax.Tree.full((2, 2)))
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("method", ["autoregressive", "speculative", "ngram"])
+@pytest.mark.parametrize("method", ["autoregressive", "speculative", "ngram", "medusa"])
 def test_each_row_of_a_ragged_batch_of_32_is_its_single_row_output(models, prompts, method,
                                                                     temperature):
     target, draft = models
     seeds = list(range(100, 100 + BATCH))
-    kwargs = dict(method=method, draft=draft, k=3, max_new_tokens=NEW, temperature=temperature,
-                  eos_ids=(EOS,))
+    kwargs = dict(method=method, max_new_tokens=NEW, temperature=temperature, eos_ids=(EOS,))
+    if method == "medusa":
+        kwargs["heads"] = medusa_heads(target)
+    else:
+        kwargs.update(draft=draft, k=3)
     batched = generate(target, prompts, seed=seeds, **kwargs)
     # The batch is really ragged at both ends: rows stop at EOS at different steps and idle.
     assert len({len(t) for t in batched.tokens}) > 1
     assert batched.stats.idle_fraction > 0
-    assert prefill_chunk(BATCH) < 16 <= max(map(len, prompts))
+    # Its prefill reads the rows sorted by length, in groups.
+    assert prefill_groups(BATCH) > 1 and prefill_groups(1) == 1
     for i, prompt in enumerate(prompts):
         alone = generate(target, [prompt], seed=[seeds[i]], **kwargs).tokens[0]
         assert batched.tokens[i] == alone, f"row {i} ({len(prompt)} prompt tokens)"

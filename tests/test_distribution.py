@@ -119,8 +119,19 @@ def models():
     return close_pair(vocab=V, std=0.5, noise=0.15)
 
 
+_LAWS: dict = {}
+
+
 def exact_law(target, prompt, sampling: SamplingParams) -> np.ndarray:
-    """P(continuation) for all V^L continuations, in lexicographic order, float64."""
+    """P(continuation) for all V^L continuations, in lexicographic order, float64 (computed once
+    per target, prompt and sampling)."""
+    key = (id(target.params), tuple(prompt), sampling)
+    if key not in _LAWS:
+        _LAWS[key] = _exact_law(target, prompt, sampling)
+    return _LAWS[key]
+
+
+def _exact_law(target, prompt, sampling: SamplingParams) -> np.ndarray:
     continuations = np.array(list(itertools.product(range(V), repeat=L)), np.int32)  # [V^L, L]
     seqs = np.concatenate([np.tile(np.array(prompt, np.int32), (len(continuations), 1)),
                            continuations], axis=1)
@@ -155,7 +166,8 @@ def draw(models, c, seed=0, rows=None, **hooks) -> tuple[np.ndarray, float]:
     rows = rows or (N if c["tree"] is None else N_TREE)
     if c["method"] == "medusa":
         hooks["heads"] = medusa_heads(target)
-    result = generate(target, [list(c["prompt"])] * rows, method=c["method"], draft=draft,
+    prompts = np.tile(np.asarray(c["prompt"], np.int32), (rows, 1))    # one row per sample
+    result = generate(target, prompts, method=c["method"], draft=draft,
                       k=c["k"], max_new_tokens=L, temperature=c["temperature"], top_k=c["top_k"],
                       top_p=c["top_p"], seed=seed, eos_ids=(), tree=c["tree"],
                       candidates=c["candidates"], **c["schedule"], **hooks)
@@ -343,7 +355,8 @@ def test_confidence_rows_stop_at_different_depths(models, name):
     # after the first step, each of 1..K drafted tokens is seen in at least 5% of 2,000 rows.
     c = CONFIDENCE[name]
     target, draft = models
-    request = prepare(target, [list(c["prompt"])] * 2000, method="speculative", draft=draft,
+    request = prepare(target, np.tile(np.asarray(c["prompt"], np.int32), (2000, 1)),
+                      method="speculative", draft=draft,
                       k=c["k"], max_new_tokens=L, temperature=c["temperature"], top_p=c["top_p"],
                       eos_ids=(), **c["schedule"])
     state = loop.init(request.spec, request.weights, request.prompts, request.prompt_length,

@@ -17,6 +17,7 @@ from specjax.model import forward, hidden_states
 # only the cache prefix its positions can see (`layers.attend_cache`).
 PREFILL_CHUNK = 256
 MIN_PREFILL_CHUNK = 8
+MAX_PREFILL_GROUPS = 8
 
 
 def prefill_chunk(batch: int) -> int:
@@ -34,6 +35,13 @@ def prefill_chunk(batch: int) -> int:
     return chunk
 
 
+def prefill_groups(batch: int) -> int:
+    """How many groups of rows a batch's prefill runs as (`prefill`): about one per 8 rows, at
+    most MAX_PREFILL_GROUPS, and a divisor of the batch (1 for fewer than 16 rows)."""
+    most = min(MAX_PREFILL_GROUPS, batch // 8)
+    return max([g for g in range(1, most + 1) if batch % g == 0], default=1)
+
+
 def prefill(params, config, prompts, prompt_length, slots: int,
             chunk: int | None = None, with_hidden: bool = False):
     """Runs the padded prompts [B, P] through a fresh cache of `slots` >= P slots, `chunk`
@@ -45,9 +53,35 @@ def prefill(params, config, prompts, prompt_length, slots: int,
     position are not run (the loop's trip count is computed at run time), and prefill stops
     before the LM head: it needs only the keys and values.
 
+    A batch of 16 or more rows is sorted by prompt length and read as `prefill_groups(B)`
+    groups of equal size, one after another (`lax.map`: one compiled body), each for as many
+    chunks as its own longest row needs; the caches are put back in the rows' order. Every
+    call of a batch computes all its rows, so without the groups a batch of short prompts pays
+    for its longest one: 32 of the bench suite's prompts (13 to 132 tokens, 50 on average)
+    took 4.7 s to read as one group and 2.2 s as four, on a 2-core CPU with SmolLM2. A row's
+    numbers do not depend on its group: rows never interact.
+
     With `with_hidden`, also returns each row's final hidden state [B, D] at its last cached
     position, prompt_length - 2 (zeros for a one-token prompt): what Medusa heads read.
     """
+    b = prompts.shape[0]
+    groups = prefill_groups(b)
+    if groups == 1:
+        return _prefill_rows(params, config, prompts, prompt_length, slots, chunk, with_hidden)
+    order = jnp.argsort(prompt_length, stable=True)                  # shortest rows first
+    rows = b // groups
+
+    def read_group(group):
+        return _prefill_rows(params, config, *group, slots, chunk, with_hidden)
+
+    stacked = lax.map(read_group, (prompts[order].reshape(groups, rows, -1),
+                                   prompt_length[order].reshape(groups, rows)))
+    back = jnp.argsort(order)                                        # row -> its sorted place
+    return jax.tree.map(lambda a: a.reshape(b, *a.shape[2:])[back], stacked)
+
+
+def _prefill_rows(params, config, prompts, prompt_length, slots, chunk, with_hidden):
+    """`prefill` of one group of rows, all in every call."""
     b, p = prompts.shape
     chunk = min(p, chunk or prefill_chunk(b))
     n_chunks = (jnp.max(prompt_length) - 1 + chunk - 1) // chunk
