@@ -36,9 +36,9 @@ def prefill_chunk(batch: int) -> int:
 
 
 def prefill_groups(batch: int) -> int:
-    """How many groups of rows a batch's prefill runs as (`prefill`): about one per 8 rows, at
-    most MAX_PREFILL_GROUPS, and a divisor of the batch (1 for fewer than 16 rows)."""
-    most = min(MAX_PREFILL_GROUPS, batch // 8)
+    """How many groups of rows a batch's prefill runs as (`prefill`): about one per 4 rows, at
+    most MAX_PREFILL_GROUPS, and a divisor of the batch (1 for fewer than 8 rows)."""
+    most = min(MAX_PREFILL_GROUPS, batch // 4)
     return max([g for g in range(1, most + 1) if batch % g == 0], default=1)
 
 
@@ -53,13 +53,14 @@ def prefill(params, config, prompts, prompt_length, slots: int,
     position are not run (the loop's trip count is computed at run time), and prefill stops
     before the LM head: it needs only the keys and values.
 
-    A batch of 16 or more rows is sorted by prompt length and read as `prefill_groups(B)`
+    A batch of 8 or more rows is sorted by prompt length and read as `prefill_groups(B)`
     groups of equal size, one after another (`lax.map`: one compiled body), each for as many
     chunks as its own longest row needs; the caches are put back in the rows' order. Every
     call of a batch computes all its rows, so without the groups a batch of short prompts pays
-    for its longest one: 32 of the bench suite's prompts (13 to 132 tokens, 50 on average)
-    took 4.7 s to read as one group and 2.2 s as four, on a 2-core CPU with SmolLM2. A row's
-    numbers do not depend on its group: rows never interact.
+    for its longest one: the bench suite's prompts (13 to 132 tokens, 50 on average) took 1.40
+    s to read as one group of 8 and 1.03 s as two groups of 4, and 4.7 s as one group of 32
+    and 3.1-3.5 s as 4 or 8 groups, on a 2-core CPU with SmolLM2. A row's numbers do not
+    depend on its group: rows never interact.
 
     With `with_hidden`, also returns each row's final hidden state [B, D] at its last cached
     position, prompt_length - 2 (zeros for a one-token prompt): what Medusa heads read.
