@@ -226,3 +226,56 @@ def test_figures_render_from_results_with_the_theory_series(tmp_path):
     assert "specjax speculative (theory)" in series["speedup_vs_k.png"]
     assert any("(1 - a^(K+1)) / (1 - a)" in s for s in series["tokens_per_call_vs_k.png"])
     assert any(s.startswith("speculative K=4") for s in series["acceptance_by_position.png"])
+
+
+def _batch_job(batch, engine, method, k, seconds, tokens, calls=None, drafted=0, accepted=0):
+    record = dict(new_tokens=sum(map(len, tokens)), run_s=seconds, target_calls=calls,
+                  drafted=drafted, accepted=accepted, idle_fraction=0.1 if k else 0.0,
+                  tokens=tokens)
+    return dict(batch=batch, engine=engine, method=method, k=k,
+                result=dict(records=[record], compile_s=1.0))
+
+
+def test_batch_sweep_rows_speedups_cost_model_and_report(tmp_path):
+    from specjax import bench_batch
+
+    greedy = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    jobs = [_batch_job(2, "specjax", "autoregressive", None, 2.0, greedy, calls=8),
+            _batch_job(2, "specjax", "speculative", 2, 1.0, greedy, calls=4, drafted=8,
+                       accepted=4),
+            _batch_job(2, "specjax", "ngram", 2, 4.0, [[1, 2, 3, 4], [5, 6, 7, 9]], calls=8),
+            _batch_job(2, "transformers", "autoregressive", None, 4.0, greedy),
+            dict(batch=2, engine="specjax", method="call-times", k=None,
+                 result=dict(target_1=0.010, target_3=0.015, draft_1=0.002))]
+    rows = {(r["engine"], r["method"]): r for r in bench_batch.batch_rows(jobs)}
+    spec = rows[("specjax", "speculative")]
+    assert spec["tokens_per_second"] == 8.0 and spec["speedup"] == 2.0
+    assert spec["tokens_per_target_call"] == 2.0 and spec["acceptance_rate"] == 0.5
+    assert spec["v"] == pytest.approx(1.5) and spec["c"] == pytest.approx(0.2)
+    assert spec["cost_model"] == pytest.approx(2.0 / (0.2 * 2 + 1.5))
+    assert rows[("specjax", "ngram")]["c"] == 0.0
+    assert rows[("transformers", "autoregressive")]["speedup"] == 0.5
+    # Greedy rows must repeat autoregressive's tokens; the n-gram fixture does not.
+    assert spec["same_tokens_as_specjax_autoregressive"] is True
+    assert rows[("specjax", "ngram")]["same_tokens_as_specjax_autoregressive"] is False
+    assert all(r["same_tokens_as_specjax_autoregressive"] is None
+               for r in bench_batch.batch_rows(jobs, sampled=True))
+    results = dict(rows=list(rows.values()), notes=[], created="2026-11-23T00:00:00",
+                   machine=dict(cpu_model="cpu", threads=2, jax_version="0"),
+                   settings=dict(batch=[2], target="tiny", draft="d", temperature=0.0,
+                                 max_new_tokens=4, reps=1))
+    table = bench_batch.markdown(results)
+    assert "| 2 | specjax | speculative | 2 | 8.0 | 2.00x | 2.00 |" in table
+    assert "| NO |" in table
+    assert bench_batch.plots(results, tmp_path) == ["tokens_per_second_vs_batch.png",
+                                                    "speedup_vs_batch.png"]
+    assert "specjax speculative K=2 cost model" in results["figures"]["speedup_vs_batch.png"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch", "0"], "--batch must be comma-separated positive integers, got '0'"),
+    (["--batch", "2", "--oracle"], "--batch and --oracle are two different runs")])
+def test_bad_batch_options_exit_2_with_one_line(argv, message, capsys, tmp_path):
+    assert main(["bench", *argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and message in err[0], err
