@@ -42,7 +42,8 @@ Lookahead schedules (--k-schedules constant,heuristic,confidence): each K also r
 other schedules (`generate(..., k_schedule=...)`, `decoding.lookahead`), K then being the most a
 step drafts; rows labelled "≤K heuristic" / "≤K confidence", with drafted/call the tokens
 drafted per target call. The chain theory assumes K drafts every step, so those rows have none.
---oracle runs the oracle analysis instead of the suite's timings (`specjax.oracle`).
+--oracle runs the oracle analysis instead of the suite's timings (`specjax.oracle`), and
+--batch 1,8,32 the batch sweep (`specjax.bench_batch`): many rows in one call, per batch size.
 
 N-gram steps that find no match draft nothing; a counts only tokens actually drafted, so the
 theory (K drafts every step) is an upper bound there.
