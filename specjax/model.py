@@ -202,8 +202,7 @@ def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> Param
             return jnp.ones(shape, dtype)
         if "bias" in name or "['b" in name:
             return jnp.zeros(shape, dtype)
-        drawn_shape, to_stored = _DRAWN.get(path[-1].key, (lambda s: s, lambda a: a))
-        return to_stored(std * jax.random.normal(k, drawn_shape(shape), jnp.float32)).astype(dtype)
+        return (std * draw_normal(path[-1].key, shape, k)).astype(dtype)
 
     params = jax.tree.unflatten(treedef, [init(p, s, k) for (p, s), k in zip(leaves, keys)])
     return dict(params, layers=unstack_layers(params["layers"], config.n_layers))
@@ -220,6 +219,14 @@ _DRAWN = {
     **dict.fromkeys(("w_in", "w_out", "w_gate", "w_up", "w_down", "lm_head"),
                     (lambda s: (*s[:-2], s[-1], s[-2]), lambda a: jnp.swapaxes(a, -1, -2))),
 }
+
+
+def draw_normal(name: str, shape: tuple, key: jax.Array) -> jax.Array:
+    """Standard normal float32 values for the parameter `name` of `shape` (as stored), drawn in
+    the layout `_DRAWN` names: the same numbers a key gave before weights were stored
+    [out, in]."""
+    drawn_shape, to_stored = _DRAWN.get(name, (lambda s: s, lambda a: a))
+    return to_stored(jax.random.normal(key, drawn_shape(shape), jnp.float32))
 
 
 def unstack_layers(stacked: dict, n_layers: int) -> list[dict]:

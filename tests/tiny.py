@@ -32,8 +32,11 @@ def close_pair(vocab=6, std=1.0, noise=0.5, seed=1):
     not always, like a real draft, so both branches of verification get exercised."""
     import jax
 
+    from specjax.model import draw_normal
+
     target = specjax.random_model(llama_config(vocab, layers=2), seed=seed, std=std)
-    leaves, treedef = jax.tree.flatten(target.params)
+    leaves, treedef = jax.tree.flatten_with_path(target.params)
     keys = jax.random.split(jax.random.key(seed + 1000), len(leaves))
-    noisy = [a + noise * std * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys)]
+    noisy = [a + noise * std * draw_normal(path[-1].key, a.shape, k)
+             for (path, a), k in zip(leaves, keys)]
     return target, specjax.Model(target.config, jax.tree.unflatten(treedef, noisy))
