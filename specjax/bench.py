@@ -240,14 +240,36 @@ def run(args) -> int:
     if mismatched:
         notes.append("greedy outputs that differ from specjax autoregressive's: " + ", ".join(
             f"{r['engine']} {r['method']} {_k_label(r)}" for r in mismatched))
-    out = Path(args.out)
+    write_report(args.out, "results", results, plots, markdown,
+                 printed=lambda r: markdown(r, heading=False))
+    return 0
+
+
+def write_report(out, stem: str, results: dict, plots, markdown, printed=None) -> None:
+    """Draws the figures (`plots(results, out)`, which may add notes), then writes
+    <stem>.json and <stem>.md into `out` and prints the report (`printed(results)`, by default
+    the markdown) and the files written."""
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = plots(results, out)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.md").write_text(markdown(results))
-    print(markdown(results, heading=False), end="")
-    print("\nwrote " + ", ".join(str(out / f) for f in ["results.json", "results.md", *written]))
-    return 0
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(markdown(results))
+    print((printed or markdown)(results), end="")
+    print("\nwrote " + ", ".join(str(out / f) for f in [f"{stem}.json", f"{stem}.md", *written]))
+
+
+def pyplot(results: dict):
+    """matplotlib.pyplot on the Agg backend, or None with a note in results when matplotlib is
+    not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        results["notes"].append("figures skipped: matplotlib is not installed "
+                                "(pip install specjax[bench])")
+        return None
+    return plt
 
 
 def _settings(args) -> dict:
@@ -420,31 +442,37 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, heads=Non
         from specjax.generate import generate
         from specjax.tree import parse_widths
 
-        records, compile_s = [], None
         extra = dict(heads=heads) if method == "medusa" else dict(draft=draft, k=k or 1)
         if schedule != CONSTANT:
             extra["k_schedule"] = schedule
         if schedule == "confidence":
             extra["confidence_threshold"] = settings["confidence_threshold"]
-        for i in range(settings["warmup"] + settings["reps"]):
-            result = generate(model, [prompt["ids"]], method=method, **extra,
-                              tree=parse_widths(tree) if tree and tree != HEADS_TREE else None,
-                              max_new_tokens=prompt["max_new_tokens"],
-                              temperature=settings["temperature"],
-                              seed=settings["seed"] + max(0, i - settings["warmup"]),
-                              max_ngram=settings["max_ngram"])
-            s = result.stats
-            compile_s = s.compile_s if i == 0 else compile_s
-            if i >= settings["warmup"]:
-                records.append(dict(new_tokens=s.new_tokens, run_s=s.run_s,
-                                    acceptance_rate=s.acceptance_rate if s.drafted else None,
-                                    tokens_per_target_call=s.tokens_per_target_call,
-                                    mean_draft_length=(s.mean_draft_length
-                                                       if method != "autoregressive" else None),
-                                    accepted_histogram=list(s.accepted_histogram),
-                                    tokens=result.tokens[0]))
+        results, compile_s = timed_runs(settings, lambda seed: generate(
+            model, [prompt["ids"]], method=method, **extra,
+            tree=parse_widths(tree) if tree and tree != HEADS_TREE else None,
+            max_new_tokens=prompt["max_new_tokens"], temperature=settings["temperature"],
+            seed=seed, max_ngram=settings["max_ngram"]))
+        records = [dict(new_tokens=s.new_tokens, run_s=s.run_s,
+                        acceptance_rate=s.acceptance_rate if s.drafted else None,
+                        tokens_per_target_call=s.tokens_per_target_call,
+                        mean_draft_length=(s.mean_draft_length
+                                           if method != "autoregressive" else None),
+                        accepted_histogram=list(s.accepted_histogram), tokens=r.tokens[0])
+                   for r, s in ((r, r.stats) for r in results)]
         return dict(records=records, compile_s=compile_s)
     return run_job
+
+
+def timed_runs(settings, generate_with_seed) -> tuple[list, float]:
+    """--warmup untimed calls, then --reps timed ones, timed run i with seed --seed + i: the
+    timed runs' results and the first call's compile seconds."""
+    results, compile_s = [], 0.0
+    for i in range(settings["warmup"] + settings["reps"]):
+        result = generate_with_seed(settings["seed"] + max(0, i - settings["warmup"]))
+        compile_s = result.stats.compile_s if i == 0 else compile_s
+        if i >= settings["warmup"]:
+            results.append(result)
+    return results, compile_s
 
 
 def _sweep_jobs(contexts, settings, target, peers) -> list[dict]:
@@ -821,13 +849,8 @@ def markdown(results: dict, heading: bool = True) -> str:
 
 def plots(results: dict, out: Path) -> list[str]:
     """The figures (module docstring); [] with a note when matplotlib is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        results["notes"].append("plots skipped: matplotlib is not installed "
-                                "(pip install specjax[bench])")
+    plt = pyplot(results)
+    if plt is None:
         return []
     lines = {}
     for r in results["summary"]:

@@ -36,7 +36,6 @@ matplotlib, tokens_per_second_vs_batch.png and speedup_vs_batch.png into --out.
 from __future__ import annotations
 
 import datetime
-import json
 import statistics
 import time
 from pathlib import Path
@@ -110,13 +109,8 @@ def run(args, settings) -> int:
         "rows": batch_rows(jobs, sampled=settings["temperature"] > 0),
         "notes": notes,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    written = plots(results, out)
-    (out / "batch.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "batch.md").write_text(markdown(results))
-    print(markdown(results, heading=False), end="")
-    print("\nwrote " + ", ".join(str(out / f) for f in ["batch.json", "batch.md", *written]))
+    bench.write_report(args.out, "batch", results, plots, markdown,
+                       printed=lambda r: markdown(r, heading=False))
     return 0
 
 
@@ -126,20 +120,14 @@ def _specjax_job(rows, settings, target, draft, method, k):
     def run_job() -> dict:
         from specjax.generate import generate
 
-        records, compile_s = [], None
-        for i in range(settings["warmup"] + settings["reps"]):
-            result = generate(target, [p["ids"] for p in rows], method=method, draft=draft,
-                              k=k or 1, max_new_tokens=min(p["max_new_tokens"] for p in rows),
-                              temperature=settings["temperature"],
-                              seed=settings["seed"] + max(0, i - settings["warmup"]),
-                              max_ngram=settings["max_ngram"])
-            s = result.stats
-            compile_s = s.compile_s if i == 0 else compile_s
-            if i >= settings["warmup"]:
-                records.append(dict(new_tokens=s.new_tokens, run_s=s.run_s,
-                                    target_calls=s.target_calls, drafted=s.drafted,
-                                    accepted=s.accepted, idle_fraction=s.idle_fraction,
-                                    tokens=result.tokens))
+        results, compile_s = bench.timed_runs(settings, lambda seed: generate(
+            target, [p["ids"] for p in rows], method=method, draft=draft, k=k or 1,
+            max_new_tokens=min(p["max_new_tokens"] for p in rows),
+            temperature=settings["temperature"], seed=seed, max_ngram=settings["max_ngram"]))
+        records = [dict(new_tokens=r.stats.new_tokens, run_s=r.stats.run_s,
+                        target_calls=r.stats.target_calls, drafted=r.stats.drafted,
+                        accepted=r.stats.accepted, idle_fraction=r.stats.idle_fraction,
+                        tokens=r.tokens) for r in results]
         return dict(records=records, compile_s=compile_s)
     return run_job
 
@@ -289,12 +277,8 @@ def markdown(results: dict, heading: bool = True) -> str:
 
 
 def plots(results: dict, out: Path) -> list[str]:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        results["notes"].append("figures skipped: matplotlib is not installed")
+    plt = bench.pyplot(results)
+    if plt is None:
         return []
     rows, written = results["rows"], []
     batches = results["settings"]["batch"]

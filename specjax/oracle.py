@@ -30,7 +30,6 @@ guess (the greedy tokens are checked against the schedules' runs, not against th
 from __future__ import annotations
 
 import datetime
-import json
 from pathlib import Path
 
 import numpy as np
@@ -152,12 +151,10 @@ def markdown(results: dict) -> str:
 
 
 def plots(results: dict, out: Path) -> list[str]:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        results["notes"].append("plots skipped: matplotlib is not installed")
+    from specjax import bench
+
+    plt = bench.pyplot(results)
+    if plt is None:
         return []
     stamp = f"{results['machine']['cpu_model']}, {results['created'][:10]}"
     first = results["per_prompt"][0]
@@ -238,11 +235,5 @@ def run(args, settings: dict) -> int:
         "per_prompt": per_prompt,
         "notes": notes,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    written = plots(results, out)
-    (out / "oracle.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / "oracle.md").write_text(markdown(results))
-    print(markdown(results), end="")
-    print("\nwrote " + ", ".join(str(out / f) for f in ["oracle.json", "oracle.md", *written]))
+    bench.write_report(args.out, "oracle", results, plots, markdown)
     return 0
