@@ -300,6 +300,12 @@ def _settings(args) -> dict:
                        f"{settings['confidence_threshold']}")
     if settings["batch"] and args.oracle:
         raise CLIError("--batch and --oracle are two different runs; pick one")
+    ignored = [name for name, given in (("--trees", settings["trees"]),
+                                        ("--k-schedules", settings["k_schedules"] != [CONSTANT]),
+                                        ("--contexts", args.contexts is not None)) if given]
+    if settings["batch"] and ignored:
+        raise CLIError(f"{ignored[0]} does not apply to --batch (the batch sweep runs chains of "
+                       "constant K, without the context sweep)")
     if settings["seed"] >= 2**31:
         raise CLIError(f"--seed must be below 2^31, got {settings['seed']}")
     from specjax.logits import SamplingParams

@@ -274,7 +274,10 @@ def test_batch_sweep_rows_speedups_cost_model_and_report(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--batch", "0"], "--batch must be comma-separated positive integers, got '0'"),
-    (["--batch", "2", "--oracle"], "--batch and --oracle are two different runs")])
+    (["--batch", "2", "--oracle"], "--batch and --oracle are two different runs"),
+    (["--batch", "2", "--trees", "2,1"], "--trees does not apply to --batch"),
+    (["--batch", "2", "--k-schedules", "heuristic"], "--k-schedules does not apply to --batch"),
+    (["--batch", "2", "--contexts", "50"], "--contexts does not apply to --batch")])
 def test_bad_batch_options_exit_2_with_one_line(argv, message, capsys, tmp_path):
     assert main(["bench", *argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.splitlines()

@@ -15,7 +15,7 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specjax.logits import SamplingParams, has_nan, probs_from_logits, sample
+from specjax.logits import SamplingParams, has_nan, probs_from_logits, sample, sample_rows
 
 F32_MAX = float(np.finfo(np.float32).max)
 SETTINGS = settings(max_examples=100, deadline=None)
@@ -278,3 +278,18 @@ def test_sample_respects_top_k_mask():
 def test_has_nan():
     logits = jnp.array([[0.0, -jnp.inf, 1e30], [0.0, jnp.nan, 1.0]])
     np.testing.assert_array_equal(has_nan(logits), [False, True])
+
+
+def test_sample_rows_is_sample_draw_for_draw():
+    # One-hot rows take the shortcut (no Gumbel noise); a batch with any other row must draw
+    # every row with `sample`. Both give exactly vmap(sample)'s tokens.
+    keys = jax.random.split(jax.random.key(3), 64)
+    one_hot = jax.nn.one_hot(jnp.arange(64) % 7, 7)
+    soft = jax.nn.softmax(jax.random.normal(jax.random.key(4), (64, 7)), axis=-1)
+    mixed = one_hot.at[5].set(soft[5])
+    for probs in (one_hot, soft, mixed):
+        assert (sample_rows(keys, probs) == jax.vmap(sample)(keys, probs)).all()
+    # The mixed batch really is drawn: its soft row is not always its argmax.
+    draws = [int(sample_rows(jax.random.split(jax.random.key(s), 64), mixed)[5])
+             for s in range(40)]
+    assert len(set(draws)) > 1
