@@ -13,10 +13,11 @@ from specjax.explain import explain, format_steps
 from specjax.generate import GenerationError, GenerationResult, Stats, generate, stream
 from specjax.logits import SamplingParams
 from specjax.medusa import Heads, HeadsConfig, init_heads, save_heads
+from specjax.mesh import MeshError, make_mesh
 from specjax.model import forward, init_params
 from specjax.tree import Tree, TreeError
 
 __all__ = ["CheckpointError", "ConfigError", "GenerationError", "GenerationResult", "Heads",
-           "HeadsConfig", "Model", "ModelConfig", "SamplingParams", "Stats", "Tree", "TreeError",
-           "explain", "format_steps", "forward", "generate", "init_heads", "init_params", "load", "random_model", "save",
-           "save_heads", "stream"]
+           "HeadsConfig", "MeshError", "Model", "ModelConfig", "SamplingParams", "Stats", "Tree",
+           "TreeError", "explain", "format_steps", "forward", "generate", "init_heads",
+           "init_params", "load", "make_mesh", "random_model", "save", "save_heads", "stream"]

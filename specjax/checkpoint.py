@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import mesh as meshes
 from specjax.config import ConfigError, ModelConfig
 from specjax.model import Params, init_params, param_shapes
 
@@ -195,8 +196,10 @@ def _read_bfloat16(f: Path) -> dict[str, tuple[np.ndarray, Path]]:
                 for name in reader.keys()}
 
 
-def load_params(directory: Path, config: ModelConfig) -> Params:
-    """Reads the weights of `directory` into specjax's parameter tree (float32 numpy -> jax)."""
+def load_params(directory: Path, config: ModelConfig, mesh=None) -> Params:
+    """Reads the weights of `directory` into specjax's parameter tree (float32 numpy -> jax),
+    each array placed on one device, or with `mesh` straight from the host to its shards
+    (`specjax.mesh.place`)."""
     tensors = {_canonical(k, config): v for k, v in _read_tensors(_weight_files(directory)).items()}
     shapes = param_shapes(config)
     table = name_table(config)
@@ -228,12 +231,16 @@ def load_params(directory: Path, config: ModelConfig) -> Params:
         raise CheckpointError(f"{file.name}: unexpected tensor(s) {unexpected[:5]} "
                               f"for a {config.model_type or config.arch} model")
     dtype = jnp.dtype(config.dtype)
+    shardings = None
+    if mesh is not None:
+        shardings = meshes.param_shardings(config, mesh)
     params: Params = {"layers": [{} for _ in range(config.n_layers)]}
     for path, array in leaves.items():
         node = params
         for key in path[:-1]:
             node = node[key] if isinstance(key, int) else node.setdefault(key, {})
-        node[path[-1]] = jnp.asarray(array, dtype)
+        node[path[-1]] = (jnp.asarray(array, dtype) if mesh is None
+                          else meshes.place(array, _leaf(shardings, path), dtype))
     return params
 
 
@@ -250,13 +257,16 @@ def _leaf(tree, path):
     return tree
 
 
-def load(path: str | Path, dtype: str = "float32"):
+def load(path: str | Path, dtype: str = "float32", mesh=None):
     """Loads a Hugging Face checkpoint directory (or a GGUF file, converted first) as a `Model`,
     or a directory of Medusa heads (config.json's model_type "medusa") as `medusa.Heads`.
 
     Args:
       path: a directory with config.json, safetensors weights and (optionally) tokenizer.json.
       dtype: "float32" (default) or "bfloat16" for parameters and compute.
+      mesh: a "data" x "model" device mesh (`specjax.make_mesh`): each weight goes from the
+        host straight to its shards (`specjax.mesh`), never whole onto one device. Medusa heads
+        ignore it (they are replicated when `generate` runs on a mesh).
     """
     path = Path(path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
@@ -278,7 +288,12 @@ def load(path: str | Path, dtype: str = "float32"):
         raise CheckpointError(str(e)) from None
     config = _with_generation_eos(config, path)
     config = config.replace(dtype=dtype)
-    params = load_params(path, config)
+    if mesh is not None:
+        try:
+            meshes.check_mesh(mesh)
+        except meshes.MeshError as e:
+            raise CheckpointError(str(e)) from None
+    params = load_params(path, config, mesh)
     tokenizer = load_tokenizer(path)
     if tokenizer is not None and tokenizer.get_vocab_size(with_added_tokens=True) > config.vocab_size:
         raise CheckpointError(f"{path}: tokenizer.json has {tokenizer.get_vocab_size()} tokens but "

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import mesh as meshes
 from specjax.checkpoint import Model
 from specjax.decoding import loop
 from specjax.decoding.lookahead import (DEFAULT_CONFIDENCE_THRESHOLD, DEFAULT_K_START,
@@ -127,6 +128,7 @@ class Request:
     prompt_length: np.ndarray    # [B] int32
     row_keys: jax.Array          # [B]
     tokenizer: object | None
+    rows: int = 0                # the caller's rows; on a mesh the batch may be padded past them
 
 
 def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Model | None = None,
@@ -134,7 +136,8 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
             top_p: float = 1.0, seed: int | Sequence[int] = 0, eos_ids=None,
             max_ngram: int = 3, min_ngram: int = 1, tree=None, candidates: str | None = None,
             heads: Heads | None = None, k_schedule: str = "constant", k_start: int | None = None,
-            confidence_threshold: float | None = None, **hooks) -> Request:
+            confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
+            **hooks) -> Request:
     """Validates everything and builds the static spec and the device inputs."""
     unknown = sorted(set(hooks) - HOOKS)
     if unknown:
@@ -195,17 +198,47 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
     # beyond that costs memory, not time.
     buffer_length = _bucket(longest + max_new_tokens + k_eff + 1)
 
+    if mesh is not None:
+        try:
+            meshes.check_mesh(mesh)
+        except meshes.MeshError as e:
+            raise GenerationError(str(e)) from None
+    if not isinstance(shard_draft, bool):
+        raise GenerationError(f"shard_draft must be True or False, got {shard_draft!r}")
+    if shard_draft and (mesh is None or method != "speculative"):
+        raise GenerationError("shard_draft applies to method 'speculative' on a mesh (mesh=...)")
+
     spec = DecodeSpec(method=method, target_config=target.config,
                       draft_config=draft.config if draft else None, sampling=sampling,
                       max_new_tokens=max_new_tokens, k=k_eff, eos_ids=eos_ids,
                       max_ngram=max_ngram, min_ngram=min_ngram, buffer_length=buffer_length,
                       tree=tree, candidates=candidates,
                       heads_config=heads.config if method == "medusa" else None, **schedule,
-                      **hooks)
+                      mesh=mesh, shard_draft=shard_draft, **hooks)
     weights = Weights(target.params, draft.params if draft else None,
                       runtime_weights(heads, target) if method == "medusa" else None)
-    return Request(spec, weights, prompt_array.astype(np.int32), lengths,
-                   row_keys(seed, len(lengths)), target.tokenizer)
+    request = Request(spec, weights, prompt_array.astype(np.int32), lengths,
+                      row_keys(seed, len(lengths)), target.tokenizer, rows=len(lengths))
+    return request if mesh is None else _on_mesh(request)
+
+
+def _on_mesh(request: Request) -> Request:
+    """The request's weights and inputs placed on its spec's mesh (`loop.weight_shardings`;
+    weights already placed so are not copied), its rows padded with copies of the last row to a
+    multiple of the "data" axis (`_result` drops them)."""
+    mesh = request.spec.mesh
+    b = len(request.prompt_length)
+    extra = meshes.padded_rows(b, mesh) - b
+    repeat = lambda a: np.concatenate([a, np.repeat(a[-1:], extra, axis=0)])  # noqa: E731
+    keys = request.row_keys
+    if extra:
+        keys = jnp.concatenate([keys, jnp.repeat(keys[-1:], extra, axis=0)])
+    rows = meshes.rows(mesh)
+    return dataclasses.replace(
+        request, weights=jax.device_put(request.weights, loop.weight_shardings(request.spec)),
+        prompts=jax.device_put(repeat(request.prompts), rows),
+        prompt_length=jax.device_put(repeat(request.prompt_length), rows),
+        row_keys=jax.device_put(keys, rows))
 
 
 def generate(target: Model, prompts, **kwargs) -> GenerationResult:
@@ -240,6 +273,10 @@ def generate(target: Model, prompts, **kwargs) -> GenerationResult:
         never looks at the target.
       k_start: the heuristic schedule's first length, 1..k (default min(5, k)).
       confidence_threshold: the confidence schedule's threshold in [0, 1] (default 0.4).
+      mesh: a "data" x "model" device mesh (`specjax.make_mesh`) to run on: the target split
+        over "model", rows over "data" (`specjax.mesh`). Weights not yet placed so are copied
+        there on every call; `specjax.load(..., mesh=mesh)` places them once.
+      shard_draft: with a mesh, split the draft like the target (default: replicated).
     """
     request = prepare(target, prompts, **kwargs)
     compiled, compile_s = _compiled(request)
@@ -257,13 +294,13 @@ def stream(target: Model, prompts, **kwargs) -> Iterator[tuple[list[list[int]], 
     """
     request = prepare(target, prompts, **kwargs)
     start = time.perf_counter()
-    state = loop.init(request.spec, request.weights, request.prompts, request.prompt_length,
-                      request.row_keys)
+    init, step, _ = loop.programs(request.spec)
+    state = init(request.weights, request.prompts, request.prompt_length, request.row_keys)
     lengths = np.asarray(state.length)
     while not bool(np.all(np.asarray(state.done))):
-        state = loop.step(request.spec, request.weights, state)
+        state = step(request.weights, state)
         tokens, new_lengths = np.asarray(state.tokens), np.asarray(state.length)
-        yield [tokens[b, lengths[b]:new_lengths[b]].tolist() for b in range(len(lengths))], None
+        yield [tokens[b, lengths[b]:new_lengths[b]].tolist() for b in range(request.rows)], None
         lengths = new_lengths
     yield [], _result(request, state, 0.0, time.perf_counter() - start)
 
@@ -476,7 +513,7 @@ def _compiled(request: Request):
     if key in _COMPILED:
         return _COMPILED[key], 0.0
     start = time.perf_counter()
-    compiled = loop.run.lower(request.spec, *args).compile()
+    compiled = loop.programs(request.spec)[2].lower(*args).compile()
     _COMPILED[key] = compiled
     return compiled, time.perf_counter() - start
 
@@ -484,17 +521,20 @@ def _compiled(request: Request):
 def _result(request: Request, state: DecodeState, compile_s: float, run_s: float) -> GenerationResult:
     if bool(state.nan_seen):
         raise GenerationError("the model produced NaN logits; its weights or inputs are broken")
+    real = request.rows            # rows past these pad the batch on a mesh
     tokens, length = np.asarray(state.tokens), np.asarray(state.length)
-    start = request.prompt_length
-    rows = [tokens[b, start[b]:length[b]].tolist() for b in range(len(start))]
+    start = np.asarray(request.prompt_length)
+    rows = [tokens[b, start[b]:length[b]].tolist() for b in range(real)]
+    total = lambda a: int(np.sum(np.asarray(a)[:real]))  # noqa: E731
     stats = Stats(method=request.spec.method, rows=len(rows),
                   new_tokens=int(sum(len(r) for r in rows)),
-                  target_calls=int(np.sum(state.target_calls)),
-                  draft_calls=int(np.sum(state.draft_calls)), drafted=int(np.sum(state.drafted)),
-                  accepted=int(np.sum(state.accepted)), tree_size=_tree_size(request.spec),
-                  compile_s=compile_s, run_s=run_s, steps=int(state.step),
+                  target_calls=total(state.target_calls), draft_calls=total(state.draft_calls),
+                  drafted=total(state.drafted), accepted=total(state.accepted),
+                  tree_size=_tree_size(request.spec), compile_s=compile_s, run_s=run_s,
+                  steps=int(state.step),
                   accepted_histogram=(() if state.accepted_histogram is None else tuple(
-                      int(n) for n in np.sum(np.asarray(state.accepted_histogram), axis=0))))
+                      int(n) for n in np.sum(np.asarray(state.accepted_histogram)[:real],
+                                             axis=0))))
     texts = None
     if request.tokenizer is not None:
         texts = [request.tokenizer.decode(r) for r in rows]

@@ -182,6 +182,28 @@ def param_shapes(config: ModelConfig) -> Params:
     return shapes
 
 
+# The logical axis of each parameter that tensor parallelism may split, by name; parameters not
+# named here (norms, output biases, GPT-2's positions) are never split. `specjax.mesh` maps
+# "heads", "kv_heads", "ff" and "vocab" to the mesh's "model" axis: the Megatron pattern, where
+# a layer's attention heads and MLP columns are computed where their weights live and the two
+# products that leave them (wo, w_out/w_down) end in one sum over devices each.
+PARAM_AXES = {
+    "wq": ("heads", None, None), "wk": ("kv_heads", None, None), "wv": ("kv_heads", None, None),
+    "wo": (None, "heads", None),
+    "bq": ("heads", None), "bk": ("kv_heads", None), "bv": ("kv_heads", None),
+    **dict.fromkeys(("w_in", "w_gate", "w_up"), ("ff", None)),
+    **dict.fromkeys(("w_out", "w_down"), (None, "ff")),
+    **dict.fromkeys(("b_in", "b_gate", "b_up"), ("ff",)),
+    "embed": ("vocab", None), "lm_head": ("vocab", None),
+}
+
+
+def logical_sizes(config: ModelConfig) -> dict[str, int]:
+    """The length of each logical axis of `PARAM_AXES` in this model."""
+    return {"heads": config.n_heads, "kv_heads": config.n_kv_heads, "ff": config.d_ff,
+            "vocab": config.vocab_size}
+
+
 def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> Params:
     """Random parameters: normal(0, std) weights, zero biases, unit norm scales.
 

@@ -3,6 +3,8 @@
 `run` is the whole generation as one compiled program (no host round trip per token).
 `init` and `step` are the same pieces jitted separately, for a Python loop that streams tokens
 as they are produced; both paths run the same functions, so they give the same tokens.
+`programs(spec)` gives the three, jitted with the input and output shardings of the spec's
+device mesh when it has one (`specjax.mesh`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from specjax import mesh as meshes
+from specjax.cache import KVCache
 from specjax.config import ModelConfig
 from specjax.decoding import autoregressive, lookahead, medusa, ngram, speculative
 from specjax.decoding.state import DecodeState, initial_state
@@ -49,6 +53,10 @@ class DecodeSpec:
     # Keep each step's verify numbers in the state (`specjax.explain`, stepping only: the
     # state's structure changes after the first step, so `run` never traces).
     trace: bool = False
+    # A "data" x "model" device mesh to run on (`specjax.mesh`), None for one device; with
+    # shard_draft the draft's weights are split like the target's instead of replicated.
+    mesh: jax.sharding.Mesh | None = None
+    shard_draft: bool = False
     # Hooks, replaceable only to build deliberately broken samplers for the negative-control
     # tests; the defaults are the algorithm.
     verify_fn: Callable = verify
@@ -80,17 +88,19 @@ def _init(spec: DecodeSpec, weights: Weights, prompts, prompt_length, row_keys) 
     if spec.method == "medusa":
         target_cache, hidden = autoregressive.prefill(weights.target, spec.target_config, prompts,
                                                       prompt_length, slots, with_hidden=True)
-        return initial_state(prompts, prompt_length, row_keys, slots, target_cache,
-                             hidden=hidden, max_accepted=_max_accepted(spec))
+        return _laid_out(spec, initial_state(prompts, prompt_length, row_keys, slots,
+                                             target_cache, hidden=hidden,
+                                             max_accepted=_max_accepted(spec)))
     target_cache = autoregressive.prefill(weights.target, spec.target_config, prompts,
                                           prompt_length, slots)
     draft_cache = None
     if spec.method == "speculative":
         draft_cache = autoregressive.prefill(weights.draft, spec.draft_config, prompts,
                                              prompt_length, slots)
-    return initial_state(prompts, prompt_length, row_keys, slots, target_cache, draft_cache,
-                         lookahead=lookahead.initial_lengths(spec, prompts.shape[0]),
-                         max_accepted=_max_accepted(spec))
+    state = initial_state(prompts, prompt_length, row_keys, slots, target_cache, draft_cache,
+                          lookahead=lookahead.initial_lengths(spec, prompts.shape[0]),
+                          max_accepted=_max_accepted(spec))
+    return _laid_out(spec, state)
 
 
 def _max_accepted(spec: DecodeSpec) -> int | None:
@@ -101,7 +111,72 @@ def _max_accepted(spec: DecodeSpec) -> int | None:
 
 
 def _step(spec: DecodeSpec, weights: Weights, state: DecodeState) -> DecodeState:
-    return _STEPS[spec.method](spec, weights, state).replace(step=state.step + 1)
+    return _laid_out(spec, _STEPS[spec.method](spec, weights, state).replace(step=state.step + 1))
+
+
+def _run(spec, weights, prompts, prompt_length, row_keys) -> DecodeState:
+    state = _init(spec, weights, prompts, prompt_length, row_keys)
+    return lax.while_loop(lambda s: ~jnp.all(s.done),
+                          lambda s: _step(spec, weights, s), state)
+
+
+# -- Shardings on a device mesh -----------------------------------------------------------------
+
+def _laid_out(spec: DecodeSpec, state: DecodeState) -> DecodeState:
+    """The state pinned to the mesh's layout (`state_shardings`): the loop carries the cache
+    split as the weights are, instead of whatever the partitioner would infer. Identity on one
+    device and while tracing a step (`DecodeSpec.trace` changes the state's structure)."""
+    if spec.mesh is None or spec.trace:
+        return state
+    return lax.with_sharding_constraint(state, state_shardings(spec))
+
+
+def weight_shardings(spec: DecodeSpec) -> Weights:
+    """The target split (`mesh.param_shardings`), the draft replicated unless
+    spec.shard_draft, the Medusa heads replicated."""
+    mesh = spec.mesh
+    draft = None
+    if spec.draft_config is not None:
+        draft = meshes.param_shardings(spec.draft_config, mesh, shard=spec.shard_draft)
+    return Weights(meshes.param_shardings(spec.target_config, mesh), draft,
+                   meshes.replicated(mesh) if spec.heads_config is not None else None)
+
+
+def state_shardings(spec: DecodeSpec) -> DecodeState:
+    """Every per-row array over "data", caches also over "model" by key/value head where their
+    model's weights are split so (`mesh.cache_sharding`), the step counter replicated."""
+    mesh = spec.mesh
+    rows, one = meshes.rows(mesh), meshes.replicated(mesh)
+
+    def cache(config, shard):
+        heads = meshes.cache_sharding(config, mesh, shard)
+        return KVCache(k=heads, v=heads, length=rows)
+
+    drafts = spec.method != "autoregressive"
+    return DecodeState(
+        tokens=rows, length=rows, prompt_length=rows, done=rows, row_keys=rows, step=one,
+        target_cache=cache(spec.target_config, True),
+        draft_cache=(cache(spec.draft_config, spec.shard_draft)
+                     if spec.method == "speculative" else None),
+        target_calls=rows, draft_calls=rows, drafted=rows, accepted=rows, nan_seen=one,
+        hidden=rows if spec.method == "medusa" else None,
+        lookahead=rows if spec.k_schedule == "heuristic" else None,
+        accepted_histogram=rows if drafts else None)
+
+
+@functools.lru_cache(maxsize=None)
+def programs(spec: DecodeSpec):
+    """(init, step, run) for this spec, jitted; on a mesh, with explicit shardings for the
+    weights, the per-row inputs and the state."""
+    functions = (functools.partial(_init, spec), functools.partial(_step, spec),
+                 functools.partial(_run, spec))
+    if spec.mesh is None:
+        return tuple(jax.jit(f) for f in functions)
+    weights, rows, state = (weight_shardings(spec), meshes.rows(spec.mesh),
+                            state_shardings(spec))
+    inputs = (weights, rows, rows, rows)
+    return tuple(jax.jit(f, in_shardings=shardings, out_shardings=state)
+                 for f, shardings in zip(functions, (inputs, (weights, state), inputs)))
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -119,6 +194,4 @@ def step(spec, weights, state) -> DecodeState:
 @functools.partial(jax.jit, static_argnums=0)
 def run(spec, weights, prompts, prompt_length, row_keys) -> DecodeState:
     """The whole generation: prefill, then steps until every row is done."""
-    state = _init(spec, weights, prompts, prompt_length, row_keys)
-    return lax.while_loop(lambda s: ~jnp.all(s.done),
-                          lambda s: _step(spec, weights, s), state)
+    return _run(spec, weights, prompts, prompt_length, row_keys)

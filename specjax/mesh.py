@@ -1,0 +1,175 @@
+"""Running on a device mesh: tensor parallelism over "model", data parallelism over "data".
+
+    mesh = specjax.make_mesh(data=2, model=4)            # 8 devices
+    target = specjax.load("weights/llama-target", mesh=mesh)
+    result = specjax.generate(target, prompts, method="speculative", draft=draft, mesh=mesh)
+
+A mesh is a `jax.sharding.Mesh` with two axes, "data" and "model". Nothing in the forward pass
+knows about it: every parameter's splittable axis is named once (`model.PARAM_AXES`), this
+module maps those names to the "model" axis, and the decoding programs are jitted with the
+resulting input and output shardings; XLA's SPMD partitioner writes the communication.
+
+What goes where:
+- the target's weights, Megatron style: query heads (wq, wo) and key/value heads (wk, wv) split
+  over "model", the MLP width F split (w_in/w_gate/w_up by rows, w_out/w_down by columns), the
+  vocabulary split for the embedding and LM head, norms and output biases replicated. A layer
+  then needs one sum over "model" after attention and one after the MLP.
+- the KV cache [B, K, ...] split over "data" by row and over "model" by key/value head.
+- the token buffer, lengths, keys and every per-row counter split over "data".
+- the draft (and Medusa heads) replicated: a small model's weights are cheap to hold on every
+  device, and splitting them would add two sums per draft layer to every drafted token.
+  `generate(..., shard_draft=True)` splits the draft like the target instead.
+
+A logical axis the "model" axis does not divide is replicated, and `plan` says so: SmolLM2-135M
+has 9 query heads and 3 key/value heads, so on model=2 or 4 its attention weights and cache are
+replicated while its MLP and vocabulary are split (on model=3 everything is split). Key/value
+heads are split only when the query heads are too, and a cache is split exactly when its
+model's key/value heads are (GQA and MQA with fewer key/value heads than devices: replicated
+over "model", each device holding every head its query heads read). A batch whose row count
+"data" does not divide is padded with copies of its last row, which are dropped from the
+result.
+
+A row's random stream does not depend on the mesh: row b's key is derived from the seed and b
+on the host, and JAX's partitionable Threefry draws the same numbers however an array is split.
+What can differ is float rounding: a split product sums its parts on different devices and then
+adds them, in another order than one device would (see the README on what the tests compare).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from specjax.config import ModelConfig
+from specjax.model import PARAM_AXES, logical_sizes, param_shapes
+
+DATA, MODEL = "data", "model"
+AXES = (DATA, MODEL)
+
+
+class MeshError(ValueError):
+    """A mesh that does not fit the devices, or is not a data x model mesh."""
+
+
+def make_mesh(data: int = 1, model: int | None = None, devices=None) -> Mesh:
+    """A `data` x `model` mesh over the first data * model of `devices` (default: all of
+    `jax.devices()`); `model` defaults to the devices left after `data`."""
+    devices = list(jax.devices() if devices is None else devices)
+    for name, value in (("data", data), ("model", model)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+                                  or value < 1):
+            raise MeshError(f"mesh axis {name} must be an integer >= 1, got {value!r}")
+    if model is None:
+        model = max(1, len(devices) // data)
+    if data * model > len(devices):
+        hint = (" (on a CPU, set XLA_FLAGS=--xla_force_host_platform_device_count="
+                f"{data * model} before JAX starts)") if devices[0].platform == "cpu" else ""
+        raise MeshError(f"a mesh of data={data} x model={model} needs {data * model} devices; "
+                        f"{len(devices)} available{hint}")
+    return Mesh(np.array(devices[:data * model]).reshape(data, model), AXES)
+
+
+def check_mesh(mesh) -> None:
+    if not isinstance(mesh, Mesh) or tuple(mesh.axis_names) != AXES:
+        names = tuple(mesh.axis_names) if isinstance(mesh, Mesh) else type(mesh).__name__
+        raise MeshError(f"mesh must be a jax.sharding.Mesh with axes ('data', 'model') "
+                        f"(specjax.make_mesh), got {names}")
+
+
+def split_axes(config: ModelConfig, mesh: Mesh) -> dict[str, bool]:
+    """Which logical axes of `model.PARAM_AXES` this mesh splits: those its "model" axis divides
+    (key/value heads only with the query heads). The rest are replicated."""
+    m = mesh.shape[MODEL]
+    sizes = logical_sizes(config)
+    split = {name: size % m == 0 for name, size in sizes.items()}
+    split["kv_heads"] = split["kv_heads"] and split["heads"]
+    return split
+
+
+def plan(config: ModelConfig, mesh: Mesh, shard: bool = True) -> str:
+    """One line per logical axis: how it is laid out on this mesh (for the CLI and bench)."""
+    m = mesh.shape[MODEL]
+    split = split_axes(config, mesh) if shard else dict.fromkeys(logical_sizes(config), False)
+    lines = []
+    for name, size in logical_sizes(config).items():
+        if m == 1:
+            how = "one device holds all"
+        elif split[name]:
+            how = f"split over model={m}: {size // m} per device"
+        elif not shard:
+            how = "replicated"
+        else:
+            how = f"replicated ({size} is not a multiple of {m})"
+        lines.append(f"{name} ({size}): {how}")
+    return "; ".join(lines)
+
+
+def param_specs(config: ModelConfig, mesh: Mesh, shard: bool = True) -> dict:
+    """A PartitionSpec per parameter, in `param_shapes`'s tree."""
+    split = split_axes(config, mesh) if shard else {}
+
+    def spec(path, shape):
+        axes = PARAM_AXES.get(path[-1].key, (None,) * len(shape))
+        return P(*(MODEL if split.get(a) else None for a in axes))
+
+    return jax.tree.map_with_path(spec, param_shapes(config),
+                                  is_leaf=lambda s: isinstance(s, tuple))
+
+
+def param_shardings(config: ModelConfig, mesh: Mesh, shard: bool = True) -> dict:
+    """A NamedSharding per parameter (`param_specs`), for `jax.device_put` and `jit`."""
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(config, mesh, shard),
+                        is_leaf=lambda s: isinstance(s, P))
+
+
+def cache_sharding(config: ModelConfig, mesh: Mesh, shard: bool = True) -> NamedSharding:
+    """Of a layer's cache buffers (keys [B, K, H, S], values [B, K, S, H]): rows over "data",
+    key/value heads over "model" when the weights split them."""
+    heads = MODEL if shard and split_axes(config, mesh)["kv_heads"] else None
+    return NamedSharding(mesh, P(DATA, heads))
+
+
+def rows(mesh: Mesh) -> NamedSharding:
+    """Of any per-row array [B, ...]: rows over "data", the rest replicated."""
+    return NamedSharding(mesh, P(DATA))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def padded_rows(batch: int, mesh: Mesh) -> int:
+    """The batch padded up to a multiple of the "data" axis."""
+    d = mesh.shape[DATA]
+    return -(-batch // d) * d
+
+
+def place(array: np.ndarray, sharding: NamedSharding, dtype) -> jax.Array:
+    """A host array put on the mesh shard by shard: each device receives its own slice (cast to
+    `dtype` on the host), and no device ever holds the whole array unless its sharding says
+    so."""
+    return jax.make_array_from_callback(array.shape, sharding,
+                                        lambda index: np.asarray(array[index], dtype))
+
+
+def shard_params(params: dict, config: ModelConfig, mesh: Mesh, shard: bool = True) -> dict:
+    """`params` moved onto the mesh (a no-op for parameters already placed so)."""
+    return jax.device_put(params, param_shardings(config, mesh, shard))
+
+
+def bytes_per_device(params: dict) -> int:
+    """The largest number of parameter bytes any one device holds."""
+    held: dict = {}
+    for a in jax.tree.leaves(params):
+        for s in a.addressable_shards:
+            held[s.device] = held.get(s.device, 0) + s.data.nbytes
+    return max(held.values(), default=0)
+
+
+def shard_shape(array: jax.Array) -> tuple[int, ...]:
+    """The shape of one device's piece of `array`."""
+    return array.sharding.shard_shape(array.shape)
+
