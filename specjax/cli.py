@@ -27,7 +27,7 @@ from pathlib import Path
 
 from specjax import bench
 from specjax.cli_common import (CLIError, add_model_arguments, enable_compile_cache, heads_path,
-                                model_paths)
+                                load_model, make_mesh, model_paths, parse_mesh)
 from specjax.fetch import FetchError
 
 EXIT_ERROR = 2
@@ -223,11 +223,18 @@ def run_generate(args) -> int:
                    candidates=args.candidates, k_schedule=args.k_schedule, k_start=args.k_start,
                    confidence_threshold=args.confidence_threshold)
     check_numbers(methods, options)
+    mesh_shape = parse_mesh(args.mesh)
     if args.trace is not None and args.trace < 1:
         raise CLIError(f"--trace must be an integer >= 1, got {args.trace}")
     prompt = read_prompt(args)
     enable_compile_cache()
-    target, draft, heads = load_models(args, methods)
+    mesh = make_mesh(mesh_shape)
+    target, draft, heads = load_models(args, methods, mesh)
+    if mesh is not None:
+        from specjax.mesh import plan
+
+        print(f"specjax: mesh data={mesh_shape[0]} x model={mesh_shape[1]}: "
+              f"{plan(target.config, mesh)}", file=sys.stderr)
     if draft is not None:
         check_compatible(target, draft)
     if draft is None and "speculative" in methods and len(methods) > 1:
@@ -235,7 +242,8 @@ def run_generate(args) -> int:
     if heads is None and "medusa" in methods and len(methods) > 1:
         methods.remove("medusa")
     ids = prompt_ids(target, prompt, args.chat)
-    options = {m: for_method(m, dict(options, heads=heads), len(methods) > 1) for m in methods}
+    options = {m: for_method(m, dict(options, heads=heads, mesh=mesh), len(methods) > 1)
+               for m in methods}
     for method in methods:                  # every error before the first token is printed
         prepare(target, [ids], method=method, draft=draft, **options[method])
 
@@ -351,8 +359,9 @@ def read_prompt(args) -> str:
     return text
 
 
-def load_models(args, methods: list[str]):
-    """The target, the draft (or None) and the Medusa heads (or None) the methods need."""
+def load_models(args, methods: list[str], mesh=None):
+    """The target, the draft (or None) and the Medusa heads (or None) the methods need; on
+    `mesh`, the target split and the draft replicated."""
     from specjax.checkpoint import load
     from specjax.medusa import Heads
 
@@ -376,8 +385,8 @@ def load_models(args, methods: list[str]):
             raise CLIError(f"speculative sampling needs a draft model: {no_draft}; pass --draft "
                            "DIR or use --method autoregressive|ngram")
         print(f"specjax: note: skipping speculative: {no_draft}", file=sys.stderr)
-    target = load(target_path, dtype=args.dtype)
-    draft = load(draft_path, dtype=args.dtype) if draft_path is not None else None
+    target = load_model(target_path, args.dtype, mesh)
+    draft = load_model(draft_path, args.dtype, mesh, shard=False) if draft_path else None
     return target, draft, heads
 
 

@@ -47,6 +47,50 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                        help="Medusa heads for method medusa (default: the preset's)")
     group.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                        help="parameter and compute dtype (default: float32)")
+    group.add_argument("--mesh", metavar="data=N,model=M",
+                       help="run on a device mesh: rows split over N devices, the target's "
+                            "heads, MLP and vocabulary over M (default: one device; on a CPU "
+                            "set XLA_FLAGS=--xla_force_host_platform_device_count=N*M)")
+
+
+def parse_mesh(text: str | None) -> tuple[int, int] | None:
+    """--mesh data=N,model=M -> (N, M); an axis left out is 1; None -> None (one device)."""
+    if text is None:
+        return None
+    sizes = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        name = name.strip()
+        if name not in ("data", "model") or name in sizes:
+            raise CLIError(f"--mesh takes data=N,model=M (each axis once), got {text!r}")
+        try:
+            sizes[name] = int(value)
+        except ValueError:
+            sizes[name] = 0
+        if sizes[name] < 1:
+            raise CLIError(f"--mesh {name} must be an integer >= 1, got {value.strip()!r}")
+    return sizes.get("data", 1), sizes.get("model", 1)
+
+
+def make_mesh(shape: tuple[int, int] | None):
+    """The `specjax.make_mesh` of a parsed --mesh, or None."""
+    if shape is None:
+        return None
+    from specjax.mesh import make_mesh as make
+
+    return make(*shape)
+
+
+def load_model(path, dtype: str, mesh=None, shard: bool = True):
+    """`specjax.load` onto `mesh` if given: split like a target, or replicated (a draft)."""
+    from specjax import mesh as meshes
+    from specjax.checkpoint import load
+
+    if mesh is None or shard:
+        return load(path, dtype=dtype, mesh=mesh)
+    model = load(path, dtype=dtype)
+    return dataclasses.replace(model, params=meshes.shard_params(model.params, model.config, mesh,
+                                                        shard=False))
 
 
 def model_paths(args, want_draft: bool) -> tuple[Path, Path | None, str]:
