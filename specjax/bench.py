@@ -107,7 +107,7 @@ import time
 from pathlib import Path
 
 from specjax.cli_common import (CLIError, add_model_arguments, enable_compile_cache, heads_path,
-                                model_paths)
+                                load_model, make_mesh, model_paths, parse_mesh)
 
 SCHEMA = "specjax.bench/1"
 ALL_METHODS = ("autoregressive", "speculative", "ngram", "medusa")
@@ -196,8 +196,7 @@ def run(args) -> int:
             heads = load(path)
     elif args.heads:
         raise CLIError("--heads applies when --methods includes medusa")
-    target = load(target_path, dtype=args.dtype)
-    draft = load(draft_path, dtype=args.dtype) if draft_path is not None else None
+    target, draft = load_pair(target_path, draft_path, args.dtype, settings, notes)
     if draft is not None:
         check_compatible(target, draft)
     prompts = _encode_suite(target, draft, SUITE["prompts"], settings, notes)
@@ -245,6 +244,21 @@ def run(args) -> int:
     return 0
 
 
+def load_pair(target_path, draft_path, dtype: str, settings: dict, notes: list[str]):
+    """The target and the draft (None without a path), on the --mesh if one was given: the
+    target split, the draft replicated, the layout noted."""
+    mesh = make_mesh(settings["mesh"])
+    target = load_model(target_path, dtype, mesh)
+    draft = load_model(draft_path, dtype, mesh, shard=False) if draft_path is not None else None
+    if mesh is not None:
+        from specjax.mesh import plan
+
+        notes.append(f"mesh data={settings['mesh'][0]} x model={settings['mesh'][1]} on "
+                     f"{mesh.devices.flat[0].platform}: {plan(target.config, mesh)}; the draft "
+                     "replicated")
+    return target, draft
+
+
 def write_report(out, stem: str, results: dict, plots, markdown, printed=None) -> None:
     """Draws the figures (`plots(results, out)`, which may add notes), then writes
     <stem>.json and <stem>.md into `out` and prints the report (`printed(results)`, by default
@@ -290,6 +304,7 @@ def _settings(args) -> dict:
                     k_schedules=_schedules(args.k_schedules),
                     confidence_threshold=args.confidence_threshold,
                     batch=positive_ints("--batch", args.batch) if args.batch else [],
+                    mesh=parse_mesh(args.mesh),
                     peers=args.peers if args.peers is not None else not args.quick)
     for name, minimum in (("reps", 1), ("warmup", 0), ("max_new_tokens", 1), ("max_ngram", 1),
                           ("seed", 0)):
@@ -300,6 +315,8 @@ def _settings(args) -> dict:
                        f"{settings['confidence_threshold']}")
     if settings["batch"] and args.oracle:
         raise CLIError("--batch and --oracle are two different runs; pick one")
+    if settings["mesh"] and args.oracle:
+        raise CLIError("--mesh does not apply to --oracle (it counts calls, on one device)")
     ignored = [name for name, given in (("--trees", settings["trees"]),
                                         ("--k-schedules", settings["k_schedules"] != [CONSTANT]),
                                         ("--contexts", args.contexts is not None)) if given]
@@ -457,7 +474,7 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, heads=Non
             model, [prompt["ids"]], method=method, **extra,
             tree=parse_widths(tree) if tree and tree != HEADS_TREE else None,
             max_new_tokens=prompt["max_new_tokens"], temperature=settings["temperature"],
-            seed=seed, max_ngram=settings["max_ngram"]))
+            seed=seed, max_ngram=settings["max_ngram"], mesh=make_mesh(settings["mesh"])))
         records = [dict(new_tokens=s.new_tokens, run_s=s.run_s,
                         acceptance_rate=s.acceptance_rate if s.drafted else None,
                         tokens_per_target_call=s.tokens_per_target_call,
@@ -500,7 +517,7 @@ def _specjax_sweep_job(ids, settings, target):
         from specjax.generate import generate
 
         return generate(target, [ids], method="autoregressive", max_new_tokens=new_tokens,
-                        temperature=0.0, eos_ids=()).stats.run_s
+                        temperature=0.0, eos_ids=(), mesh=make_mesh(settings["mesh"])).stats.run_s
     return lambda: _sweep_times(seconds, settings)
 
 

@@ -41,14 +41,13 @@ import time
 from pathlib import Path
 
 from specjax import bench
-from specjax.cli_common import CLIError, model_paths
+from specjax.cli_common import CLIError, make_mesh, model_paths
 
 CALL_POSITION, CALL_SLOTS = 64, 128      # where the timed target/draft calls write
 
 
 def run(args, settings) -> int:
     from specjax.bench_prompts import SUITE
-    from specjax.checkpoint import load
     from specjax.generate import check_compatible
 
     batches = settings["batch"]
@@ -62,8 +61,8 @@ def run(args, settings) -> int:
     if dropped:
         notes.append(f"not in the batch sweep: {', '.join(dropped)} (batch sizes are for "
                      "autoregressive, speculative and ngram)")
-    target = load(target_path, dtype=args.dtype)
-    draft = load(draft_path, dtype=args.dtype) if "speculative" in methods else None
+    target, draft = bench.load_pair(target_path, draft_path if "speculative" in methods else None,
+                                    args.dtype, settings, notes)
     if draft is not None:
         check_compatible(target, draft)
     short = [e for e in SUITE["prompts"] if e["category"] != "long-code-editing"]
@@ -123,7 +122,8 @@ def _specjax_job(rows, settings, target, draft, method, k):
         results, compile_s = bench.timed_runs(settings, lambda seed: generate(
             target, [p["ids"] for p in rows], method=method, draft=draft, k=k or 1,
             max_new_tokens=min(p["max_new_tokens"] for p in rows),
-            temperature=settings["temperature"], seed=seed, max_ngram=settings["max_ngram"]))
+            temperature=settings["temperature"], seed=seed, max_ngram=settings["max_ngram"],
+            mesh=make_mesh(settings["mesh"])))
         records = [dict(new_tokens=r.stats.new_tokens, run_s=r.stats.run_s,
                         target_calls=r.stats.target_calls, drafted=r.stats.drafted,
                         accepted=r.stats.accepted, idle_fraction=r.stats.idle_fraction,

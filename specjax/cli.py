@@ -517,8 +517,8 @@ def json_report(target, draft, prompt: str, ids: list[int], methods, options, ar
             "draft_path": str(draft.path) if draft is not None and "speculative" in methods else None,
             "prompt": prompt, "prompt_tokens": len(ids),
             "heads": options["medusa"]["heads"].name if "medusa" in methods else None,
-            "settings": dict({k: v for k, v in settings.items() if k != "heads"}, chat=args.chat,
-                             dtype=args.dtype, method=args.method,
+            "settings": dict({k: v for k, v in settings.items() if k not in ("heads", "mesh")},
+                             chat=args.chat, dtype=args.dtype, method=args.method, mesh=args.mesh,
                              candidates=args.candidates,
                              tree=[list(p) for p in settings["tree"].paths]
                              if settings["tree"] is not None else None),

@@ -225,20 +225,21 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
 def _on_mesh(request: Request) -> Request:
     """The request's weights and inputs placed on its spec's mesh (`loop.weight_shardings`;
     weights already placed so are not copied), its rows padded with copies of the last row to a
-    multiple of the "data" axis (`_result` drops them)."""
+    multiple of the "data" axis (`_result` drops them).
+
+    The inputs go from the host to their shards (`mesh.place`), which also works when the mesh
+    spans several processes (`jax.distributed`): each process places its own devices' rows."""
     mesh = request.spec.mesh
     b = len(request.prompt_length)
     extra = meshes.padded_rows(b, mesh) - b
     repeat = lambda a: np.concatenate([a, np.repeat(a[-1:], extra, axis=0)])  # noqa: E731
-    keys = request.row_keys
-    if extra:
-        keys = jnp.concatenate([keys, jnp.repeat(keys[-1:], extra, axis=0)])
     rows = meshes.rows(mesh)
+    key_data = repeat(np.asarray(jax.random.key_data(request.row_keys)))
     return dataclasses.replace(
         request, weights=jax.device_put(request.weights, loop.weight_shardings(request.spec)),
-        prompts=jax.device_put(repeat(request.prompts), rows),
-        prompt_length=jax.device_put(repeat(request.prompt_length), rows),
-        row_keys=jax.device_put(keys, rows))
+        prompts=meshes.place(repeat(request.prompts), rows, np.int32),
+        prompt_length=meshes.place(repeat(request.prompt_length), rows, np.int32),
+        row_keys=jax.random.wrap_key_data(meshes.place(key_data, rows, key_data.dtype)))
 
 
 def generate(target: Model, prompts, **kwargs) -> GenerationResult:
@@ -296,10 +297,10 @@ def stream(target: Model, prompts, **kwargs) -> Iterator[tuple[list[list[int]], 
     start = time.perf_counter()
     init, step, _ = loop.programs(request.spec)
     state = init(request.weights, request.prompts, request.prompt_length, request.row_keys)
-    lengths = np.asarray(state.length)
-    while not bool(np.all(np.asarray(state.done))):
+    lengths = _host(state.length)
+    while not bool(np.all(_host(state.done))):
         state = step(request.weights, state)
-        tokens, new_lengths = np.asarray(state.tokens), np.asarray(state.length)
+        tokens, new_lengths = _host(state.tokens), _host(state.length)
         yield [tokens[b, lengths[b]:new_lengths[b]].tolist() for b in range(request.rows)], None
         lengths = new_lengths
     yield [], _result(request, state, 0.0, time.perf_counter() - start)
@@ -519,26 +520,35 @@ def _compiled(request: Request):
 
 
 def _result(request: Request, state: DecodeState, compile_s: float, run_s: float) -> GenerationResult:
-    if bool(state.nan_seen):
+    if bool(_host(state.nan_seen)):
         raise GenerationError("the model produced NaN logits; its weights or inputs are broken")
     real = request.rows            # rows past these pad the batch on a mesh
-    tokens, length = np.asarray(state.tokens), np.asarray(state.length)
-    start = np.asarray(request.prompt_length)
+    tokens, length, start = (_host(a) for a in (state.tokens, state.length,
+                                                request.prompt_length))
     rows = [tokens[b, start[b]:length[b]].tolist() for b in range(real)]
-    total = lambda a: int(np.sum(np.asarray(a)[:real]))  # noqa: E731
+    total = lambda a: int(np.sum(_host(a)[:real]))  # noqa: E731
     stats = Stats(method=request.spec.method, rows=len(rows),
                   new_tokens=int(sum(len(r) for r in rows)),
                   target_calls=total(state.target_calls), draft_calls=total(state.draft_calls),
                   drafted=total(state.drafted), accepted=total(state.accepted),
                   tree_size=_tree_size(request.spec), compile_s=compile_s, run_s=run_s,
-                  steps=int(state.step),
+                  steps=int(_host(state.step)),
                   accepted_histogram=(() if state.accepted_histogram is None else tuple(
-                      int(n) for n in np.sum(np.asarray(state.accepted_histogram)[:real],
+                      int(n) for n in np.sum(_host(state.accepted_histogram)[:real],
                                              axis=0))))
     texts = None
     if request.tokenizer is not None:
         texts = [request.tokenizer.decode(r) for r in rows]
     return GenerationResult(rows, stats, texts)
+
+
+def _host(array) -> np.ndarray:
+    """All of `array` as a numpy array; on a mesh across processes, gathered from all."""
+    if getattr(array, "is_fully_addressable", True):
+        return np.asarray(array)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
 
 
 def _tree_size(spec) -> int:

@@ -3,6 +3,7 @@
 import jax
 import pytest
 
+from specjax.decoding import loop
 from specjax.generate import _COMPILED
 
 
@@ -12,4 +13,5 @@ def _release_compiled_programs():
     programs, and keeping them all alive only grows the process."""
     yield
     _COMPILED.clear()
+    loop.programs.cache_clear()
     jax.clear_caches()
