@@ -227,8 +227,9 @@ def _on_mesh(request: Request) -> Request:
     weights already placed so are not copied), its rows padded with copies of the last row to a
     multiple of the "data" axis (`_result` drops them).
 
-    The inputs go from the host to their shards (`mesh.place`), which also works when the mesh
-    spans several processes (`jax.distributed`): each process places its own devices' rows."""
+    Weights and inputs go from the host to their shards (`mesh.put`, `mesh.place`), which also
+    works when the mesh spans several processes (`jax.distributed`): each process places its
+    own devices' pieces."""
     mesh = request.spec.mesh
     b = len(request.prompt_length)
     extra = meshes.padded_rows(b, mesh) - b
@@ -236,7 +237,7 @@ def _on_mesh(request: Request) -> Request:
     rows = meshes.rows(mesh)
     key_data = repeat(np.asarray(jax.random.key_data(request.row_keys)))
     return dataclasses.replace(
-        request, weights=jax.device_put(request.weights, loop.weight_shardings(request.spec)),
+        request, weights=meshes.put(request.weights, loop.weight_shardings(request.spec)),
         prompts=meshes.place(repeat(request.prompts), rows, np.int32),
         prompt_length=meshes.place(repeat(request.prompt_length), rows, np.int32),
         row_keys=jax.random.wrap_key_data(meshes.place(key_data, rows, key_data.dtype)))

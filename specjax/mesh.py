@@ -155,9 +155,24 @@ def place(array: np.ndarray, sharding: NamedSharding, dtype) -> jax.Array:
                                         lambda index: np.asarray(array[index], dtype))
 
 
+def put(tree, shardings):
+    """`tree` laid out as `shardings` (a tree of NamedShardings, or a prefix of one) says: arrays
+    already placed so are kept as they are, the others copied from the host shard by shard
+    (`place`), which also works when the mesh spans several processes."""
+    def put_subtree(sharding, subtree):
+        def one(a):
+            if isinstance(a, jax.Array) and a.sharding.is_equivalent_to(sharding, a.ndim):
+                return a
+            return place(np.asarray(a), sharding, a.dtype)
+        return jax.tree.map(one, subtree)
+
+    return jax.tree.map(put_subtree, shardings, tree,
+                        is_leaf=lambda x: isinstance(x, NamedSharding))
+
+
 def shard_params(params: dict, config: ModelConfig, mesh: Mesh, shard: bool = True) -> dict:
-    """`params` moved onto the mesh (a no-op for parameters already placed so)."""
-    return jax.device_put(params, param_shardings(config, mesh, shard))
+    """`params` moved onto the mesh (`put`: parameters already placed so stay)."""
+    return put(params, param_shardings(config, mesh, shard))
 
 
 def bytes_per_device(params: dict) -> int:

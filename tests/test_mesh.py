@@ -1,8 +1,10 @@
 """Decoding on a device mesh (`specjax.mesh`): tests/mesh_checks.py, run on 8 forced host devices
 in a subprocess so that the rest of the suite keeps its single device."""
 
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +42,31 @@ def test_cli_mesh_errors(capsys, value, message):
     err = capsys.readouterr().err
     assert code == 2
     assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.slow
+def test_a_mesh_across_two_processes_gives_one_devices_tokens():
+    """jax.distributed with two CPU processes of 4 devices each (gloo collectives): each
+    process loads its own shards and gets every row's tokens, sampled, the same as one device."""
+    import specjax
+    from specjax.cli_common import WEIGHTS
+
+    prompts = ["def add(a, b):", "class Stack:", "import os"]      # 3 rows: padded to 4
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    script = Path(__file__).with_name("mesh_process.py")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = str(script.parent.parent)
+    procs = [subprocess.Popen([sys.executable, str(script), str(i), str(port), json.dumps(prompts)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-3000:]
+    target, draft = specjax.load(WEIGHTS / "llama-target"), specjax.load(WEIGHTS / "llama-draft")
+    expected = {method: specjax.generate(target, prompts, method=method, draft=draft, k=3,
+                                         max_new_tokens=8, temperature=1.0, seed=5).tokens
+                for method in ("autoregressive", "speculative")}
+    for out, _ in outputs:
+        assert json.loads(out.strip().splitlines()[-1]) == expected
