@@ -248,3 +248,22 @@ def test_cli_mesh_gives_the_same_tokens(capsys):
     assert "mesh data=2 x model=4" in captured.err
     tokens = lambda report: [r["tokens"] for r in report["results"]]  # noqa: E731
     assert tokens(sharded) == tokens(single)
+
+
+def test_prefill_groups_rows_within_each_data_shard(models):
+    """16 ragged rows on data=2: each shard's 8 rows are sorted and read in 2 groups on their
+    own devices (no gather of prompts or caches across "data"), with one device's tokens."""
+    target = models[0]
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 16, int(n)).tolist() for n in rng.integers(1, 24, 16)]
+    mesh = specjax.make_mesh(2, 4)
+    kwargs = dict(method="autoregressive", max_new_tokens=6, temperature=0.0)
+    expected = specjax.generate(target, prompts, **kwargs)
+    assert_same_tokens(expected, specjax.generate(target, prompts, mesh=mesh, **kwargs),
+                       "16 rows on 2x4")
+    request = prepare(target, prompts, mesh=mesh, **kwargs)
+    init = loop.programs(request.spec)[0]
+    hlo = init.lower(request.weights, request.prompts, request.prompt_length,
+                     request.row_keys).compile().as_text()
+    moved = [line for line in hlo.splitlines() if "all-gather(" in line or "all-to-all(" in line]
+    assert not moved, moved[:3]

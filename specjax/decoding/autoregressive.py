@@ -43,7 +43,7 @@ def prefill_groups(batch: int) -> int:
 
 
 def prefill(params, config, prompts, prompt_length, slots: int,
-            chunk: int | None = None, with_hidden: bool = False):
+            chunk: int | None = None, with_hidden: bool = False, shards: int = 1):
     """Runs the padded prompts [B, P] through a fresh cache of `slots` >= P slots, `chunk`
     positions per call.
 
@@ -62,23 +62,39 @@ def prefill(params, config, prompts, prompt_length, slots: int,
     and 3.1-3.5 s as 4 or 8 groups, on a 2-core CPU with SmolLM2. A row's numbers do not
     depend on its group: rows never interact.
 
+    With `shards` > 1, the rows are split into that many consecutive blocks (a mesh's "data"
+    axis, `specjax.mesh`), each sorted and grouped on its own, and a group holds the same
+    number of rows of every block: no row's prompt or cache leaves its block's devices.
+
     With `with_hidden`, also returns each row's final hidden state [B, D] at its last cached
     position, prompt_length - 2 (zeros for a one-token prompt): what Medusa heads read.
     """
     b = prompts.shape[0]
-    groups = prefill_groups(b)
+    per_shard = b // shards
+    groups = prefill_groups(per_shard)
     if groups == 1:
         return _prefill_rows(params, config, prompts, prompt_length, slots, chunk, with_hidden)
-    order = jnp.argsort(prompt_length, stable=True)                  # shortest rows first
-    rows = b // groups
+    rows = per_shard // groups
+    order = jnp.argsort(prompt_length.reshape(shards, per_shard), axis=1, stable=True)
+    back = jnp.argsort(order, axis=1)                        # row -> its sorted place
+
+    def by_block(a, index):   # [shards, per_shard, ...] rows reordered within each block
+        return jnp.take_along_axis(a, index.reshape(*index.shape, *(1,) * (a.ndim - 2)), axis=1)
+
+    def to_groups(a):         # [B, ...] -> [groups, shards * rows, ...], shortest rows first
+        a = by_block(a.reshape(shards, per_shard, *a.shape[1:]), order)
+        a = jnp.swapaxes(a.reshape(shards, groups, rows, *a.shape[2:]), 0, 1)
+        return a.reshape(groups, shards * rows, *a.shape[3:])
+
+    def from_groups(a):       # the inverse of to_groups
+        a = jnp.swapaxes(a.reshape(groups, shards, rows, *a.shape[2:]), 0, 1)
+        return by_block(a.reshape(shards, per_shard, *a.shape[3:]), back).reshape(b, *a.shape[3:])
 
     def read_group(group):
         return _prefill_rows(params, config, *group, slots, chunk, with_hidden)
 
-    stacked = lax.map(read_group, (prompts[order].reshape(groups, rows, -1),
-                                   prompt_length[order].reshape(groups, rows)))
-    back = jnp.argsort(order)                                        # row -> its sorted place
-    return jax.tree.map(lambda a: a.reshape(b, *a.shape[2:])[back], stacked)
+    stacked = lax.map(read_group, (to_groups(prompts), to_groups(prompt_length)))
+    return jax.tree.map(from_groups, stacked)
 
 
 def _prefill_rows(params, config, prompts, prompt_length, slots, chunk, with_hidden):

@@ -64,6 +64,11 @@ class DecodeSpec:
     tree_verify_fn: Callable = verify_tree
 
     @property
+    def data_shards(self) -> int:
+        """How many blocks of rows the mesh's "data" axis splits a batch into (1 without)."""
+        return 1 if self.mesh is None else self.mesh.shape[meshes.DATA]
+
+    @property
     def vocab_size(self) -> int:
         sizes = [self.target_config.vocab_size]
         if self.draft_config is not None:
@@ -87,16 +92,17 @@ def _init(spec: DecodeSpec, weights: Weights, prompts, prompt_length, row_keys) 
     slots = spec.buffer_length
     if spec.method == "medusa":
         target_cache, hidden = autoregressive.prefill(weights.target, spec.target_config, prompts,
-                                                      prompt_length, slots, with_hidden=True)
+                                                      prompt_length, slots, with_hidden=True,
+                                                      shards=spec.data_shards)
         return _laid_out(spec, initial_state(prompts, prompt_length, row_keys, slots,
                                              target_cache, hidden=hidden,
                                              max_accepted=_max_accepted(spec)))
     target_cache = autoregressive.prefill(weights.target, spec.target_config, prompts,
-                                          prompt_length, slots)
+                                          prompt_length, slots, shards=spec.data_shards)
     draft_cache = None
     if spec.method == "speculative":
         draft_cache = autoregressive.prefill(weights.draft, spec.draft_config, prompts,
-                                             prompt_length, slots)
+                                             prompt_length, slots, shards=spec.data_shards)
     state = initial_state(prompts, prompt_length, row_keys, slots, target_cache, draft_cache,
                           lookahead=lookahead.initial_lengths(spec, prompts.shape[0]),
                           max_accepted=_max_accepted(spec))
