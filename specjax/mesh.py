@@ -41,7 +41,7 @@ import numbers
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from specjax.config import ModelConfig
 from specjax.model import PARAM_AXES, logical_sizes, param_shapes
@@ -56,7 +56,9 @@ class MeshError(ValueError):
 
 def make_mesh(data: int = 1, model: int | None = None, devices=None) -> Mesh:
     """A `data` x `model` mesh over the first data * model of `devices` (default: all of
-    `jax.devices()`); `model` defaults to the devices left after `data`."""
+    `jax.devices()`); `model` defaults to the devices left after `data`. `jax.make_mesh` orders
+    the devices by the accelerators' topology, so that "model" neighbours share the fastest
+    links; both axes are of JAX's automatic kind (`check_mesh`)."""
     devices = list(jax.devices() if devices is None else devices)
     for name, value in (("data", data), ("model", model)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)
@@ -69,14 +71,23 @@ def make_mesh(data: int = 1, model: int | None = None, devices=None) -> Mesh:
                 f"{data * model} before JAX starts)") if devices[0].platform == "cpu" else ""
         raise MeshError(f"a mesh of data={data} x model={model} needs {data * model} devices; "
                         f"{len(devices)} available{hint}")
-    return Mesh(np.array(devices[:data * model]).reshape(data, model), AXES)
+    return jax.make_mesh((data, model), AXES, axis_types=(AxisType.Auto,) * 2,
+                         devices=devices[:data * model])
 
 
 def check_mesh(mesh) -> None:
+    """A mesh specjax runs on: axes "data" and "model", both `AxisType.Auto` (the partitioner
+    places the communication; an Explicit axis makes every op state its output sharding, which
+    the model code does not, and `jax.make_mesh` makes Explicit axes unless told otherwise)."""
     if not isinstance(mesh, Mesh) or tuple(mesh.axis_names) != AXES:
         names = tuple(mesh.axis_names) if isinstance(mesh, Mesh) else type(mesh).__name__
         raise MeshError(f"mesh must be a jax.sharding.Mesh with axes ('data', 'model') "
                         f"(specjax.make_mesh), got {names}")
+    kinds = tuple(getattr(mesh, "axis_types", (AxisType.Auto,) * 2))
+    if any(kind != AxisType.Auto for kind in kinds):
+        raise MeshError(f"mesh axes must be of type AxisType.Auto, got "
+                        f"{tuple(str(k) for k in kinds)}: use specjax.make_mesh, or pass "
+                        "axis_types=(AxisType.Auto,) * 2 to jax.make_mesh")
 
 
 def split_axes(config: ModelConfig, mesh: Mesh) -> dict[str, bool]:

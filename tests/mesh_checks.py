@@ -229,6 +229,10 @@ def test_mesh_errors(models):
     wrong = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("batch", "model"))
     with pytest.raises(GenerationError, match=r"axes \('data', 'model'\)"):
         specjax.generate(target, PROMPTS, max_new_tokens=4, mesh=wrong)
+    explicit = jax.make_mesh((2, 4), ("data", "model"),
+                             axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    with pytest.raises(GenerationError, match="must be of type AxisType.Auto"):
+        specjax.generate(target, PROMPTS, max_new_tokens=4, mesh=explicit)
     with pytest.raises(GenerationError, match="shard_draft applies"):
         specjax.generate(target, PROMPTS, max_new_tokens=4, shard_draft=True)
     with pytest.raises(specjax.MeshError, match="needs 16 devices; 8 available"):
