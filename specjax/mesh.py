@@ -101,7 +101,8 @@ def split_axes(config: ModelConfig, mesh: Mesh) -> dict[str, bool]:
 
 
 def plan(config: ModelConfig, mesh: Mesh, shard: bool = True) -> str:
-    """One line per logical axis: how it is laid out on this mesh (for the CLI and bench)."""
+    """How each logical axis is laid out on this mesh, one "; "-separated entry per axis (for
+    the CLI and bench)."""
     m = mesh.shape[MODEL]
     split = split_axes(config, mesh) if shard else dict.fromkeys(logical_sizes(config), False)
     lines = []
