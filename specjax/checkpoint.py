@@ -231,9 +231,7 @@ def load_params(directory: Path, config: ModelConfig, mesh=None) -> Params:
         raise CheckpointError(f"{file.name}: unexpected tensor(s) {unexpected[:5]} "
                               f"for a {config.model_type or config.arch} model")
     dtype = jnp.dtype(config.dtype)
-    shardings = None
-    if mesh is not None:
-        shardings = meshes.param_shardings(config, mesh)
+    shardings = meshes.param_shardings(config, mesh) if mesh is not None else None
     params: Params = {"layers": [{} for _ in range(config.n_layers)]}
     for path, array in leaves.items():
         node = params

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 from pathlib import Path
 
@@ -72,8 +73,10 @@ def parse_mesh(text: str | None) -> tuple[int, int] | None:
     return sizes.get("data", 1), sizes.get("model", 1)
 
 
+@functools.lru_cache(maxsize=None)
 def make_mesh(shape: tuple[int, int] | None):
-    """The `specjax.make_mesh` of a parsed --mesh, or None."""
+    """The `specjax.make_mesh` of a parsed --mesh, or None (built once per shape: the bench
+    asks for it at every run)."""
     if shape is None:
         return None
     from specjax.mesh import make_mesh as make
@@ -89,8 +92,8 @@ def load_model(path, dtype: str, mesh=None, shard: bool = True):
     if mesh is None or shard:
         return load(path, dtype=dtype, mesh=mesh)
     model = load(path, dtype=dtype)
-    return dataclasses.replace(model, params=meshes.shard_params(model.params, model.config, mesh,
-                                                        shard=False))
+    params = meshes.shard_params(model.params, model.config, mesh, shard=False)
+    return dataclasses.replace(model, params=params)
 
 
 def model_paths(args, want_draft: bool) -> tuple[Path, Path | None, str]:

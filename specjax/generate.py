@@ -128,7 +128,7 @@ class Request:
     prompt_length: np.ndarray    # [B] int32
     row_keys: jax.Array          # [B]
     tokenizer: object | None
-    rows: int = 0                # the caller's rows; on a mesh the batch may be padded past them
+    rows: int                    # the caller's rows; on a mesh the batch may be padded past them
 
 
 def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Model | None = None,

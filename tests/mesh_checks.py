@@ -171,9 +171,9 @@ def decode(models, case, mesh=None, temperature=0.0, **extra):
 
 
 def assert_same_tokens(expected, got, label):
+    assert len(expected.tokens) == len(got.tokens), label
     for row, (a, b) in enumerate(zip(expected.tokens, got.tokens)):
-        assert a == b, f"{label}: row {row} differs at {next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))}: {a} vs {b}"
-    assert len(expected.tokens) == len(got.tokens)
+        assert a == b, f"{label}: row {row}: {a} on one device, {b} on the mesh"
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -233,6 +233,8 @@ def test_mesh_errors(models):
                              axis_types=(jax.sharding.AxisType.Explicit,) * 2)
     with pytest.raises(GenerationError, match="must be of type AxisType.Auto"):
         specjax.generate(target, PROMPTS, max_new_tokens=4, mesh=explicit)
+    with pytest.raises(GenerationError, match="shard_draft must be True or False, got 1"):
+        specjax.generate(target, PROMPTS, max_new_tokens=4, shard_draft=1)
     with pytest.raises(GenerationError, match="shard_draft applies"):
         specjax.generate(target, PROMPTS, max_new_tokens=4, shard_draft=True)
     with pytest.raises(specjax.MeshError, match="needs 16 devices; 8 available"):

@@ -1,10 +1,10 @@
 """The shared driver: prefill, then a `lax.while_loop` over a method's step, jitted end to end.
 
-`run` is the whole generation as one compiled program (no host round trip per token).
-`init` and `step` are the same pieces jitted separately, for a Python loop that streams tokens
-as they are produced; both paths run the same functions, so they give the same tokens.
-`programs(spec)` gives the three, jitted with the input and output shardings of the spec's
-device mesh when it has one (`specjax.mesh`).
+`programs(spec)` compiles three programs for a spec: `run`, the whole generation as one
+program (no host round trip per token), and `init` and `step`, the same pieces for a Python
+loop that streams tokens as they are produced; all run the same functions, so they give the
+same tokens. On a device mesh they are jitted with its input and output shardings
+(`specjax.mesh`).
 """
 
 from __future__ import annotations
@@ -173,10 +173,11 @@ def state_shardings(spec: DecodeSpec) -> DecodeState:
 @functools.lru_cache(maxsize=None)
 def programs(spec: DecodeSpec):
     """(init, step, run) for this spec, jitted; on a mesh, with explicit shardings for the
-    weights, the per-row inputs and the state."""
+    weights, the per-row inputs and the state (not while tracing: `DecodeSpec.trace` changes
+    the state's structure after the first step)."""
     functions = (functools.partial(_init, spec), functools.partial(_step, spec),
                  functools.partial(_run, spec))
-    if spec.mesh is None:
+    if spec.mesh is None or spec.trace:
         return tuple(jax.jit(f) for f in functions)
     weights, rows, state = (weight_shardings(spec), meshes.rows(spec.mesh),
                             state_shardings(spec))
@@ -185,19 +186,11 @@ def programs(spec: DecodeSpec):
                  for f, shardings in zip(functions, (inputs, (weights, state), inputs)))
 
 
-@functools.partial(jax.jit, static_argnums=0)
 def init(spec, weights, prompts, prompt_length, row_keys) -> DecodeState:
     """Prefill: prompts [B, P] int32 (right-padded), prompt_length [B], row_keys [B]."""
-    return _init(spec, weights, prompts, prompt_length, row_keys)
+    return programs(spec)[0](weights, prompts, prompt_length, row_keys)
 
 
-@functools.partial(jax.jit, static_argnums=0)
 def step(spec, weights, state) -> DecodeState:
     """One step of the method for every row (finished rows are left unchanged)."""
-    return _step(spec, weights, state)
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def run(spec, weights, prompts, prompt_length, row_keys) -> DecodeState:
-    """The whole generation: prefill, then steps until every row is done."""
-    return _run(spec, weights, prompts, prompt_length, row_keys)
+    return programs(spec)[1](weights, state)
