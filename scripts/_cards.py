@@ -365,7 +365,7 @@ HEADS_USAGE = {
 def write_heads_card(directory: Path) -> None:
     """The card of a Medusa heads directory, from its config.json and train_log.json."""
     import specjax
-    from specjax.fetch import CHECKPOINTS, fetch
+    from specjax.io.fetch import CHECKPOINTS, fetch
 
     record = json.loads((directory / "train_log.json").read_text())
     config = json.loads((directory / "config.json").read_text())

@@ -168,7 +168,7 @@ def library_generate():
     if callable(generate):
         return generate
     try:
-        from specjax.generate import generate
+        from specjax.api.generate import generate
     except ImportError:
         return None
     return generate

@@ -1,4 +1,4 @@
-"""Stage: Medusa heads for a frozen target (`specjax.medusa`), from data to a shipped directory.
+"""Stage: Medusa heads for a frozen target (`specjax.heads.medusa`), from data to a shipped directory.
 
     python scripts/train.py medusa-data --target smollm2 --out runs/medusa/smollm2
     python scripts/train.py medusa --data runs/medusa/smollm2 --target smollm2 \
@@ -68,7 +68,7 @@ def _jobs(args, target, directory: Path) -> list[dict]:
 def medusa_data(args) -> None:
     """Greedy continuations (resumable: one JSON line per document), then cached hidden states."""
     import specjax
-    from specjax.model import hidden_states
+    from specjax.model.transformer import hidden_states
 
     started = time.time()
     directory = resolve(args.target)
@@ -194,7 +194,7 @@ def greedy_tokens(directory: Path, target, batch: int = 2048) -> np.ndarray:
     states and its LM head), computed once into greedy.npy."""
     import jax.numpy as jnp
 
-    from specjax.model import lm_head
+    from specjax.model.transformer import lm_head
 
     path = directory / "greedy.npy"
     if path.exists():
@@ -226,7 +226,7 @@ def train_heads(args) -> dict:
     import optax
 
     import specjax
-    from specjax import medusa
+    from specjax.heads import medusa
 
     started = time.time()
     directory = resolve(args.target)
@@ -360,10 +360,10 @@ def choose_tree(args) -> None:
     with the best measured tokens per unit of verify cost among those reaching
     --min-tokens-per-call (the most tokens per call when none does)."""
     import specjax
-    from specjax import chat
-    from specjax.bench_prompts import SUITE
-    from specjax.generate import generate
-    from specjax.tree import Tree
+    from specjax.io import chat
+    from specjax.bench.prompts import SUITE
+    from specjax.api.generate import generate
+    from specjax.sampling.tree import Tree
 
     out = Path(args.heads_dir)
     record = json.loads((out / "train_log.json").read_text())
@@ -415,7 +415,7 @@ def rank_accuracy(heads, target, hidden, rows, labels, ranks: int = 10, batch: i
     outside the heads' tokens count as misses."""
     import jax.numpy as jnp
 
-    from specjax import medusa
+    from specjax.heads import medusa
 
     weights = medusa.runtime_weights(heads, target)
     hits = np.zeros((heads.config.num_heads, ranks))
@@ -448,7 +448,7 @@ def best_tree(accuracy: np.ndarray, max_nodes: int, table: dict[int, float]):
     cost, grown best-first as in Medusa: a node's chance of being accepted is the product of
     its path's rank accuracies (heads treated as independent), and the expected tokens of a
     call are 1 + the sum of those chances."""
-    from specjax.tree import Tree
+    from specjax.sampling.tree import Tree
 
     k, ranks = accuracy.shape
     # Frontier entries: (path, chance of its parent, its own chance).

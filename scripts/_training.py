@@ -38,8 +38,8 @@ def command_line(command: str, args, options: tuple[str, ...]) -> str:
 
 
 def resolve_checkpoint(name_or_dir: str) -> Path:
-    """A checkpoint directory, or a name that specjax.fetch knows (e.g. "smollm2")."""
-    from specjax.fetch import CHECKPOINTS, fetch
+    """A checkpoint directory, or a name that specjax.io.fetch knows (e.g. "smollm2")."""
+    from specjax.io.fetch import CHECKPOINTS, fetch
 
     path = Path(name_or_dir).expanduser()
     if path.is_dir():
@@ -223,7 +223,7 @@ def train_model(args) -> None:
     from tokenizers import Tokenizer
 
     from specjax import Model, save
-    from specjax.model import count_params
+    from specjax.model.transformer import count_params
 
     started = time.time()
     source = source_config = None

@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
-from specjax.cache import KVCache
-from specjax.model import count_params, forward
+from specjax.model.cache import KVCache
+from specjax.model.transformer import count_params, forward
 
 
 def main():
@@ -116,7 +116,7 @@ def main():
 def time_heads(directory, model, repeats, median_time):
     """Seconds for one step of the heads on one hidden state, as many heads as their shipped
     tree is deep: what Medusa decoding adds to each target call."""
-    from specjax import medusa
+    from specjax.heads import medusa
 
     heads = specjax.load(directory)
     weights = medusa.runtime_weights(heads, model)

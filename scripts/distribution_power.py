@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 
-from specjax import rejection  # noqa: E402
+from specjax.sampling import rejection  # noqa: E402
 from tests import test_distribution as suite  # noqa: E402
 
 

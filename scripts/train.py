@@ -5,7 +5,7 @@
     python scripts/train.py evaluate --draft weights/llama-draft --target weights/llama-target
     python scripts/train.py index
 
-and the draft of a real model, SmolLM2-135M-Instruct (`smollm2`: a name for specjax.fetch, or a
+and the draft of a real model, SmolLM2-135M-Instruct (`smollm2`: a name for specjax.io.fetch, or a
 directory), on its own tokenizer, with its embeddings and its answers to chat prompts:
 
     python scripts/train.py distill-data --target smollm2 --out runs/distill/smollm2.npz

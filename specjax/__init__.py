@@ -7,15 +7,16 @@
                               k=4, max_new_tokens=64, temperature=0.0)
 """
 
-from specjax.checkpoint import CheckpointError, Model, load, random_model, save
-from specjax.config import ConfigError, ModelConfig
-from specjax.explain import explain, format_steps
-from specjax.generate import GenerationError, GenerationResult, Stats, generate, stream
-from specjax.logits import SamplingParams
-from specjax.medusa import Heads, HeadsConfig, init_heads, save_heads
+from specjax.io.checkpoint import CheckpointError, Model, load, random_model, save
+from specjax.model.config import ConfigError, ModelConfig
+from specjax.api.explain import explain, format_steps
+from specjax.api.generate import GenerationError, GenerationResult, Stats, generate, stream
+from specjax.sampling.logits import SamplingParams
+from specjax.heads.medusa import Heads, HeadsConfig, init_heads
+from specjax.io.heads import save_heads
 from specjax.mesh import MeshError, make_mesh
-from specjax.model import forward, init_params
-from specjax.tree import Tree, TreeError
+from specjax.model.transformer import forward, init_params
+from specjax.sampling.tree import Tree, TreeError
 
 __all__ = ["CheckpointError", "ConfigError", "GenerationError", "GenerationResult", "Heads",
            "HeadsConfig", "MeshError", "Model", "ModelConfig", "SamplingParams", "Stats", "Tree",

@@ -2,6 +2,6 @@
 
 import sys
 
-from specjax.cli import main
+from specjax.cli.main import main
 
 sys.exit(main())

@@ -43,8 +43,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from specjax.config import ModelConfig
-from specjax.model import PARAM_AXES, logical_sizes, param_shapes
+from specjax.model.config import ModelConfig
+from specjax.model.transformer import PARAM_AXES, logical_sizes, param_shapes
 
 DATA, MODEL = "data", "model"
 AXES = (DATA, MODEL)

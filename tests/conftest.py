@@ -4,7 +4,7 @@ import jax
 import pytest
 
 from specjax.decoding import loop
-from specjax.generate import _COMPILED
+from specjax.api.generate import _COMPILED
 
 
 @pytest.fixture(autouse=True, scope="module")

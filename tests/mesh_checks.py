@@ -24,11 +24,11 @@ import pytest
 
 import specjax
 from specjax import mesh as meshes
-from specjax.cache import KVCache
-from specjax.cli import main
+from specjax.model.cache import KVCache
+from specjax.cli.main import main
 from specjax.decoding import loop
-from specjax.generate import GenerationError, prepare
-from specjax.model import forward
+from specjax.api.generate import GenerationError, prepare
+from specjax.model.transformer import forward
 from tests import tiny
 
 MESHES = ((1, 8), (2, 4), (4, 2), (8, 1))

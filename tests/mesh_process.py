@@ -19,7 +19,7 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id)
 
 import specjax  # noqa: E402
-from specjax.cli_common import WEIGHTS  # noqa: E402
+from specjax.presets import WEIGHTS  # noqa: E402
 
 assert len(jax.devices()) == 8 and len(jax.local_devices()) == 4
 mesh = specjax.make_mesh(data=2, model=4)

@@ -14,7 +14,7 @@ import pytest
 
 import specjax
 from specjax.decoding.autoregressive import prefill_groups
-from specjax.generate import generate
+from specjax.api.generate import generate
 from tests.tiny import pair
 
 BATCH, NEW, EOS = 32, 12, 5

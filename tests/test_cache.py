@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.cache import KVCache
-from specjax.model import forward as eager_forward
+from specjax.model.cache import KVCache
+from specjax.model.transformer import forward as eager_forward
 
 forward = jax.jit(eager_forward, static_argnums=1)
 

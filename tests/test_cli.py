@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 import specjax
-from specjax.cli import TextPrinter
-from specjax.chat import ChatTemplateError, render
+from specjax.cli.main import TextPrinter
+from specjax.io.chat import ChatTemplateError, render
 
 WEIGHTS = Path(specjax.__file__).resolve().parent.parent / "weights"
 PROMPT = "import os\nimport sys\n\n\ndef read_lines(path):\n    lines = []\n"   # bench --quick's

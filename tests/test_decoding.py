@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.generate import GenerationError, generate, stream
+from specjax.api.generate import GenerationError, generate, stream
 from tests.tiny import pair
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4], [7, 6], [5], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2]]

@@ -34,11 +34,12 @@ import pytest
 from scipy import stats as scipy_stats
 
 import specjax
-from specjax import rejection
-from specjax.decoding import loop, speculative
-from specjax.generate import generate, prepare
-from specjax.logits import SamplingParams, probs_from_logits, sample
-from specjax.tree import Tree
+from specjax.sampling import rejection
+from specjax.decoding import loop
+from specjax.api.generate import generate, prepare
+from specjax.sampling.logits import SamplingParams, probs_from_logits, sample
+from specjax.sampling.rules import Rules, propose
+from specjax.sampling.tree import Tree
 from tests.tiny import close_pair
 
 V, L, N = 6, 3, 100_000
@@ -313,32 +314,32 @@ def _stop_before_a_likely_rejection(draft_tokens, draft_probs, target_probs, key
 
 
 NEGATIVE = {
-    "always-accept": (case("speculative", k=2), dict(verify_fn=_broken_verify(accept_rule="always"))),
+    "always-accept": (case("speculative", k=2), dict(rules=Rules(verify=_broken_verify(accept_rule="always")))),
     "residual-replaced-by-q": (case("speculative", k=2),
-                               dict(verify_fn=_broken_verify(residual="target"))),
+                               dict(rules=Rules(verify=_broken_verify(residual="target")))),
     "residual-p-q-swapped": (case("speculative", k=2),
-                             dict(verify_fn=_broken_verify(residual="swapped"))),
+                             dict(rules=Rules(verify=_broken_verify(residual="swapped")))),
     "rejection-after-first-ignored": (case("speculative", k=2),
-                                      dict(verify_fn=_broken_verify(accept_rule="first-only"))),
+                                      dict(rules=Rules(verify=_broken_verify(accept_rule="first-only")))),
     "bonus-from-wrong-position": (case("speculative", k=2),
-                                  dict(verify_fn=_broken_verify(bonus_position=1))),
+                                  dict(rules=Rules(verify=_broken_verify(bonus_position=1)))),
     "argmax-draft-soft-probs": (case("speculative", k=2),
-                                dict(propose_fn=_argmax_propose)),
-    "top-k-on-draft-only": (case("speculative", k=2), dict(propose_fn=_top_k_on_draft_only_propose)),
+                                dict(rules=Rules(propose=_argmax_propose))),
+    "top-k-on-draft-only": (case("speculative", k=2), dict(rules=Rules(propose=_top_k_on_draft_only_propose))),
     "ngram-always-accept": (case("ngram", k=2, prompt=NGRAM_PROMPT),
-                            dict(verify_fn=_broken_verify(accept_rule="always"))),
+                            dict(rules=Rules(verify=_broken_verify(accept_rule="always")))),
     "tree-residual-not-updated": (tree_case((3, 1)),
-                                  dict(tree_verify_fn=_broken_tree_verify(update_residual=False))),
+                                  dict(rules=Rules(verify_tree=_broken_tree_verify(update_residual=False)))),
     "tree-without-replacement-verified-as-iid": (
-        tree_case((3, 1)), dict(tree_verify_fn=_broken_tree_verify(rule="iid"))),
+        tree_case((3, 1)), dict(rules=Rules(verify_tree=_broken_tree_verify(rule="iid")))),
     "tree-sibling-sees-another-branch": (
         dict(tree_case((2, 2)), tree=LeakyTree.from_paths(Tree.full((2, 2)).paths)), {}),
     "tree-bonus-at-the-wrong-node": (
-        tree_case((2, 2)), dict(tree_verify_fn=_broken_tree_verify(bonus_from_parent=True))),
+        tree_case((2, 2)), dict(rules=Rules(verify_tree=_broken_tree_verify(bonus_from_parent=True)))),
     "medusa-verified-with-another-p": (
-        tree_case((2, 2), method="medusa"), dict(tree_verify_fn=_verified_with_sharpened_p)),
+        tree_case((2, 2), method="medusa"), dict(rules=Rules(verify_tree=_verified_with_sharpened_p))),
     "lookahead-stop-peeks-at-the-target": (
-        CONFIDENCE["speculative-confidence-t1"], dict(verify_fn=_stop_before_a_likely_rejection)),
+        CONFIDENCE["speculative-confidence-t1"], dict(rules=Rules(verify=_stop_before_a_likely_rejection))),
 }
 
 
@@ -370,8 +371,8 @@ def test_correct_hooks_reproduce_the_real_sampler(models):
     # The negative controls differ from the real sampler only in the step they break.
     c = case("speculative", k=2)
     real, _, _ = draw(models, c, rows=20_000)
-    rebuilt, _, _ = draw(models, c, rows=20_000, verify_fn=_broken_verify(),
-                         propose_fn=speculative.propose)
+    rebuilt, _, _ = draw(models, c, rows=20_000,
+                         rules=Rules(verify=_broken_verify(), propose=propose))
     np.testing.assert_array_equal(real, rebuilt)
 
 

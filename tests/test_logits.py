@@ -1,4 +1,4 @@
-"""Tests for specjax.logits: the single source of the sampling distribution.
+"""Tests for specjax.sampling.logits: the single source of the sampling distribution.
 
 Expected values in the hand-computed examples are derived in comments from dyadic probabilities
 (0.5, 0.25, 0.125, ...) so that they do not depend on the code under test.
@@ -15,7 +15,7 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specjax.logits import SamplingParams, has_nan, probs_from_logits, sample, sample_rows
+from specjax.sampling.logits import SamplingParams, has_nan, probs_from_logits, sample, sample_rows
 
 F32_MAX = float(np.finfo(np.float32).max)
 SETTINGS = settings(max_examples=100, deadline=None)

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import medusa
-from specjax.generate import GenerationError, generate
-from specjax.tree import Tree
+from specjax.heads import medusa
+from specjax.api.generate import GenerationError, generate
+from specjax.sampling.tree import Tree
 from tests.tiny import llama_config, pair
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specjax.cli import main
+from specjax.cli.main import main
 
 CHECKS = Path(__file__).with_name("mesh_checks.py")
 
@@ -49,7 +49,7 @@ def test_a_mesh_across_two_processes_gives_one_devices_tokens():
     """jax.distributed with two CPU processes of 4 devices each (gloo collectives): each
     process loads its own shards and gets every row's tokens, sampled, the same as one device."""
     import specjax
-    from specjax.cli_common import WEIGHTS
+    from specjax.presets import WEIGHTS
 
     prompts = ["def add(a, b):", "class Stack:", "import os"]      # 3 rows: padded to 4
     with socket.socket() as s:

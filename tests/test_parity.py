@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import specjax
-from specjax.model import forward
+from specjax.model.transformer import forward
 from tests.hf_models import hf_logits, tiny_gpt2, tiny_llama
 
 TOL = 1e-4  # max |diff| relative to the logit scale (max |logit|)

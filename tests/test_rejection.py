@@ -1,4 +1,4 @@
-"""Tests for specjax.rejection: Theorem 1 of Chen et al. 2023, exactly and statistically.
+"""Tests for specjax.sampling.rejection: Theorem 1 of Chen et al. 2023, exactly and statistically.
 
 p = draft, q = target (Chen et al.'s letters). Exact tests compute laws in float64 (under
 jax.enable_x64) from the same helpers `verify` is built from; statistical tests run `verify`
@@ -17,8 +17,8 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specjax import rejection
-from specjax.rejection import (
+from specjax.sampling import rejection
+from specjax.sampling.rejection import (
     acceptance_probability,
     accepts,
     emitted_token_law,

@@ -14,10 +14,10 @@ import torch
 import transformers
 
 import specjax
-from specjax import chat
-from specjax.bench_prompts import SUITE
-from specjax.fetch import fetch
-from specjax.generate import generate
+from specjax.io import chat
+from specjax.bench.prompts import SUITE
+from specjax.io.fetch import fetch
+from specjax.api.generate import generate
 
 PROMPTS = [
     "def fibonacci(n):",

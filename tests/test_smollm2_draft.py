@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.model import forward
+from specjax.model.transformer import forward
 
 DRAFT = Path(__file__).resolve().parent.parent / "weights" / "smollm2-draft"
 TOL = 1e-4  # max |diff| relative to the logit scale, as in test_parity and test_weights
@@ -65,7 +65,7 @@ def test_draft_costs_at_most_a_tenth_of_the_target():
 
 
 def test_tokenizer_files_are_the_targets():
-    from specjax.fetch import fetch
+    from specjax.io.fetch import fetch
 
     target = fetch("smollm2")
     for name in TOKENIZER_FILES:

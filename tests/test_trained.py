@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import specjax
-from specjax.generate import generate
+from specjax.api.generate import generate
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 PROMPTS = [

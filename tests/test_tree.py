@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given, settings
 
 import specjax
-from specjax import rejection
-from specjax.cache import TreeAttention
+from specjax.sampling import rejection
+from specjax.model.cache import TreeAttention
 from specjax.decoding import autoregressive, trees
-from specjax.generate import GenerationError, generate
-from specjax.model import forward as eager_forward
-from specjax.tree import Tree, TreeError
+from specjax.api.generate import GenerationError, generate
+from specjax.model.transformer import forward as eager_forward
+from specjax.sampling.tree import Tree, TreeError
 from tests.tiny import pair
 
 forward = jax.jit(eager_forward, static_argnums=1)

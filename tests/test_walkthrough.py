@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import rejection
+from specjax.sampling import rejection
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "walkthrough.md"
 P = np.array([0.1, 0.5, 0.3, 0.1])     # the example's draft distribution over A B C D
@@ -96,7 +96,7 @@ def test_explain_agrees_with_generate_and_is_stable():
     # rendering of the first step is pinned (a snapshot: the numbers of seed 3 cannot move
     # without the sampler changing).
     import specjax
-    from specjax.generate import generate
+    from specjax.api.generate import generate
     from tests.tiny import close_pair
 
     target, draft = close_pair(vocab=8, std=0.5, noise=0.3)

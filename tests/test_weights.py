@@ -12,7 +12,7 @@ import pytest
 from scipy.special import log_softmax
 
 import specjax
-from specjax.model import forward
+from specjax.model.transformer import forward
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 CHECKPOINTS = ["llama-draft", "llama-target", "gpt2-draft", "gpt2-target"]

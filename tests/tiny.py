@@ -32,7 +32,7 @@ def close_pair(vocab=6, std=1.0, noise=0.5, seed=1):
     not always, like a real draft, so both branches of verification get exercised."""
     import jax
 
-    from specjax.model import draw_normal
+    from specjax.model.transformer import draw_normal
 
     target = specjax.random_model(llama_config(vocab, layers=2), seed=seed, std=std)
     leaves, treedef = jax.tree.flatten_with_path(target.params)

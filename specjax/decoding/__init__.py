@@ -1,1 +1,12 @@
-"""Decoding methods: autoregressive, speculative (draft model) and n-gram (prompt lookup)."""
+"""The decoding layer: every method as a pure step function, and the jitted loop that runs it.
+
+`state` (the decode state and the bookkeeping every step shares, the step ending written once),
+`spec` (the static description of one generation), `loop` (prefill, then a `lax.while_loop` over
+the method's step), `sharding` (the loop's layout on a device mesh), one module per method
+(`autoregressive`, `speculative` for the chain, `speculative_tree`, `ngram`, `medusa`), `trees`
+(one target call over a token tree, and the tree fill every tree drafter shares), `lookahead`
+(dynamic draft lengths) and `trace` (the verify numbers `specjax.explain` reads).
+
+Layer: may import `specjax.model`, `specjax.sampling`, `specjax.heads` and `specjax.mesh`; never
+file I/O, the API, the CLI or the benchmarks.
+"""

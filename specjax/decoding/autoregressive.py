@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.cache import KVCache
-from specjax.decoding.state import DecodeState, any_nan, append, count_call, last_tokens, step_keys
-from specjax.logits import probs_from_logits, sample_rows
-from specjax.model import forward, hidden_states
+from specjax.model.cache import KVCache
+from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, step_keys
+from specjax.sampling.logits import probs_from_logits, sample_rows
+from specjax.model.transformer import forward, hidden_states
 
 
 # Prompts are read this many positions per call: long enough for efficient matrix products,
@@ -132,7 +132,5 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     logits, cache = forward(params.target, spec.target_config, token, position, state.target_cache)
     probs = probs_from_logits(logits[:, 0], spec.sampling)              # [B, V]
     next_token = sample_rows(step_keys(state), probs)                  # [B]
-    state = count_call(state, nan=any_nan(logits)).replace(target_cache=cache)
-    state = append(state, next_token[:, None], jnp.ones_like(state.length), spec.max_new_tokens,
-                   spec.eos_ids)
-    return state.replace(target_cache=cache.with_length(state.length - 1))
+    return commit(spec, state, next_token[:, None], jnp.zeros_like(state.length), cache,
+                  nan=any_nan(logits))

@@ -114,3 +114,23 @@ def ragged(verify_fn, k: int, num_drafted: jax.Array, *args):
     longest = jnp.max(num_drafted)
     index = jnp.sum(jnp.asarray(sizes[:-1]) < longest)
     return lax.switch(index, [lambda *a, n=n: verify_fn(n, *a) for n in sizes], *args)
+
+
+def ragged_score_and_verify(score_and_verify, spec, params, state: DecodeState, draft_tokens,
+                            draft_probs, keys, num_drafted):
+    """`score_and_verify` (`speculative.score_and_verify`) for rows that drafted different
+    numbers of tokens, `num_drafted` [B]: the target scores only as many positions as the
+    longest row needs (`ragged`). Positions past a row's draft must have p = 0. Returns the same
+    as `score_and_verify`, with new tokens [B, K + 1]."""
+    k = draft_tokens.shape[1]
+
+    def verify_first(n, tokens, probs):
+        new, n_accepted, cache, nan, details = score_and_verify(
+            spec, params, state, tokens[:, :n], probs[:, :n], keys,
+            num_drafted=jnp.minimum(num_drafted, n))
+        if details is not None:         # per-position numbers padded to K, as every branch
+            details = {name: jnp.pad(v, ((0, 0), (0, k - n))) if name != "residual" else v
+                       for name, v in details.items()}
+        return jnp.pad(new, ((0, 0), (0, k - n))), n_accepted, cache, nan, details
+
+    return ragged(verify_first, k, num_drafted, draft_tokens, draft_probs)

@@ -26,11 +26,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax import medusa
 from specjax.decoding import trees
-from specjax.decoding.speculative import candidates
-from specjax.decoding.state import DecodeState, any_nan, append, count_call, last_tokens, step_keys
-from specjax.logits import probs_from_logits
+from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, step_keys
+from specjax.heads import medusa
+from specjax.sampling.logits import probs_from_logits
 
 
 def candidate_tree(spec, heads, state: DecodeState, keys):
@@ -39,32 +38,26 @@ def candidate_tree(spec, heads, state: DecodeState, keys):
     tree, scheme, vocab = spec.tree, spec.candidates, spec.vocab_size
     b, n, width = state.length.shape[0], tree.size + 1, tree.max_width
     sub_logits = medusa.subset_logits(heads, state.hidden, tree.max_depth)     # [B, D, S]
-    root = last_tokens(state, 1)[0][:, 0]
-    tokens = jnp.zeros((b, n), jnp.int32).at[:, 0].set(root)
-    valid = jnp.ones((b, n), bool)
-    probs = None if scheme == "top" else jnp.zeros((b, n, vocab), jnp.float32)
     level_keys = jax.vmap(lambda key: jax.random.split(key, tree.max_depth))(keys)   # [B, D]
-    for d in range(1, tree.max_depth + 1):
-        parents, kids = tree.level(d - 1), tree.level(d)
+
+    def expand(d, tokens, valid, probs):
+        parents = tree.level(d - 1)
         size = parents.stop - parents.start
         if scheme == "top":            # the same candidates under every parent
             best = lax.top_k(sub_logits[:, d - 1], width)[1]                  # [B, W]
             cand = jnp.broadcast_to(heads["ids"][best][:, None], (b, size, width))
-            filled = jnp.ones(cand.shape, bool)
-        else:
-            logits = medusa.full_logits(heads, sub_logits[:, d - 1], vocab)     # [B, V]
-            p = probs_from_logits(logits, spec.sampling)
-            p = jnp.broadcast_to(p[:, None], (b, size, vocab))
-            probs = probs.at[:, parents.start:parents.stop].set(p)
-            cand, filled = jax.vmap(candidates, in_axes=(None, 0, 0, 0, None))(
-                scheme, level_keys[:, d - 1], jnp.broadcast_to(logits[:, None], p.shape), p,
-                width)                                                          # [B, P, W]
-        parent = tree.parent[kids.start:kids.stop] - parents.start
-        rank = tree.rank[kids.start:kids.stop]
-        tokens = tokens.at[:, kids.start:kids.stop].set(cand[:, parent, rank])
-        valid = valid.at[:, kids.start:kids.stop].set(
-            filled[:, parent, rank] & valid[:, tree.parent[kids.start:kids.stop]])
-    return tokens, valid, probs
+            return cand, jnp.ones(cand.shape, bool), probs
+        logits = medusa.full_logits(heads, sub_logits[:, d - 1], vocab)         # [B, V]
+        p = probs_from_logits(logits, spec.sampling)
+        p = jnp.broadcast_to(p[:, None], (b, size, vocab))
+        probs = probs.at[:, parents.start:parents.stop].set(p)
+        cand, filled = jax.vmap(trees.candidates, in_axes=(None, 0, 0, 0, None))(
+            scheme, level_keys[:, d - 1], jnp.broadcast_to(logits[:, None], p.shape), p,
+            width)                                                              # [B, P, W]
+        return cand, filled, probs
+
+    probs = None if scheme == "top" else jnp.zeros((b, n, vocab), jnp.float32)
+    return trees.fill(tree, last_tokens(state, 1)[0][:, 0], expand, probs)
 
 
 def step(spec, params, state: DecodeState) -> DecodeState:
@@ -74,9 +67,8 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     # Steps 2 and 3: one target call over the tree, the walk, and the next hidden state.
     new, n_accepted, _, cache, nan, hidden = trees.score_and_verify(
         spec, params, state, tokens, valid, probs, k_verify, trees.SCHEMES[spec.candidates])
-    state = count_call(state, drafted=jnp.sum(valid[:, 1:], axis=1), accepted=n_accepted,
-                       nan=nan | any_nan(state.hidden))
+    # Step 4: commit; finished rows keep their hidden state.
     active = ~state.done
-    state = append(state, new, n_accepted + 1, spec.max_new_tokens, spec.eos_ids)
-    return state.replace(target_cache=cache.with_length(state.length - 1),
-                         hidden=jnp.where(active[:, None], hidden, state.hidden))
+    state = commit(spec, state, new, n_accepted, cache, drafted=jnp.sum(valid[:, 1:], axis=1),
+                   nan=nan | any_nan(state.hidden))
+    return state.replace(hidden=jnp.where(active[:, None], hidden, state.hidden))

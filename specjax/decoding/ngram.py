@@ -28,10 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from specjax.decoding import lookahead, trees
-from specjax.decoding.speculative import (record_trace, score_and_verify,
-                                          score_and_verify_ragged)
-from specjax.decoding.state import DecodeState, append, count_call, step_keys
+from specjax.decoding import lookahead, trace, trees
+from specjax.decoding.speculative import score_and_verify
+from specjax.decoding.state import DecodeState, commit, step_keys
 
 
 def lookup(tokens, length, k: int, max_n: int, min_n: int):
@@ -63,27 +62,26 @@ def lookup(tokens, length, k: int, max_n: int, min_n: int):
 
 
 def step(spec, params, state: DecodeState) -> DecodeState:
-    if spec.tree is not None:
-        return tree_step(spec, params, state)
     k, vocab = spec.k, spec.vocab_size
+    # Step 1: the draft is a lookup; a one-hot p makes it a deterministic draft.
     draft_tokens, count = jax.vmap(lookup, in_axes=(0, 0, None, None, None))(
         state.tokens, state.length, k, spec.max_ngram, spec.min_ngram)          # [B, K], [B]
     # The heuristic schedule caps a row's draft at its current length (`lookahead`).
     count = jnp.minimum(count, lookahead.draft_limit(spec, state))
     drafted = jnp.arange(k) < count[:, None]                                     # [B, K]
     draft_probs = jax.nn.one_hot(draft_tokens, vocab) * drafted[..., None]       # [B, K, V]
+    # Steps 2 and 3: as speculative sampling's.
     if spec.k_schedule == "constant":
         new, n_accepted, cache, nan, details = score_and_verify(
             spec, params, state, draft_tokens, draft_probs, step_keys(state), num_drafted=count)
     else:
-        new, n_accepted, cache, nan, details = score_and_verify_ragged(
-            spec, params, state, draft_tokens, draft_probs, step_keys(state),
+        new, n_accepted, cache, nan, details = lookahead.ragged_score_and_verify(
+            score_and_verify, spec, params, state, draft_tokens, draft_probs, step_keys(state),
             jnp.where(state.done, 0, count))
-    state = record_trace(spec, state, draft_tokens, count, new, n_accepted, details)
+    state = trace.record(spec, state, draft_tokens, count, new, n_accepted, details)
     state = state.replace(lookahead=lookahead.update(spec, state, count, n_accepted))
-    state = count_call(state, drafted=count, accepted=n_accepted, nan=nan)
-    state = append(state, new, n_accepted + 1, spec.max_new_tokens, spec.eos_ids)
-    return state.replace(target_cache=cache.with_length(state.length - 1))
+    # Step 4: commit.
+    return commit(spec, state, new, n_accepted, cache, drafted=count, nan=nan)
 
 
 def lookup_tree(tokens, length, tree, max_n: int, min_n: int):
@@ -114,24 +112,28 @@ def lookup_tree(tokens, length, tree, max_n: int, min_n: int):
     available = found[:, None] & (span < length)                          # [C, D]
 
     earlier = np.tril(np.ones((len(begin),) * 2, bool), -1)   # earlier[c, c']: c' before c
-    node_token = jnp.zeros((n,), jnp.int32).at[0].set(tokens[length - 1])
-    filled = jnp.ones((n,), bool)
-    path = jnp.zeros((n, depth), jnp.int32)                   # each node's tokens from the root
-    for d in range(1, depth + 1):
-        kids = tree.level(d)
-        parent, rank = tree.parent[kids.start:kids.stop], tree.rank[kids.start:kids.stop]
-        # agree[i, c]: continuation c reaches depth d and follows the path of node i's parent.
-        agree = available[None, :, d - 1] & filled[parent][:, None]                # [I, C]
-        agree = agree & jnp.all(continuation[None, :, :d - 1] == path[parent][:, None, :d - 1],
+    ranks = jnp.arange(tree.max_width)
+
+    def expand(d, node_token, filled, path):
+        """The candidates of depth d's parents P: the distinct tokens that follow each one's
+        path among the continuations agreeing with it, in priority order."""
+        parents = np.array(tree.level(d - 1))                                      # numpy [P]
+        if d > 1:                       # the parents' paths: their parent's, then their token
+            path = path.at[parents].set(
+                path[tree.parent[parents]].at[:, d - 2].set(node_token[parents]))
+        # agree[i, c]: continuation c reaches depth d and follows the path of parent i.
+        agree = available[None, :, d - 1] & filled[parents][:, None]               # [P, C]
+        agree = agree & jnp.all(continuation[None, :, :d - 1] == path[parents][:, None, :d - 1],
                                 axis=-1)
         token = continuation[:, d - 1]                                             # [C]
         same = (token[:, None] == token[None, :]) & earlier                        # [C, C]
-        first = agree & ~jnp.any(agree[:, None, :] & same[None], axis=-1)          # [I, C]
-        chosen = first & (jnp.cumsum(first, axis=-1) - 1 == rank[:, None])         # [I, C]
-        kid_token = jnp.sum(jnp.where(chosen, token[None], 0), axis=-1)
-        node_token = node_token.at[kids.start:kids.stop].set(kid_token)
-        filled = filled.at[kids.start:kids.stop].set(jnp.any(chosen, axis=-1))
-        path = path.at[kids.start:kids.stop].set(path[parent].at[:, d - 1].set(kid_token))
+        first = agree & ~jnp.any(agree[:, None, :] & same[None], axis=-1)          # [P, C]
+        rank = jnp.cumsum(first, axis=-1) - 1                                      # [P, C]
+        chosen = first[:, None, :] & (rank[:, None, :] == ranks[None, :, None])    # [P, W, C]
+        return (jnp.sum(jnp.where(chosen, token, 0), axis=-1), jnp.any(chosen, axis=-1), path)
+
+    path = jnp.zeros((n, depth), jnp.int32)                   # each node's tokens from the root
+    node_token, filled, _ = trees.fill(tree, tokens[length - 1], expand, path)
     return node_token, filled
 
 
@@ -140,7 +142,5 @@ def tree_step(spec, params, state: DecodeState) -> DecodeState:
         state.tokens, state.length, spec.tree, spec.max_ngram, spec.min_ngram)   # [B, n]
     new, n_accepted, _, cache, nan, _ = trees.score_and_verify(
         spec, params, state, tokens, filled, None, step_keys(state), "deterministic")
-    state = count_call(state, drafted=jnp.sum(filled[:, 1:], axis=1), accepted=n_accepted,
-                       nan=nan)
-    state = append(state, new, n_accepted + 1, spec.max_new_tokens, spec.eos_ids)
-    return state.replace(target_cache=cache.with_length(state.length - 1))
+    return commit(spec, state, new, n_accepted, cache, drafted=jnp.sum(filled[:, 1:], axis=1),
+                  nan=nan)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.cache import KVCache
+from specjax.model.cache import KVCache
 
 
 @jax.tree_util.register_dataclass
@@ -47,7 +47,7 @@ class DecodeState:
     # Drafting methods: steps that accepted exactly j drafted tokens, [B, D + 1] int32 (D the
     # longest path a step can accept: K, or a tree's depth); None for autoregressive decoding.
     accepted_histogram: jax.Array | None = None
-    # With DecodeSpec.trace only: the last step's verify numbers (`speculative.record_trace`).
+    # With DecodeSpec.trace only: the last step's verify numbers (`decoding.trace`).
     trace: dict | None = None
 
     def replace(self, **changes) -> "DecodeState":
@@ -128,6 +128,19 @@ def count_call(state: DecodeState, *, drafted: jax.Array | int = 0, accepted: ja
                          drafted=state.drafted + active * drafted,
                          accepted=state.accepted + active * accepted,
                          nan_seen=state.nan_seen | nan)
+
+
+def commit(spec, state: DecodeState, new_tokens: jax.Array, n_accepted: jax.Array,
+           target_cache: KVCache, *, drafted: jax.Array | int = 0, draft_calls: int = 0,
+           nan: jax.Array | bool = False) -> DecodeState:
+    """The end of every step: count the target call (and the drafting), append the accepted
+    drafts and the one token drawn after them (`new_tokens` [B, W], `n_accepted` + 1 of them per
+    row), and roll the target's cache back to everything before the new last token, which is
+    all a rollback is (`cache.KVCache.with_length`)."""
+    state = count_call(state, drafted=drafted, accepted=n_accepted, draft_calls=draft_calls,
+                       nan=nan)
+    state = append(state, new_tokens, n_accepted + 1, spec.max_new_tokens, spec.eos_ids)
+    return state.replace(target_cache=target_cache.with_length(state.length - 1))
 
 
 def any_nan(*arrays) -> jax.Array:

@@ -1,5 +1,7 @@
-"""Verifying a token tree with the target: one call, the walk of `rejection.verify_tree`, and
-the cache put back in order. Shared by every drafter that fills a tree (draft model, n-gram).
+"""Token trees in a decoding step, shared by every drafter that fills one (draft model, n-gram
+lookup, Medusa heads): the fill, level by level (`fill`, with `candidates` for drafters that
+sample), then one target call over the tree, the walk of `rejection.verify_tree`, and the cache
+put back in order (`score_and_verify`).
 
 Every drafter hands over the same three things: the nodes' tokens [B, n] (node 0 is the row's
 last token), which nodes it filled [B, n], and the draft distribution at each node [B, n, V]
@@ -14,16 +16,71 @@ rollback.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+from jax import lax
 
-from specjax import cache as kv
-from specjax.cache import KVCache, TreeAttention
+from specjax.model import cache as kv
+from specjax.model.cache import KVCache, TreeAttention
 from specjax.decoding.state import DecodeState, any_nan, last_tokens, pad_vocab
-from specjax.logits import probs_from_logits
-from specjax.model import hidden_states, lm_head
+from specjax.sampling.logits import probs_from_logits
+from specjax.model.transformer import hidden_states, lm_head
 
 # How each candidate scheme a drafter can use is verified (`rejection.RULES`).
 SCHEMES = {"top": "deterministic", "iid": "iid", "distinct": "without_replacement"}
+
+
+def fill(tree, root, expand, carry):
+    """Fills a token tree level by level: the loop every tree drafter shares.
+
+    Args:
+      tree: the static `Tree`; root: [...] the root tokens (each row's last token; any leading
+        shape, e.g. [B], or [] inside a vmap over rows).
+      expand: expand(d, tokens, valid, carry) -> (candidates [..., P, W], filled [..., P, W],
+        carry): for the P nodes of depth d - 1, in node order, their first W candidate children
+        and whether each exists. The child of rank r of a node takes its candidate r.
+      carry: whatever `expand` threads from level to level (a cache, distributions, ...).
+    Returns:
+      tokens [..., n] int32 (node 0 the root), valid [..., n] bool (a node is valid when its
+      candidate exists and its parent is valid), and the final carry.
+    """
+    n = tree.size + 1
+    tokens = jnp.zeros((*root.shape, n), jnp.int32).at[..., 0].set(root)
+    valid = jnp.ones((*root.shape, n), bool)
+    for d in range(1, tree.max_depth + 1):
+        parents, kids = tree.level(d - 1), tree.level(d)
+        cand, filled, carry = expand(d, tokens, valid, carry)
+        parent = tree.parent[kids.start:kids.stop]                       # numpy [|kids|]
+        rank = tree.rank[kids.start:kids.stop]
+        tokens = tokens.at[..., kids.start:kids.stop].set(cand[..., parent - parents.start, rank])
+        valid = valid.at[..., kids.start:kids.stop].set(
+            filled[..., parent - parents.start, rank] & valid[..., parent])
+    return tokens, valid, carry
+
+
+def candidates(scheme: str, key, logits, p, width: int):
+    """The first `width` candidate children of each node of one row, for a drafter that has a
+    distribution at each node.
+
+    Args:
+      scheme: "top" (the draft's `width` most likely tokens, by logit: deterministic), "iid"
+        (independent draws from p) or "distinct" (draws from p without replacement: the Gumbel
+        top-k trick, Kool et al. 2019, which draws exactly like repeated sampling without
+        replacement); key: one PRNG key; logits: [P, V] the draft's logits; p: [P, V] the
+        distributions sampled from (None for "top").
+    Returns:
+      tokens [P, W] int32 and valid [P, W] bool (False where p had fewer than W tokens left).
+    """
+    if scheme == "top":
+        tokens = lax.top_k(logits, width)[1]
+        return tokens.astype(jnp.int32), jnp.ones(tokens.shape, bool)
+    log_p = jnp.log(p)[:, None, :]                                        # [P, 1, V]
+    if scheme == "iid":
+        gumbel = jax.random.gumbel(key, (p.shape[0], width, p.shape[1]))  # [P, W, V]
+        tokens = jnp.argmax(log_p + gumbel, axis=-1)
+        return tokens.astype(jnp.int32), jnp.ones(tokens.shape, bool)
+    scores, tokens = lax.top_k(log_p[:, 0] + jax.random.gumbel(key, p.shape), width)
+    return tokens.astype(jnp.int32), scores > -jnp.inf
 
 
 def tree_attention(tree, root, first: int = 0) -> TreeAttention:
@@ -64,8 +121,8 @@ def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_prob
                              tree_attention(tree, root))                    # [B, n, D_model]
     logits = lm_head(params.target, spec.target_config, x)                  # [B, n, V']
     target_probs = probs_from_logits(pad_vocab(logits, spec.vocab_size), spec.sampling)
-    n_accepted, path, next_token = spec.tree_verify_fn(tree, rule, tokens, valid, draft_probs,
-                                                       target_probs, keys)
+    n_accepted, path, next_token = spec.rules.verify_tree(tree, rule, tokens, valid, draft_probs,
+                                                          target_probs, keys)
     new = jnp.take_along_axis(tokens, path, axis=1)                    # [B, D]
     new = jnp.concatenate([new, jnp.zeros_like(new[:, :1])], axis=1)   # [B, D + 1]
     new = new.at[jnp.arange(new.shape[0]), n_accepted].set(next_token)

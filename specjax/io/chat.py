@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 
-from specjax.checkpoint import Model
+import jinja2
+import jinja2.sandbox
+
+from specjax.model.transformer import Model
 
 
 class ChatTemplateError(ValueError):
@@ -20,8 +23,6 @@ class ChatTemplateError(ValueError):
 
 def render(model: Model, user_message: str, system: str | None = None) -> str:
     """The prompt text for one user turn, ending where the assistant's reply begins."""
-    import jinja2
-    import jinja2.sandbox
 
     if not model.chat_template:
         raise ChatTemplateError(f"{model.name} has no chat template (no chat_template in its "

@@ -1,8 +1,10 @@
-"""What `generate` and `bench` share on the command line: the model arguments and presets, the
-error a command-line mistake raises, and JAX's persistent compilation cache.
+"""What `specjax generate` and `specjax bench` share: the model presets (which checkpoints
+`--preset smollm2` names), the model arguments that choose and load them, the error a
+command-line mistake raises, and JAX's persistent compilation cache.
 
-It imports neither specjax.cli nor specjax.bench, so that both can import it: cli builds the
-parser from bench's arguments, and bench needs the model arguments without the rest of cli.
+Layer: above the public API and file I/O (it may import `specjax.io`, `specjax.mesh` and
+`specjax.api`), below both command-line front ends (`specjax.cli`, `specjax.bench`), which
+import it; it imports neither of them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,12 @@ import dataclasses
 import functools
 import os
 from pathlib import Path
+
+import jax
+
+from specjax import mesh as meshes
+from specjax.io.checkpoint import load
+from specjax.io.fetch import cache_root, fetch
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 DEFAULT_PRESET = "tiny-llama"
@@ -23,7 +31,7 @@ class CLIError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-    target: str             # a directory under weights/, or "fetch:<name>" for specjax.fetch
+    target: str             # a directory under weights/, or "fetch:<name>" for specjax.io.fetch
     draft: str | None       # a directory under weights/ (may not exist for fetched targets)
     heads: str | None = None    # Medusa heads under weights/, for method medusa
 
@@ -79,16 +87,11 @@ def make_mesh(shape: tuple[int, int] | None):
     asks for it at every run)."""
     if shape is None:
         return None
-    from specjax.mesh import make_mesh as make
-
-    return make(*shape)
+    return meshes.make_mesh(*shape)
 
 
 def load_model(path, dtype: str, mesh=None, shard: bool = True):
     """`specjax.load` onto `mesh` if given: split like a target, or replicated (a draft)."""
-    from specjax import mesh as meshes
-    from specjax.checkpoint import load
-
     if mesh is None or shard:
         return load(path, dtype=dtype, mesh=mesh)
     model = load(path, dtype=dtype)
@@ -107,8 +110,6 @@ def model_paths(args, want_draft: bool) -> tuple[Path, Path | None, str]:
     name = args.preset or DEFAULT_PRESET
     preset = PRESETS[name]
     if preset.target.startswith("fetch:"):
-        from specjax.fetch import fetch
-
         target = fetch(preset.target.removeprefix("fetch:"))
     else:
         target = _embedded(preset.target)
@@ -149,10 +150,6 @@ def enable_compile_cache() -> None:
     """JAX's persistent compilation cache, so that a rerun does not recompile: <cache>/xla, where
     <cache> is $SPECJAX_CACHE or ~/.cache/specjax; SPECJAX_COMPILE_CACHE=DIR moves it,
     SPECJAX_COMPILE_CACHE=off turns it off."""
-    import jax
-
-    from specjax.fetch import cache_root
-
     setting = os.environ.get("SPECJAX_COMPILE_CACHE")
     if setting is not None and setting.strip().lower() in ("", "0", "off", "no", "false"):
         return

@@ -18,9 +18,9 @@ import dataclasses
 
 import numpy as np
 
-from specjax.checkpoint import Model
+from specjax.io.checkpoint import Model
 from specjax.decoding import loop
-from specjax.generate import GenerationError, prepare
+from specjax.api.generate import GenerationError, prepare
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,7 +47,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.logits import sample_rows
+from specjax.sampling.logits import sample_rows
 
 __all__ = [
     "RULES",
@@ -334,7 +334,7 @@ def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_prob
     Rows are independent, each with its own key. Pure and jittable; the tree is static.
 
     Args:
-      tree: the static `specjax.tree.Tree`, n = tree.size + 1 nodes, node 0 the root.
+      tree: the static `specjax.sampling.tree.Tree`, n = tree.size + 1 nodes, node 0 the root.
       rule: one of `RULES`, the one matching how the candidates were drawn (see above).
       tokens: [B, n] int the nodes' tokens (the root's is not read).
       valid: [B, n] bool: nodes the drafter filled; others (and their subtrees) are never tried.

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors.numpy import save_file
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
 _ARCH = "llama"
 _MISSING = object()
@@ -209,7 +211,6 @@ def _tensors(reader, hp: _Hparams, path: Path) -> dict[str, np.ndarray]:
 
 
 def _pre_tokenizer(pre: str, path: Path):
-    from tokenizers import pre_tokenizers
 
     # GPT-2's regex split plus the byte -> printable-unicode mapping that every byte-level BPE
     # vocabulary is written in ("Ġ" for a space).
@@ -244,7 +245,6 @@ def _special_ids(meta: dict[str, Any], n_tokens: int, path: Path) -> dict[str, i
 
 def _tokenizer(meta: dict[str, Any], special_ids: dict[str, int], path: Path):
     """A `tokenizers.Tokenizer` equivalent to llama.cpp's, from the tokenizer.ggml.* metadata."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
 
     kind = _get(meta, "tokenizer.ggml.model", path)
     if kind != "gpt2":
@@ -312,7 +312,6 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         ValueError: a corrupt or truncated file, another architecture, an unknown or missing
             tensor, a wrong shape, or an unsupported tokenizer; the message names the file.
     """
-    from safetensors.numpy import save_file
 
     path = Path(gguf_path)
     reader = _open(path)

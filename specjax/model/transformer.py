@@ -30,22 +30,39 @@ of a step: SmolLM2-135M's 30 layers of mat-vecs took 34 ms under a scan against 
 array per layer (12 vs 24 GB/s, numpy's bandwidth on the same machine; measured with jax 0.10.2
 on a 2-core x86-64 CPU). The price is compile time that grows with depth (SmolLM2's whole
 generation loop compiles in 5 to 10 s on that CPU). The KV cache is split per layer for the
-same reason (`specjax.cache`).
+same reason (`specjax.model.cache`).
 """
 
 from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import cache as kv
-from specjax.cache import KVCache, TreeAttention
-from specjax.config import ModelConfig
-from specjax.layers import (activation, apply_rope, attend, attend_cache, layer_norm, rms_norm,
+from specjax.model import cache as kv
+from specjax.model.cache import KVCache, TreeAttention
+from specjax.model.config import ModelConfig
+from specjax.model.layers import (activation, apply_rope, attend, attend_cache, layer_norm, rms_norm,
                             rope_frequencies, rope_tables)
 
 Params = dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """What `specjax.load` returns: a static config, a parameter tree and a tokenizer."""
+    config: ModelConfig
+    params: Params
+    tokenizer: object | None = None      # tokenizers.Tokenizer, or None if the dir has none
+    path: Path | None = None
+    chat_template: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.name if self.path else f"random-{self.config.arch}"
 
 
 def forward(params: Params, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
@@ -59,7 +76,7 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, positions: j
       tokens: [B, T] int token ids.
       positions: [B, T] int absolute positions, consecutive within each row.
       cache: a KVCache, or None to attend only among the given tokens (training, scoring).
-      tree: when the tokens are nodes of a token tree (`specjax.cache.TreeAttention`): they are
+      tree: when the tokens are nodes of a token tree (`specjax.model.cache.TreeAttention`): they are
         written to consecutive slots after the tree's root, and each attends to its ancestors
         only. `positions` are then the nodes' positions, root + depth, not consecutive.
     Returns:

@@ -22,13 +22,23 @@ import json
 import os
 import signal
 import sys
+import statistics
 import threading
 from pathlib import Path
 
 from specjax import bench
-from specjax.cli_common import (CLIError, add_model_arguments, enable_compile_cache, heads_path,
-                                load_model, make_mesh, model_paths, parse_mesh)
-from specjax.fetch import FetchError
+from specjax.api.explain import explain, format_steps
+from specjax.api.generate import (METHODS, GenerationError, check_compatible, check_int,
+                                  encode_prompts, generate, prepare, stream)
+from specjax.heads.medusa import Heads
+from specjax.io import chat as chat_template
+from specjax.io.checkpoint import load
+from specjax.io.fetch import FetchError, fetch
+from specjax.mesh import plan
+from specjax.presets import (CLIError, add_model_arguments, enable_compile_cache, heads_path,
+                             load_model, make_mesh, model_paths, parse_mesh)
+from specjax.sampling.logits import SamplingParams
+from specjax.sampling.tree import Tree, parse_widths
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -123,7 +133,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_fetch(args) -> int:
-    from specjax.fetch import fetch
 
     print(fetch(args.name, args.cache_dir))
     return 0
@@ -213,8 +222,6 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_generate(args) -> int:
-    from specjax.decoding.loop import METHODS
-    from specjax.generate import check_compatible, prepare
 
     methods = list(METHODS) if args.method == "all" else [args.method]
     options = dict(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -231,7 +238,6 @@ def run_generate(args) -> int:
     mesh = make_mesh(mesh_shape)
     target, draft, heads = load_models(args, methods, mesh)
     if mesh is not None:
-        from specjax.mesh import plan
 
         print(f"specjax: mesh data={mesh_shape[0]} x model={mesh_shape[1]}: "
               f"{plan(target.config, mesh)}", file=sys.stderr)
@@ -248,7 +254,6 @@ def run_generate(args) -> int:
         prepare(target, [ids], method=method, draft=draft, **options[method])
 
     if args.trace is not None:
-        from specjax.explain import explain, format_steps
 
         if len(methods) != 1:
             raise CLIError("--trace explains one method; pick --method speculative or ngram")
@@ -285,15 +290,13 @@ def run_generate(args) -> int:
 
 def check_numbers(methods: list[str], options: dict) -> None:
     """Rejects bad numbers before any model is loaded (generate.prepare checks them again)."""
-    from specjax.generate import GenerationError, _check_int
-    from specjax.logits import SamplingParams
 
-    _check_int("max_new_tokens (-n)", options["max_new_tokens"], 1)
+    check_int("max_new_tokens (-n)", options["max_new_tokens"], 1)
     if set(methods) - {"autoregressive"}:
-        _check_int("k (-k)", options["k"], 1)
+        check_int("k (-k)", options["k"], 1)
     if "ngram" in methods:
-        _check_int("--min-ngram", options["min_ngram"], 1)
-        _check_int("--max-ngram", options["max_ngram"], options["min_ngram"])
+        check_int("--min-ngram", options["min_ngram"], 1)
+        check_int("--max-ngram", options["max_ngram"], options["min_ngram"])
     try:
         SamplingParams(options["temperature"], options["top_k"], options["top_p"])
     except ValueError as e:
@@ -307,7 +310,6 @@ def check_numbers(methods: list[str], options: dict) -> None:
 
 def read_tree(args, methods: list[str]):
     """The `Tree` of --tree or --tree-file, or None."""
-    from specjax.tree import Tree, parse_widths
 
     if args.tree is not None and args.tree_file:
         raise CLIError("give either --tree or --tree-file, not both")
@@ -362,8 +364,6 @@ def read_prompt(args) -> str:
 def load_models(args, methods: list[str], mesh=None):
     """The target, the draft (or None) and the Medusa heads (or None) the methods need; on
     `mesh`, the target split and the draft replicated."""
-    from specjax.checkpoint import load
-    from specjax.medusa import Heads
 
     heads = None
     if "medusa" in methods:
@@ -391,8 +391,6 @@ def load_models(args, methods: list[str], mesh=None):
 
 
 def prompt_ids(target, prompt: str, chat: bool) -> list[int]:
-    from specjax import chat as chat_template
-    from specjax.generate import encode_prompts
 
     if chat:
         return chat_template.encode(target, chat_template.render(target, prompt))
@@ -438,7 +436,6 @@ class TextPrinter:
 
 def stream_text(target, draft, ids: list[int], method: str, options: dict, colour: bool) -> list[int]:
     """Streams one method's output to stdout; returns the new tokens."""
-    from specjax.generate import stream
 
     status = sys.stderr.isatty()
     if status:
@@ -465,9 +462,6 @@ def timed_generate(target, draft, ids, method: str, options: dict, runs: int = 3
                    budget_s: float = 2.0):
     """`generate` once (compiling), then again while cheap; the stats carry the median run time.
     Returns (result, number of timed runs)."""
-    import statistics
-
-    from specjax.generate import generate
 
     result = generate(target, [ids], method=method, draft=draft, **options)
     times = [result.stats.run_s]

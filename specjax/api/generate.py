@@ -20,21 +20,24 @@ from typing import Iterator, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from specjax import mesh as meshes
-from specjax.checkpoint import Model
+from specjax.io.checkpoint import Model
 from specjax.decoding import loop
 from specjax.decoding.lookahead import (DEFAULT_CONFIDENCE_THRESHOLD, DEFAULT_K_START,
                                         SCHEDULES)
 from specjax.decoding.loop import METHODS, DecodeSpec, Weights
+from specjax.decoding.sharding import weight_shardings
 from specjax.decoding.state import DecodeState
 from specjax.decoding.trees import SCHEMES
-from specjax.logits import SamplingParams
-from specjax.medusa import Heads, check_target, runtime_weights
-from specjax.tree import Tree, TreeError
+from specjax.sampling.logits import SamplingParams
+from specjax.sampling.rules import Rules
+from specjax.heads.medusa import Heads, runtime_weights
+from specjax.io.heads import check_target
+from specjax.sampling.tree import Tree, TreeError
 
 # Keyword arguments that replace a step of the algorithm, for the negative-control tests only.
-HOOKS = frozenset({"verify_fn", "propose_fn", "tree_verify_fn"})
 
 
 class GenerationError(ValueError):
@@ -137,16 +140,17 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
             max_ngram: int = 3, min_ngram: int = 1, tree=None, candidates: str | None = None,
             heads: Heads | None = None, k_schedule: str = "constant", k_start: int | None = None,
             confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
-            **hooks) -> Request:
+            rules: Rules | None = None, **unknown) -> Request:
     """Validates everything and builds the static spec and the device inputs."""
-    unknown = sorted(set(hooks) - HOOKS)
     if unknown:
-        raise GenerationError(f"unknown keyword argument {unknown[0]!r}")
+        raise GenerationError(f"unknown keyword argument {sorted(unknown)[0]!r}")
+    if rules is not None and not isinstance(rules, Rules):
+        raise GenerationError(f"rules must be a specjax.sampling.rules.Rules, got {rules!r}")
     if method not in METHODS:
         raise GenerationError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
-    _check_int("max_new_tokens", max_new_tokens, 1)
+    check_int("max_new_tokens", max_new_tokens, 1)
     if method != "autoregressive":
-        _check_int("k", k, 1)
+        check_int("k", k, 1)
     try:
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     except ValueError as e:
@@ -160,8 +164,8 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
         _check_tree_fits_heads(tree, heads)
     schedule = _check_schedule(method, tree, k, k_schedule, k_start, confidence_threshold)
     if method == "ngram":
-        _check_int("min_ngram", min_ngram, 1)
-        _check_int("max_ngram", max_ngram, min_ngram)
+        check_int("min_ngram", min_ngram, 1)
+        check_int("max_ngram", max_ngram, min_ngram)
     if method == "speculative":
         if draft is None:
             raise GenerationError("method 'speculative' needs a draft model (draft=...)")
@@ -214,7 +218,7 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
                       max_ngram=max_ngram, min_ngram=min_ngram, buffer_length=buffer_length,
                       tree=tree, candidates=candidates,
                       heads_config=heads.config if method == "medusa" else None, **schedule,
-                      mesh=mesh, shard_draft=shard_draft, **hooks)
+                      mesh=mesh, shard_draft=shard_draft, rules=rules or Rules())
     weights = Weights(target.params, draft.params if draft else None,
                       runtime_weights(heads, target) if method == "medusa" else None)
     request = Request(spec, weights, prompt_array.astype(np.int32), lengths,
@@ -237,7 +241,7 @@ def _on_mesh(request: Request) -> Request:
     rows = meshes.rows(mesh)
     key_data = repeat(np.asarray(jax.random.key_data(request.row_keys)))
     return dataclasses.replace(
-        request, weights=meshes.put(request.weights, loop.weight_shardings(request.spec)),
+        request, weights=meshes.put(request.weights, weight_shardings(request.spec)),
         prompts=meshes.place(repeat(request.prompts), rows, np.int32),
         prompt_length=meshes.place(repeat(request.prompt_length), rows, np.int32),
         row_keys=jax.random.wrap_key_data(meshes.place(key_data, rows, key_data.dtype)))
@@ -254,7 +258,7 @@ def generate(target: Model, prompts, **kwargs) -> GenerationResult:
       draft: the draft model for speculative sampling; same tokenizer as the target.
       k: tokens drafted per step (speculative and ngram), >= 1.
       max_new_tokens: tokens to generate per row, >= 1; fewer only if an EOS id comes first.
-      temperature, top_k, top_p: see `specjax.logits`; temperature 0 is greedy.
+      temperature, top_k, top_p: see `specjax.sampling.logits`; temperature 0 is greedy.
       seed: an int (row b uses fold_in(key(seed), b)) or one int per row (row b uses key(seed[b]),
         so a row's output is the same alone or in any batch).
       eos_ids: ids that end a row (default: the target's), () to never stop early.
@@ -470,7 +474,7 @@ def _check_schedule(method, tree, k, k_schedule, k_start, threshold) -> dict:
     if k_schedule == "heuristic":
         if k_start is None:
             k_start = min(DEFAULT_K_START, k)
-        _check_int("k_start", k_start, 1)
+        check_int("k_start", k_start, 1)
         if k_start > k:
             raise GenerationError(f"k_start={k_start} is more than k={k}, the most a step drafts "
                                   "under the heuristic schedule")
@@ -486,7 +490,7 @@ def _check_schedule(method, tree, k, k_schedule, k_start, threshold) -> dict:
     return fields
 
 
-def _check_int(name: str, value, minimum: int) -> None:
+def check_int(name: str, value, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise GenerationError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
@@ -547,8 +551,6 @@ def _host(array) -> np.ndarray:
     """All of `array` as a numpy array; on a mesh across processes, gathered from all."""
     if getattr(array, "is_fully_addressable", True):
         return np.asarray(array)
-    from jax.experimental import multihost_utils
-
     return np.asarray(multihost_utils.process_allgather(array, tiled=True))
 
 

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.config import ModelConfig
+from specjax.model.config import ModelConfig
 
 
 @jax.tree_util.register_dataclass
@@ -83,7 +83,7 @@ def write(cache_k: jax.Array, cache_v: jax.Array, k: jax.Array, v: jax.Array,
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TreeAttention:
-    """Tells a forward call that its tokens are nodes of a token tree (`specjax.tree`).
+    """Tells a forward call that its tokens are nodes of a token tree (`specjax.sampling.tree`).
 
     The tree's nodes occupy consecutive cache slots after its root: node i of the row's tree is
     at slot root + i, while its position (for RoPE) is root + depth[i]. A call feeds the nodes

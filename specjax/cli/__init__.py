@@ -1,0 +1,10 @@
+"""The command line, `python -m specjax generate | bench | fetch` (`main`).
+
+Layer: the top. It may import everything below it: the public API (`specjax.api`), file I/O
+(`specjax.io`), the presets (`specjax.presets`) and the benchmarks (`specjax.bench`, for the
+`bench` subcommand); nothing in specjax imports it.
+"""
+
+from specjax.cli.main import main
+
+__all__ = ["main"]

@@ -1,0 +1,55 @@
+"""The decoding loop's layout on a device mesh (`specjax.mesh`): which shards the weights and
+the decode state live on, so that `loop.programs` can jit with explicit shardings and the
+`lax.while_loop` carries the cache split as the weights are.
+"""
+
+from __future__ import annotations
+
+from jax import lax
+
+from specjax import mesh as meshes
+from specjax.decoding.spec import DecodeSpec, Weights
+from specjax.decoding.state import DecodeState
+from specjax.model.cache import KVCache
+
+
+def weight_shardings(spec: DecodeSpec) -> Weights:
+    """The target split (`mesh.param_shardings`), the draft replicated unless
+    spec.shard_draft, the Medusa heads replicated."""
+    mesh = spec.mesh
+    draft = None
+    if spec.draft_config is not None:
+        draft = meshes.param_shardings(spec.draft_config, mesh, shard=spec.shard_draft)
+    return Weights(meshes.param_shardings(spec.target_config, mesh), draft,
+                   meshes.replicated(mesh) if spec.heads_config is not None else None)
+
+
+def state_shardings(spec: DecodeSpec) -> DecodeState:
+    """Every per-row array over "data", caches also over "model" by key/value head where their
+    model's weights are split so (`mesh.cache_sharding`), the step counter replicated."""
+    mesh = spec.mesh
+    rows, one = meshes.rows(mesh), meshes.replicated(mesh)
+
+    def cache(config, shard):
+        heads = meshes.cache_sharding(config, mesh, shard)
+        return KVCache(k=heads, v=heads, length=rows)
+
+    drafts = spec.method != "autoregressive"
+    return DecodeState(
+        tokens=rows, length=rows, prompt_length=rows, done=rows, row_keys=rows, step=one,
+        target_cache=cache(spec.target_config, True),
+        draft_cache=(cache(spec.draft_config, spec.shard_draft)
+                     if spec.method == "speculative" else None),
+        target_calls=rows, draft_calls=rows, drafted=rows, accepted=rows, nan_seen=one,
+        hidden=rows if spec.method == "medusa" else None,
+        lookahead=rows if spec.k_schedule == "heuristic" else None,
+        accepted_histogram=rows if drafts else None)
+
+
+def pinned(spec: DecodeSpec, state: DecodeState) -> DecodeState:
+    """The state pinned to the mesh's layout (`state_shardings`): the loop carries the cache
+    split as the weights are, instead of whatever the partitioner would infer. Identity on one
+    device and while tracing a step (`DecodeSpec.trace` changes the state's structure)."""
+    if spec.mesh is None or spec.trace:
+        return state
+    return lax.with_sharding_constraint(state, state_shardings(spec))

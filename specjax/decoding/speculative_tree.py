@@ -1,0 +1,88 @@
+"""Speculative sampling over a token tree (`spec.tree`, see `specjax.sampling.tree`) with a
+draft model: the chain of `speculative`, widened.
+
+  1. The draft expands the tree level by level (`trees.fill`): one draft call per depth over all
+     the nodes of that depth, each attending to its ancestors; every node's children are its
+     first W candidates under the spec's scheme (`trees.candidates`: the draft's top tokens, or
+     draws from its distribution p at the node, independent or without replacement).
+  2-3. One target call scores every node; `rejection.verify_tree` walks the tree with the rule
+     exact for the scheme (`trees.score_and_verify`).
+  4. Commit, and move the accepted path's cache entries to a chain's slots.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax.decoding import trees
+from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, pad_vocab, step_keys
+from specjax.model.transformer import forward
+from specjax.sampling.logits import probs_from_logits
+
+
+def draft_tree(spec, params, state: DecodeState, keys):
+    """Step 1 for a tree: the nodes' tokens [B, n], which are filled [B, n], the draft
+    distribution at each node [B, n, V] (None for "top" candidates), the draft's cache and
+    whether a NaN was seen.
+
+    Depth d's candidates come from the draft's distributions at the nodes of depth d - 1: one
+    draft call per depth, over that depth's nodes at once, each attending to its ancestors. The
+    deepest level needs no call (like x_K of a chain), so a tree of depth D costs D draft calls.
+    """
+    tree, scheme, vocab = spec.tree, spec.candidates, spec.vocab_size
+    b, n, depth = state.length.shape[0], tree.size + 1, tree.max_depth
+    window, positions = last_tokens(state, 2)            # the first call, as in `draft`
+    logits, cache = forward(params.draft, spec.draft_config, window, positions, state.draft_cache)
+    last = (state.length - 1 - positions[:, 0])[:, None]
+    root = state.length - 1
+    level_keys = jax.vmap(lambda key: jax.random.split(key, depth))(keys)   # [B, D]
+
+    def expand(d, tokens, valid, carry):
+        level_logits, cache, probs, nan = carry
+        parents = tree.level(d - 1)
+        if d > 1:                       # the draft's distributions at the parents' level
+            level_logits, cache = forward(params.draft, spec.draft_config,
+                                          tokens[:, parents.start:parents.stop],
+                                          trees.node_positions(tree, root)[:, parents.start:
+                                                                            parents.stop],
+                                          cache, trees.tree_attention(tree, root, parents.start))
+            nan = nan | any_nan(level_logits)
+        level_logits = pad_vocab(level_logits, vocab)                         # [B, P, V]
+        p = None if scheme == "top" else probs_from_logits(level_logits, spec.sampling)
+        if p is not None:
+            probs = probs.at[:, parents.start:parents.stop].set(p)
+        cand, filled = jax.vmap(trees.candidates,
+                                in_axes=(None, 0, 0, 0 if p is not None else None, None))(
+            scheme, level_keys[:, d - 1], level_logits, p, tree.max_width)    # [B, P, W]
+        return cand, filled, (level_logits, cache, probs, nan)
+
+    root_logits = jnp.take_along_axis(logits, last[:, :, None], axis=1)      # [B, 1, V']
+    probs = None if scheme == "top" else jnp.zeros((b, n, vocab), jnp.float32)
+    tokens, valid, (_, cache, probs, nan) = trees.fill(
+        tree, jnp.take_along_axis(window, last, 1)[:, 0], expand,
+        (root_logits, cache, probs, any_nan(logits)))
+    return tokens, valid, probs, cache, nan
+
+
+def step(spec, params, state: DecodeState) -> DecodeState:
+    tree = spec.tree
+    depth, nodes = tree.max_depth, tree.size + 1
+    k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
+
+    # Step 1: the tree of candidates, level by level.
+    tokens, valid, probs, draft_cache, draft_nan = draft_tree(spec, params, state, k_draft)
+    # Steps 2 and 3: one target call over the tree, then the walk.
+    new, n_accepted, path, target_cache, target_nan, _ = trees.score_and_verify(
+        spec, params, state, tokens, valid, probs, k_verify, trees.SCHEMES[spec.candidates])
+
+    # Step 4: commit. The draft fed the nodes above the deepest level: after moving the
+    # accepted ones into place it holds the path up to depth D - 1, and catches up on the rest
+    # next step.
+    old_length = state.length
+    state = commit(spec, state, new, n_accepted, target_cache,
+                   drafted=jnp.sum(valid[:, 1:], axis=1), draft_calls=depth,
+                   nan=draft_nan | target_nan)
+    draft_cache = trees.keep_path(draft_cache, old_length - 1, path, nodes)
+    return state.replace(draft_cache=draft_cache.with_length(
+        jnp.minimum(state.length - 1, old_length + depth - 1)))

@@ -1,0 +1,159 @@
+"""Medusa heads (Cai et al. 2024, Medusa-1): extra decoding heads on a frozen target.
+
+Head k (k = 1..K) reads the target's final-normed hidden state h_t at position t and predicts
+the token at t + 1 + k, one place further ahead than the target's own LM head:
+
+    z = h_t;  z <- z + SiLU(W_kj z + b_kj)  for each of the head's residual blocks j
+    logits_k = E_S z        over S, a frequency-ranked subset of the vocabulary
+
+The projection E_S is not a new matrix: it is the rows of the target's own LM head (its tied
+embedding, for SmolLM2) for the S token ids the heads may propose, read from the target when the
+heads meet it. Why: SmolLM2-135M's LM head is 28M of its 135M parameters, so a full-vocabulary
+projection per head would cost about a fifth of a target call; with S = 4,096 a head costs
+2.7M multiply-adds (the block is 0.33M), 2% of a target call. A token outside S has draft
+probability 0, which token-tree verification handles exactly (the target's residual covers it).
+
+A heads checkpoint is a directory:
+
+    config.json        model_type "medusa", num_heads, num_blocks, hidden_size, vocab_size, the
+                       projection, the target's identity, and the tree the heads were tuned for
+    model.safetensors  medusa_head.{k}.{j}.linear.weight [D, D] (torch's [out, in]) and .bias
+                       [D], as in Medusa's own checkpoints (k from 0), and token_ids [S] int32
+    README.md          the model card
+
+The target's identity (its architecture fields, a digest of its tokenizer's vocabulary and the
+mean absolute value of the projection rows) is checked when heads meet a target
+(`check_target`): heads trained for another model are an error, not a slow run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.model.transformer import Model
+from specjax.sampling.tree import Tree
+
+MODEL_TYPE = "medusa"
+PROJECTION = "target_lm_head_subset"
+# Architecture fields of the target that heads are bound to.
+TARGET_FIELDS = ("arch", "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
+                  "head_dim", "d_ff", "tie_embeddings")
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadsConfig:
+    """The static shape of a set of heads (hashable: part of the compiled spec)."""
+    num_heads: int          # K: head k predicts the token k + 1 places after the hidden state's
+    num_blocks: int         # residual blocks per head
+    hidden_size: int        # D, the target's
+    vocab_size: int         # the target's id space
+    subset_size: int        # S, the token ids the heads may propose
+
+    def __post_init__(self):
+        for name in ("num_heads", "num_blocks", "hidden_size", "vocab_size", "subset_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.subset_size > self.vocab_size:
+            raise ValueError(f"subset_size {self.subset_size} exceeds vocab_size "
+                             f"{self.vocab_size}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Heads:
+    """What `specjax.load` returns for a heads directory."""
+    config: HeadsConfig
+    params: dict                 # {"blocks": [[{"w": [D, D], "b": [D]}] * blocks] * heads}
+    token_ids: np.ndarray        # [S] int32, most frequent first
+    target: dict                 # the identity of the target they were trained on
+    tree: Tree | None = None     # the tree they were tuned for (the default of method="medusa")
+    path: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.name if self.path else "random-medusa-heads"
+
+
+# -- The target's identity ----------------------------------------------------------------------
+
+def tokenizer_digest(tokenizer) -> str | None:
+    """sha256 of the tokenizer's vocabulary (token -> id, added tokens included)."""
+    if tokenizer is None:
+        return None
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    return hashlib.sha256(json.dumps(vocab, sort_keys=True).encode()).hexdigest()
+
+
+def projection(target: Model, token_ids) -> jax.Array:
+    """The target's LM-head rows for `token_ids`: [S, D]."""
+    ids = jnp.asarray(token_ids)
+    if target.config.tie_embeddings:
+        return target.params["embed"][ids]
+    return target.params["lm_head"][ids]
+
+
+def target_identity(target: Model, token_ids) -> dict:
+    return {"name": target.name,
+            "config": {f: getattr(target.config, f) for f in TARGET_FIELDS},
+            "tokenizer_sha256": tokenizer_digest(target.tokenizer),
+            "projection_mean_abs": float(np.mean(np.abs(
+                np.asarray(projection(target, token_ids), np.float64))))}
+
+
+# -- Parameters and the forward pass ------------------------------------------------------------
+
+def init_heads(config: HeadsConfig, target: Model, token_ids=None, seed: int = 0,
+               std: float = 0.0, tree: Tree | None = None) -> Heads:
+    """New heads for `target`. With std = 0 (Medusa's initialisation) every block is the
+    identity, so each head starts as the target's own next-token head on the subset; tests use
+    std > 0 for random heads."""
+    if token_ids is None:
+        token_ids = np.arange(config.subset_size)
+    token_ids = np.asarray(token_ids, np.int32)
+    if token_ids.shape != (config.subset_size,):
+        raise ValueError(f"token_ids must have shape ({config.subset_size},), "
+                         f"got {token_ids.shape}")
+    d = config.hidden_size
+    keys = iter(jax.random.split(jax.random.key(seed), 2 * config.num_heads * config.num_blocks))
+    blocks = [[{"w": std * jax.random.normal(next(keys), (d, d)),
+                "b": std * jax.random.normal(next(keys), (d,))}
+               for _ in range(config.num_blocks)] for _ in range(config.num_heads)]
+    return Heads(config, {"blocks": blocks}, token_ids, target_identity(target, token_ids), tree)
+
+
+def runtime_weights(heads: Heads, target: Model) -> dict:
+    """What the compiled step reads: the blocks, the subset's ids and projection rows."""
+    return {"blocks": heads.params["blocks"], "ids": jnp.asarray(heads.token_ids),
+            "proj": projection(target, heads.token_ids)}
+
+
+def features(weights: dict, hidden: jax.Array, count: int | None = None) -> jax.Array:
+    """The first `count` heads' residual blocks (default all K) on hidden states [..., D]:
+    [..., count, D]."""
+    out = []
+    for blocks in weights["blocks"][:count]:
+        z = hidden
+        for block in blocks:
+            z = z + jax.nn.silu(z @ block["w"] + block["b"])
+        out.append(z)
+    return jnp.stack(out, axis=-2)
+
+
+def subset_logits(weights: dict, hidden: jax.Array, count: int | None = None) -> jax.Array:
+    """Hidden states [..., D] -> the first `count` heads' logits over the subset
+    [..., count, S], float32 (default all K heads; a tree of depth d needs only d)."""
+    return jnp.einsum("...KD,SD->...KS", features(weights, hidden, count), weights["proj"],
+                      preferred_element_type=jnp.float32).astype(jnp.float32)
+
+
+def full_logits(weights: dict, sub_logits: jax.Array, vocab: int) -> jax.Array:
+    """Subset logits [..., S] -> logits over the vocabulary [..., V], -inf outside the subset."""
+    full = jnp.full((*sub_logits.shape[:-1], vocab), -jnp.inf, jnp.float32)
+    return full.at[..., weights["ids"]].set(sub_logits)

@@ -1,0 +1,16 @@
+"""The model layer: GPT-2 and Llama-family transformers as pure functions.
+
+`config` (ModelConfig, read from a Hugging Face config.json), `layers` (norms, rotary
+embeddings, attention, MLPs), `cache` (the KV cache: fixed buffers, per-row lengths, masks from
+absolute positions) and `transformer` (the parameter tree, `forward`, and `Model`, what
+`specjax.load` returns).
+
+Layer: the bottom. It imports jax and numpy only, never another specjax package.
+"""
+
+from specjax.model.cache import KVCache, TreeAttention
+from specjax.model.config import ConfigError, ModelConfig
+from specjax.model.transformer import Model, Params, forward, hidden_states, init_params, lm_head
+
+__all__ = ["ConfigError", "KVCache", "Model", "ModelConfig", "Params", "TreeAttention", "forward",
+           "hidden_states", "init_params", "lm_head"]
