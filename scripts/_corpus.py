@@ -254,7 +254,7 @@ def chatml(question: str, system: str | None = None) -> str:
 # people give it: the start of a function (its signature and docstring), the head of a module,
 # and an instruction to edit a short function followed by the start of the edited version (the
 # answer then mostly copies the prompt). All come from the training files only, so the held-out
-# files stay unseen, and none is a prompt of `specjax.bench_prompts`.
+# files stay unseen, and none is a prompt of `specjax.bench.prompts`.
 
 _EDITS = [  # (instruction, heading before the rewritten function)
     ("Add a docstring to this function", "With a docstring"),

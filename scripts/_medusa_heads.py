@@ -361,7 +361,7 @@ def choose_tree(args) -> None:
     --min-tokens-per-call (the most tokens per call when none does)."""
     import specjax
     from specjax import chat
-    from specjax.bench_prompts import SUITE
+    from specjax.bench.prompts import SUITE
     from specjax.generate import generate
     from specjax.tree import Tree
 

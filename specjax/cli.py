@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=GENERATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter))
     bench.add_arguments(commands.add_parser(
         "bench", help="benchmark the methods on a fixed prompt suite",
-        description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+        description=bench.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter))
     fetch = commands.add_parser("fetch", help="download a real checkpoint, print its directory")
     fetch.add_argument("name", help="smollm2, or a Hugging Face repo id org/name")
     fetch.add_argument("--cache-dir", help="default: $SPECJAX_CACHE or ~/.cache/specjax")

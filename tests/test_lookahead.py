@@ -135,7 +135,7 @@ def test_heuristic_default_start_fits_a_small_k(models, greedy):
 
 
 def test_oracle_steps_accept_up_to_the_first_mismatch():
-    from specjax.oracle import oracle_steps
+    from specjax.bench.oracle import oracle_steps
 
     # Guesses 0-2 agree, 3 does not (step 1 accepts 3 and emits the target's token 3), 4 does
     # not either (step 2 accepts none), 5-6 agree and the text ends (step 3 accepts 2).
@@ -148,7 +148,7 @@ def test_oracle_analysis_needs_the_fewest_target_calls(models, tmp_path):
     # The oracle accepts, at every step, all that any greedy draft of that step could: so from
     # the same text no schedule reaches the end in fewer target calls. Every run's steps add up
     # to the tokens generated.
-    from specjax import oracle
+    from specjax.bench import oracle
 
     target, draft = models
     n = 16

@@ -15,7 +15,7 @@ import transformers
 
 import specjax
 from specjax import chat
-from specjax.bench_prompts import SUITE
+from specjax.bench.prompts import SUITE
 from specjax.fetch import fetch
 from specjax.generate import generate
 
