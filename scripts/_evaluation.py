@@ -15,9 +15,8 @@ import shlex
 import time
 from pathlib import Path
 
-import numpy as np
-
 import _corpus
+import numpy as np
 from _cards import flops_per_token, write_card
 from _training import resolve_checkpoint, windows_at
 

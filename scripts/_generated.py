@@ -12,9 +12,8 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
-
 import _corpus
+import numpy as np
 from _training import command_line, resolve_checkpoint, tokenizer_digest, windows_at
 
 

@@ -24,11 +24,11 @@ import shlex
 import time
 from pathlib import Path
 
-import numpy as np
-
 import _corpus
+import numpy as np
 from _cards import write_heads_card
-from _training import command_line, resolve_checkpoint as resolve
+from _training import command_line
+from _training import resolve_checkpoint as resolve
 
 # The verify call on SmolLM2-135M by its size, measured by `scripts/bench_forward.py --sizes` on
 # the 2-core host (a call of n tokens over a one-token step), interpolated to price a tree of
@@ -360,9 +360,9 @@ def choose_tree(args) -> None:
     with the best measured tokens per unit of verify cost among those reaching
     --min-tokens-per-call (the most tokens per call when none does)."""
     import specjax
-    from specjax.io import chat
-    from specjax.bench.prompts import SUITE
     from specjax.api.generate import generate
+    from specjax.bench.prompts import SUITE
+    from specjax.io import chat
     from specjax.sampling.tree import Tree
 
     out = Path(args.heads_dir)
@@ -401,8 +401,8 @@ def choose_tree(args) -> None:
 
 
 def machine() -> dict:
-    import platform
     import os
+    import platform
 
     import jax
 

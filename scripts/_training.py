@@ -20,9 +20,8 @@ import shutil
 import time
 from pathlib import Path
 
-import numpy as np
-
 import _corpus
+import numpy as np
 from _cards import flops_per_token, write_card
 
 VAL_WINDOWS = 128

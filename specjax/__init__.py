@@ -7,15 +7,15 @@
                               k=4, max_new_tokens=64, temperature=0.0)
 """
 
-from specjax.io.checkpoint import CheckpointError, Model, load, random_model, save
-from specjax.model.config import ConfigError, ModelConfig
 from specjax.api.explain import explain, format_steps
 from specjax.api.generate import GenerationError, GenerationResult, Stats, generate, stream
-from specjax.sampling.logits import SamplingParams
 from specjax.heads.medusa import Heads, HeadsConfig, init_heads
+from specjax.io.checkpoint import CheckpointError, Model, load, random_model, save
 from specjax.io.heads import save_heads
 from specjax.mesh import MeshError, make_mesh
+from specjax.model.config import ConfigError, ModelConfig
 from specjax.model.transformer import forward, init_params
+from specjax.sampling.logits import SamplingParams
 from specjax.sampling.tree import Tree, TreeError
 
 __all__ = ["CheckpointError", "ConfigError", "GenerationError", "GenerationResult", "Heads",

@@ -41,7 +41,8 @@ import numbers
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from specjax.model.config import ModelConfig
 from specjax.model.transformer import PARAM_AXES, logical_sizes, param_shapes

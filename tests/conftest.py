@@ -3,8 +3,8 @@
 import jax
 import pytest
 
-from specjax.decoding import loop
 from specjax.api.generate import _COMPILED
+from specjax.decoding import loop
 
 
 @pytest.fixture(autouse=True, scope="module")

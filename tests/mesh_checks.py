@@ -24,12 +24,11 @@ import pytest
 
 import specjax
 from specjax import mesh as meshes
-from specjax.model.cache import KVCache
+from specjax.api.generate import GenerationError, prepare
 from specjax.cli.main import main
 from specjax.decoding import loop
-from specjax.api.generate import GenerationError, prepare
+from specjax.model.cache import KVCache
 from specjax.model.transformer import forward
-from tests import tiny
 
 MESHES = ((1, 8), (2, 4), (4, 2), (8, 1))
 TOL = 1e-4          # of the logit scale, as in test_parity

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.decoding.autoregressive import prefill_groups
 from specjax.api.generate import generate
+from specjax.decoding.autoregressive import prefill_groups
 from tests.tiny import pair
 
 BATCH, NEW, EOS = 32, 12, 5

@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 
 import specjax
-from specjax import bench
-from specjax.bench import summarize, theoretical_speedup
-from specjax.bench_prompts import SUITE
-from specjax.cli import build_parser, main
+from specjax.bench import batch as bench_batch
+from specjax.bench import parse_settings, report
+from specjax.bench.common import encode_suite, theoretical_speedup
+from specjax.bench.prompts import SUITE
+from specjax.bench.suite import METRICS, summarize
+from specjax.cli.main import build_parser, main
 
 WEIGHTS = Path(specjax.__file__).resolve().parent.parent / "weights"
 ROW_KEYS = {"prompt_id": str, "category": str, "engine": str, "method": str, "new_tokens": int,
@@ -144,7 +146,7 @@ def test_spread_is_the_range_of_the_suite_runs_over_their_median():
         return dict(engine="specjax", method="ngram", k=2, prompt_id=prompt,
                     same_tokens_as_specjax_autoregressive=True, per_run_speedup=per_run,
                     per_run_speedup_vs_specjax_autoregressive=[2 * s for s in per_run],
-                    **{m: 1.0 for m in bench.METRICS})
+                    **{m: 1.0 for m in METRICS})
     # Suite run i: the median over the prompts of their run i, here [1.05, 1.25].
     summary, = summarize([row("a", [1.0, 1.2]), row("b", [1.1, 1.3])], "all")
     assert summary["speedup_spread"] == pytest.approx(0.2 / 1.15)
@@ -155,7 +157,7 @@ def test_spread_is_the_range_of_the_suite_runs_over_their_median():
 
 def test_contexts_default_to_the_sweep_of_the_issue_and_to_none_with_quick():
     def settings(*argv):
-        return bench._settings(build_parser().parse_args(["bench", *argv]))
+        return parse_settings(build_parser().parse_args(["bench", *argv]))
     assert settings()["contexts"] == [50, 500, 1500]
     assert settings("--quick")["contexts"] == []
     assert settings("--quick", "--contexts", "1500,50,50")["contexts"] == [50, 1500]
@@ -196,7 +198,7 @@ def test_long_code_editing_prompts_hold_a_whole_module_and_are_skipped_where_the
         assert "\nclass Ledger:" in p["prompt"] and "\ndef merge(" in p["prompt"]
     notes = []
     settings = dict(quick=False, max_new_tokens=16)
-    kept = bench._encode_suite(target, None, SUITE["prompts"], settings, notes)
+    kept = encode_suite(target, None, SUITE["prompts"], settings, notes)
     assert {p["id"] for p in kept} == {p["id"] for p in SUITE["prompts"]} - {p["id"] for p in long}
     assert all(any(p["id"] in n and "context window" in n for n in notes) for p in long)
 
@@ -218,7 +220,7 @@ def test_figures_render_from_results_with_the_theory_series(tmp_path):
                      accepted_histogram=None))
     results = dict(summary=rows, settings=dict(ks=[1, 2, 4], target="tiny"), notes=[],
                    machine=dict(cpu_model="cpu"), created="2026-11-23T00:00:00")
-    written = bench.plots(results, tmp_path)
+    written = report.plots(results, tmp_path)
     assert written == ["speedup_vs_k.png", "acceptance_vs_k.png", "tokens_per_call_vs_k.png",
                        "acceptance_by_position.png"]
     assert all((tmp_path / name).stat().st_size > 1000 for name in written)
@@ -237,8 +239,6 @@ def _batch_job(batch, engine, method, k, seconds, tokens, calls=None, drafted=0,
 
 
 def test_batch_sweep_rows_speedups_cost_model_and_report(tmp_path):
-    from specjax import bench_batch
-
     greedy = [[1, 2, 3, 4], [5, 6, 7, 8]]
     jobs = [_batch_job(2, "specjax", "autoregressive", None, 2.0, greedy, calls=8),
             _batch_job(2, "specjax", "speculative", 2, 1.0, greedy, calls=4, drafted=8,

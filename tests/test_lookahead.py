@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.decoding import lookahead, loop
 from specjax.api.generate import GenerationError, generate, prepare
+from specjax.decoding import lookahead, loop
 from tests.tiny import close_pair
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"

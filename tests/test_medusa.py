@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.heads import medusa
 from specjax.api.generate import GenerationError, generate
+from specjax.heads import medusa
 from specjax.sampling.tree import Tree
 from tests.tiny import llama_config, pair
 

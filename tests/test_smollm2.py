@@ -14,10 +14,10 @@ import torch
 import transformers
 
 import specjax
-from specjax.io import chat
-from specjax.bench.prompts import SUITE
-from specjax.io.fetch import fetch
 from specjax.api.generate import generate
+from specjax.bench.prompts import SUITE
+from specjax.io import chat
+from specjax.io.fetch import fetch
 
 PROMPTS = [
     "def fibonacci(n):",

@@ -15,11 +15,10 @@ import pytest
 from hypothesis import given, settings
 
 import specjax
-from specjax.sampling import rejection
-from specjax.model.cache import TreeAttention
-from specjax.decoding import autoregressive, trees
 from specjax.api.generate import GenerationError, generate
+from specjax.decoding import autoregressive, trees
 from specjax.model.transformer import forward as eager_forward
+from specjax.sampling import rejection
 from specjax.sampling.tree import Tree, TreeError
 from tests.tiny import pair
 

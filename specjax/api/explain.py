@@ -18,9 +18,9 @@ import dataclasses
 
 import numpy as np
 
-from specjax.io.checkpoint import Model
-from specjax.decoding import loop
 from specjax.api.generate import GenerationError, prepare
+from specjax.decoding import loop
+from specjax.io.checkpoint import Model
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,18 +23,17 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from specjax import mesh as meshes
-from specjax.io.checkpoint import Model
 from specjax.decoding import loop
-from specjax.decoding.lookahead import (DEFAULT_CONFIDENCE_THRESHOLD, DEFAULT_K_START,
-                                        SCHEDULES)
+from specjax.decoding.lookahead import DEFAULT_CONFIDENCE_THRESHOLD, DEFAULT_K_START, SCHEDULES
 from specjax.decoding.loop import METHODS, DecodeSpec, Weights
 from specjax.decoding.sharding import weight_shardings
 from specjax.decoding.state import DecodeState
 from specjax.decoding.trees import SCHEMES
+from specjax.heads.medusa import Heads, runtime_weights
+from specjax.io.checkpoint import Model
+from specjax.io.heads import check_target
 from specjax.sampling.logits import SamplingParams
 from specjax.sampling.rules import Rules
-from specjax.heads.medusa import Heads, runtime_weights
-from specjax.io.heads import check_target
 from specjax.sampling.tree import Tree, TreeError
 
 # Keyword arguments that replace a step of the algorithm, for the negative-control tests only.

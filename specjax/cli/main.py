@@ -21,22 +21,38 @@ import dataclasses
 import json
 import os
 import signal
-import sys
 import statistics
+import sys
 import threading
 from pathlib import Path
 
 from specjax import bench
 from specjax.api.explain import explain, format_steps
-from specjax.api.generate import (METHODS, GenerationError, check_compatible, check_int,
-                                  encode_prompts, generate, prepare, stream)
+from specjax.api.generate import (
+    METHODS,
+    GenerationError,
+    check_compatible,
+    check_int,
+    encode_prompts,
+    generate,
+    prepare,
+    stream,
+)
 from specjax.heads.medusa import Heads
 from specjax.io import chat as chat_template
 from specjax.io.checkpoint import load
 from specjax.io.fetch import FetchError, fetch
 from specjax.mesh import plan
-from specjax.presets import (CLIError, add_model_arguments, enable_compile_cache, heads_path,
-                             load_model, make_mesh, model_paths, parse_mesh)
+from specjax.presets import (
+    CLIError,
+    add_model_arguments,
+    enable_compile_cache,
+    heads_path,
+    load_model,
+    make_mesh,
+    model_paths,
+    parse_mesh,
+)
 from specjax.sampling.logits import SamplingParams
 from specjax.sampling.tree import Tree, parse_widths
 
@@ -124,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=GENERATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter))
     bench.add_arguments(commands.add_parser(
         "bench", help="benchmark the methods on a fixed prompt suite",
-        description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+        description=bench.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter))
     fetch = commands.add_parser("fetch", help="download a real checkpoint, print its directory")
     fetch.add_argument("name", help="smollm2, or a Hugging Face repo id org/name")
     fetch.add_argument("--cache-dir", help="default: $SPECJAX_CACHE or ~/.cache/specjax")

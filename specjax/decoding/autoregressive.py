@@ -6,11 +6,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.model.cache import KVCache
 from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, step_keys
-from specjax.sampling.logits import probs_from_logits, sample_rows
+from specjax.model.cache import KVCache
 from specjax.model.transformer import forward, hidden_states
-
+from specjax.sampling.logits import probs_from_logits, sample_rows
 
 # Prompts are read this many positions per call: long enough for efficient matrix products,
 # short enough that padding costs little (at most one chunk) and that a call's attention reads

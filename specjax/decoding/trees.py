@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from specjax.decoding.state import DecodeState, any_nan, last_tokens, pad_vocab
 from specjax.model import cache as kv
 from specjax.model.cache import KVCache, TreeAttention
-from specjax.decoding.state import DecodeState, any_nan, last_tokens, pad_vocab
-from specjax.sampling.logits import probs_from_logits
 from specjax.model.transformer import hidden_states, lm_head
+from specjax.sampling.logits import probs_from_logits
 
 # How each candidate scheme a drafter can use is verified (`rejection.RULES`).
 SCHEMES = {"top": "deterministic", "iid": "iid", "distinct": "without_replacement"}

@@ -16,8 +16,8 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import ml_dtypes
+import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer
@@ -29,8 +29,6 @@ from specjax.io.gguf import convert_gguf
 from specjax.io.heads import is_heads_dir, load_heads
 from specjax.model.config import ConfigError, ModelConfig
 from specjax.model.transformer import Model, Params, init_params, param_shapes
-
-
 
 # -- Name tables --------------------------------------------------------------------------------
 # Each entry: (Hugging Face name, path in specjax's tree, HF -> specjax, specjax -> HF).

@@ -15,8 +15,15 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from specjax.heads.medusa import (MODEL_TYPE, PROJECTION, TARGET_FIELDS, Heads, HeadsConfig,
-                                  target_identity, tokenizer_digest)
+from specjax.heads.medusa import (
+    MODEL_TYPE,
+    PROJECTION,
+    TARGET_FIELDS,
+    Heads,
+    HeadsConfig,
+    target_identity,
+    tokenizer_digest,
+)
 from specjax.io.errors import CheckpointError
 from specjax.model.transformer import Model
 from specjax.sampling.tree import Tree, TreeError

@@ -45,8 +45,16 @@ import numpy as np
 from specjax.model import cache as kv
 from specjax.model.cache import KVCache, TreeAttention
 from specjax.model.config import ModelConfig
-from specjax.model.layers import (activation, apply_rope, attend, attend_cache, layer_norm, rms_norm,
-                            rope_frequencies, rope_tables)
+from specjax.model.layers import (
+    activation,
+    apply_rope,
+    attend,
+    attend_cache,
+    layer_norm,
+    rms_norm,
+    rope_frequencies,
+    rope_tables,
+)
 
 Params = dict
 

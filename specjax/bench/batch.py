@@ -40,16 +40,35 @@ import statistics
 import time
 from pathlib import Path
 
-from specjax import bench
-from specjax.cli_common import CLIError, make_mesh, model_paths
+import jax
+import jax.numpy as jnp
+
+from specjax.api.generate import check_compatible, generate
+from specjax.bench.common import (
+    Progress,
+    encode_suite,
+    fmt,
+    load_pair,
+    machine,
+    median,
+    pyplot,
+    ratio,
+    save_figure,
+    spread,
+    timed_runs,
+    write_report,
+)
+from specjax.bench.peers import Peers
+from specjax.bench.prompts import SUITE
+from specjax.model.cache import KVCache
+from specjax.model.transformer import forward
+from specjax.presets import CLIError, make_mesh, model_paths
 
 CALL_POSITION, CALL_SLOTS = 64, 128      # where the timed target/draft calls write
 
 
 def run(args, settings) -> int:
-    from specjax.bench_prompts import SUITE
-    from specjax.generate import check_compatible
-
+    """`bench --batch`: the batch sweep, written to --out."""
     batches = settings["batch"]
     notes: list[str] = []
     target_path, draft_path, no_draft = model_paths(args, "speculative" in settings["methods"])
@@ -61,16 +80,16 @@ def run(args, settings) -> int:
     if dropped:
         notes.append(f"not in the batch sweep: {', '.join(dropped)} (batch sizes are for "
                      "autoregressive, speculative and ngram)")
-    target, draft = bench.load_pair(target_path, draft_path if "speculative" in methods else None,
-                                    args.dtype, settings, notes)
+    target, draft = load_pair(target_path, draft_path if "speculative" in methods else None,
+                              args.dtype, settings, notes)
     if draft is not None:
         check_compatible(target, draft)
     short = [e for e in SUITE["prompts"] if e["category"] != "long-code-editing"]
-    prompts = bench._encode_suite(target, draft, short, dict(settings, quick=False), notes)
+    prompts = encode_suite(target, draft, short, dict(settings, quick=False), notes)
     if not prompts:
         raise CLIError("no prompt of the suite fits the target's context window")
     peer_notes: list[str] = []
-    peers = (bench.Peers.create(target, draft, settings, args.dtype, peer_notes)
+    peers = (Peers.create(target, draft, settings, args.dtype, peer_notes)
              if settings["peers"] else None)
     notes += [n for n in peer_notes if "speculative-dynamic" not in n]   # not run here
 
@@ -86,7 +105,7 @@ def run(args, settings) -> int:
                              run=_peer_job(peers, rows, settings)))
         jobs.append(dict(batch=b, engine="specjax", method="call-times", k=None,
                          run=_call_times_job(target, draft, b, settings)))
-    progress = bench.Progress(len(jobs))
+    progress = Progress(len(jobs))
     for job in jobs:
         progress.update(f"B={job['batch']} {job['engine']} {job['method']}"
                         + (f" K={job['k']}" if job["k"] else ""))
@@ -96,7 +115,7 @@ def run(args, settings) -> int:
     results = {
         "schema": 1, "suite_version": SUITE["version"],
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": bench._machine(peers),
+        "machine": machine(peers),
         "settings": {**{k: settings[k] for k in ("batch", "ks", "reps", "warmup",
                                                  "max_new_tokens", "temperature", "seed",
                                                  "max_ngram")},
@@ -108,8 +127,8 @@ def run(args, settings) -> int:
         "rows": batch_rows(jobs, sampled=settings["temperature"] > 0),
         "notes": notes,
     }
-    bench.write_report(args.out, "batch", results, plots, markdown,
-                       printed=lambda r: markdown(r, heading=False))
+    write_report(args.out, "batch", results, plots, markdown,
+                 printed=lambda r: markdown(r, heading=False))
     return 0
 
 
@@ -117,9 +136,7 @@ def run(args, settings) -> int:
 
 def _specjax_job(rows, settings, target, draft, method, k):
     def run_job() -> dict:
-        from specjax.generate import generate
-
-        results, compile_s = bench.timed_runs(settings, lambda seed: generate(
+        results, compile_s = timed_runs(settings, lambda seed: generate(
             target, [p["ids"] for p in rows], method=method, draft=draft, k=k or 1,
             max_new_tokens=min(p["max_new_tokens"] for p in rows),
             temperature=settings["temperature"], seed=seed, max_ngram=settings["max_ngram"],
@@ -142,7 +159,7 @@ def _peer_job(peers, rows, settings):
         pad = 0
         ids = torch.tensor([[pad] * (longest - len(p["ids"])) + p["ids"] for p in rows])
         mask = torch.tensor([[0] * (longest - len(p["ids"])) + [1] * len(p["ids"]) for p in rows])
-        kwargs = peers._generate_kwargs(ids, min(p["max_new_tokens"] for p in rows),
+        kwargs = peers.generate_kwargs(ids, min(p["max_new_tokens"] for p in rows),
                                         settings["temperature"])
         kwargs["attention_mask"] = mask
         eos = peers.target.generation_config.eos_token_id
@@ -185,12 +202,6 @@ def _call_times_job(target, draft, batch, settings):
 def call_seconds(model, batch: int, tokens: int, reps: int) -> float:
     """Median seconds of one jitted forward call on `batch` rows of `tokens` tokens that write
     a cache at CALL_POSITION, after one untimed call."""
-    import jax
-    import jax.numpy as jnp
-
-    from specjax.cache import KVCache
-    from specjax.model import forward
-
     config = model.config
     call = jax.jit(lambda params, t, p, c: forward(params, config, t, p, c)[0])
     ids = jnp.zeros((batch, tokens), jnp.int32)
@@ -213,23 +224,23 @@ def batch_rows(jobs, sampled: bool = False) -> list[dict]:
     rows, base = [], {}
     for job in (j for j in jobs if j["method"] != "call-times"):
         recs = job["result"]["records"]
-        per_run = [bench._ratio(r["new_tokens"], r["run_s"]) for r in recs]
+        per_run = [ratio(r["new_tokens"], r["run_s"]) for r in recs]
         row = dict(batch=job["batch"], engine=job["engine"], method=job["method"], k=job["k"],
-                   tokens_per_second=bench._median(per_run), spread=bench._spread(per_run),
+                   tokens_per_second=median(per_run), spread=spread(per_run),
                    compile_s=job["result"]["compile_s"],
-                   new_tokens=bench._median([r["new_tokens"] for r in recs]),
-                   tokens_per_target_call=bench._median(
-                       [bench._ratio(r["new_tokens"], r["target_calls"]) for r in recs]),
-                   acceptance_rate=bench._median(
-                       [bench._ratio(r.get("accepted"), r.get("drafted")) for r in recs]),
-                   idle_fraction=bench._median([r.get("idle_fraction") for r in recs]),
+                   new_tokens=median([r["new_tokens"] for r in recs]),
+                   tokens_per_target_call=median(
+                       [ratio(r["new_tokens"], r["target_calls"]) for r in recs]),
+                   acceptance_rate=median(
+                       [ratio(r.get("accepted"), r.get("drafted")) for r in recs]),
+                   idle_fraction=median([r.get("idle_fraction") for r in recs]),
                    tokens=recs[0]["tokens"])
         if job["engine"] == "specjax" and job["method"] == "autoregressive":
             base[job["batch"]] = row
         rows.append(row)
     for row in rows:
         ar = base.get(row["batch"])
-        row["speedup"] = bench._ratio(row["tokens_per_second"], ar and ar["tokens_per_second"])
+        row["speedup"] = ratio(row["tokens_per_second"], ar and ar["tokens_per_second"])
         row["same_tokens_as_specjax_autoregressive"] = (
             None if sampled or ar is None or row is ar or row["engine"] != "specjax"
             else row["tokens"] == ar["tokens"])
@@ -240,8 +251,7 @@ def batch_rows(jobs, sampled: bool = False) -> list[dict]:
             row["v"] = t[f"target_{k + 1}"] / t["target_1"]
             row["c"] = (t["draft_1"] / t["target_1"]
                         if row["method"] == "speculative" and "draft_1" in t else 0.0)
-            row["cost_model"] = bench._ratio(row["tokens_per_target_call"],
-                                             row["c"] * k + row["v"])
+            row["cost_model"] = ratio(row["tokens_per_target_call"], row["c"] * k + row["v"])
     for row in rows:
         row.pop("tokens")
     return rows
@@ -263,13 +273,12 @@ def markdown(results: dict, heading: bool = True) -> str:
               "cost model | spread | = AR |",
               "|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|"]
     same = {True: "yes", False: "NO", None: ""}
-    f = bench._fmt
     for r in results["rows"]:
         lines.append(f"| {r['batch']} | {r['engine']} | {r['method']} | {r['k'] or ''} | "
-                     f"{f(r['tokens_per_second'], '.1f')} | {f(r['speedup'], '.2f', 'x')} | "
-                     f"{f(r['tokens_per_target_call'])} | {f(r['idle_fraction'], '.0%')} | "
-                     f"{f(r['v'])} | {f(r['c'])} | {f(r['cost_model'], '.2f', 'x')} | "
-                     f"{f(r['spread'], '.0%')} | "
+                     f"{fmt(r['tokens_per_second'], '.1f')} | {fmt(r['speedup'], '.2f', 'x')} | "
+                     f"{fmt(r['tokens_per_target_call'])} | {fmt(r['idle_fraction'], '.0%')} | "
+                     f"{fmt(r['v'])} | {fmt(r['c'])} | {fmt(r['cost_model'], '.2f', 'x')} | "
+                     f"{fmt(r['spread'], '.0%')} | "
                      f"{same[r['same_tokens_as_specjax_autoregressive']]} |")
     if results["notes"]:
         lines += [""] + [f"- {n}" for n in results["notes"]]
@@ -277,7 +286,7 @@ def markdown(results: dict, heading: bool = True) -> str:
 
 
 def plots(results: dict, out: Path) -> list[str]:
-    plt = bench.pyplot(results)
+    plt = pyplot(results)
     if plt is None:
         return []
     rows, written = results["rows"], []
@@ -293,7 +302,7 @@ def plots(results: dict, out: Path) -> list[str]:
     ax.set_title(f"{results['settings']['target']}: throughput by batch size\n({stamp})",
                  fontsize=9)
     ax.legend(fontsize=8)
-    bench._save(fig, out / "tokens_per_second_vs_batch.png", results)
+    save_figure(fig, out / "tokens_per_second_vs_batch.png", results)
     written.append("tokens_per_second_vs_batch.png")
     drafting = [r for r in rows if r["engine"] == "specjax" and r["k"]]
     if drafting:
@@ -310,6 +319,6 @@ def plots(results: dict, out: Path) -> list[str]:
         ax.set_title(f"{results['settings']['target']}: speedup by batch size, measured and "
                      f"tokens/call / (cK + v)\n({stamp})", fontsize=9)
         ax.legend(fontsize=7)
-        bench._save(fig, out / "speedup_vs_batch.png", results)
+        save_figure(fig, out / "speedup_vs_batch.png", results)
         written.append("speedup_vs_batch.png")
     return written

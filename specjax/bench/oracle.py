@@ -34,7 +34,15 @@ from pathlib import Path
 
 import numpy as np
 
-SCHEMA = "specjax.oracle/1"
+from specjax.api.generate import check_compatible, generate, prepare
+from specjax.bench.common import Progress, encode_suite, machine, pyplot, write_report
+from specjax.bench.prompts import SUITE
+from specjax.decoding import loop
+from specjax.io.checkpoint import load
+from specjax.model.transformer import forward
+from specjax.presets import CLIError, model_paths
+
+SCHEMA = "specjax.bench.oracle/1"
 
 
 def oracle_steps(matches: list[bool]) -> list[int]:
@@ -53,8 +61,6 @@ def oracle_steps(matches: list[bool]) -> list[int]:
 def draft_matches(draft, ids: list[int], continuation: list[int]) -> list[bool]:
     """Whether the draft's greedy guess at each position of `continuation` (after `ids`),
     teacher-forced on the target's tokens, equals the target's token."""
-    from specjax.model import forward
-
     seq = np.asarray([ids + continuation], np.int32)
     logits, _ = forward(draft.params, draft.config, seq, np.arange(seq.shape[1])[None])
     guesses = np.asarray(np.argmax(logits[0, len(ids) - 1:-1], axis=-1))
@@ -63,9 +69,6 @@ def draft_matches(draft, ids: list[int], continuation: list[int]) -> list[bool]:
 
 def schedule_steps(target, draft, ids: list[int], max_new_tokens: int, **options) -> dict:
     """One greedy run, step by step: tokens drafted and accepted at every step, and the tokens."""
-    from specjax.decoding import loop
-    from specjax.generate import prepare
-
     request = prepare(target, [ids], method="speculative", draft=draft, temperature=0.0,
                       max_new_tokens=max_new_tokens, **options)
     spec, weights = request.spec, request.weights
@@ -84,8 +87,6 @@ def schedule_steps(target, draft, ids: list[int], max_new_tokens: int, **options
 def analyse(target, draft, prompts: list[dict], ks: list[int], threshold: float,
             progress=None) -> list[dict]:
     """Per prompt: the oracle and every schedule's per-step draft lengths and call counts."""
-    from specjax.generate import generate
-
     out = []
     for p in prompts:
         greedy = generate(target, [p["ids"]], max_new_tokens=p["max_new_tokens"],
@@ -151,9 +152,7 @@ def markdown(results: dict) -> str:
 
 
 def plots(results: dict, out: Path) -> list[str]:
-    from specjax import bench
-
-    plt = bench.pyplot(results)
+    plt = pyplot(results)
     if plt is None:
         return []
     stamp = f"{results['machine']['cpu_model']}, {results['created'][:10]}"
@@ -201,12 +200,6 @@ def plots(results: dict, out: Path) -> list[str]:
 
 def run(args, settings: dict) -> int:
     """`bench --oracle`: the analysis on the bench suite, written to --out."""
-    from specjax import bench
-    from specjax.bench_prompts import SUITE
-    from specjax.checkpoint import load
-    from specjax.cli_common import CLIError, model_paths
-    from specjax.generate import check_compatible
-
     if settings["temperature"] != 0:
         raise CLIError("--oracle is a greedy analysis; drop --temperature")
     target_path, draft_path, no_draft = model_paths(args, True)
@@ -216,15 +209,15 @@ def run(args, settings: dict) -> int:
     draft = load(draft_path, dtype=args.dtype)
     check_compatible(target, draft)
     notes: list[str] = []
-    prompts = bench._encode_suite(target, draft, SUITE["prompts"], settings, notes)
-    progress = bench.Progress(len(prompts) * (len(settings["ks"]) + 2))
+    prompts = encode_suite(target, draft, SUITE["prompts"], settings, notes)
+    progress = Progress(len(prompts) * (len(settings["ks"]) + 2))
     per_prompt = analyse(target, draft, prompts, settings["ks"], settings["confidence_threshold"],
                          progress)
     progress.close()
     results = {
         "schema": SCHEMA,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": bench._machine(None),
+        "machine": machine(None),
         "settings": dict(target=target.name, draft=draft.name, dtype=args.dtype,
                          suite_version=SUITE["version"], ks=settings["ks"],
                          max_new_tokens=settings["max_new_tokens"],
@@ -235,5 +228,5 @@ def run(args, settings: dict) -> int:
         "per_prompt": per_prompt,
         "notes": notes,
     }
-    bench.write_report(args.out, "oracle", results, plots, markdown)
+    write_report(args.out, "oracle", results, plots, markdown)
     return 0

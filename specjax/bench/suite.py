@@ -1,0 +1,420 @@
+"""Benchmarks autoregressive, speculative, n-gram and Medusa decoding on a fixed prompt suite, and
+how prefill and decoding times grow with the prompt's length.
+
+Suite. Every prompt of the suite (specjax/bench/prompts.py: code completion, code editing, long
+code editing, prose and chat) runs through every method and every K: --warmup untimed runs,
+then --reps timed runs of `specjax.generate` (the whole loop compiled as one program; compile
+time is recorded apart). Per prompt the medians over the timed runs are reported; the summary
+holds the medians of those over the prompts:
+
+  tokens/s          new tokens / run time
+  speedup           tokens/s over autoregressive tokens/s: same prompt, same engine, same run
+  vs specjax AR     tokens/s over specjax's autoregressive tokens/s (transformers against specjax)
+  spread            the run-to-run spread of the ratio to its left: timed run i of every prompt
+                    makes suite run i, whose ratio is the median over the prompts of their run-i
+                    ratios; spread = (max - min) / median of the --reps suite-run ratios (none
+                    with one timed run). The full range, not a standard deviation: over a
+                    handful of runs a standard deviation is itself unreliable, and the range
+                    says directly how far the ratio moved from one run of the suite to another
+  acceptance a      accepted drafted tokens / drafted tokens
+  tokens/call       new tokens per target call
+  c                 cost ratio: draft time per token / target time per token, from both models'
+                    autoregressive decoding of the same prompt in the same run; 0 for n-gram
+  theory            E / (c K + 1) with E = (1 - a^(K+1)) / (1 - a) (Leviathan et al. 2023,
+                    Eq. 1 and Theorem 3.8): the speedup that the measured a and c imply when a
+                    target call on K + 1 tokens costs what a call on one token costs
+  measured/theory   speedup / theory
+  step cost         tokens/call / speedup: the time of one step (its target call and its
+                    drafting) over one autoregressive step's; for n-gram lookup, whose drafting
+                    costs next to nothing, the cost of a verify call on K + 1 (or a tree's)
+                    tokens relative to a one-token call
+
+Token trees (--trees 2,2,1 3,2,1 ...): each full tree of those widths per depth also runs with
+speculative, n-gram and Medusa decoding (`generate(..., tree=...)`), in rows labelled "tree
+2,2,1" beside the chains; the chain theory above does not apply to them.
+
+Medusa (with --heads DIR, or a preset that ships heads): rows for the heads' own tree ("heads'
+tree") and for each --trees tree. They have no c or theory: the heads run inside the target's
+step, so their cost is not a separate model's decoding (scripts/bench_forward.py --medusa
+times it); step cost still gives a step's time over an autoregressive step's.
+
+Lookahead schedules (--k-schedules constant,heuristic,confidence): each K also runs with the
+other schedules (`generate(..., k_schedule=...)`, `decoding.lookahead`), K then being the most a
+step drafts; rows labelled "≤K heuristic" / "≤K confidence", with drafted/call the tokens
+drafted per target call. The chain theory assumes K drafts every step, so those rows have none.
+--oracle runs the oracle analysis instead of the suite's timings (`specjax.bench.oracle`), and
+--batch 1,8,32 the batch sweep (`specjax.bench.batch`): many rows in one call, per batch size.
+
+N-gram steps that find no match draft nothing; a counts only tokens actually drafted, so the
+theory (K drafts every step) is an upper bound there.
+
+Context sweep (--contexts N1,N2,...; default 50,500,1500, none with --quick). For each length N
+the prompt is the first N tokens, in the target's tokenizer, of the source of the standard
+library's `textwrap` module as the running Python ships it (the Python version is recorded).
+Greedy autoregressive decoding with EOS ignored, on each engine:
+
+  prefill_s         the time of a run that generates 1 token: the prompt's prefill and the
+                    first token
+  per_token_ms      (time of a run of 1 + M tokens - time of a run of 1 token) / M, M = 32: one
+                    decode step with about N tokens in the cache
+
+Each timed run of 1 token is paired with one of 1 + M; medians over the --reps pairs after
+max(1, --warmup) untimed ones (the first compiles), spreads (max - min) / median as above. A
+length whose prompt and 1 + M new tokens do not fit the target's context window is skipped
+with a note.
+
+Peers, when transformers and torch are importable (the `bench` extra), run in the same process
+on the same weights: `generate`, prompt lookup (`prompt_lookup_num_tokens=K`,
+`max_matching_ngram_size` = --max-ngram) and assisted generation with the same draft
+(`assistant_model=`) in two settings:
+
+  speculative          K tokens per step: num_assistant_tokens=K, a constant schedule and no
+                       confidence cut-off, the setting that matches specjax's
+  speculative-dynamic  transformers' own default: up to num_assistant_tokens=20 per step, and
+                       the draft stops early once its top probability falls under
+                       assistant_confidence_threshold=0.4 (transformers re-fits that threshold
+                       while generating when scikit-learn is installed; a note says when it is
+                       not). num_assistant_tokens_schedule stays at transformers' default, which
+                       is "constant" in transformers 5.23 (the 20 is not adjusted)
+
+transformers reads these from the draft's generation_config, which the two settings share, so
+every assisted run sets all three first. torch gets torch.set_num_threads(<cores>), the thread
+count JAX's CPU backend uses. Peer speedups are over transformers' own `generate`; their
+tokens/call counts target forward calls, prefill included.
+
+results.json records the machine: CPU model, core count, usable threads, and the versions of
+Python, jax, jaxlib, numpy, torch and transformers. Writes results.json, results.md and, with
+matplotlib, speedup_vs_k.png, acceptance_vs_k.png and, when the rows carry histograms of
+accepted drafts per step, tokens_per_call_vs_k.png (measured against (1 - a^(K+1)) / (1 - a))
+and acceptance_by_position.png into --out (default bench-out/). Each figure's legend series
+are listed under "figures" in results.json.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import platform
+import textwrap
+
+from specjax.api.generate import check_compatible, encode_prompts, generate
+from specjax.bench.common import (
+    CONSTANT,
+    HEADS_TREE,
+    SWEEP_DECODE_TOKENS,
+    Progress,
+    encode_suite,
+    load_pair,
+    machine,
+    median,
+    ratio,
+    spread,
+    sweep_times,
+    theoretical_speedup,
+    timed_runs,
+    write_report,
+)
+from specjax.bench.peers import Peers
+from specjax.bench.prompts import SUITE
+from specjax.bench.report import k_label, markdown, plots
+from specjax.io.checkpoint import load
+from specjax.presets import CLIError, heads_path, make_mesh, model_paths
+from specjax.sampling.tree import parse_widths
+
+SCHEMA = "specjax.bench/1"
+METRICS = ("tokens_per_second", "speedup", "speedup_vs_specjax_autoregressive", "acceptance_rate",
+           "tokens_per_target_call", "step_cost", "cost_ratio", "theoretical_speedup",
+           "measured_over_theoretical", "mean_draft_length")
+
+
+def run(args, settings: dict) -> int:
+    """`bench` without --oracle or --batch: the suite and the context sweep, written to --out."""
+    notes: list[str] = []
+    target_path, draft_path, no_draft = model_paths(args, "speculative" in settings["methods"])
+    if "speculative" in settings["methods"] and draft_path is None:
+        settings["methods"].remove("speculative")
+        notes.append(f"speculative skipped: {no_draft}")
+    heads = None
+    if "medusa" in settings["methods"]:
+        path, no_heads = heads_path(args)
+        if path is None:
+            settings["methods"].remove("medusa")
+            notes.append(f"medusa skipped: {no_heads}")
+        else:
+            heads = load(path)
+    elif args.heads:
+        raise CLIError("--heads applies when --methods includes medusa")
+    target, draft = load_pair(target_path, draft_path, args.dtype, settings, notes)
+    if draft is not None:
+        check_compatible(target, draft)
+    prompts = encode_suite(target, draft, SUITE["prompts"], settings, notes)
+    contexts = _sweep_prompts(target, settings["contexts"], notes)
+    peers = Peers.create(target, draft, settings, args.dtype, notes) if settings["peers"] else None
+
+    suite_jobs = _jobs(prompts, settings, target, draft, peers, heads)
+    sweep_jobs = _sweep_jobs(contexts, settings, target, peers)
+    progress = Progress(len(suite_jobs) + len(sweep_jobs))
+    for job in suite_jobs + sweep_jobs:
+        progress.update(job["label"])
+        job["result"] = job.pop("run")()
+    progress.close()
+
+    rows = _rows(suite_jobs, settings)
+    categories = list(dict.fromkeys(p["category"] for p in prompts))
+    results = {
+        "schema": SCHEMA, "suite_version": SUITE["version"],
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(peers),
+        "settings": {**settings, "target": target.name, "target_path": str(target.path),
+                     "draft": draft.name if draft is not None else None,
+                     "draft_path": str(draft.path) if draft is not None else None,
+                     "heads": heads.name if heads is not None else None,
+                     "heads_tree": ([list(p) for p in heads.tree.paths]
+                                    if heads is not None and heads.tree is not None else None),
+                     "dtype": args.dtype, "peers": peers is not None,
+                     "context_text": f"textwrap source of Python {platform.python_version()}",
+                     "context_decode_tokens": SWEEP_DECODE_TOKENS},
+        "prompts": [{k: p[k] for k in ("id", "category", "chat", "prompt_tokens",
+                                       "max_new_tokens")} for p in prompts],
+        "rows": rows,
+        "summary": summarize(rows, "all"),
+        "by_category": [r for c in categories
+                        for r in summarize([x for x in rows if x["category"] == c], c)],
+        "context_sweep": _sweep_rows(sweep_jobs),
+        "notes": notes,
+    }
+    mismatched = [r for r in results["summary"] if r["same_tokens_as_specjax_autoregressive"] is False]
+    if mismatched:
+        notes.append("greedy outputs that differ from specjax autoregressive's: " + ", ".join(
+            f"{r['engine']} {r['method']} {k_label(r)}" for r in mismatched))
+    write_report(args.out, "results", results, plots, markdown,
+                 printed=lambda r: markdown(r, heading=False))
+    return 0
+
+
+def _sweep_prompts(target, contexts: list[int], notes: list[str]) -> list[dict]:
+    """For each context length N, the first N tokens of `textwrap`'s source (module docstring);
+    lengths that the source or the target's context window cannot hold are skipped with a note."""
+    if not contexts:
+        return []
+    ids = encode_prompts(target, [inspect.getsource(textwrap)])[0]
+    window = target.config.max_positions
+    prompts = []
+    for n in contexts:
+        if n > len(ids):
+            notes.append(f"context {n} skipped: the textwrap source is {len(ids)} tokens long")
+        elif n + 1 + SWEEP_DECODE_TOKENS > window:
+            notes.append(f"context {n} skipped: {n} + {1 + SWEEP_DECODE_TOKENS} tokens exceed "
+                         f"the context window of {window}")
+        else:
+            prompts.append(dict(context_tokens=n, ids=ids[:n]))
+    return prompts
+
+
+# -- Measurements -------------------------------------------------------------------------------
+
+def _jobs(prompts, settings, target, draft, peers, heads=None) -> list[dict]:
+    """One job per (prompt, engine, method, K or tree); `run` returns the timed runs' records."""
+    jobs = []
+
+    def add(prompt, engine, method, k, run_job, tree=None, schedule=CONSTANT):
+        label = (f"{prompt['id']} {engine} {method}" + (f" K={k}" if k else "")
+                 + (f" tree {tree}" if tree else "")
+                 + (f" {schedule}" if schedule != CONSTANT else ""))
+        jobs.append(dict(prompt=prompt, engine=engine, method=method, k=k, tree=tree,
+                         schedule=schedule, label=label, run=run_job))
+
+    for p in prompts:
+        ks = {m: settings["ks"] if m in ("speculative", "ngram") else [None]
+              for m in settings["methods"]}
+        for method in settings["methods"]:
+            if method == "medusa":
+                add(p, "specjax", method, None,
+                    _specjax_job(p, settings, target, method, None, None, HEADS_TREE, heads),
+                    HEADS_TREE)
+            else:
+                for k in ks[method]:
+                    for schedule in _method_schedules(method, settings):
+                        add(p, "specjax", method, k,
+                            _specjax_job(p, settings, target, method, k, draft,
+                                         schedule=schedule), schedule=schedule)
+            for tree in settings["trees"] if method != "autoregressive" else []:
+                add(p, "specjax", method, None,
+                    _specjax_job(p, settings, target, method, None, draft, tree, heads), tree)
+        if "speculative" in settings["methods"]:
+            # The draft decoding on its own, for the cost ratio c.
+            add(p, "specjax", "draft-autoregressive", None,
+                _specjax_job(p, settings, draft, "autoregressive", None, None))
+        if peers is not None:
+            for method in (m for m in settings["methods"] if m != "medusa"):   # no peer
+                for k in ks[method]:
+                    add(p, "transformers", method, k, peers.job(p, method, k))
+            if "speculative" in settings["methods"]:
+                add(p, "transformers", "speculative-dynamic", None,
+                    peers.job(p, "speculative-dynamic", None))
+    return jobs
+
+
+def _method_schedules(method: str, settings) -> list[str]:
+    """The lookahead schedules that apply to `method` among --k-schedules."""
+    if method == "speculative":
+        return settings["k_schedules"]
+    if method == "ngram":
+        return [s for s in settings["k_schedules"] if s != "confidence"]
+    return [CONSTANT]
+
+
+def _specjax_job(prompt, settings, model, method, k, draft, tree=None, heads=None,
+                 schedule=CONSTANT):
+    def run_job() -> dict:
+        extra = dict(heads=heads) if method == "medusa" else dict(draft=draft, k=k or 1)
+        if schedule != CONSTANT:
+            extra["k_schedule"] = schedule
+        if schedule == "confidence":
+            extra["confidence_threshold"] = settings["confidence_threshold"]
+        results, compile_s = timed_runs(settings, lambda seed: generate(
+            model, [prompt["ids"]], method=method, **extra,
+            tree=parse_widths(tree) if tree and tree != HEADS_TREE else None,
+            max_new_tokens=prompt["max_new_tokens"], temperature=settings["temperature"],
+            seed=seed, max_ngram=settings["max_ngram"], mesh=make_mesh(settings["mesh"])))
+        records = [dict(new_tokens=s.new_tokens, run_s=s.run_s,
+                        acceptance_rate=s.acceptance_rate if s.drafted else None,
+                        tokens_per_target_call=s.tokens_per_target_call,
+                        mean_draft_length=(s.mean_draft_length
+                                           if method != "autoregressive" else None),
+                        accepted_histogram=list(s.accepted_histogram), tokens=r.tokens[0])
+                   for r, s in ((r, r.stats) for r in results)]
+        return dict(records=records, compile_s=compile_s)
+    return run_job
+
+
+def _sweep_jobs(contexts, settings, target, peers) -> list[dict]:
+    """One job per (context length, engine); `run` returns the timed runs' seconds."""
+    jobs = []
+    for c in contexts:
+        n = c["context_tokens"]
+        jobs.append(dict(engine="specjax", context_tokens=n, label=f"context {n} specjax",
+                         run=_specjax_sweep_job(c["ids"], settings, target)))
+        if peers is not None:
+            jobs.append(dict(engine="transformers", context_tokens=n,
+                             label=f"context {n} transformers",
+                             run=peers.sweep_job(c["ids"], settings)))
+    return jobs
+
+
+def _specjax_sweep_job(ids, settings, target):
+    def seconds(new_tokens: int) -> float:
+        return generate(target, [ids], method="autoregressive", max_new_tokens=new_tokens,
+                        temperature=0.0, eos_ids=(), mesh=make_mesh(settings["mesh"])).stats.run_s
+    return lambda: sweep_times(seconds, settings)
+
+
+def _sweep_rows(jobs) -> list[dict]:
+    """One row per (context length, engine): medians and spreads over the timed pairs, and the
+    per-token time over the same engine's at the shortest context measured."""
+    rows = []
+    for job in jobs:
+        prefill, per_token = job["result"]["prefill_s"], job["result"]["per_token_s"]
+        rows.append(dict(engine=job["engine"], context_tokens=job["context_tokens"],
+                         prefill_s=median(prefill), prefill_spread=spread(prefill),
+                         per_token_ms=1000 * median(per_token),
+                         per_token_spread=spread(per_token), runs=len(prefill)))
+    for row in rows:
+        shortest = min((r for r in rows if r["engine"] == row["engine"]),
+                       key=lambda r: r["context_tokens"])
+        row["per_token_over_shortest"] = ratio(row["per_token_ms"], shortest["per_token_ms"])
+    return rows
+
+
+def _rows(jobs, settings) -> list[dict]:
+    """Per-prompt rows: medians over the timed runs, speedups, cost ratio and theory."""
+    measured = {}
+    for job in jobs:
+        recs = job["result"]["records"]
+        per_run = [ratio(r["new_tokens"], r["run_s"]) for r in recs]
+        measured[(job["prompt"]["id"], job["engine"], job["method"], job["k"],
+                  job.get("tree"), job.get("schedule", CONSTANT))] = dict(
+            prompt_id=job["prompt"]["id"], category=job["prompt"]["category"],
+            engine=job["engine"], method=job["method"], k=job["k"], tree=job.get("tree"),
+            schedule=job.get("schedule", CONSTANT),
+            new_tokens=int(median([r["new_tokens"] for r in recs])),
+            tokens_per_second=median(per_run), per_run_tokens_per_second=per_run,
+            run_s=median([r["run_s"] for r in recs]), compile_s=job["result"]["compile_s"],
+            acceptance_rate=median([r["acceptance_rate"] for r in recs]),
+            tokens_per_target_call=median([r["tokens_per_target_call"] for r in recs]),
+            mean_draft_length=median([r.get("mean_draft_length") for r in recs]),
+            accepted_histogram=_pooled([r.get("accepted_histogram") for r in recs]),
+            tokens=recs[0]["tokens"])
+    tokens = {key: row.pop("tokens") for key, row in measured.items()}
+    rows = []
+    for (pid, engine, method, k, tree, schedule), row in measured.items():
+        if method == "draft-autoregressive":
+            continue
+        own_ar = measured[(pid, engine, "autoregressive", None, None, CONSTANT)]
+        specjax_ar = measured[(pid, "specjax", "autoregressive", None, None, CONSTANT)]
+        row["speedup"] = ratio(row["tokens_per_second"], own_ar["tokens_per_second"])
+        row["speedup_vs_specjax_autoregressive"] = ratio(row["tokens_per_second"],
+                                                         specjax_ar["tokens_per_second"])
+        # Timed run i against the baseline's run i, for the spread of the suite's ratios.
+        for key, base in (("per_run_speedup", own_ar),
+                          ("per_run_speedup_vs_specjax_autoregressive", specjax_ar)):
+            row[key] = [ratio(a, b) for a, b in zip(row["per_run_tokens_per_second"],
+                                                    base["per_run_tokens_per_second"])]
+        # Greedy decoding with any method is the target's greedy output: a live check.
+        row["same_tokens_as_specjax_autoregressive"] = (
+            tokens[(pid, engine, method, k, tree, schedule)]
+            == tokens[(pid, "specjax", "autoregressive", None, None, CONSTANT)]
+            if settings["temperature"] == 0 else None)
+        cost = None
+        if engine == "specjax" and method == "speculative":
+            draft_ar = measured[(pid, "specjax", "draft-autoregressive", None, None, CONSTANT)]
+            cost = ratio(specjax_ar["tokens_per_second"], draft_ar["tokens_per_second"])
+            row["draft_tokens_per_second"] = draft_ar["tokens_per_second"]
+        elif engine == "specjax" and method == "ngram":
+            cost = 0.0
+        row["cost_ratio"] = cost
+        if method == "autoregressive":
+            row["theoretical_speedup"] = 1.0
+        elif schedule != CONSTANT:
+            row["theoretical_speedup"] = None     # the chain theory assumes K drafts per step
+        else:
+            row["theoretical_speedup"] = theoretical_speedup(row["acceptance_rate"], k, cost)
+        row["measured_over_theoretical"] = ratio(row["speedup"], row["theoretical_speedup"])
+        # The time of one step (a target call and its drafting) over an autoregressive step's.
+        row["step_cost"] = ratio(row["tokens_per_target_call"], row["speedup"])
+        rows.append(row)
+    return rows
+
+
+def summarize(rows: list[dict], category: str) -> list[dict]:
+    """One row per (engine, method, K): medians over the prompts, and the run-to-run spread of
+    the two speedups (module docstring)."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["engine"], row["method"], row["k"], row.get("tree"),
+                           row.get("schedule", CONSTANT)), []).append(row)
+    out = []
+    for (engine, method, k, tree, schedule), group in groups.items():
+        same = [r["same_tokens_as_specjax_autoregressive"] for r in group]
+        out.append(dict(category=category, engine=engine, method=method, k=k, tree=tree,
+                        schedule=schedule,
+                        prompts=len(group),
+                        **{m: median([r[m] for r in group]) for m in METRICS},
+                        accepted_histogram=_pooled([r.get("accepted_histogram") for r in group]),
+                        speedup_spread=spread(_suite_runs(group, "per_run_speedup")),
+                        speedup_vs_specjax_autoregressive_spread=spread(_suite_runs(
+                            group, "per_run_speedup_vs_specjax_autoregressive")),
+                        same_tokens_as_specjax_autoregressive=(
+                            None if None in same else all(same))))
+    return out
+
+
+def _pooled(histograms) -> list[int] | None:
+    """Histograms of accepted drafts per step, added up (None when there are none)."""
+    histograms = [h for h in histograms if h]
+    return [sum(col) for col in zip(*histograms)] if histograms else None
+
+
+def _suite_runs(rows: list[dict], key: str) -> list[float | None]:
+    """Suite run i's value: the median over the prompts of their timed run i's value."""
+    return [median(run) for run in zip(*(r[key] for r in rows))]
