@@ -23,12 +23,31 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import jax
+import numpy as np
 
-import jax  # noqa: E402
+from specjax.api.generate import generate
+from specjax.bench.distribution import close_pair, exact_law, g_test
+from specjax.sampling import rejection
+from specjax.sampling.logits import SamplingParams
+from specjax.sampling.rules import Rules
 
-from specjax.sampling import rejection  # noqa: E402
-from tests import test_distribution as suite  # noqa: E402
+# The case of tests/test_distribution.py that this measures (keep them equal): its tiny pair,
+# prompt, continuation length and per-case level (family alpha 0.01 over its 22 positive cases).
+V, L, PROMPT, K = 6, 3, (1, 4, 2, 1, 4), 2
+ALPHA = 0.01 / 22
+
+
+def draw_p_value(models, seed: int, rows: int, eps: float) -> float:
+    """The G-test p-value of `rows` speculative samples (K = 2, temperature 1) verified
+    against (1 + eps) q."""
+    target, draft = models
+    prompts = np.tile(np.asarray(PROMPT, np.int32), (rows, 1))
+    result = generate(target, prompts, method="speculative", draft=draft, k=K, max_new_tokens=L,
+                      temperature=1.0, seed=seed, eos_ids=(),
+                      rules=Rules(verify=generous_verify(eps)))
+    law = exact_law(target, PROMPT, SamplingParams(1.0), L)
+    return g_test(np.array(result.tokens, np.int32), law, V)
 
 
 def generous_verify(eps: float):
@@ -46,30 +65,28 @@ def main() -> int:
     parser.add_argument("--rows", default="100000,200000", help="sample sizes, comma-separated")
     parser.add_argument("--out", default="bench/distribution-power")
     args = parser.parse_args()
-    models = suite.close_pair(vocab=suite.V, std=0.5, noise=0.15)
-    case = suite.case("speculative", k=2)
+    models = close_pair(vocab=V, std=0.5, noise=0.15)
     results = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "eps": args.eps, "alpha": suite.ALPHA, "seeds": args.seeds,
+               "eps": args.eps, "alpha": ALPHA, "seeds": args.seeds,
                "jax_version": jax.__version__, "sizes": []}
     for rows in (int(r) for r in args.rows.split(",")):
         p_values, seconds = [], []
         for seed in range(args.seeds):
             start = time.perf_counter()
-            _, p, _ = suite.draw(models, case, seed=1000 + seed, rows=rows,
-                                 verify_fn=generous_verify(args.eps))
+            p = draw_p_value(models, 1000 + seed, rows, args.eps)
             seconds.append(time.perf_counter() - start)
             p_values.append(p)
-        power = sum(p < suite.ALPHA for p in p_values) / len(p_values)
+        power = sum(p < ALPHA for p in p_values) / len(p_values)
         results["sizes"].append(dict(rows=rows, power=power, median_p=statistics.median(p_values),
                                      p_values=p_values, median_seconds=statistics.median(seconds)))
-        print(f"N = {rows}: power {power:.0%} at alpha {suite.ALPHA:.2g}, median p "
+        print(f"N = {rows}: power {power:.0%} at alpha {ALPHA:.2g}, median p "
               f"{statistics.median(p_values):.3g}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "power.json").write_text(json.dumps(results, indent=2) + "\n")
     lines = [f"# G-test power: verified against (1 + {args.eps}) q, speculative K=2, T=1", "",
              f"{results['created']} · {args.seeds} seeds per size · per-case level "
-             f"{suite.ALPHA:.3g} (the suite's family alpha 0.01, Bonferroni)", "",
+             f"{ALPHA:.3g} (the suite's family alpha 0.01, Bonferroni)", "",
              "| samples | power | median p |", "|--:|--:|--:|"]
     lines += [f"| {s['rows']:,} | {s['power']:.0%} | {s['median_p']:.3g} |"
               for s in results["sizes"]]

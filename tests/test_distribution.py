@@ -25,16 +25,14 @@ would buy no power on these bugs.
 
 from __future__ import annotations
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats as scipy_stats
 
 import specjax
 from specjax.api.generate import generate, prepare
+from specjax.bench import distribution
 from specjax.decoding import loop
 from specjax.sampling import rejection
 from specjax.sampling.logits import SamplingParams, probs_from_logits, sample
@@ -124,40 +122,16 @@ _LAWS: dict = {}
 
 
 def exact_law(target, prompt, sampling: SamplingParams) -> np.ndarray:
-    """P(continuation) for all V^L continuations, in lexicographic order, float64 (computed once
-    per target, prompt and sampling)."""
+    """`distribution.exact_law` of the L-token continuations, computed once per target, prompt
+    and sampling."""
     key = (id(target.params), tuple(prompt), sampling)
     if key not in _LAWS:
-        _LAWS[key] = _exact_law(target, prompt, sampling)
+        _LAWS[key] = distribution.exact_law(target, prompt, sampling, L)
     return _LAWS[key]
 
 
-def _exact_law(target, prompt, sampling: SamplingParams) -> np.ndarray:
-    continuations = np.array(list(itertools.product(range(V), repeat=L)), np.int32)  # [V^L, L]
-    seqs = np.concatenate([np.tile(np.array(prompt, np.int32), (len(continuations), 1)),
-                           continuations], axis=1)
-    positions = np.broadcast_to(np.arange(seqs.shape[1]), seqs.shape)
-    logits, _ = specjax.forward(target.params, target.config, seqs, positions)
-    probs = np.asarray(probs_from_logits(logits[:, len(prompt) - 1:-1], sampling), np.float64)
-    picked = np.take_along_axis(probs, continuations[..., None], axis=-1)[..., 0]   # [V^L, L]
-    law = picked.prod(axis=1)
-    assert abs(law.sum() - 1) < 1e-5
-    return law
-
-
 def g_test(samples: np.ndarray, law: np.ndarray) -> float:
-    """p-value of a G-test of `samples` [N, L] against `law` [V^L], pooling sparse cells."""
-    index = (samples * V ** np.arange(L - 1, -1, -1)).sum(axis=1)
-    observed = np.bincount(index, minlength=V ** L).astype(np.float64)
-    expected = law * len(samples)
-    sparse = expected < 5
-    if sparse.any():
-        observed = np.append(observed[~sparse], observed[sparse].sum())
-        expected = np.append(expected[~sparse], expected[sparse].sum())
-    expected *= observed.sum() / expected.sum()     # the law sums to 1 within float32 rounding
-    nonzero = observed > 0
-    g = 2 * np.sum(observed[nonzero] * np.log(observed[nonzero] / expected[nonzero]))
-    return float(scipy_stats.chi2.sf(g, df=len(observed) - 1))
+    return distribution.g_test(samples, law, V)
 
 
 def draw(models, c, seed=0, rows=None, **hooks) -> tuple[np.ndarray, float]:

@@ -113,7 +113,7 @@ def _cache_lock(root: Path):
     the second waits, then finds the first one's finished directory. POSIX only; elsewhere
     there is no lock (and concurrent first fetches must be avoided)."""
     root.mkdir(parents=True, exist_ok=True)
-    try:
+    try:   # POSIX only, so imported where the lock is taken
         import fcntl
     except ImportError:   # Windows
         yield
@@ -202,7 +202,7 @@ def _sha256(path: Path) -> str:
 
 
 def _fetch_hub(repo_id: str, cache_dir: str | Path | None) -> Path:
-    try:
+    try:   # optional: pip install specjax[hub]
         from huggingface_hub import snapshot_download
     except ImportError as e:
         raise FetchError(

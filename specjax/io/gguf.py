@@ -97,7 +97,7 @@ def _name_table(hp: _Hparams) -> dict[str, tuple[str, tuple[int, ...]]]:
 
 
 def _import_gguf():
-    try:
+    try:   # optional: pip install specjax[gguf]
         import gguf
     except ImportError as e:
         raise ImportError("reading GGUF files needs the gguf package: pip install specjax[gguf]") from e

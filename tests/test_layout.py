@@ -1,0 +1,110 @@
+"""The package's layers hold: the import-linter contracts in pyproject.toml pass, no module of
+specjax imports itself back through others, and imports inside functions are only the heavy or
+optional dependencies that a user may not have installed."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Imported inside functions on purpose: optional extras (bench, gguf, hub, tests) or
+# platform-specific modules, each with a comment at the import saying why.
+LAZY_ALLOWED = {"torch", "transformers", "matplotlib", "gguf", "huggingface_hub", "fcntl", "scipy"}
+
+
+def test_import_linter_contracts_are_kept():
+    lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+    result = subprocess.run([lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "broken" in result.stdout and " 0 broken" in result.stdout
+
+
+def _cycles(graph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    modules = sorted(graph.modules)
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(m):
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        on_stack.add(m)
+        for n in graph.find_modules_directly_imported_by(m):
+            if n not in index:
+                visit(n)
+                low[m] = min(low[m], low[n])
+            elif n in on_stack:
+                low[m] = min(low[m], index[n])
+        if low[m] == index[m]:
+            component = []
+            while True:
+                n = stack.pop()
+                on_stack.discard(n)
+                component.append(n)
+                if n == m:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for m in modules:
+        if m not in index:
+            visit(m)
+    return found
+
+
+def test_no_import_cycles():
+    graph = grimp.build_graph("specjax", cache_dir=None)
+    # A package imports its own modules to re-export them; that is not a cycle of the code.
+    for package in [m for m in graph.modules if graph.find_children(m)]:
+        for child in graph.find_children(package):
+            if graph.direct_import_exists(importer=package, imported=child):
+                graph.remove_import(importer=package, imported=child)
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_sees_a_cycle():
+    graph = grimp.ImportGraph()
+    for m in ("a", "b", "c"):
+        graph.add_module(m)
+    graph.add_import(importer="a", imported="b")
+    graph.add_import(importer="b", imported="c")
+    assert _cycles(graph) == []
+    graph.add_import(importer="c", imported="a")
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "specjax").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_inside_functions_are_optional_dependencies(path):
+    lines = path.read_text().splitlines()
+    for node in ast.walk(ast.parse("\n".join(lines))):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Import):
+                names = [a.name for a in inner.names]
+            elif isinstance(inner, ast.ImportFrom):
+                names = [inner.module or ""]
+            else:
+                continue
+            tops = {name.split(".")[0] for name in names}
+            where = f"{path.relative_to(ROOT)}:{inner.lineno}"
+            assert tops <= LAZY_ALLOWED, f"{where}: move `{', '.join(names)}` to the top"
+            around = " ".join(lines[max(0, inner.lineno - 4):inner.lineno])
+            assert "#" in around, f"{where}: say in a comment why this import is lazy"
+
+
+def test_scripts_and_library_never_import_tests():
+    for path in [*(ROOT / "specjax").rglob("*.py"), *(ROOT / "scripts").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert node.module.split(".")[0] != "tests", path
+            if isinstance(node, ast.Import):
+                assert all(a.name.split(".")[0] != "tests" for a in node.names), path
