@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import specjax
-from specjax.cli.main import TextPrinter
+from specjax.cli.generate import TextPrinter
 from specjax.io.chat import ChatTemplateError, render
 
 WEIGHTS = Path(specjax.__file__).resolve().parent.parent / "weights"

@@ -1,0 +1,420 @@
+"""`python -m specjax generate`: stream one method's text, or compare all of them, with the
+summary line, the comparison table, --json and --trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from specjax.api.explain import explain, format_steps
+from specjax.api.generate import (
+    METHODS,
+    GenerationError,
+    check_compatible,
+    check_int,
+    encode_prompts,
+    generate,
+    prepare,
+    stream,
+)
+from specjax.cli.interrupt import Interrupt
+from specjax.heads.medusa import Heads
+from specjax.io import chat as chat_template
+from specjax.io.checkpoint import load
+from specjax.mesh import plan
+from specjax.presets import (
+    CLIError,
+    add_model_arguments,
+    enable_compile_cache,
+    heads_path,
+    load_model,
+    make_mesh,
+    model_paths,
+    parse_mesh,
+)
+from specjax.sampling.logits import SamplingParams
+from specjax.sampling.tree import Tree, parse_widths
+
+GENERATE_HELP = """\
+Generates a continuation of the prompt with autoregressive, speculative or n-gram decoding (or
+all three, then compares them). Text is streamed as it is produced by the Python step loop,
+which gives the same tokens as the compiled loop; with --show-acceptance, drafted tokens that
+the target accepted are green and tokens the target produced itself (the correction or bonus
+token of each step, or every token of autoregressive decoding) are in the default colour.
+
+The summary's tokens/s is measured after streaming, with `specjax.generate` (the whole loop
+compiled as one program): the median run time of up to 3 runs, compile time reported apart.
+Temperature defaults to 0 (greedy), so a run is reproducible and every method gives the same
+text; with --temperature > 0 each method still samples exactly from the target's distribution.
+
+--json prints one object instead of streaming:
+  {"target", "target_path", "draft", "draft_path" (null without speculative), "prompt",
+   "prompt_tokens", "settings": {"method", "k", "max_new_tokens", "temperature", "top_k",
+   "top_p", "seed", "max_ngram", "min_ngram", "tree" (a list of paths, or null),
+   "candidates", "chat", "dtype"},
+   "results": [{"method", "text", "tokens", "speedup_vs_autoregressive",
+                "stats": {"method", "rows", "new_tokens", "target_calls", "draft_calls",
+                          "drafted", "accepted", "tree_size", "acceptance_rate",
+                          "tokens_per_target_call",
+                          "tokens_per_second", "compile_s", "run_s", "timed_runs"}}]}
+"""
+
+METHOD_CHOICES = ("autoregressive", "speculative", "ngram", "medusa", "all")
+DEMO_PROMPT = "import os\nimport sys\n\n\ndef read_lines(path):\n    lines = []\n"   # bench --quick's
+GREEN, RESET, DIM = "\x1b[32m", "\x1b[0m", "\x1b[2m"
+
+
+def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    p = parser.add_argument_group("prompt")
+    p.add_argument("--prompt", help="the prompt text (with no prompt and stdin a terminal, a "
+                                    "demo prompt; otherwise stdin is read)")
+    p.add_argument("--prompt-file", metavar="PATH", help="read the prompt from a file")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt as a user turn in the target's chat template")
+    d = parser.add_argument_group("decoding")
+    d.add_argument("--method", choices=METHOD_CHOICES, default="speculative",
+                   help="default: speculative; all runs every method and compares them")
+    d.add_argument("-n", "--max-new-tokens", type=int, default=64, help="default: 64")
+    d.add_argument("-k", type=int, default=4,
+                   help="tokens drafted per step (speculative, ngram); default: 4")
+    d.add_argument("--k-schedule", default="constant", metavar="SCHEDULE",
+                   help="how many of the k tokens each step drafts: constant (k, the default), "
+                        "heuristic (per row: + 2 after a fully accepted step, - 1 otherwise; "
+                        "speculative, ngram) or confidence (stop after a draft token whose "
+                        "probability is below --confidence-threshold; speculative)")
+    d.add_argument("--k-start", type=int, metavar="N",
+                   help="the heuristic schedule's first length (default: min(5, k))")
+    d.add_argument("--confidence-threshold", type=float, metavar="P",
+                   help="the confidence schedule's threshold in [0, 1] (default: 0.4)")
+    d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    d.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
+    d.add_argument("--top-p", type=float, default=1.0, help="in (0, 1]; 1 = off (default)")
+    d.add_argument("--seed", type=int, default=0, help="random seed in [0, 2^32) (default: 0)")
+    d.add_argument("--max-ngram", type=int, default=3, help="longest n-gram looked up (default 3)")
+    d.add_argument("--min-ngram", type=int, default=1, help="shortest n-gram looked up (default 1)")
+    d.add_argument("--tree", metavar="WIDTHS",
+                   help="verify a token tree instead of a chain of k (speculative, ngram; for "
+                        "medusa, instead of the heads' own tree): the full tree of these widths "
+                        "per depth, e.g. 3,2,1")
+    d.add_argument("--tree-file", metavar="PATH",
+                   help="a token tree as a JSON list of paths of child ranks (Medusa's "
+                        "'choices'), e.g. [[0], [1], [0, 0]]")
+    d.add_argument("--candidates", choices=("top", "distinct", "iid"),
+                   help="how the draft or the heads fill a tree: the top tokens (default at "
+                        "temperature 0), sampled without replacement (default otherwise) or "
+                        "i.i.d.")
+    o = parser.add_argument_group("output")
+    o.add_argument("--show-acceptance", action=argparse.BooleanOptionalAction, default=None,
+                   help="colour drafted vs target tokens (default: on when stdout is a terminal "
+                        "and NO_COLOR is unset)")
+    o.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
+    o.add_argument("--trace", type=int, metavar="STEPS",
+                   help="instead of the text, print the first STEPS verify steps: each drafted "
+                        "token with p, q, the uniform draw and the verdict, the residual's top "
+                        "entries and the emitted token (speculative or ngram, no tree)")
+    parser.set_defaults(run=run_generate)
+
+
+def run_generate(args) -> int:
+
+    methods = list(METHODS) if args.method == "all" else [args.method]
+    options = dict(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_ngram=args.max_ngram,
+                   min_ngram=args.min_ngram, tree=read_tree(args, methods),
+                   candidates=args.candidates, k_schedule=args.k_schedule, k_start=args.k_start,
+                   confidence_threshold=args.confidence_threshold)
+    check_numbers(methods, options)
+    mesh_shape = parse_mesh(args.mesh)
+    if args.trace is not None and args.trace < 1:
+        raise CLIError(f"--trace must be an integer >= 1, got {args.trace}")
+    prompt = read_prompt(args)
+    enable_compile_cache()
+    mesh = make_mesh(mesh_shape)
+    target, draft, heads = load_models(args, methods, mesh)
+    if mesh is not None:
+
+        print(f"specjax: mesh data={mesh_shape[0]} x model={mesh_shape[1]}: "
+              f"{plan(target.config, mesh)}", file=sys.stderr)
+    if draft is not None:
+        check_compatible(target, draft)
+    if draft is None and "speculative" in methods and len(methods) > 1:
+        methods.remove("speculative")
+    if heads is None and "medusa" in methods and len(methods) > 1:
+        methods.remove("medusa")
+    ids = prompt_ids(target, prompt, args.chat)
+    options = {m: for_method(m, dict(options, heads=heads, mesh=mesh), len(methods) > 1)
+               for m in methods}
+    for method in methods:                  # every error before the first token is printed
+        prepare(target, [ids], method=method, draft=draft, **options[method])
+
+    if args.trace is not None:
+
+        if len(methods) != 1:
+            raise CLIError("--trace explains one method; pick --method speculative or ngram")
+        steps = explain(target, ids, method=methods[0], draft=draft, steps=args.trace,
+                        **options[methods[0]])
+        print(format_steps(steps, target.tokenizer))
+        return 0
+    if args.json:
+        report = json_report(target, draft, prompt, ids, methods, options, args)
+        print(json.dumps(report, indent=2, ensure_ascii=False))
+        return 0
+    show = args.show_acceptance
+    if show is None:
+        show = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    rows = []
+    for method in methods:
+        if len(methods) > 1:
+            print(f"{DIM if show else ''}--- {method} ---{RESET if show else ''}", flush=True)
+        streamed = stream_text(target, draft, ids, method, options[method], show)
+        result, runs = timed_generate(target, draft, ids, method, options[method])
+        if result.tokens[0] != streamed:
+            print(f"specjax: warning: {method}: the streamed tokens differ from the compiled "
+                  "loop's", file=sys.stderr)
+        rows.append((method, result.stats, runs))
+        print(summary_line(result.stats, runs), flush=True)
+    if len(methods) > 1:
+        print()
+        print(comparison_table(rows))
+    if show and any(m != "autoregressive" for m in methods):
+        print(f"{GREEN}green{RESET}: drafted tokens the target accepted; default colour: tokens "
+              "the target produced")
+    return 0
+
+
+def check_numbers(methods: list[str], options: dict) -> None:
+    """Rejects bad numbers before any model is loaded (generate.prepare checks them again)."""
+
+    check_int("max_new_tokens (-n)", options["max_new_tokens"], 1)
+    if set(methods) - {"autoregressive"}:
+        check_int("k (-k)", options["k"], 1)
+    if "ngram" in methods:
+        check_int("--min-ngram", options["min_ngram"], 1)
+        check_int("--max-ngram", options["max_ngram"], options["min_ngram"])
+    try:
+        SamplingParams(options["temperature"], options["top_k"], options["top_p"])
+    except ValueError as e:
+        raise GenerationError(str(e)) from None
+    if not 0 <= options["seed"] < 2**32:
+        raise GenerationError(f"seed must be an integer in [0, 2^32), got {options['seed']}")
+    threshold = options["confidence_threshold"]
+    if threshold is not None and not 0.0 <= threshold <= 1.0:
+        raise GenerationError(f"--confidence-threshold must be in [0, 1], got {threshold}")
+
+
+def read_tree(args, methods: list[str]):
+    """The `Tree` of --tree or --tree-file, or None."""
+
+    if args.tree is not None and args.tree_file:
+        raise CLIError("give either --tree or --tree-file, not both")
+    if args.tree is None and not args.tree_file:
+        if args.candidates is not None:
+            raise CLIError("--candidates applies to token trees; give --tree or --tree-file")
+        return None
+    if methods == ["autoregressive"]:
+        raise CLIError("--tree needs --method speculative, ngram, medusa or all")
+    return parse_widths(args.tree) if args.tree is not None else Tree.from_json(args.tree_file)
+
+
+def for_method(method: str, options: dict, several: bool) -> dict:
+    """The options that apply to `method`. With --method all (`several`), the tree is for the
+    drafting methods only and --candidates for the draft model and the heads only; given for one
+    method, an option that does not apply to it stays, for `generate` to refuse. The heads go to
+    method medusa only (they are loaded for no other)."""
+    if method != "medusa":
+        options = {k: v for k, v in options.items() if k != "heads"}
+    no_schedule = dict(k_schedule="constant", k_start=None, confidence_threshold=None)
+    if several and method in ("autoregressive", "medusa"):
+        options = dict(options, **no_schedule)
+    if several and method == "autoregressive":
+        return dict(options, tree=None, candidates=None)
+    if several and method == "ngram":
+        if options["k_schedule"] == "confidence":   # n-gram lookup has no probabilities
+            options = dict(options, **no_schedule)
+        return dict(options, candidates=None)
+    return options
+
+
+def read_prompt(args) -> str:
+    if args.prompt is not None and args.prompt_file:
+        raise CLIError("give either --prompt or --prompt-file, not both")
+    if args.prompt is not None:
+        text = args.prompt
+    elif args.prompt_file:
+        try:
+            text = Path(args.prompt_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise CLIError(f"cannot read --prompt-file {args.prompt_file}: "
+                           f"{getattr(e, 'strerror', None) or e}") from None
+    elif not sys.stdin.isatty():
+        text = sys.stdin.read()
+    else:
+        text = DEMO_PROMPT
+    if not text:
+        raise CLIError("the prompt is empty (give --prompt, --prompt-file or text on stdin)")
+    return text
+
+
+def load_models(args, methods: list[str], mesh=None):
+    """The target, the draft (or None) and the Medusa heads (or None) the methods need; on
+    `mesh`, the target split and the draft replicated."""
+
+    heads = None
+    if "medusa" in methods:
+        path, no_heads = heads_path(args)
+        if path is None and methods == ["medusa"]:
+            raise CLIError(f"method medusa needs Medusa heads: {no_heads}; pass --heads DIR")
+        if path is None:
+            print(f"specjax: note: skipping medusa: {no_heads}", file=sys.stderr)
+        else:
+            heads = load(path)
+            if not isinstance(heads, Heads):
+                raise CLIError(f"--heads {path} is a model checkpoint, not Medusa heads")
+    elif args.heads:
+        raise CLIError("--heads applies to --method medusa or all")
+    want_draft = "speculative" in methods
+    target_path, draft_path, no_draft = model_paths(args, want_draft)
+    if want_draft and draft_path is None:
+        if methods == ["speculative"]:
+            raise CLIError(f"speculative sampling needs a draft model: {no_draft}; pass --draft "
+                           "DIR or use --method autoregressive|ngram")
+        print(f"specjax: note: skipping speculative: {no_draft}", file=sys.stderr)
+    target = load_model(target_path, args.dtype, mesh)
+    draft = load_model(draft_path, args.dtype, mesh, shard=False) if draft_path else None
+    return target, draft, heads
+
+
+def prompt_ids(target, prompt: str, chat: bool) -> list[int]:
+
+    if chat:
+        return chat_template.encode(target, chat_template.render(target, prompt))
+    return encode_prompts(target, [prompt])[0]
+
+
+class TextPrinter:
+    """Prints tokens as text as they arrive. Decoding the whole output so far and printing the
+    new suffix handles tokens that hold only part of a UTF-8 character (byte-level BPE): text
+    that ends in an incomplete character is held back until the next token completes it."""
+
+    def __init__(self, tokenizer, out, colour: bool):
+        self.tokenizer, self.out, self.colour = tokenizer, out, colour
+        self.ids: list[int] = []
+        self.printed = ""
+        self.green = False           # inside a green (drafted) run of text
+
+    def add(self, tokens: list[int], from_draft: list[bool]) -> None:
+        for token, drafted in zip(tokens, from_draft):
+            self.ids.append(token)
+            text = self.tokenizer.decode(self.ids)
+            if not text.endswith("\ufffd"):
+                self._write(text, drafted)
+        self.out.flush()
+
+    def finish(self) -> None:
+        text = self.tokenizer.decode(self.ids) if self.ids else ""
+        self._write(text, False)
+        if self.green:
+            self.out.write(RESET)
+        if not (text or "\n").endswith("\n"):
+            self.out.write("\n")
+        self.out.flush()
+
+    def _write(self, text: str, drafted: bool) -> None:
+        new = text[len(os.path.commonprefix([text, self.printed])):]
+        if new and self.colour and drafted != self.green:
+            self.out.write(GREEN if drafted else RESET)
+            self.green = drafted
+        self.out.write(new)
+        self.printed = text
+
+
+def stream_text(target, draft, ids: list[int], method: str, options: dict, colour: bool) -> list[int]:
+    """Streams one method's output to stdout; returns the new tokens."""
+
+    status = sys.stderr.isatty()
+    if status:
+        sys.stderr.write(f"(compiling {method}...)")
+        sys.stderr.flush()
+    printer = TextPrinter(target.tokenizer, sys.stdout, colour)
+    for step_tokens, result in stream(target, [ids], method=method, draft=draft, **options):
+        Interrupt.check()
+        if status:
+            sys.stderr.write("\r\x1b[K")
+            status = False
+        if result is not None:
+            break
+        new = step_tokens[0]
+        # Each speculative / n-gram step appends the accepted drafts and then one token of the
+        # target's own (the residual sample or the bonus). A step cut short by EOS or
+        # max_new_tokens may end on a draft token; it is shown as the target's.
+        printer.add(new, [method != "autoregressive" and i < len(new) - 1 for i in range(len(new))])
+    printer.finish()
+    return printer.ids
+
+
+def timed_generate(target, draft, ids, method: str, options: dict, runs: int = 3,
+                   budget_s: float = 2.0):
+    """`generate` once (compiling), then again while cheap; the stats carry the median run time.
+    Returns (result, number of timed runs)."""
+
+    result = generate(target, [ids], method=method, draft=draft, **options)
+    times = [result.stats.run_s]
+    while len(times) < runs and sum(times) < budget_s:
+        times.append(generate(target, [ids], method=method, draft=draft, **options).stats.run_s)
+    stats = dataclasses.replace(result.stats, run_s=statistics.median(times))
+    return dataclasses.replace(result, stats=stats), len(times)
+
+
+def summary_line(stats, runs: int) -> str:
+    acceptance = (f"acceptance {stats.acceptance_rate:.1%} ({stats.accepted}/{stats.drafted})"
+                  if stats.method != "autoregressive" else "acceptance n/a")
+    return (f"[{stats.method}] {stats.new_tokens} tokens, {stats.tokens_per_second:,.1f} tokens/s "
+            f"(median run {stats.run_s:.3f} s of {runs}; compile {stats.compile_s:.1f} s), "
+            f"{acceptance}, {stats.tokens_per_target_call:.2f} tokens/target call"
+            + (f", {stats.mean_draft_length:.2f} drafted/call"
+               if stats.method in ("speculative", "ngram") else "")
+            + (f" ({stats.tree_size} candidates per call)" if stats.tree_size else ""))
+
+
+def comparison_table(rows) -> str:
+    base = {m: s.tokens_per_second for m, s, _ in rows}.get("autoregressive")
+    lines = [f"{'method':<16}{'tokens/s':>11}{'speedup':>9}{'acceptance':>12}{'tokens/call':>13}"]
+    for method, stats, _ in rows:
+        speedup = f"{stats.tokens_per_second / base:.2f}x" if base else "-"
+        acceptance = f"{stats.acceptance_rate:.1%}" if method != "autoregressive" else "-"
+        lines.append(f"{method:<16}{stats.tokens_per_second:>11,.1f}{speedup:>9}{acceptance:>12}"
+                     f"{stats.tokens_per_target_call:>13.2f}")
+    return "\n".join(lines)
+
+
+def json_report(target, draft, prompt: str, ids: list[int], methods, options, args) -> dict:
+    """`options`: each method's generate options."""
+    results = []
+    for method in methods:
+        result, runs = timed_generate(target, draft, ids, method, options[method])
+        stats = result.stats.as_dict()
+        stats["timed_runs"] = runs
+        results.append({"method": method, "text": (result.texts or [None])[0],
+                        "tokens": result.tokens[0], "stats": stats})
+    settings = options[methods[-1]]            # the drafting method's, when there is one
+    base = {r["method"]: r["stats"]["tokens_per_second"] for r in results}.get("autoregressive")
+    for r in results:
+        r["speedup_vs_autoregressive"] = r["stats"]["tokens_per_second"] / base if base else None
+    return {"target": target.name, "target_path": str(target.path),
+            "draft": draft.name if draft is not None and "speculative" in methods else None,
+            "draft_path": str(draft.path) if draft is not None and "speculative" in methods else None,
+            "prompt": prompt, "prompt_tokens": len(ids),
+            "heads": options["medusa"]["heads"].name if "medusa" in methods else None,
+            "settings": dict({k: v for k, v in settings.items() if k not in ("heads", "mesh")},
+                             chat=args.chat, dtype=args.dtype, method=args.method, mesh=args.mesh,
+                             candidates=args.candidates,
+                             tree=[list(p) for p in settings["tree"].paths]
+                             if settings["tree"] is not None else None),
+            "results": results}
