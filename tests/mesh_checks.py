@@ -205,7 +205,7 @@ def test_state_is_laid_out_on_the_mesh(models):
     request = prepare(target, PROMPTS, method="speculative", draft=draft, k=3,
                       max_new_tokens=12, temperature=0.0, mesh=mesh)
     init = loop.programs(request.spec)[0]
-    state = init(request.weights, request.prompts, request.prompt_length, request.row_keys)
+    state = init(request.weights, *request.inputs)
     b, slots = 6, request.spec.buffer_length                         # 5 rows padded to 6
     assert meshes.shard_shape(state.tokens) == (b // 2, slots)
     assert meshes.shard_shape(state.target_cache.k[0]) == (b // 2, 1, 4, slots)   # K=4 over 4
@@ -268,7 +268,6 @@ def test_prefill_groups_rows_within_each_data_shard(models):
                        "16 rows on 2x4")
     request = prepare(target, prompts, mesh=mesh, **kwargs)
     init = loop.programs(request.spec)[0]
-    hlo = init.lower(request.weights, request.prompts, request.prompt_length,
-                     request.row_keys).compile().as_text()
+    hlo = init.lower(request.weights, *request.inputs).compile().as_text()
     moved = [line for line in hlo.splitlines() if "all-gather(" in line or "all-to-all(" in line]
     assert not moved, moved[:3]

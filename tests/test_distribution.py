@@ -210,7 +210,7 @@ def _argmax_propose(key, logits, sampling):
 
 def _top_k_on_draft_only_propose(key, logits, sampling):
     """Samples the draft with top-k = 2 but reports p without it (top-k on one model only)."""
-    truncated = probs_from_logits(logits, SamplingParams(sampling.temperature, 2, sampling.top_p))
+    truncated = probs_from_logits(logits, sampling.replace(top_k=jnp.full_like(sampling.top_k, 2)))
     return jax.vmap(sample)(key, truncated), probs_from_logits(logits, sampling)
 
 
@@ -337,8 +337,7 @@ def test_confidence_rows_stop_at_different_depths(models, name):
                       method="speculative", draft=draft,
                       k=c["k"], max_new_tokens=L, temperature=c["temperature"], top_p=c["top_p"],
                       eos_ids=(), **c["schedule"])
-    state = loop.init(request.spec, request.weights, request.prompts, request.prompt_length,
-                      request.row_keys)
+    state = loop.init(request.spec, request.weights, *request.inputs)
     drafted = np.asarray(loop.step(request.spec, request.weights, state).drafted)
     share = np.bincount(drafted, minlength=c["k"] + 1)[1:] / len(drafted)
     assert (share >= 0.05).all(), share

@@ -67,8 +67,7 @@ def test_rows_keep_their_own_heuristic_length(models):
     request = prepare(target, PROMPTS, method="speculative", draft=draft, k=K,
                       k_schedule="heuristic", k_start=3, max_new_tokens=60, temperature=1.0,
                       eos_ids=(), seed=[1, 2, 3, 4])
-    state = loop.init(request.spec, request.weights, request.prompts, request.prompt_length,
-                      request.row_keys)
+    state = loop.init(request.spec, request.weights, *request.inputs)
     lengths = [np.asarray(state.lookahead)]
     for _ in range(6):
         before = state

@@ -53,8 +53,7 @@ def explain(target: Model, prompt, *, steps: int = 4, top: int = 3, **kwargs) ->
             raise GenerationError(f"{name} must be an integer >= 1, got {value!r}")
     request = prepare(target, [prompt], **kwargs)
     spec = dataclasses.replace(request.spec, trace=True)
-    state = loop.init(spec, request.weights, request.prompts, request.prompt_length,
-                      request.row_keys)
+    state = loop.init(spec, request.weights, *request.inputs)
     out = []
     while len(out) < steps and not bool(np.asarray(state.done)[0]):
         before = int(state.length[0])

@@ -27,12 +27,12 @@ from specjax.decoding import loop
 from specjax.decoding.lookahead import DEFAULT_CONFIDENCE_THRESHOLD, DEFAULT_K_START, SCHEDULES
 from specjax.decoding.loop import METHODS, DecodeSpec, Weights
 from specjax.decoding.sharding import weight_shardings
-from specjax.decoding.state import DecodeState
+from specjax.decoding.state import DecodeState, RowSettings
 from specjax.decoding.trees import SCHEMES
 from specjax.heads.medusa import Heads, runtime_weights
 from specjax.io.checkpoint import Model
 from specjax.io.heads import check_target
-from specjax.sampling.logits import SamplingParams
+from specjax.sampling.logits import Sampling, SamplingParams
 from specjax.sampling.rules import Rules
 from specjax.sampling.tree import Tree, TreeError
 
@@ -115,10 +115,35 @@ class Stats:
 
 
 @dataclasses.dataclass(frozen=True)
+class RowStats:
+    """One row's share of the work (the counters of `Stats`, per row)."""
+    new_tokens: int
+    target_calls: int
+    draft_calls: int
+    drafted: int
+    accepted: int
+    # Steps of this row that accepted exactly j drafted tokens, j = 0..K; () for AR.
+    accepted_histogram: tuple[int, ...] = ()
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float | None]:
+        return acceptance_by_position(self.accepted_histogram)
+
+    def as_dict(self) -> dict:
+        return dict(dataclasses.asdict(self), tokens_per_target_call=self.tokens_per_target_call,
+                    acceptance_by_position=self.acceptance_by_position)
+
+
+@dataclasses.dataclass(frozen=True)
 class GenerationResult:
     tokens: list[list[int]]            # new tokens of each row (max_new_tokens unless EOS came)
-    stats: Stats
+    stats: Stats                       # the whole batch
     texts: list[str] | None = None
+    row_stats: list[RowStats] = dataclasses.field(default_factory=list)   # one per row
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,13 +154,19 @@ class Request:
     prompts: np.ndarray          # [B, P] int32, right-padded
     prompt_length: np.ndarray    # [B] int32
     row_keys: jax.Array          # [B]
+    settings: RowSettings        # each row's sampling parameters, length and stop ids
     tokenizer: object | None
     rows: int                    # the caller's rows; on a mesh the batch may be padded past them
 
+    @property
+    def inputs(self) -> tuple:
+        """The per-row arguments of the decoding programs after the weights (`loop.init`)."""
+        return self.prompts, self.prompt_length, self.row_keys, self.settings
+
 
 def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Model | None = None,
-            k: int = 4, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
-            top_p: float = 1.0, seed: int | Sequence[int] = 0, eos_ids=None,
+            k: int = 4, max_new_tokens=64, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+            seed: int | Sequence[int] = 0, eos_ids=None,
             max_ngram: int = 3, min_ngram: int = 1, tree=None, candidates: str | None = None,
             heads: Heads | None = None, k_schedule: str = "constant", k_start: int | None = None,
             confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
@@ -147,18 +178,15 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
         raise GenerationError(f"rules must be a specjax.sampling.rules.Rules, got {rules!r}")
     if method not in METHODS:
         raise GenerationError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
-    check_int("max_new_tokens", max_new_tokens, 1)
     if method != "autoregressive":
         check_int("k", k, 1)
-    try:
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    except ValueError as e:
-        raise GenerationError(str(e)) from None
+    sampling = _check_sampling(temperature, top_k, top_p, min_p)
     if method == "medusa":
         tree = _check_heads(heads, tree, target)
     elif heads is not None:
         raise GenerationError(f"heads applies to method 'medusa', not {method!r}")
-    tree, candidates = _check_tree(method, tree, candidates, sampling, target)
+    all_greedy = not np.any(sampling.temperature)
+    tree, candidates = _check_tree(method, tree, candidates, all_greedy, target)
     if method == "medusa":
         _check_tree_fits_heads(tree, heads)
     schedule = _check_schedule(method, tree, k, k_schedule, k_start, confidence_threshold)
@@ -172,6 +200,9 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
     else:
         draft = None
     prompt_array, lengths = _prompt_matrix(target, prompts)
+    rows = len(lengths)
+    sampling = _rows_of(sampling, rows)
+    max_new = _per_row_ints("max_new_tokens", max_new_tokens, rows, 1)
     longest = int(lengths.max())
     padded_length = _bucket(longest)
     vocab = max(target.config.vocab_size, draft.config.vocab_size if draft else 0)
@@ -182,15 +213,13 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
         raise GenerationError(f"prompt {i} has token id {prompt_array[i, j]} outside the "
                               f"vocabulary [0, {vocab})")
     for model in (target, draft):
-        too_long = lengths + max_new_tokens > model.config.max_positions if model else [False]
+        too_long = lengths + max_new > model.config.max_positions if model else [False]
         if np.any(too_long):
             i = int(np.argmax(too_long))
             raise GenerationError(
-                f"prompt {i} has {lengths[i]} tokens; with max_new_tokens={max_new_tokens} that "
+                f"prompt {i} has {lengths[i]} tokens; with max_new_tokens={max_new[i]} that "
                 f"exceeds the context window of {model.name} ({model.config.max_positions})")
-    if eos_ids is None:
-        eos_ids = target.config.eos_token_ids
-    eos_ids = tuple(int(e) for e in eos_ids)
+    stop_ids = _stop_ids(target.config.eos_token_ids if eos_ids is None else eos_ids, rows)
 
     k_eff = k if method != "autoregressive" else 1
     if tree is not None:
@@ -199,7 +228,7 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
     # nodes take one slot each). Attention reads the shortest window that holds the filled
     # prefix (`layers.attend_cache`; a decoding step reads at least 1,024 slots), so capacity
     # beyond that costs memory, not time.
-    buffer_length = _bucket(longest + max_new_tokens + k_eff + 1)
+    buffer_length = _bucket(longest + int(max_new.max()) + k_eff + 1)
 
     if mesh is not None:
         try:
@@ -212,16 +241,16 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
         raise GenerationError("shard_draft applies to method 'speculative' on a mesh (mesh=...)")
 
     spec = DecodeSpec(method=method, target_config=target.config,
-                      draft_config=draft.config if draft else None, sampling=sampling,
-                      max_new_tokens=max_new_tokens, k=k_eff, eos_ids=eos_ids,
+                      draft_config=draft.config if draft else None, k=k_eff,
                       max_ngram=max_ngram, min_ngram=min_ngram, buffer_length=buffer_length,
                       tree=tree, candidates=candidates,
                       heads_config=heads.config if method == "medusa" else None, **schedule,
                       mesh=mesh, shard_draft=shard_draft, rules=rules or Rules())
     weights = Weights(target.params, draft.params if draft else None,
                       runtime_weights(heads, target) if method == "medusa" else None)
+    settings = RowSettings(sampling, max_new, stop_ids)
     request = Request(spec, weights, prompt_array.astype(np.int32), lengths,
-                      row_keys(seed, len(lengths)), target.tokenizer, rows=len(lengths))
+                      row_keys(seed, rows), settings, target.tokenizer, rows=rows)
     return request if mesh is None else _on_mesh(request)
 
 
@@ -239,11 +268,13 @@ def _on_mesh(request: Request) -> Request:
     repeat = lambda a: np.concatenate([a, np.repeat(a[-1:], extra, axis=0)])  # noqa: E731
     rows = meshes.rows(mesh)
     key_data = repeat(np.asarray(jax.random.key_data(request.row_keys)))
+    settings = jax.tree.map(lambda a: meshes.place(repeat(a), rows, a.dtype), request.settings)
     return dataclasses.replace(
         request, weights=meshes.put(request.weights, weight_shardings(request.spec)),
         prompts=meshes.place(repeat(request.prompts), rows, np.int32),
         prompt_length=meshes.place(repeat(request.prompt_length), rows, np.int32),
-        row_keys=jax.random.wrap_key_data(meshes.place(key_data, rows, key_data.dtype)))
+        row_keys=jax.random.wrap_key_data(meshes.place(key_data, rows, key_data.dtype)),
+        settings=settings)
 
 
 def generate(target: Model, prompts, **kwargs) -> GenerationResult:
@@ -286,7 +317,7 @@ def generate(target: Model, prompts, **kwargs) -> GenerationResult:
     request = prepare(target, prompts, **kwargs)
     compiled, compile_s = _compiled(request)
     start = time.perf_counter()
-    state = compiled(request.weights, request.prompts, request.prompt_length, request.row_keys)
+    state = compiled(request.weights, *request.inputs)
     jax.block_until_ready(state.tokens)
     return _result(request, state, compile_s, time.perf_counter() - start)
 
@@ -300,7 +331,7 @@ def stream(target: Model, prompts, **kwargs) -> Iterator[tuple[list[list[int]], 
     request = prepare(target, prompts, **kwargs)
     start = time.perf_counter()
     init, step, _ = loop.programs(request.spec)
-    state = init(request.weights, request.prompts, request.prompt_length, request.row_keys)
+    state = init(request.weights, *request.inputs)
     lengths = _host(state.length)
     while not bool(np.all(_host(state.done))):
         state = step(request.weights, state)
@@ -385,6 +416,76 @@ def row_keys(seed, rows: int) -> jax.Array:
     return jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
 
 
+def _check_sampling(temperature, top_k, top_p, min_p) -> Sampling:
+    """The sampling parameters, each a number for every row or a sequence of one per row,
+    validated (`SamplingParams`), as numpy arrays ([] or [B] each)."""
+    values = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}
+    dtypes = {"temperature": np.float32, "top_k": np.int32, "top_p": np.float32,
+              "min_p": np.float32}
+    arrays = {}
+    for name, value in values.items():
+        per_row = _is_sequence(value)
+        array = np.asarray(value, dtype=object) if per_row else None
+        if per_row and (array.ndim != 1 or not len(array)):
+            raise GenerationError(f"{name} must be a number or a flat list of one per row, "
+                                  f"got {value!r}")
+        distinct = dict.fromkeys((type(v), v) for v in (array.tolist() if per_row else [value]))
+        for _, v in distinct:
+            try:
+                SamplingParams(**{name: v})
+            except ValueError as e:
+                raise GenerationError(str(e)) from None
+        arrays[name] = np.asarray(array.tolist() if per_row else value, dtypes[name])
+    return Sampling(**arrays)
+
+
+def _is_sequence(value) -> bool:
+    return isinstance(value, (Sequence, np.ndarray, jax.Array)) and not isinstance(value, str)
+
+
+def _rows_of(sampling: Sampling, rows: int) -> Sampling:
+    """Every field [rows]: a number repeated, a per-row sequence checked for its length."""
+    fields = {}
+    for name in ("temperature", "top_k", "top_p", "min_p"):
+        value = getattr(sampling, name)
+        if value.ndim and len(value) != rows:
+            raise GenerationError(f"{name} has {len(value)} values for {rows} prompts")
+        fields[name] = np.broadcast_to(value, (rows,)).copy()
+    return Sampling(**fields)
+
+
+def _per_row_ints(name: str, value, rows: int, minimum: int) -> np.ndarray:
+    """An integer for every row, or one per row: [rows] int32."""
+    values = list(value) if _is_sequence(value) else [value] * rows
+    if len(values) != rows:
+        raise GenerationError(f"{name} has {len(values)} values for {rows} prompts")
+    for v in set(values) if all(isinstance(v, numbers.Integral) for v in values) else values:
+        check_int(name, v, minimum)
+    return np.asarray(values, np.int32)
+
+
+def _stop_ids(eos_ids, rows: int) -> np.ndarray:
+    """The ids that end each row, [rows, S] int32 padded with -1; S, the slots, is a power of
+    two (at least 1) so that a few more stop ids rarely recompile. `eos_ids` is one sequence
+    of ids for every row, or a sequence of one per row."""
+    if not _is_sequence(eos_ids):
+        raise GenerationError(f"eos_ids must be a list of token ids (or one list per prompt), "
+                              f"got {eos_ids!r}")
+    per_row = len(eos_ids) > 0 and all(_is_sequence(e) for e in eos_ids)
+    lists = [list(e) for e in eos_ids] if per_row else [list(eos_ids)] * rows
+    if len(lists) != rows:
+        raise GenerationError(f"eos_ids has {len(lists)} lists for {rows} prompts")
+    for ids in lists:
+        for e in ids:
+            if isinstance(e, bool) or not isinstance(e, numbers.Integral) or not 0 <= e < 2 ** 31:
+                raise GenerationError(f"eos_ids must hold token ids >= 0, got {e!r}")
+    slots = max(1, 1 << (max(len(ids) for ids in lists) - 1).bit_length()) if any(lists) else 1
+    table = np.full((rows, slots), -1, np.int32)
+    for b, ids in enumerate(lists):
+        table[b, :len(ids)] = ids
+    return table
+
+
 def _check_heads(heads, tree, target):
     """Medusa's heads must be heads, trained on this target; returns the tree to use."""
     if heads is None:
@@ -412,7 +513,7 @@ def _check_tree_fits_heads(tree: Tree, heads: Heads) -> None:
                               f"{heads.config.subset_size} tokens the heads can propose")
 
 
-def _check_tree(method, tree, candidates, sampling, target):
+def _check_tree(method, tree, candidates, all_greedy: bool, target):
     """The tree as a `Tree` and the candidate scheme, or (None, "top") without a tree."""
     if tree is None:
         if candidates is not None:
@@ -436,11 +537,11 @@ def _check_tree(method, tree, candidates, sampling, target):
                                   f"candidates={candidates!r} applies to a draft model")
         return tree, "top"
     if candidates is None:
-        candidates = "top" if sampling.greedy else "distinct"
+        candidates = "top" if all_greedy else "distinct"
     if candidates not in SCHEMES:
         raise GenerationError(f"candidates must be one of {', '.join(SCHEMES)}; "
                               f"got {candidates!r}")
-    if sampling.greedy and candidates != "top":
+    if all_greedy and candidates != "top":
         # Sampled from a one-hot p, every candidate would be the draft's argmax.
         raise GenerationError(f"at temperature 0 the draft's distribution is one-hot, so "
                               f"candidates={candidates!r} would draw its argmax only; use 'top'")
@@ -512,7 +613,7 @@ _COMPILED: dict = {}
 def _compiled(request: Request):
     """The compiled whole-generation program for this spec and these shapes, and the seconds
     spent compiling it now (0 when it was compiled before)."""
-    args = (request.weights, request.prompts, request.prompt_length, request.row_keys)
+    args = (request.weights, *request.inputs)
     shapes = jax.tree.map(lambda a: (a.shape, str(a.dtype)), args)
     key = (request.spec, str(shapes))
     if key in _COMPILED:
@@ -530,20 +631,23 @@ def _result(request: Request, state: DecodeState, compile_s: float, run_s: float
     tokens, length, start = (_host(a) for a in (state.tokens, state.length,
                                                 request.prompt_length))
     rows = [tokens[b, start[b]:length[b]].tolist() for b in range(real)]
-    total = lambda a: int(np.sum(_host(a)[:real]))  # noqa: E731
+    counters = {name: _host(getattr(state, name))[:real].astype(int) for name in
+                ("target_calls", "draft_calls", "drafted", "accepted")}
+    histograms = (np.zeros((real, 0), int) if state.accepted_histogram is None else
+                  _host(state.accepted_histogram)[:real].astype(int))
+    row_stats = [RowStats(len(rows[b]), *(int(counters[name][b]) for name in counters),
+                          accepted_histogram=tuple(histograms[b].tolist()))
+                 for b in range(real)]
     stats = Stats(method=request.spec.method, rows=len(rows),
                   new_tokens=int(sum(len(r) for r in rows)),
-                  target_calls=total(state.target_calls), draft_calls=total(state.draft_calls),
-                  drafted=total(state.drafted), accepted=total(state.accepted),
+                  **{name: int(np.sum(values)) for name, values in counters.items()},
                   tree_size=_tree_size(request.spec), compile_s=compile_s, run_s=run_s,
                   steps=int(_host(state.step)),
-                  accepted_histogram=(() if state.accepted_histogram is None else tuple(
-                      int(n) for n in np.sum(_host(state.accepted_histogram)[:real],
-                                             axis=0))))
+                  accepted_histogram=tuple(np.sum(histograms, axis=0).tolist()))
     texts = None
     if request.tokenizer is not None:
         texts = [request.tokenizer.decode(r) for r in rows]
-    return GenerationResult(rows, stats, texts)
+    return GenerationResult(rows, stats, texts, row_stats)
 
 
 def _host(array) -> np.ndarray:

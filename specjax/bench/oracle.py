@@ -72,7 +72,7 @@ def schedule_steps(target, draft, ids: list[int], max_new_tokens: int, **options
     request = prepare(target, [ids], method="speculative", draft=draft, temperature=0.0,
                       max_new_tokens=max_new_tokens, **options)
     spec, weights = request.spec, request.weights
-    state = loop.init(spec, weights, request.prompts, request.prompt_length, request.row_keys)
+    state = loop.init(spec, weights, *request.inputs)
     drafted, accepted = [], []
     while not bool(np.asarray(state.done)[0]):
         before = state

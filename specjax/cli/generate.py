@@ -56,13 +56,16 @@ text; with --temperature > 0 each method still samples exactly from the target's
 --json prints one object instead of streaming:
   {"target", "target_path", "draft", "draft_path" (null without speculative), "prompt",
    "prompt_tokens", "settings": {"method", "k", "max_new_tokens", "temperature", "top_k",
-   "top_p", "seed", "max_ngram", "min_ngram", "tree" (a list of paths, or null),
+   "top_p", "min_p", "seed", "max_ngram", "min_ngram", "tree" (a list of paths, or null),
    "candidates", "chat", "dtype"},
    "results": [{"method", "text", "tokens", "speedup_vs_autoregressive",
                 "stats": {"method", "rows", "new_tokens", "target_calls", "draft_calls",
                           "drafted", "accepted", "tree_size", "acceptance_rate",
-                          "tokens_per_target_call",
-                          "tokens_per_second", "compile_s", "run_s", "timed_runs"}}]}
+                          "tokens_per_target_call", "accepted_histogram",
+                          "tokens_per_second", "compile_s", "run_s", "timed_runs"},
+                "row_stats": [{"new_tokens", "target_calls", "draft_calls", "drafted",
+                               "accepted", "accepted_histogram", "tokens_per_target_call",
+                               "acceptance_by_position"}]}]}
 """
 
 METHOD_CHOICES = ("autoregressive", "speculative", "ngram", "medusa", "all")
@@ -96,6 +99,9 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     d.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
     d.add_argument("--top-p", type=float, default=1.0, help="in (0, 1]; 1 = off (default)")
+    d.add_argument("--min-p", type=float, default=0.0,
+                   help="in [0, 1]: keep tokens at least this times as likely as the most "
+                        "likely one; 0 = off (default)")
     d.add_argument("--seed", type=int, default=0, help="random seed in [0, 2^32) (default: 0)")
     d.add_argument("--max-ngram", type=int, default=3, help="longest n-gram looked up (default 3)")
     d.add_argument("--min-ngram", type=int, default=1, help="shortest n-gram looked up (default 1)")
@@ -126,7 +132,7 @@ def run_generate(args) -> int:
 
     methods = list(METHODS) if args.method == "all" else [args.method]
     options = dict(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_ngram=args.max_ngram,
+                   top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed, max_ngram=args.max_ngram,
                    min_ngram=args.min_ngram, tree=read_tree(args, methods),
                    candidates=args.candidates, k_schedule=args.k_schedule, k_start=args.k_start,
                    confidence_threshold=args.confidence_threshold)
@@ -199,7 +205,8 @@ def check_numbers(methods: list[str], options: dict) -> None:
         check_int("--min-ngram", options["min_ngram"], 1)
         check_int("--max-ngram", options["max_ngram"], options["min_ngram"])
     try:
-        SamplingParams(options["temperature"], options["top_k"], options["top_p"])
+        SamplingParams(options["temperature"], options["top_k"], options["top_p"],
+                       options["min_p"])
     except ValueError as e:
         raise GenerationError(str(e)) from None
     if not 0 <= options["seed"] < 2**32:
@@ -380,7 +387,9 @@ def summary_line(stats, runs: int) -> str:
             f"{acceptance}, {stats.tokens_per_target_call:.2f} tokens/target call"
             + (f", {stats.mean_draft_length:.2f} drafted/call"
                if stats.method in ("speculative", "ngram") else "")
-            + (f" ({stats.tree_size} candidates per call)" if stats.tree_size else ""))
+            + (f" ({stats.tree_size} candidates per call)" if stats.tree_size else "")
+            + (", steps accepting 0..{}: {}".format(len(stats.accepted_histogram) - 1, " ".join(
+                map(str, stats.accepted_histogram))) if stats.accepted_histogram else ""))
 
 
 def comparison_table(rows) -> str:
@@ -402,7 +411,8 @@ def json_report(target, draft, prompt: str, ids: list[int], methods, options, ar
         stats = result.stats.as_dict()
         stats["timed_runs"] = runs
         results.append({"method": method, "text": (result.texts or [None])[0],
-                        "tokens": result.tokens[0], "stats": stats})
+                        "tokens": result.tokens[0], "stats": stats,
+                        "row_stats": [row.as_dict() for row in result.row_stats]})
     settings = options[methods[-1]]            # the drafting method's, when there is one
     base = {r["method"]: r["stats"]["tokens_per_second"] for r in results}.get("autoregressive")
     for r in results:

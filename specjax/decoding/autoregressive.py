@@ -129,7 +129,7 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     """Feeds each row's last token, samples the next one from the target."""
     token, position = last_tokens(state, 1)                            # [B, 1]
     logits, cache = forward(params.target, spec.target_config, token, position, state.target_cache)
-    probs = probs_from_logits(logits[:, 0], spec.sampling)              # [B, V]
+    probs = probs_from_logits(logits[:, 0], state.settings.sampling)    # [B, V]
     next_token = sample_rows(step_keys(state), probs)                  # [B]
     return commit(spec, state, next_token[:, None], jnp.zeros_like(state.length), cache,
                   nan=any_nan(logits))

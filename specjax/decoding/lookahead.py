@@ -58,23 +58,26 @@ def draft_limit(spec, state: DecodeState) -> jax.Array:
     return jnp.full(state.length.shape, spec.k, jnp.int32)
 
 
-def confidence(spec, logits: jax.Array, p: jax.Array, token: jax.Array) -> jax.Array:
+def confidence(logits: jax.Array, p: jax.Array, token: jax.Array,
+               greedy: jax.Array) -> jax.Array:
     """The draft probability of each row's drafted token (module docstring): [B] float32.
 
     Args:
-      logits: [B, V] the draft's logits; p: [B, V] the distribution `token` [B] was drawn from.
+      logits: [B, V] the draft's logits; p: [B, V] the distribution `token` [B] was drawn from;
+      greedy: [B] whether the row decodes at temperature 0.
     """
-    if spec.sampling.greedy:
-        logits = logits.astype(jnp.float32)
-        return jnp.exp(jnp.max(logits, axis=-1) - jax.nn.logsumexp(logits, axis=-1))
-    return jnp.take_along_axis(p, token[:, None], axis=-1)[:, 0]
+    logits = logits.astype(jnp.float32)
+    top = jnp.exp(jnp.max(logits, axis=-1) - jax.nn.logsumexp(logits, axis=-1))
+    return jnp.where(greedy, top, jnp.take_along_axis(p, token[:, None], axis=-1)[:, 0])
 
 
-def stops(spec, position: int | jax.Array, limit: jax.Array, logits, p, token) -> jax.Array:
+def stops(spec, state: DecodeState, position: int | jax.Array, limit: jax.Array, logits, p,
+          token) -> jax.Array:
     """Whether each row stops after drafting `token` at 0-based `position`: [B] bool."""
     stop = position + 1 >= limit
     if spec.k_schedule == "confidence":
-        stop = stop | (confidence(spec, logits, p, token) < spec.confidence_threshold)
+        greedy = state.settings.sampling.temperature == 0
+        stop = stop | (confidence(logits, p, token, greedy) < spec.confidence_threshold)
     return stop
 
 

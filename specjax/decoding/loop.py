@@ -19,7 +19,7 @@ from specjax import mesh as meshes
 from specjax.decoding import autoregressive, lookahead, medusa, ngram, speculative, speculative_tree
 from specjax.decoding.sharding import pinned, state_shardings, weight_shardings
 from specjax.decoding.spec import METHODS, DecodeSpec, Weights
-from specjax.decoding.state import DecodeState, initial_state
+from specjax.decoding.state import DecodeState, RowSettings, initial_state
 
 __all__ = ["METHODS", "DecodeSpec", "Weights", "init", "programs", "step"]
 
@@ -30,13 +30,14 @@ _STEPS = {("autoregressive", False): autoregressive.step,
           ("medusa", True): medusa.step}
 
 
-def _init(spec: DecodeSpec, weights: Weights, prompts, prompt_length, row_keys) -> DecodeState:
+def _init(spec: DecodeSpec, weights: Weights, prompts, prompt_length, row_keys,
+          settings: RowSettings) -> DecodeState:
     slots = spec.buffer_length
     if spec.method == "medusa":
         target_cache, hidden = autoregressive.prefill(weights.target, spec.target_config, prompts,
                                                       prompt_length, slots, with_hidden=True,
                                                       shards=spec.data_shards)
-        return pinned(spec, initial_state(prompts, prompt_length, row_keys, slots,
+        return pinned(spec, initial_state(prompts, prompt_length, row_keys, settings, slots,
                                              target_cache, hidden=hidden,
                                              max_accepted=spec.max_accepted))
     target_cache = autoregressive.prefill(weights.target, spec.target_config, prompts,
@@ -45,7 +46,7 @@ def _init(spec: DecodeSpec, weights: Weights, prompts, prompt_length, row_keys) 
     if spec.method == "speculative":
         draft_cache = autoregressive.prefill(weights.draft, spec.draft_config, prompts,
                                              prompt_length, slots, shards=spec.data_shards)
-    state = initial_state(prompts, prompt_length, row_keys, slots, target_cache, draft_cache,
+    state = initial_state(prompts, prompt_length, row_keys, settings, slots, target_cache, draft_cache,
                           lookahead=lookahead.initial_lengths(spec, prompts.shape[0]),
                           max_accepted=spec.max_accepted)
     return pinned(spec, state)
@@ -56,8 +57,8 @@ def _step(spec: DecodeSpec, weights: Weights, state: DecodeState) -> DecodeState
     return pinned(spec, state.replace(step=state.step + 1))
 
 
-def _run(spec, weights, prompts, prompt_length, row_keys) -> DecodeState:
-    state = _init(spec, weights, prompts, prompt_length, row_keys)
+def _run(spec, weights, prompts, prompt_length, row_keys, settings) -> DecodeState:
+    state = _init(spec, weights, prompts, prompt_length, row_keys, settings)
     return lax.while_loop(lambda s: ~jnp.all(s.done),
                           lambda s: _step(spec, weights, s), state)
 
@@ -73,14 +74,15 @@ def programs(spec: DecodeSpec):
         return tuple(jax.jit(f) for f in functions)
     weights, rows, state = (weight_shardings(spec), meshes.rows(spec.mesh),
                             state_shardings(spec))
-    inputs = (weights, rows, rows, rows)
+    inputs = (weights, rows, rows, rows, rows)
     return tuple(jax.jit(f, in_shardings=shardings, out_shardings=state)
                  for f, shardings in zip(functions, (inputs, (weights, state), inputs)))
 
 
-def init(spec, weights, prompts, prompt_length, row_keys) -> DecodeState:
-    """Prefill: prompts [B, P] int32 (right-padded), prompt_length [B], row_keys [B]."""
-    return programs(spec)[0](weights, prompts, prompt_length, row_keys)
+def init(spec, weights, prompts, prompt_length, row_keys, settings) -> DecodeState:
+    """Prefill: prompts [B, P] int32 (right-padded), prompt_length [B], row_keys [B], and each
+    row's `RowSettings`."""
+    return programs(spec)[0](weights, prompts, prompt_length, row_keys, settings)
 
 
 def step(spec, weights, state) -> DecodeState:

@@ -48,7 +48,7 @@ def candidate_tree(spec, heads, state: DecodeState, keys):
             cand = jnp.broadcast_to(heads["ids"][best][:, None], (b, size, width))
             return cand, jnp.ones(cand.shape, bool), probs
         logits = medusa.full_logits(heads, sub_logits[:, d - 1], vocab)         # [B, V]
-        p = probs_from_logits(logits, spec.sampling)
+        p = probs_from_logits(logits, state.settings.sampling)
         p = jnp.broadcast_to(p[:, None], (b, size, vocab))
         probs = probs.at[:, parents.start:parents.stop].set(p)
         cand, filled = jax.vmap(trees.candidates, in_axes=(None, 0, 0, 0, None))(

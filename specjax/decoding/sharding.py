@@ -36,7 +36,8 @@ def state_shardings(spec: DecodeSpec) -> DecodeState:
 
     drafts = spec.method != "autoregressive"
     return DecodeState(
-        tokens=rows, length=rows, prompt_length=rows, done=rows, row_keys=rows, step=one,
+        tokens=rows, length=rows, prompt_length=rows, done=rows, row_keys=rows,
+        settings=rows, step=one,
         target_cache=cache(spec.target_config, True),
         draft_cache=(cache(spec.draft_config, spec.shard_draft)
                      if spec.method == "speculative" else None),

@@ -2,7 +2,7 @@
 
 Compiled programs are shared between equal specs (`loop.programs`): everything a spec holds is
 hashable, and everything that changes between calls without recompiling (prompts, lengths,
-keys) is an argument instead.
+keys, each row's sampling parameters, length and stop ids) is an argument instead.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from specjax import mesh as meshes
 from specjax.decoding import lookahead
 from specjax.heads.medusa import HeadsConfig
 from specjax.model.config import ModelConfig
-from specjax.sampling.logits import SamplingParams
 from specjax.sampling.rules import Rules
 from specjax.sampling.tree import Tree
 
@@ -24,14 +23,13 @@ METHODS = ("autoregressive", "speculative", "ngram", "medusa")
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSpec:
-    """Everything static about one generation: compiled code is shared between equal specs."""
+    """Everything static about one generation: compiled code is shared between equal specs.
+    What each row asks for (sampling parameters, length, stop ids) is data instead
+    (`state.RowSettings`)."""
     method: str
     target_config: ModelConfig
     draft_config: ModelConfig | None
-    sampling: SamplingParams
-    max_new_tokens: int
     k: int = 1
-    eos_ids: tuple[int, ...] = ()
     max_ngram: int = 3
     min_ngram: int = 1
     buffer_length: int = 0         # token buffer and cache slots per row

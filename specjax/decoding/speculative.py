@@ -54,11 +54,11 @@ def draft(spec, params, state: DecodeState, keys, limit):
 
     def propose_at(i, logits, running, tokens, probs, count):
         """Draws x_{i+1} ~ p_{i+1} for every row and keeps it where the row is still drafting."""
-        token, p = spec.rules.propose(keys[:, i], logits, spec.sampling)
+        token, p = spec.rules.propose(keys[:, i], logits, state.settings.sampling)
         tokens = tokens.at[:, i].set(jnp.where(running, token, 0))
         probs = probs.at[:, i].set(jnp.where(running[:, None], p, 0.0))
         count = count + running
-        running = running & ~lookahead.stops(spec, i, limit, logits, p, token)
+        running = running & ~lookahead.stops(spec, state, i, limit, logits, p, token)
         return token, running, tokens, probs, count
 
     b = state.length.shape[0]
@@ -107,7 +107,8 @@ def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs
     positions = last_position + jnp.arange(k + 1, dtype=jnp.int32)      # [B, K + 1]
     logits, cache = forward(params.target, spec.target_config, target_in, positions,
                             state.target_cache)
-    target_probs = probs_from_logits(pad_vocab(logits, spec.vocab_size), spec.sampling)
+    target_probs = probs_from_logits(pad_vocab(logits, spec.vocab_size),
+                                     state.settings.sampling)
     n_accepted, next_token, details = trace.verify(spec, draft_tokens, draft_probs, target_probs,
                                                    keys, num_drafted)
     new = jnp.concatenate([draft_tokens, jnp.zeros_like(draft_tokens[:, :1])], axis=1)

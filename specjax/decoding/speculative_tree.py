@@ -49,7 +49,8 @@ def draft_tree(spec, params, state: DecodeState, keys):
                                           cache, trees.tree_attention(tree, root, parents.start))
             nan = nan | any_nan(level_logits)
         level_logits = pad_vocab(level_logits, vocab)                         # [B, P, V]
-        p = None if scheme == "top" else probs_from_logits(level_logits, spec.sampling)
+        p = (None if scheme == "top" else
+             probs_from_logits(level_logits, state.settings.sampling))
         if p is not None:
             probs = probs.at[:, parents.start:parents.stop].set(p)
         cand, filled = jax.vmap(trees.candidates,

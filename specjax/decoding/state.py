@@ -19,6 +19,17 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax.model.cache import KVCache
+from specjax.sampling.logits import Sampling
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RowSettings:
+    """What each row asks for, as data (changing it never recompiles): how to sample, how many
+    new tokens at most, and which tokens end the row."""
+    sampling: Sampling         # [B] per field (`specjax.sampling.logits`)
+    max_new_tokens: jax.Array  # [B] int32, within the compiled buffer
+    stop_ids: jax.Array        # [B, S] int32: ids that end the row; -1 fills unused slots
 
 
 @jax.tree_util.register_dataclass
@@ -29,6 +40,7 @@ class DecodeState:
     prompt_length: jax.Array   # [B] int32
     done: jax.Array            # [B] bool
     row_keys: jax.Array        # [B] PRNG keys
+    settings: RowSettings      # each row's sampling parameters, length and stop ids
     step: jax.Array            # [] int32: loop iterations so far
     target_cache: KVCache
     draft_cache: KVCache | None
@@ -54,15 +66,16 @@ class DecodeState:
         return dataclasses.replace(self, **changes)
 
 
-def initial_state(prompts, prompt_length, row_keys, buffer_length, target_cache, draft_cache=None,
-                  hidden=None, lookahead=None, max_accepted=None):
+def initial_state(prompts, prompt_length, row_keys, settings, buffer_length, target_cache,
+                  draft_cache=None, hidden=None, lookahead=None, max_accepted=None):
     """Copies the padded prompts [B, P] into a token buffer [B, buffer_length]."""
     b, p = prompts.shape
     tokens = jnp.zeros((b, buffer_length), jnp.int32).at[:, :p].set(prompts.astype(jnp.int32))
     zeros = jnp.zeros((b,), jnp.int32)
     return DecodeState(tokens=tokens, length=prompt_length.astype(jnp.int32),
                        prompt_length=prompt_length.astype(jnp.int32),
-                       done=jnp.zeros((b,), bool), row_keys=row_keys, step=jnp.zeros((), jnp.int32),
+                       done=jnp.zeros((b,), bool), row_keys=row_keys, settings=settings,
+                       step=jnp.zeros((), jnp.int32),
                        target_cache=target_cache, draft_cache=draft_cache, target_calls=zeros,
                        draft_calls=zeros, drafted=zeros, accepted=zeros,
                        nan_seen=jnp.zeros((), bool), hidden=hidden,
@@ -87,21 +100,19 @@ def last_tokens(state: DecodeState, count: int) -> tuple[jax.Array, jax.Array]:
     return window, start[:, None] + jnp.arange(count, dtype=jnp.int32)
 
 
-def append(state: DecodeState, new_tokens: jax.Array, n_new: jax.Array, max_new_tokens: int,
-           eos_ids: tuple[int, ...]) -> DecodeState:
-    """Appends up to `n_new` of `new_tokens` [B, W] to each active row, stopping exactly at EOS
-    or at max_new_tokens, and marks finished rows done."""
+def append(state: DecodeState, new_tokens: jax.Array, n_new: jax.Array) -> DecodeState:
+    """Appends up to `n_new` of `new_tokens` [B, W] to each active row, stopping exactly at the
+    row's first stop id or at its max_new_tokens, and marks finished rows done."""
     w = new_tokens.shape[1]
     index = jnp.arange(w, dtype=jnp.int32)
+    max_new_tokens, stop_ids = state.settings.max_new_tokens, state.settings.stop_ids
     room = state.prompt_length + max_new_tokens - state.length
     count = jnp.minimum(n_new, room)
-    if eos_ids:
-        is_eos = jnp.isin(new_tokens, jnp.asarray(eos_ids, jnp.int32)) & (index < count[:, None])
-        first_eos = jnp.where(is_eos.any(axis=1), jnp.argmax(is_eos, axis=1), w)
-        count = jnp.minimum(count, first_eos + 1)
-        hit_eos = is_eos.any(axis=1)
-    else:
-        hit_eos = jnp.zeros_like(state.done)
+    is_stop = jnp.any(new_tokens[:, :, None] == stop_ids[:, None, :], axis=-1)    # [B, W]
+    is_stop = is_stop & (index < count[:, None])
+    first_stop = jnp.where(is_stop.any(axis=1), jnp.argmax(is_stop, axis=1), w)
+    count = jnp.minimum(count, first_stop + 1)
+    hit_eos = is_stop.any(axis=1)
     active = ~state.done
     count = jnp.where(active, count, 0)
 
@@ -139,7 +150,7 @@ def commit(spec, state: DecodeState, new_tokens: jax.Array, n_accepted: jax.Arra
     all a rollback is (`cache.KVCache.with_length`)."""
     state = count_call(state, drafted=drafted, accepted=n_accepted, draft_calls=draft_calls,
                        nan=nan)
-    state = append(state, new_tokens, n_accepted + 1, spec.max_new_tokens, spec.eos_ids)
+    state = append(state, new_tokens, n_accepted + 1)
     return state.replace(target_cache=target_cache.with_length(state.length - 1))
 
 

@@ -120,7 +120,8 @@ def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_prob
                              node_positions(tree, root), state.target_cache,
                              tree_attention(tree, root))                    # [B, n, D_model]
     logits = lm_head(params.target, spec.target_config, x)                  # [B, n, V']
-    target_probs = probs_from_logits(pad_vocab(logits, spec.vocab_size), spec.sampling)
+    target_probs = probs_from_logits(pad_vocab(logits, spec.vocab_size),
+                                     state.settings.sampling)
     n_accepted, path, next_token = spec.rules.verify_tree(tree, rule, tokens, valid, draft_probs,
                                                           target_probs, keys)
     new = jnp.take_along_axis(tokens, path, axis=1)                    # [B, D]

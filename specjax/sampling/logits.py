@@ -17,9 +17,20 @@ The transforms are applied in this fixed order, all in float32:
   4. top-p: keep the nucleus, the smallest set of most probable tokens whose cumulative
      probability under the distribution left by steps 2-3 is >= top_p (Holtzman et al. 2020,
      "The Curious Case of Neural Text Degeneration"); the most probable token is always kept;
-  5. softmax over what is left.
+  5. min-p: keep the tokens whose probability under the distribution left by steps 2-4 is at
+     least min_p times the largest (Nguyen et al. 2024, "Turning Up the Heat: Min-p Sampling");
+     the most probable token always passes;
+  6. softmax over what is left.
 
-This is the order Hugging Face transformers uses (temperature, top-k, top-p warpers).
+This is the order of Hugging Face transformers' warpers (temperature, top-k, top-p, min-p) and
+of vLLM's first sampler (min-p after top-k and top-p). Min-p compares probabilities with the
+largest one, a ratio that renormalising does not change, so it commutes with top-k; with top-p
+the order matters, and this is the one used here.
+
+Parameters are data, one value per row (`Sampling`, arrays [B]), so that one compiled program
+serves every setting and one batch may mix them: a greedy row beside a nucleus-sampled one. The
+work follows the rows: the sort that top-k and top-p need runs only when some row of the batch
+uses them (a `lax.cond`), and greedy rows take the argmax.
 
 Ties are broken deterministically by token id: tokens are ranked by descending float32 logit and,
 among equal logits, by ascending id (a stable sort). Top-k keeps exactly the first k ranks and
@@ -40,31 +51,35 @@ id 0 under greedy), since there is no better-defined answer and NaN would poison
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-__all__ = ["SamplingParams", "probs_from_logits", "sample", "sample_rows", "has_nan"]
+__all__ = ["Sampling", "SamplingParams", "probs_from_logits", "sample", "sample_rows", "has_nan"]
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How logits are turned into a distribution. Frozen and hashable: a static arg under jit.
+    """One setting of how logits are turned into a distribution, validated (Python values).
 
     Attributes:
       temperature: >= 0 and finite. 0 means greedy (one-hot of the argmax).
       top_k: number of most likely tokens to keep; 0 means no top-k filtering. A value >= V
         keeps everything.
       top_p: nucleus mass in (0, 1]; 1.0 means no nucleus filtering.
+      min_p: in [0, 1]; keep tokens with probability >= min_p times the largest; 0 means off.
     """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -77,63 +92,134 @@ class SamplingParams:
         k = self.top_k
         if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
+        if k > _MAX_TOP_K:
+            raise ValueError(f"top_k must be at most {_MAX_TOP_K} (0 = off), got {k!r}")
         p = self.top_p
         if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 < p <= 1.0:
             # `not 0 < p <= 1` is also True for NaN, which fails every comparison.
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {p!r}")
+        m = self.min_p
+        if isinstance(m, bool) or not isinstance(m, numbers.Real) or not 0.0 <= m <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {m!r}")
 
     @property
     def greedy(self) -> bool:
         """True when temperature is 0: the distribution is the one-hot of the argmax."""
         return self.temperature == 0
 
+    def rows(self, count: int) -> "Sampling":
+        """This setting for `count` rows, as data."""
+        return Sampling.of([self] * count)
 
-def probs_from_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
+
+_MAX_TOP_K = 2 ** 31 - 1      # top_k is an int32 per row
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters as data: one value per row, arrays [B] (or scalars, [] each).
+
+    Built from validated `SamplingParams` (`Sampling.of`); a row with temperature 0 is greedy.
+    """
+
+    temperature: jax.Array      # float32
+    top_k: jax.Array            # int32, 0 = off
+    top_p: jax.Array            # float32, 1 = off
+    min_p: jax.Array            # float32, 0 = off
+
+    @staticmethod
+    def of(settings) -> "Sampling":
+        """Per-row arrays from a sequence of `SamplingParams` (numpy, placed by the caller)."""
+        return Sampling(temperature=np.array([s.temperature for s in settings], np.float32),
+                        top_k=np.array([s.top_k for s in settings], np.int32),
+                        top_p=np.array([s.top_p for s in settings], np.float32),
+                        min_p=np.array([s.min_p for s in settings], np.float32))
+
+    @staticmethod
+    def scalar(params: SamplingParams) -> "Sampling":
+        return Sampling(*(jnp.asarray(v, d) for v, d in (
+            (params.temperature, jnp.float32), (params.top_k, jnp.int32),
+            (params.top_p, jnp.float32), (params.min_p, jnp.float32))))
+
+    def replace(self, **changes) -> "Sampling":
+        return dataclasses.replace(self, **changes)
+
+
+def _per_row(value: jax.Array, ndim: int) -> jax.Array:
+    """[B] (or []) -> [B, 1, .., 1] with `ndim` axes, to broadcast against [B, ..., V]."""
+    return value.reshape(value.shape + (1,) * (ndim - value.ndim))
+
+
+def probs_from_logits(logits: jax.Array, params: Sampling | SamplingParams) -> jax.Array:
     """Turn logits into the float32 distribution that is sampled from (see module docstring).
 
     Args:
-      logits: [..., V] logits of any float dtype; entries may be -inf (masked tokens).
-      params: sampling parameters; static (a Python value, not traced).
+      logits: [B, ..., V] (or [..., V] with scalar parameters) logits of any float dtype;
+        entries may be -inf (masked tokens).
+      params: per-row `Sampling` (arrays [B]: row b of the logits uses entry b), or one
+        `SamplingParams` for every row.
 
     Returns:
       [..., V] float32 probabilities that sum to 1 along the last axis. Works under jit and vmap
       and for any number of leading dimensions.
     """
+    if isinstance(params, SamplingParams):
+        params = Sampling.scalar(params)
     x = jnp.asarray(logits).astype(jnp.float32)  # [..., V]
-    vocab = x.shape[-1]
-
-    if params.greedy:
-        # jnp.argmax returns the first (lowest) id among equal maxima.
-        return jax.nn.one_hot(jnp.argmax(x, axis=-1), vocab, dtype=jnp.float32)
+    vocab, ndim = x.shape[-1], x.ndim
+    temperature = _per_row(params.temperature, ndim)                      # [B, 1, .., 1]
+    greedy = temperature == 0
+    # jnp.argmax returns the first (lowest) id among equal maxima.
+    argmax = jax.nn.one_hot(jnp.argmax(x, axis=-1), vocab, dtype=jnp.float32)
 
     # Shift so that the largest logit is exactly 0, then apply the temperature. Entries equal to
     # the max are set to 0 explicitly rather than computed as x - max, so that a row of all -inf
     # gives zeros (uniform) instead of -inf - -inf = NaN. Dividing values in [-inf, 0] by a
-    # positive temperature cannot overflow to +inf, even for float32-max logits.
+    # positive temperature cannot overflow to +inf, even for float32-max logits. Greedy rows
+    # divide by 1 (their result is the argmax above).
     x_max = jnp.max(x, axis=-1, keepdims=True)  # [..., 1]
-    scaled = jnp.where(x == x_max, 0.0, x - x_max) / params.temperature  # [..., V], max 0
+    scaled = jnp.where(x == x_max, 0.0, x - x_max) / jnp.where(greedy, 1.0, temperature)
 
-    top_k = params.top_k if 0 < params.top_k < vocab else 0
-    use_top_p = params.top_p < 1.0
-    if not top_k and not use_top_p:
-        return jax.nn.softmax(scaled, axis=-1)
+    top_k = _per_row(params.top_k, ndim)
+    top_k = jnp.where((top_k > 0) & (top_k < vocab), top_k, vocab)         # vocab = off
+    top_p = _per_row(params.top_p, ndim)
+    min_p = _per_row(params.min_p, ndim)
+    filtered = (top_k < vocab) | (top_p < 1.0) | (min_p > 0.0)
 
+    def sampled():
+        return jnp.where(greedy, argmax, lax.cond(
+            jnp.any(filtered & ~greedy),
+            lambda: _filtered(x, scaled, top_k, top_p, min_p),
+            lambda: jax.nn.softmax(scaled, axis=-1)))
+
+    return lax.cond(jnp.all(greedy), lambda: jnp.broadcast_to(argmax, x.shape), sampled)
+
+
+def _filtered(x, scaled, top_k, top_p, min_p):
+    """Steps 3-6 of the module docstring: the distribution left by top-k, top-p and min-p (each
+    a no-op for rows where it is off: top_k = V, top_p = 1, min_p = 0)."""
+    vocab = x.shape[-1]
     # Rank tokens by descending logit, lowest id first among ties. Ranking the unscaled float32
     # logits gives the same order as the scaled ones (temperature is a positive scale) without
     # ties created by rounding.
     order = jnp.argsort(-x, axis=-1, stable=True)  # [..., V] ids, best first
     sorted_scaled = jnp.take_along_axis(scaled, order, axis=-1)  # [..., V] descending
     rank = jnp.broadcast_to(jnp.arange(vocab), sorted_scaled.shape)  # [..., V]
-    keep_sorted = rank < (top_k if top_k else vocab)  # [..., V]
+    keep_sorted = rank < top_k  # [..., V]
 
-    if use_top_p:
-        # Nucleus over the distribution left by temperature and top-k: a rank is kept while the
-        # mass of the ranks strictly before it is < top_p, so the kept set is the smallest prefix
-        # reaching top_p. Rank 0 is kept explicitly: a top_p below the float32 range rounds to 0.
-        sorted_probs = jax.nn.softmax(jnp.where(keep_sorted, sorted_scaled, -jnp.inf), axis=-1)
-        cum = jnp.cumsum(sorted_probs, axis=-1)  # [..., V]
-        mass_before = jnp.concatenate([jnp.zeros_like(cum[..., :1]), cum[..., :-1]], axis=-1)
-        keep_sorted = keep_sorted & ((mass_before < params.top_p) | (rank == 0))
+    # Nucleus over the distribution left by temperature and top-k: a rank is kept while the
+    # mass of the ranks strictly before it is < top_p, so the kept set is the smallest prefix
+    # reaching top_p. Rank 0 is kept explicitly: a top_p below the float32 range rounds to 0.
+    # A row with top_p = 1 keeps everything (its cumulative mass may round to 1 early).
+    sorted_probs = jax.nn.softmax(jnp.where(keep_sorted, sorted_scaled, -jnp.inf), axis=-1)
+    cum = jnp.cumsum(sorted_probs, axis=-1)  # [..., V]
+    mass_before = jnp.concatenate([jnp.zeros_like(cum[..., :1]), cum[..., :-1]], axis=-1)
+    keep_sorted = keep_sorted & ((top_p >= 1.0) | (mass_before < top_p) | (rank == 0))
+
+    # Min-p over the distribution left so far: rank 0 holds the largest probability.
+    probs = jax.nn.softmax(jnp.where(keep_sorted, sorted_scaled, -jnp.inf), axis=-1)
+    keep_sorted = keep_sorted & ((probs >= min_p * probs[..., :1]) | (rank == 0))
 
     # Back from rank order to id order: keep[order[r]] = keep_sorted[r].
     keep = jnp.put_along_axis(
