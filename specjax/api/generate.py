@@ -464,10 +464,13 @@ def _per_row_ints(name: str, value, rows: int, minimum: int) -> np.ndarray:
     return np.asarray(values, np.int32)
 
 
+STOP_SLOTS = 8
+
+
 def _stop_ids(eos_ids, rows: int) -> np.ndarray:
     """The ids that end each row, [rows, S] int32 padded with -1; S, the slots, is a power of
-    two (at least 1) so that a few more stop ids rarely recompile. `eos_ids` is one sequence
-    of ids for every row, or a sequence of one per row."""
+    two of at least `STOP_SLOTS`, so that other stop ids, or a few more, do not recompile.
+    `eos_ids` is one sequence of ids for every row, or a sequence of one per row."""
     if not _is_sequence(eos_ids):
         raise GenerationError(f"eos_ids must be a list of token ids (or one list per prompt), "
                               f"got {eos_ids!r}")
@@ -479,7 +482,8 @@ def _stop_ids(eos_ids, rows: int) -> np.ndarray:
         for e in ids:
             if isinstance(e, bool) or not isinstance(e, numbers.Integral) or not 0 <= e < 2 ** 31:
                 raise GenerationError(f"eos_ids must hold token ids >= 0, got {e!r}")
-    slots = max(1, 1 << (max(len(ids) for ids in lists) - 1).bit_length()) if any(lists) else 1
+    longest = max(len(ids) for ids in lists)
+    slots = max(STOP_SLOTS, 1 << (longest - 1).bit_length()) if longest else STOP_SLOTS
     table = np.full((rows, slots), -1, np.int32)
     for b, ids in enumerate(lists):
         table[b, :len(ids)] = ids
