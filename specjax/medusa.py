@@ -196,7 +196,7 @@ def full_logits(weights: dict, sub_logits: jax.Array, vocab: int) -> jax.Array:
 def is_heads_dir(path: Path) -> bool:
     try:
         return json.loads((path / "config.json").read_text()).get("model_type") == MODEL_TYPE
-    except (OSError, json.JSONDecodeError, AttributeError):
+    except (OSError, ValueError, RecursionError, AttributeError):  # the model loader reports it
         return False
 
 
