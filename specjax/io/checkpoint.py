@@ -141,18 +141,36 @@ def _canonical(name: str, config: ModelConfig) -> str:
 
 # -- Loading ------------------------------------------------------------------------------------
 
+def _json_object(file: Path) -> dict:
+    """The JSON object in `file`; CheckpointError naming the file if it holds none."""
+    try:
+        contents = json.loads(file.read_text())
+    except OSError as e:
+        raise CheckpointError(f"{file}: cannot read ({e.strerror})") from None
+    except (ValueError, RecursionError) as e:   # JSONDecodeError, UnicodeDecodeError, [[[[...
+        raise CheckpointError(f"{file} is not valid JSON ({e})") from None
+    if not isinstance(contents, dict):
+        raise CheckpointError(f"{file} does not hold a JSON object")
+    return contents
+
+
 def _weight_files(directory: Path) -> list[Path]:
     single = directory / "model.safetensors"
     index = directory / "model.safetensors.index.json"
     if single.exists():
         return [single]
     if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from None
+        weight_map = _json_object(index).get("weight_map")
+        if not (isinstance(weight_map, dict) and all(isinstance(f, str) for f in weight_map.values())):
+            raise CheckpointError(f"{index}: not a valid safetensors index (no weight_map of "
+                                  f"tensor names to file names)")
         files = sorted(set(weight_map.values()))
-        missing = [f for f in files if not (directory / f).exists()]
+        # Shards are files in this directory: a name with a path in it ("../x", "/dev/stdin")
+        # would read elsewhere, or block.
+        elsewhere = [f for f in files if f != Path(f).name or f in ("", ".", "..")]
+        if elsewhere:
+            raise CheckpointError(f"{index} lists shard files outside its directory: {elsewhere[:5]}")
+        missing = [f for f in files if not (directory / f).is_file()]
         if missing:
             raise CheckpointError(f"{index} lists shard files that are missing: {missing}")
         return [directory / f for f in files]
@@ -164,13 +182,15 @@ def _read_tensors(files: list[Path]) -> dict[str, tuple[np.ndarray, Path]]:
     tensors = {}
     for f in files:
         try:
-            with safe_open(f, framework="numpy") as reader:
-                for name in reader.keys():
-                    tensors[name] = (reader.get_tensor(name), f)
-        except (SafetensorError, OSError, ValueError, TypeError) as e:
-            if "bf16" in str(e) or "bfloat16" in str(e).lower():
+            try:
+                with safe_open(f, framework="numpy") as reader:
+                    for name in reader.keys():
+                        tensors[name] = (reader.get_tensor(name), f)
+            except (TypeError, ValueError) as e:
+                if "bf16" not in str(e) and "bfloat16" not in str(e).lower():
+                    raise
                 tensors.update(_read_bfloat16(f))
-                continue
+        except (SafetensorError, OSError, ValueError, TypeError) as e:
             raise CheckpointError(f"{f}: corrupt or unreadable safetensors file ({e})") from None
     return tensors
 
@@ -188,6 +208,9 @@ def load_params(directory: Path, config: ModelConfig, mesh=None) -> Params:
     each array placed on one device, or with `mesh` straight from the host to its shards
     (`specjax.mesh.place`)."""
     tensors = {_canonical(k, config): v for k, v in _read_tensors(_weight_files(directory)).items()}
+    if config.n_layers > len(tensors):  # before anything is built per layer
+        raise CheckpointError(f"{directory}: config.json has {config.n_layers} layers, but the "
+                              f"weights hold {len(tensors)} tensors in all")
     shapes = param_shapes(config)
     table = name_table(config)
     leaves: dict[tuple, np.ndarray] = {}     # path in the tree (layer index included) -> array
@@ -201,13 +224,16 @@ def load_params(directory: Path, config: ModelConfig, mesh=None) -> Params:
                 raise CheckpointError(f"{directory}: missing tensor {name!r}")
             array, file = tensors[name]
             used.add(name)
+            if not jnp.issubdtype(array.dtype, jnp.floating):
+                raise CheckpointError(f"{file}: tensor {name!r} has dtype {array.dtype}, "
+                                      f"not a floating-point type")
             try:
                 piece = entry.to_specjax(array.astype(np.float32))
             except ValueError:
                 piece = None
             want = tuple(_leaf(shapes, path))
             if piece is None or piece.shape != want:
-                raise CheckpointError(f"{file.name}: tensor {name!r} has shape {tuple(array.shape)}, "
+                raise CheckpointError(f"{file}: tensor {name!r} has shape {tuple(array.shape)}, "
                                       f"which does not fit the config (expected {want} after "
                                       f"the layout change)")
             leaves[path] = piece
@@ -215,7 +241,7 @@ def load_params(directory: Path, config: ModelConfig, mesh=None) -> Params:
     unexpected = sorted(n for n in tensors if n not in used and not _ignorable(n, config))
     if unexpected:
         file = tensors[unexpected[0]][1]
-        raise CheckpointError(f"{file.name}: unexpected tensor(s) {unexpected[:5]} "
+        raise CheckpointError(f"{file}: unexpected tensor(s) {unexpected[:5]} "
                               f"for a {config.model_type or config.arch} model")
     dtype = jnp.dtype(config.dtype)
     shardings = meshes.param_shardings(config, mesh) if mesh is not None else None
@@ -252,6 +278,10 @@ def load(path: str | Path, dtype: str = "float32", mesh=None):
       mesh: a "data" x "model" device mesh (`specjax.make_mesh`): each weight goes from the
         host straight to its shards (`specjax.mesh`), never whole onto one device. Medusa heads
         ignore it (they are replicated when `generate` runs on a mesh).
+    Raises:
+      CheckpointError: for any missing, unreadable, corrupt or unsupported file, GGUF files
+        included; the message names the file (or the directory) and, where one is at fault,
+        the tensor.
     """
     path = Path(path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
@@ -262,10 +292,16 @@ def load(path: str | Path, dtype: str = "float32", mesh=None):
         raise CheckpointError(f"{str(path)!r} is not a checkpoint directory (or a .gguf file)")
     if is_heads_dir(path):
         return load_heads(path)
+    file = path / "config.json"
+    if not file.exists():
+        raise CheckpointError(f"missing {file}")
+    hf = _json_object(file)
     try:
-        config = ModelConfig.from_file(path / "config.json")
+        config = ModelConfig.from_hf(hf, source=str(file))
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
+    except (TypeError, ValueError, ArithmeticError) as e:   # "hidden_size": "32", 0 heads, ...
+        raise CheckpointError(f"{file}: a value has the wrong type or range ({e})") from None
     config = _with_generation_eos(config, path)
     config = config.replace(dtype=dtype)
     if mesh is not None:
@@ -285,13 +321,14 @@ def _with_generation_eos(config: ModelConfig, path: Path) -> ModelConfig:
     gen = path / "generation_config.json"
     if not gen.exists():
         return config
-    try:
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-    except (json.JSONDecodeError, AttributeError):
-        raise CheckpointError(f"{gen} is not valid JSON") from None
+    contents = _json_object(gen)
+    eos = contents.get("eos_token_id")
     if eos is None:
         return config
     eos = tuple(eos) if isinstance(eos, list) else (eos,)
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in eos):
+        raise CheckpointError(f"{gen}: eos_token_id must be a token id or a list of them, "
+                              f"got {contents['eos_token_id']!r}")
     return config.replace(eos_token_ids=tuple(dict.fromkeys(config.eos_token_ids + eos)))
 
 
@@ -310,10 +347,7 @@ def _chat_template(path: Path) -> str | None:
     file = path / "tokenizer_config.json"
     if not file.exists():
         return None
-    try:
-        template = json.loads(file.read_text()).get("chat_template")
-    except (json.JSONDecodeError, AttributeError):
-        return None
+    template = _json_object(file).get("chat_template")
     return template if isinstance(template, str) else None
 
 

@@ -18,6 +18,7 @@ H head size, L layers.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,9 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from specjax.io.errors import CheckpointError
+from specjax.model.config import ConfigError, ModelConfig
 
 _ARCH = "llama"
 _MISSING = object()
@@ -104,14 +108,59 @@ def _import_gguf():
     return gguf
 
 
+@functools.cache
+def _bounded_reader(gguf):
+    class BoundedReader(gguf.GGUFReader):
+        """gguf.GGUFReader refusing a count or a length that the file cannot hold.
+
+        The upstream reader (gguf 0.19) slices its memmap without looking at the end of the
+        file: a huge string length reads short and goes unnoticed, and an array of 2^64 one-byte
+        items, once past the end, loops forever appending empty reads to a list. `_get` and
+        `_get_field_parts` are its internal helpers; tests/test_loader_fuzz.py notices if they
+        stop being called.
+        """
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            array = super()._get(offset, dtype, count, override_order)
+            if array.size != int(count):
+                raise ValueError(f"{int(count)} x {np.dtype(dtype).name} at byte {offset} "
+                                 "run past the end of the file")
+            return array
+
+        def _get_field_parts(self, orig_offs, raw_type):
+            if raw_type == gguf.GGUFValueType.ARRAY:  # [item type: u32][count: u64][items]
+                count = int(self._get(orig_offs + 4, np.uint64)[0])
+                if count > len(self.data) - orig_offs:  # every item takes at least one byte
+                    raise ValueError(f"an array of {count} items at byte {orig_offs} is longer "
+                                     "than the file")
+            return super()._get_field_parts(orig_offs, raw_type)
+
+    return BoundedReader
+
+
 def _open(path: Path):
     gguf = _import_gguf()
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such GGUF file")
     try:
-        return gguf.GGUFReader(path)
+        reader = _bounded_reader(gguf)(path)
     except Exception as e:  # the reader parses untrusted bytes; any failure means a bad file
-        raise ValueError(f"{path}: not a valid GGUF file (corrupt or truncated?): {e}") from e
+        raise CheckpointError(f"{path}: not a valid GGUF file (corrupt or truncated?): {e}") from e
+    # llama.cpp (gguf.cpp) refuses a file whose tensors are not stored back to back in the order
+    # of the tensor infos, each padded to the alignment; the Python reader does not check, so a
+    # damaged offset would read another tensor's bytes (or, wrapping around 2^64, the header's).
+    # Bytes after the last tensor mean that the data no longer sits where the header says (a
+    # byte inserted before it, or a tensor type that shrank the last tensor): refused too.
+    expected = 0
+    for t in reader.tensors:
+        if t.data_offset - reader.data_offset != expected:
+            raise CheckpointError(f"{path}: tensor {t.name!r} has offset "
+                                  f"{t.data_offset - reader.data_offset}, expected {expected}")
+        expected += -(-t.n_bytes // int(reader.alignment)) * int(reader.alignment)
+    extra = len(reader.data) - reader.data_offset - expected
+    if reader.tensors and extra > 0:
+        raise CheckpointError(f"{path}: {extra} bytes after the last tensor (corrupt?)")
+    return reader
 
 
 def _metadata(reader, path: Path) -> dict[str, Any]:
@@ -122,16 +171,32 @@ def _metadata(reader, path: Path) -> dict[str, Any]:
         try:
             meta[key] = field.contents()
         except Exception as e:  # same as _open: a corrupt value is a bad file
-            raise ValueError(f"{path}: unreadable metadata {key!r}: {e}") from e
+            raise CheckpointError(f"{path}: unreadable metadata {key!r}: {e}") from e
     return meta
 
 
-def _get(meta: dict[str, Any], key: str, path: Path, default: Any = _MISSING) -> Any:
-    if key in meta:
-        return meta[key]
-    if default is _MISSING:
-        raise ValueError(f"{path}: missing metadata {key!r}")
-    return default
+# The type a metadata value must have, by the name used in the error message.
+_KINDS = {
+    "an integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "a positive integer": lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+    "a number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "a string": lambda v: isinstance(v, str),
+    "a list of strings": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "a list of integers": lambda v: isinstance(v, list) and all(_KINDS["an integer"](x) for x in v),
+}
+
+
+def _get(
+    meta: dict[str, Any], key: str, path: Path, default: Any = _MISSING, kind: str | None = None
+) -> Any:
+    if key not in meta:
+        if default is _MISSING:
+            raise CheckpointError(f"{path}: missing metadata {key!r}")
+        return default
+    value = meta[key]
+    if kind is not None and not _KINDS[kind](value):
+        raise CheckpointError(f"{path}: metadata {key!r} is {value!r:.60}, not {kind}")
+    return value
 
 
 def _f32(x: float) -> float:
@@ -143,23 +208,23 @@ def _f32(x: float) -> float:
 def _hparams(meta: dict[str, Any], path: Path) -> _Hparams:
     arch = _get(meta, "general.architecture", path)
     if arch != _ARCH:
-        raise ValueError(f"{path}: unsupported architecture {arch!r} (only {_ARCH!r} GGUF files convert)")
+        raise CheckpointError(f"{path}: unsupported architecture {arch!r} (only {_ARCH!r} GGUF files convert)")
 
-    def get(key, default=_MISSING):
-        return _get(meta, f"{_ARCH}.{key}", path, default)
+    def get(key, default=_MISSING, kind="a positive integer"):
+        return _get(meta, f"{_ARCH}.{key}", path, default, kind)
 
     D, N = get("embedding_length"), get("attention.head_count")
     vocab_size = get("vocab_size", None)
     if vocab_size is None:
-        vocab_size = len(_get(meta, "tokenizer.ggml.tokens", path))
+        vocab_size = len(_get(meta, "tokenizer.ggml.tokens", path, kind="a list of strings"))
 
-    scaling = get("rope.scaling.type", "none")
+    scaling = get("rope.scaling.type", "none", kind=None)
     if scaling == "none":
         rope_scaling = None
     elif scaling == "linear":
-        rope_scaling = {"rope_type": "linear", "factor": _f32(get("rope.scaling.factor"))}
+        rope_scaling = {"rope_type": "linear", "factor": _f32(get("rope.scaling.factor", kind="a number"))}
     else:
-        raise ValueError(f"{path}: unsupported rope scaling {scaling!r}")
+        raise CheckpointError(f"{path}: unsupported rope scaling {scaling!r}")
 
     return _Hparams(
         L=get("block_count"),
@@ -171,8 +236,8 @@ def _hparams(meta: dict[str, Any], path: Path) -> _Hparams:
         # The rotary size equals the head size for Llama; key_length is the explicit field.
         H=get("attention.key_length", get("rope.dimension_count", D // N)),
         context_length=get("context_length"),
-        rope_theta=_f32(get("rope.freq_base", 10000.0)),
-        rms_norm_eps=_f32(get("attention.layer_norm_rms_epsilon")),
+        rope_theta=_f32(get("rope.freq_base", 10000.0, kind="a number")),
+        rms_norm_eps=_f32(get("attention.layer_norm_rms_epsilon", kind="a number")),
         rope_scaling=rope_scaling,
     )
 
@@ -180,33 +245,43 @@ def _hparams(meta: dict[str, Any], path: Path) -> _Hparams:
 def _tensors(reader, hp: _Hparams, path: Path) -> dict[str, np.ndarray]:
     """All tensors, dequantized to float32, under Hugging Face names."""
     gguf = _import_gguf()
+    n_tensors = len(reader.tensors)
+    if hp.L > n_tensors:  # checked before a name table of 9 entries per block is built
+        raise CheckpointError(f"{path}: block_count={hp.L}, but the file holds {n_tensors} tensors in all")
     table = _name_table(hp)
     out = {}
     for t in reader.tensors:
         if t.name not in table:
-            raise ValueError(f"{path}: unknown tensor {t.name!r}")
+            raise CheckpointError(f"{path}: unknown tensor {t.name!r}")
         hf_name, shape = table[t.name]
         try:
             w = gguf.quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError as e:
-            raise ValueError(f"{path}: tensor {t.name!r} has unsupported type {t.tensor_type.name}") from e
+            raise CheckpointError(f"{path}: tensor {t.name!r} has unsupported type {t.tensor_type.name}") from e
+        except Exception as e:  # as in _open: the dequantizer reads untrusted bytes
+            raise CheckpointError(f"{path}: tensor {t.name!r} cannot be dequantized: {e}") from e
         # GGUF lists dimensions in ggml's ne order, fastest-varying first: the reverse of numpy/
         # PyTorch order. So `ne = [D, V]` is a row-major [V, D] array, the layout Hugging Face
         # uses, and no transpose is needed; the reader already hands us that numpy order.
         if w.shape != tuple(int(n) for n in reversed(t.shape)):
-            raise ValueError(f"{path}: tensor {t.name!r} holds {w.shape}, header says ne={list(t.shape)}")
+            raise CheckpointError(f"{path}: tensor {t.name!r} holds {w.shape}, header says ne={list(t.shape)}")
         if w.shape != shape:
-            raise ValueError(f"{path}: tensor {t.name!r} has shape {w.shape}, expected {shape} for {hf_name}")
+            raise CheckpointError(
+                f"{path}: tensor {t.name!r} has shape {w.shape}, expected {shape} for {hf_name}"
+            )
         w = np.array(w, dtype=np.float32)  # own the memory: the reader's arrays are a memmap
-        if t.name.endswith("attn_q.weight"):
-            w = unpermute_rope_rows(w, hp.N)
-        elif t.name.endswith("attn_k.weight"):
-            w = unpermute_rope_rows(w, hp.K)
+        try:
+            if t.name.endswith("attn_q.weight"):
+                w = unpermute_rope_rows(w, hp.N)
+            elif t.name.endswith("attn_k.weight"):
+                w = unpermute_rope_rows(w, hp.K)
+        except ValueError as e:  # an odd head size
+            raise CheckpointError(f"{path}: tensor {t.name!r}: {e}") from None
         out[hf_name] = w
 
     missing = [g for g in table if g != "output.weight" and table[g][0] not in out]
     if missing:
-        raise ValueError(f"{path}: missing tensor {missing[0]!r} ({len(missing)} missing in all)")
+        raise CheckpointError(f"{path}: missing tensor {missing[0]!r} ({len(missing)} missing in all)")
     return out
 
 
@@ -221,7 +296,7 @@ def _pre_tokenizer(pre: str, path: Path):
         # llama.cpp (llama-vocab.cpp) splits every digit into its own piece ("\p{N}") before
         # GPT-2's regex, as SmolLM's own tokenizer.json does with Digits(individual_digits).
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    raise ValueError(f"{path}: unsupported tokenizer.ggml.pre {pre!r} (supported: 'gpt-2', 'smollm')")
+    raise CheckpointError(f"{path}: unsupported tokenizer.ggml.pre {pre!r} (supported: 'gpt-2', 'smollm')")
 
 
 # llama.cpp's token types (tokenizer.ggml.token_type).
@@ -234,11 +309,11 @@ def _special_ids(meta: dict[str, Any], n_tokens: int, path: Path) -> dict[str, i
     """{'bos': 1, 'eos': 2, ...} for the special tokens the file names."""
     ids = {}
     for name, key in _SPECIAL_KEYS.items():
-        i = _get(meta, f"tokenizer.ggml.{key}_token_id", path, None)
+        i = _get(meta, f"tokenizer.ggml.{key}_token_id", path, None, kind="an integer")
         if i is None:
             continue
         if not 0 <= i < n_tokens:
-            raise ValueError(f"{path}: tokenizer.ggml.{key}_token_id={i} is outside the vocabulary")
+            raise CheckpointError(f"{path}: tokenizer.ggml.{key}_token_id={i} is outside the vocabulary")
         ids[name] = i
     return ids
 
@@ -248,25 +323,28 @@ def _tokenizer(meta: dict[str, Any], special_ids: dict[str, int], path: Path):
 
     kind = _get(meta, "tokenizer.ggml.model", path)
     if kind != "gpt2":
-        raise ValueError(f"{path}: unsupported tokenizer.ggml.model {kind!r} (only byte-level BPE 'gpt2')")
+        raise CheckpointError(f"{path}: unsupported tokenizer.ggml.model {kind!r} (only byte-level BPE 'gpt2')")
     if _get(meta, "tokenizer.ggml.add_space_prefix", path, False):
-        raise ValueError(f"{path}: tokenizer.ggml.add_space_prefix=true is not supported")
-    tokens = _get(meta, "tokenizer.ggml.tokens", path)
-    types = _get(meta, "tokenizer.ggml.token_type", path, [1] * len(tokens))
+        raise CheckpointError(f"{path}: tokenizer.ggml.add_space_prefix=true is not supported")
+    tokens = _get(meta, "tokenizer.ggml.tokens", path, kind="a list of strings")
+    types = _get(meta, "tokenizer.ggml.token_type", path, [1] * len(tokens), kind="a list of integers")
     if len(types) != len(tokens):
-        raise ValueError(f"{path}: {len(types)} token types for {len(tokens)} tokens")
+        raise CheckpointError(f"{path}: {len(types)} token types for {len(tokens)} tokens")
     vocab = {t: i for i, t in enumerate(tokens)}
     if len(vocab) != len(tokens):
-        raise ValueError(f"{path}: tokenizer.ggml.tokens has duplicate tokens")
+        raise CheckpointError(f"{path}: tokenizer.ggml.tokens has duplicate tokens")
     # A merge is "left right"; like llama.cpp, split at the first space after the first character.
     merges = []
-    for m in _get(meta, "tokenizer.ggml.merges", path):
+    for m in _get(meta, "tokenizer.ggml.merges", path, kind="a list of strings"):
         cut = m.find(" ", 1)
         if cut < 0:
-            raise ValueError(f"{path}: malformed merge {m!r} in tokenizer.ggml.merges")
+            raise CheckpointError(f"{path}: malformed merge {m!r} in tokenizer.ggml.merges")
         merges.append((m[:cut], m[cut + 1 :]))
 
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    try:
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    except Exception as e:  # tokenizers raises a bare Exception for a merge of unknown tokens
+        raise CheckpointError(f"{path}: tokenizer.ggml.merges do not fit tokenizer.ggml.tokens ({e})") from None
     tok.pre_tokenizer = _pre_tokenizer(_get(meta, "tokenizer.ggml.pre", path, "gpt-2"), path)
     tok.decoder = decoders.ByteLevel()
     # Added tokens match as whole strings before the pre-tokenizer and BPE see the text, so
@@ -282,7 +360,7 @@ def _tokenizer(meta: dict[str, Any], special_ids: dict[str, int], path: Path):
     for name, added in (("bos", bos), ("eos", eos)):
         if _get(meta, f"tokenizer.ggml.add_{name}_token", path, False):
             if name not in special_ids:
-                raise ValueError(f"{path}: tokenizer.ggml.add_{name}_token is set but no {name} token id is")
+                raise CheckpointError(f"{path}: tokenizer.ggml.add_{name}_token is set but no {name} token id is")
             added.append(tokens[special_ids[name]])
     if bos or eos:
         single = [f"{t}:0" for t in bos] + ["$A:0"] + [f"{t}:0" for t in eos]
@@ -309,8 +387,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         out_dir as a Path, loadable by transformers' LlamaForCausalLM and by specjax.
     Raises:
         FileNotFoundError: no such file.
-        ValueError: a corrupt or truncated file, another architecture, an unknown or missing
-            tensor, a wrong shape, or an unsupported tokenizer; the message names the file.
+        CheckpointError: a corrupt or truncated file, another architecture, an unknown or
+            missing tensor, a wrong shape, or an unsupported tokenizer; the message names the file.
     """
 
     path = Path(gguf_path)
@@ -318,11 +396,11 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
     meta = _metadata(reader, path)
     hp = _hparams(meta, path)
     tensors = _tensors(reader, hp, path)
-    tokens = _get(meta, "tokenizer.ggml.tokens", path)
+    tokens = _get(meta, "tokenizer.ggml.tokens", path, kind="a list of strings")
     special_ids = _special_ids(meta, len(tokens), path)
     tokenizer = _tokenizer(meta, special_ids, path)
     if tokenizer.get_vocab_size() != hp.V:
-        raise ValueError(f"{path}: the tokenizer has {tokenizer.get_vocab_size()} tokens, the model {hp.V}")
+        raise CheckpointError(f"{path}: the tokenizer has {tokenizer.get_vocab_size()} tokens, the model {hp.V}")
 
     # bos/eos/pad ids go into config.json and generation_config.json; unk has no place there.
     token_ids = {f"{k}_token_id": i for k, i in special_ids.items() if k != "unk"}
@@ -348,6 +426,10 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         **token_ids,
         "torch_dtype": "float32",
     }
+    try:  # what specjax.load checks in config.json, checked here to name the GGUF file instead
+        ModelConfig.from_hf(config, source=str(path))
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
     specials = {f"{k}_token": tokens[i] for k, i in special_ids.items()}
     named = set(specials.values())
     additional = [
@@ -364,7 +446,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         "model_max_length": hp.context_length,
     }
     if "tokenizer.chat_template" in meta:
-        tokenizer_config["chat_template"] = meta["tokenizer.chat_template"]
+        tokenizer_config["chat_template"] = _get(meta, "tokenizer.chat_template", path, kind="a string")
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -65,7 +65,7 @@ def check_target(heads: Heads, target: Model) -> None:
 def is_heads_dir(path: Path) -> bool:
     try:
         return json.loads((path / "config.json").read_text()).get("model_type") == MODEL_TYPE
-    except (OSError, json.JSONDecodeError, AttributeError):
+    except (OSError, ValueError, RecursionError, AttributeError):  # the model loader reports it
         return False
 
 

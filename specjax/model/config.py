@@ -97,6 +97,12 @@ class ModelConfig:
                 raise ConfigError(f"{source}: model_type {model_type!r} needs {key!r}")
             return hf[key]
 
+        def build(**fields):
+            try:
+                return cls(**fields, **common)
+            except ConfigError as e:    # __post_init__ does not know which file it checks
+                raise ConfigError(f"{source}: {e}") from None
+
         if model_type == "gpt2":
             if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn"):
                 raise ConfigError(f"{source}: scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn "
@@ -104,14 +110,14 @@ class ModelConfig:
             if hf.get("scale_attn_weights") is False:
                 raise ConfigError(f"{source}: scale_attn_weights=false is not supported")
             d = need("n_embd")
-            return cls(arch="gpt2", vocab_size=need("vocab_size"), d_model=d,
-                       n_layers=need("n_layer"), n_heads=need("n_head"), n_kv_heads=need("n_head"),
-                       head_dim=d // need("n_head"), d_ff=hf.get("n_inner") or 4 * d,
-                       max_positions=need("n_positions"),
-                       norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
-                       activation=_activation(hf.get("activation_function", "gelu_new"), source),
-                       tie_embeddings=hf.get("tie_word_embeddings", True),
-                       qkv_bias=True, out_bias=True, mlp_bias=True, **common)
+            return build(arch="gpt2", vocab_size=need("vocab_size"), d_model=d,
+                         n_layers=need("n_layer"), n_heads=need("n_head"), n_kv_heads=need("n_head"),
+                         head_dim=d // need("n_head"), d_ff=hf.get("n_inner") or 4 * d,
+                         max_positions=need("n_positions"),
+                         norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+                         activation=_activation(hf.get("activation_function", "gelu_new"), source),
+                         tie_embeddings=hf.get("tie_word_embeddings", True),
+                         qkv_bias=True, out_bias=True, mlp_bias=True)
 
         if model_type in _LLAMA_FAMILY:
             if model_type == "mistral" and hf.get("sliding_window") is not None:
@@ -127,17 +133,17 @@ class ModelConfig:
             rope_type = rope.get("rope_type", rope.get("type", "default"))
             scaling = _rope_scaling(rope, rope_type, source)
             attention_bias = bool(hf.get("attention_bias", False))
-            return cls(arch="llama", vocab_size=need("vocab_size"), d_model=d,
-                       n_layers=need("num_hidden_layers"), n_heads=n,
-                       n_kv_heads=hf.get("num_key_value_heads") or n,
-                       head_dim=hf.get("head_dim") or d // n, d_ff=need("intermediate_size"),
-                       max_positions=need("max_position_embeddings"),
-                       norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                       activation=_activation(hf.get("hidden_act", "silu"), source),
-                       tie_embeddings=hf.get("tie_word_embeddings", False),
-                       qkv_bias=attention_bias or model_type == "qwen2",
-                       out_bias=attention_bias, mlp_bias=bool(hf.get("mlp_bias", False)),
-                       rope_theta=theta, rope_scaling=scaling, **common)
+            return build(arch="llama", vocab_size=need("vocab_size"), d_model=d,
+                         n_layers=need("num_hidden_layers"), n_heads=n,
+                         n_kv_heads=hf.get("num_key_value_heads") or n,
+                         head_dim=hf.get("head_dim") or d // n, d_ff=need("intermediate_size"),
+                         max_positions=need("max_position_embeddings"),
+                         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                         activation=_activation(hf.get("hidden_act", "silu"), source),
+                         tie_embeddings=hf.get("tie_word_embeddings", False),
+                         qkv_bias=attention_bias or model_type == "qwen2",
+                         out_bias=attention_bias, mlp_bias=bool(hf.get("mlp_bias", False)),
+                         rope_theta=theta, rope_scaling=scaling)
 
         raise ConfigError(f"{source}: unknown model_type {model_type!r}; "
                           f"supported: gpt2, {', '.join(_LLAMA_FAMILY)}")
