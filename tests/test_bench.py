@@ -16,6 +16,7 @@ import pytest
 import specjax
 from specjax.bench import batch as bench_batch
 from specjax.bench import parse_settings, report
+from specjax.bench import settings as settings_bench
 from specjax.bench.common import encode_suite, theoretical_speedup
 from specjax.bench.prompts import SUITE
 from specjax.bench.suite import METRICS, summarize
@@ -277,8 +278,22 @@ def test_batch_sweep_rows_speedups_cost_model_and_report(tmp_path):
     (["--batch", "2", "--oracle"], "--batch and --oracle are two different runs"),
     (["--batch", "2", "--trees", "2,1"], "--trees does not apply to --batch"),
     (["--batch", "2", "--k-schedules", "heuristic"], "--k-schedules does not apply to --batch"),
-    (["--batch", "2", "--contexts", "50"], "--contexts does not apply to --batch")])
+    (["--batch", "2", "--contexts", "50"], "--contexts does not apply to --batch"),
+    (["--oracle", "--settings"], "--oracle and --settings are two different runs")])
 def test_bad_batch_options_exit_2_with_one_line(argv, message, capsys, tmp_path):
     assert main(["bench", *argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_settings_latency_reuses_the_program_and_reports_it(tmp_path, capsys):
+    # bench --settings on the tiny pair: one row per method with a time for each new setting
+    # (that these reuse the compiled program is tests/test_rows.py's, counting compilations).
+    assert main(["bench", "--preset", "tiny-llama", "--settings", "--reps", "1", "--methods",
+                 "autoregressive,speculative", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "settings.json").read_text())
+    assert [r["method"] for r in results["rows"]] == ["autoregressive", "speculative"]
+    for row in results["rows"]:
+        assert set(row["new_s"]) == set(settings_bench.NEW) == set(row["ratio"])
+        assert all(t > 0 for t in row["new_s"].values()) and row["same_s"] > 0
+    assert "| speculative |" in (tmp_path / "settings.md").read_text()

@@ -1,8 +1,9 @@
 """The benchmarks of `python -m specjax bench`: the timed prompt suite and context sweep (suite,
 its tables and figures in report, the transformers peers in peers), the batch sweep (batch),
 the oracle lookahead analysis (oracle), the versioned prompt suite (prompts) and what they share
-(common). The package sits above the library: it may import the public API, checkpoint loading,
-the command-line presets (cli_common) and, for the oracle and the timed forward calls, the
+(common), the cost of a settings change (settings) and the G-test harness of Theorem 1
+(distribution). The package sits above the library: it may import the public API, checkpoint loading,
+the command-line presets (specjax.presets) and, for the oracle and the timed forward calls, the
 decoding loop and the forward pass; within specjax only the CLI imports it, and the core layers
 (model, sampling, decoding) never do. The CLI needs add_arguments and run; importing the
 package loads neither torch, transformers nor matplotlib (heavy optional dependencies, imported
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from specjax.bench import batch, oracle, suite
+from specjax.bench import batch, oracle, settings, suite
 from specjax.bench.common import CONSTANT
 from specjax.decoding.lookahead import SCHEDULES
 from specjax.presets import CLIError, add_model_arguments, enable_compile_cache, parse_mesh
@@ -27,7 +28,7 @@ DESCRIPTION = suite.__doc__     # `bench --help`: what the suite measures and wr
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `bench` subcommand's arguments: the model arguments of cli_common and the bench's
+    """The `bench` subcommand's arguments: the model arguments of specjax.presets and the bench's
     own; the parser's handler is `run`."""
     add_model_arguments(parser)
     parser.add_argument("--methods", default=",".join(ALL_METHODS),
@@ -62,6 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated batch sizes, e.g. 1,8,32: instead of the suite's "
                              "timings, the batch sweep (specjax.bench.batch): B suite prompts in "
                              "one generate call per method and K, against transformers")
+    parser.add_argument("--settings", action="store_true",
+                        help="instead of the suite's timings, the time to the first token when "
+                             "a call changes its sampling settings (specjax.bench.settings): "
+                             "the same compiled program, or a recompile")
     parser.add_argument("--max-ngram", type=int, default=3,
                         help="longest n-gram looked up (default 3)")
     parser.add_argument("--quick", action="store_true",
@@ -75,14 +80,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     """`python -m specjax bench`: the oracle analysis with --oracle, the batch sweep with
-    --batch, the suite otherwise."""
-    settings = parse_settings(args)
+    --batch, the settings-change latency with --settings, the suite otherwise."""
+    chosen = parse_settings(args)
     enable_compile_cache()
     if args.oracle:
-        return oracle.run(args, settings)
-    if settings["batch"]:
-        return batch.run(args, settings)
-    return suite.run(args, settings)
+        return oracle.run(args, chosen)
+    if chosen["batch"]:
+        return batch.run(args, chosen)
+    if args.settings:
+        return settings.run(args, chosen)
+    return suite.run(args, chosen)
 
 
 def parse_settings(args) -> dict:
@@ -114,8 +121,12 @@ def parse_settings(args) -> dict:
     if not 0.0 <= settings["confidence_threshold"] <= 1.0:
         raise CLIError(f"--confidence-threshold must be in [0, 1], got "
                        f"{settings['confidence_threshold']}")
-    if settings["batch"] and args.oracle:
-        raise CLIError("--batch and --oracle are two different runs; pick one")
+    runs = [name for name, given in (("--batch", settings["batch"]), ("--oracle", args.oracle),
+                                     ("--settings", args.settings)) if given]
+    if len(runs) > 1:
+        raise CLIError(f"{runs[0]} and {runs[1]} are two different runs; pick one")
+    if settings["mesh"] and args.settings:
+        raise CLIError("--mesh does not apply to --settings (one device)")
     if settings["mesh"] and args.oracle:
         raise CLIError("--mesh does not apply to --oracle (it counts calls, on one device)")
     ignored = [name for name, given in (("--trees", settings["trees"]),

@@ -1,0 +1,94 @@
+"""`python -m specjax bench --settings`: what a new sampling setting costs a running process.
+
+For each method, on the suite's first code prompt: one `generate` call of one new token
+compiles the program (temperature 0); then --reps rounds each time a call with the same setting
+again and calls with a new one (temperature 0.7, top-p 0.9, min-p 0.05, another seed, another
+max_new_tokens in the same bucket). A call of one new token is the time to the first token:
+prefill and one step. Reported per method: the median time with the old setting, with each new
+one, and their ratio (1.0: the new setting reuses the compiled program; a recompile shows as
+seconds). Writes settings.json and settings.md to --out.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import time
+
+from specjax.api.generate import check_compatible, encode_prompts, generate
+from specjax.bench.common import Progress, fmt, machine, write_report
+from specjax.bench.prompts import SUITE
+from specjax.io.checkpoint import load
+from specjax.presets import heads_path, model_paths
+
+SCHEMA = "specjax.bench.settings/1"
+# Each new setting, as generate's keywords over the old one (greedy, 1 token, seed 0).
+NEW = {"temperature 0.7": dict(temperature=0.7), "top-p 0.9": dict(temperature=0.7, top_p=0.9),
+       "min-p 0.05": dict(temperature=1.0, min_p=0.05), "seed 1": dict(seed=1),
+       "max_new_tokens 2": dict(max_new_tokens=2)}
+
+
+def run(args, settings: dict) -> int:
+    target_path, draft_path, _ = model_paths(args, "speculative" in settings["methods"])
+    target = load(target_path, dtype=args.dtype)
+    draft = load(draft_path, dtype=args.dtype) if draft_path is not None else None
+    if draft is not None:
+        check_compatible(target, draft)
+    heads_dir, _ = heads_path(args)
+    heads = load(heads_dir) if heads_dir is not None and "medusa" in settings["methods"] else None
+    prompt = next(p for p in SUITE["prompts"] if not p.get("chat"))
+    ids = encode_prompts(target, [prompt["prompt"]])[0]
+    methods = [m for m in settings["methods"]
+               if (m != "speculative" or draft is not None) and (m != "medusa" or heads)]
+    progress = Progress(len(methods) * (1 + settings["reps"] * (1 + len(NEW))))
+    rows = []
+    for method in methods:
+        base = dict(method=method, max_new_tokens=1, temperature=0.0, seed=0, eos_ids=())
+        if method in ("speculative", "ngram"):
+            base.update(k=settings["ks"][0], draft=draft if method == "speculative" else None)
+        if method == "medusa":      # a tree's default scheme follows the temperatures: fixed
+            base.update(heads=heads, candidates="top")
+
+        def seconds(**change):
+            start = time.perf_counter()
+            generate(target, [ids], **{**base, **change})
+            progress.update(method)
+            return time.perf_counter() - start
+
+        first = seconds()
+        times = {name: [] for name in ("same", *NEW)}
+        for _ in range(settings["reps"]):
+            times["same"].append(seconds())
+            for name, change in NEW.items():
+                times[name].append(seconds(**change))
+        same = statistics.median(times["same"])
+        rows.append({"method": method, "first_call_s": first, "same_s": same,
+                     "new_s": {name: statistics.median(times[name]) for name in NEW},
+                     "ratio": {name: statistics.median(times[name]) / same for name in NEW}})
+    progress.close()
+    results = {
+        "schema": SCHEMA,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(None),
+        "settings": dict(target=target.name, draft=draft.name if draft else None,
+                         dtype=args.dtype, reps=settings["reps"], k=settings["ks"][0],
+                         prompt=prompt["id"], prompt_tokens=len(ids)),
+        "rows": rows,
+    }
+    write_report(args.out, "settings", results, lambda results, out: [], markdown)
+    return 0
+
+
+def markdown(results: dict) -> str:
+    s = results["settings"]
+    lines = [f"# Time to the first token after a settings change: {s['target']}", "",
+             f"{results['created']} · {results['machine']['cpu_model']} · prompt {s['prompt']} "
+             f"({s['prompt_tokens']} tokens) · one new token per call · medians of {s['reps']}",
+             "", "| method | first call (compiles) | same setting | "
+             + " | ".join(NEW) + " |", "|---|--:|--:|" + "--:|" * len(NEW)]
+    for row in results["rows"]:
+        lines.append(f"| {row['method']} | {fmt(row['first_call_s'], '.2f', ' s')} | "
+                     f"{fmt(row['same_s'] * 1e3, '.1f', ' ms')} | " + " | ".join(
+                         f"{fmt(row['new_s'][n] * 1e3, '.1f', ' ms')} "
+                         f"({fmt(row['ratio'][n], '.2f', 'x')})" for n in NEW) + " |")
+    return "\n".join(lines) + "\n"
