@@ -166,7 +166,15 @@ def probs_from_logits(logits: jax.Array, params: Sampling | SamplingParams) -> j
     """
     if isinstance(params, SamplingParams):
         params = Sampling.scalar(params)
-    x = jnp.asarray(logits).astype(jnp.float32)  # [..., V]
+    return _probs(jnp.asarray(logits), params)
+
+
+@jax.jit
+def _probs(logits: jax.Array, params: Sampling) -> jax.Array:
+    """`probs_from_logits`, jitted once per shape: called eagerly (tests, exact laws) its
+    `lax.cond`s would otherwise be traced again at every call; inside a jitted program it is
+    inlined."""
+    x = logits.astype(jnp.float32)  # [..., V]
     vocab, ndim = x.shape[-1], x.ndim
     temperature = _per_row(params.temperature, ndim)                      # [B, 1, .., 1]
     greedy = temperature == 0
