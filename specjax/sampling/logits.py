@@ -178,30 +178,31 @@ def _probs(logits: jax.Array, params: Sampling) -> jax.Array:
     vocab, ndim = x.shape[-1], x.ndim
     temperature = _per_row(params.temperature, ndim)                      # [B, 1, .., 1]
     greedy = temperature == 0
-    # jnp.argmax returns the first (lowest) id among equal maxima.
-    argmax = jax.nn.one_hot(jnp.argmax(x, axis=-1), vocab, dtype=jnp.float32)
 
-    # Shift so that the largest logit is exactly 0, then apply the temperature. Entries equal to
-    # the max are set to 0 explicitly rather than computed as x - max, so that a row of all -inf
-    # gives zeros (uniform) instead of -inf - -inf = NaN. Dividing values in [-inf, 0] by a
-    # positive temperature cannot overflow to +inf, even for float32-max logits. Greedy rows
-    # divide by 1 (their result is the argmax above).
-    x_max = jnp.max(x, axis=-1, keepdims=True)  # [..., 1]
-    scaled = jnp.where(x == x_max, 0.0, x - x_max) / jnp.where(greedy, 1.0, temperature)
-
-    top_k = _per_row(params.top_k, ndim)
-    top_k = jnp.where((top_k > 0) & (top_k < vocab), top_k, vocab)         # vocab = off
-    top_p = _per_row(params.top_p, ndim)
-    min_p = _per_row(params.min_p, ndim)
-    filtered = (top_k < vocab) | (top_p < 1.0) | (min_p > 0.0)
+    def argmax():
+        # jnp.argmax returns the first (lowest) id among equal maxima.
+        return jax.nn.one_hot(jnp.argmax(x, axis=-1), vocab, dtype=jnp.float32)
 
     def sampled():
-        return jnp.where(greedy, argmax, lax.cond(
+        # Shift so that the largest logit is exactly 0, then apply the temperature. Entries
+        # equal to the max are set to 0 explicitly rather than computed as x - max, so that a
+        # row of all -inf gives zeros (uniform) instead of -inf - -inf = NaN. Dividing values in
+        # [-inf, 0] by a positive temperature cannot overflow to +inf, even for float32-max
+        # logits. Greedy rows divide by 1 (their result is the argmax).
+        x_max = jnp.max(x, axis=-1, keepdims=True)  # [..., 1]
+        scaled = jnp.where(x == x_max, 0.0, x - x_max) / jnp.where(greedy, 1.0, temperature)
+        top_k = _per_row(params.top_k, ndim)
+        top_k = jnp.where((top_k > 0) & (top_k < vocab), top_k, vocab)     # vocab = off
+        top_p = _per_row(params.top_p, ndim)
+        min_p = _per_row(params.min_p, ndim)
+        filtered = (top_k < vocab) | (top_p < 1.0) | (min_p > 0.0)
+        return jnp.where(greedy, argmax(), lax.cond(
             jnp.any(filtered & ~greedy),
             lambda: _filtered(x, scaled, top_k, top_p, min_p),
             lambda: jax.nn.softmax(scaled, axis=-1)))
 
-    return lax.cond(jnp.all(greedy), lambda: jnp.broadcast_to(argmax, x.shape), sampled)
+    # The work follows the rows: an all-greedy batch computes the argmax only.
+    return lax.cond(jnp.all(greedy), argmax, sampled)
 
 
 def _filtered(x, scaled, top_k, top_p, min_p):
