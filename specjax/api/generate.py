@@ -429,8 +429,7 @@ def _check_sampling(temperature, top_k, top_p, min_p) -> Sampling:
         if per_row and (array.ndim != 1 or not len(array)):
             raise GenerationError(f"{name} must be a number or a flat list of one per row, "
                                   f"got {value!r}")
-        distinct = dict.fromkeys((type(v), v) for v in (array.tolist() if per_row else [value]))
-        for _, v in distinct:
+        for v in _distinct(array.tolist() if per_row else [value]):
             try:
                 SamplingParams(**{name: v})
             except ValueError as e:
@@ -440,7 +439,14 @@ def _check_sampling(temperature, top_k, top_p, min_p) -> Sampling:
 
 
 def _is_sequence(value) -> bool:
-    return isinstance(value, (Sequence, np.ndarray, jax.Array)) and not isinstance(value, str)
+    """A list, tuple or array of values (not a string, not a 0-d array)."""
+    return (isinstance(value, (Sequence, np.ndarray, jax.Array)) and not isinstance(value, str)
+            and getattr(value, "ndim", 1) != 0)
+
+
+def _distinct(values: list) -> list:
+    """Each value once (1 and True apart), so that a per-row list is validated per value."""
+    return [v for _, v in dict.fromkeys((type(v), v) for v in values)]
 
 
 def _rows_of(sampling: Sampling, rows: int) -> Sampling:
@@ -459,7 +465,7 @@ def _per_row_ints(name: str, value, rows: int, minimum: int) -> np.ndarray:
     values = list(value) if _is_sequence(value) else [value] * rows
     if len(values) != rows:
         raise GenerationError(f"{name} has {len(values)} values for {rows} prompts")
-    for v in set(values) if all(isinstance(v, numbers.Integral) for v in values) else values:
+    for v in _distinct(values):
         check_int(name, v, minimum)
     return np.asarray(values, np.int32)
 
@@ -475,19 +481,18 @@ def _stop_ids(eos_ids, rows: int) -> np.ndarray:
         raise GenerationError(f"eos_ids must be a list of token ids (or one list per prompt), "
                               f"got {eos_ids!r}")
     per_row = len(eos_ids) > 0 and all(_is_sequence(e) for e in eos_ids)
-    lists = [list(e) for e in eos_ids] if per_row else [list(eos_ids)] * rows
-    if len(lists) != rows:
+    lists = [list(e) for e in eos_ids] if per_row else [list(eos_ids)]
+    if per_row and len(lists) != rows:
         raise GenerationError(f"eos_ids has {len(lists)} lists for {rows} prompts")
-    for ids in lists:
-        for e in ids:
-            if isinstance(e, bool) or not isinstance(e, numbers.Integral) or not 0 <= e < 2 ** 31:
-                raise GenerationError(f"eos_ids must hold token ids >= 0, got {e!r}")
+    for e in _distinct([e for ids in lists for e in ids]):
+        if isinstance(e, bool) or not isinstance(e, numbers.Integral) or not 0 <= e < 2 ** 31:
+            raise GenerationError(f"eos_ids must hold token ids >= 0, got {e!r}")
     longest = max(len(ids) for ids in lists)
     slots = max(STOP_SLOTS, 1 << (longest - 1).bit_length()) if longest else STOP_SLOTS
-    table = np.full((rows, slots), -1, np.int32)
+    table = np.full((len(lists), slots), -1, np.int32)
     for b, ids in enumerate(lists):
         table[b, :len(ids)] = ids
-    return table
+    return table if per_row else np.repeat(table, rows, axis=0)
 
 
 def _check_heads(heads, tree, target):

@@ -107,10 +107,6 @@ class SamplingParams:
         """True when temperature is 0: the distribution is the one-hot of the argmax."""
         return self.temperature == 0
 
-    def rows(self, count: int) -> "Sampling":
-        """This setting for `count` rows, as data."""
-        return Sampling.of([self] * count)
-
 
 _MAX_TOP_K = 2 ** 31 - 1      # top_k is an int32 per row
 
