@@ -29,6 +29,8 @@ from specjax.decoding.loop import METHODS, DecodeSpec, Weights
 from specjax.decoding.sharding import weight_shardings
 from specjax.decoding.state import DecodeState, RowSettings
 from specjax.decoding.trees import SCHEMES
+from specjax.heads import eagle
+from specjax.heads.eagle import Drafter
 from specjax.heads.medusa import Heads, runtime_weights
 from specjax.io.checkpoint import Model
 from specjax.io.heads import check_target
@@ -168,7 +170,7 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
             k: int = 4, max_new_tokens=64, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
             seed: int | Sequence[int] = 0, eos_ids=None,
             max_ngram: int = 3, min_ngram: int = 1, tree=None, candidates: str | None = None,
-            heads: Heads | None = None, k_schedule: str = "constant", k_start: int | None = None,
+            heads: Heads | None = None, drafter: Drafter | None = None, k_schedule: str = "constant", k_start: int | None = None,
             confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
             rules: Rules | None = None, **unknown) -> Request:
     """Validates everything and builds the static spec and the device inputs."""
@@ -185,10 +187,17 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
         tree = _check_heads(heads, tree, target)
     elif heads is not None:
         raise GenerationError(f"heads applies to method 'medusa', not {method!r}")
+    if method == "eagle":
+        tree = _check_drafter(drafter, tree, target, k)
+    elif drafter is not None:
+        raise GenerationError(f"drafter applies to method 'eagle', not {method!r}")
     all_greedy = not np.any(sampling.temperature)
     tree, candidates = _check_tree(method, tree, candidates, all_greedy, target)
     if method == "medusa":
         _check_tree_fits_heads(tree, heads)
+    if method == "eagle" and tree.max_width > drafter.config.subset_size:
+        raise GenerationError(f"the tree has {tree.max_width} children at a node, more than the "
+                              f"{drafter.config.subset_size} tokens {drafter.name} can propose")
     schedule = _check_schedule(method, tree, k, k_schedule, k_start, confidence_threshold)
     if method == "ngram":
         check_int("min_ngram", min_ngram, 1)
@@ -244,10 +253,12 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
                       draft_config=draft.config if draft else None, k=k_eff,
                       max_ngram=max_ngram, min_ngram=min_ngram, buffer_length=buffer_length,
                       tree=tree, candidates=candidates,
-                      heads_config=heads.config if method == "medusa" else None, **schedule,
+                      heads_config=heads.config if method == "medusa" else None,
+                      drafter_config=drafter.config if method == "eagle" else None, **schedule,
                       mesh=mesh, shard_draft=shard_draft, rules=rules or Rules())
     weights = Weights(target.params, draft.params if draft else None,
-                      runtime_weights(heads, target) if method == "medusa" else None)
+                      runtime_weights(heads, target) if method == "medusa" else None,
+                      eagle.runtime_weights(drafter, target) if method == "eagle" else None)
     settings = RowSettings(sampling, max_new, stop_ids)
     request = Request(spec, weights, prompt_array.astype(np.int32), lengths,
                       row_keys(seed, rows), settings, target.tokenizer, rows=rows)
@@ -283,8 +294,8 @@ def generate(target: Model, prompts, **kwargs) -> GenerationResult:
     Args:
       target: the model whose distribution is sampled (from `specjax.load`).
       prompts: a list of texts (needs the target's tokenizer) or of token-id lists; ragged.
-      method: "autoregressive", "speculative" (needs `draft`), "ngram" or "medusa" (needs
-        `heads`).
+      method: "autoregressive", "speculative" (needs `draft`), "ngram", "medusa" (needs
+        `heads`) or "eagle" (needs `drafter`).
       draft: the draft model for speculative sampling; same tokenizer as the target.
       k: tokens drafted per step (speculative and ngram), >= 1.
       max_new_tokens: tokens to generate per row, >= 1; fewer only if an EOS id comes first.
@@ -295,12 +306,15 @@ def generate(target: Model, prompts, **kwargs) -> GenerationResult:
       max_ngram, min_ngram: n-gram sizes tried by the lookup, longest first.
       tree: a token tree of candidates instead of a chain of k (speculative and ngram): a
         `specjax.Tree`, or its paths in Medusa's "choices" format, e.g. ((0,), (1,), (0, 0)).
-        For medusa, the default is the tree shipped with the heads.
+        For medusa and eagle, the default is the tree shipped with the heads or the drafter
+        (a chain of k for a drafter that ships none; `specjax.Tree.chain(k)` asks for one).
       candidates: how a draft model or Medusa heads fill a tree: "top" (the most likely tokens;
         the default at temperature 0), "distinct" (sampled without replacement; the default
         otherwise) or "iid" (sampled independently). Each is verified by the rule exact for it.
       heads: Medusa heads for this target (`specjax.load` of a heads directory), method
         "medusa" only.
+      drafter: an EAGLE drafter for this target (`specjax.load` of an EAGLE directory), method
+        "eagle" only.
       k_schedule: how many of the k tokens each row drafts per step (`decoding.lookahead`):
         "constant" (k every step, the default), "heuristic" (a per-row length starting at
         k_start, + 2 after a fully accepted step, - 1 otherwise; speculative and ngram) or
@@ -513,6 +527,22 @@ def _check_heads(heads, tree, target):
     return tree
 
 
+def _check_drafter(drafter, tree, target, k: int):
+    """EAGLE's drafter must be a drafter, trained on this target; returns the tree to use."""
+    if drafter is None:
+        raise GenerationError("method 'eagle' needs an EAGLE drafter (drafter=specjax.load(DIR))")
+    if not isinstance(drafter, Drafter):
+        raise GenerationError(f"drafter must be an EAGLE drafter from specjax.load, got "
+                              f"{type(drafter).__name__}")
+    try:
+        check_target(drafter, target)
+    except ValueError as e:
+        raise GenerationError(str(e)) from None
+    if tree is not None:
+        return tree
+    return drafter.tree if drafter.tree is not None else Tree.chain(k)
+
+
 def _check_tree_fits_heads(tree: Tree, heads: Heads) -> None:
     if tree.max_depth > heads.config.num_heads:
         raise GenerationError(f"the tree is {tree.max_depth} deep but {heads.name} has "
@@ -529,8 +559,8 @@ def _check_tree(method, tree, candidates, all_greedy: bool, target):
             raise GenerationError("candidates applies to token trees; pass tree=... too")
         return None, "top"
     if method == "autoregressive":
-        raise GenerationError("a token tree needs method 'speculative', 'ngram' or 'medusa', "
-                              "not 'autoregressive'")
+        raise GenerationError("a token tree needs method 'speculative', 'ngram', 'medusa' or "
+                              "'eagle', not 'autoregressive'")
     if not isinstance(tree, Tree):
         try:
             tree = Tree.from_paths(tree)

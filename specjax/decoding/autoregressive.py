@@ -66,7 +66,9 @@ def prefill(params, config, prompts, prompt_length, slots: int,
     number of rows of every block: no row's prompt or cache leaves its block's devices.
 
     With `with_hidden`, also returns each row's final hidden state [B, D] at its last cached
-    position, prompt_length - 2 (zeros for a one-token prompt): what Medusa heads read.
+    position, prompt_length - 2 (zeros for a one-token prompt): what Medusa heads read; with
+    `with_hidden="all"`, the final hidden states of every prompt position [B, P, D] (those at
+    and after a row's last token are stale): what an EAGLE drafter reads.
     """
     b = prompts.shape[0]
     per_shard = b // shards
@@ -111,14 +113,17 @@ def _prefill_rows(params, config, prompts, prompt_length, slots, chunk, with_hid
         tokens = lax.dynamic_slice_in_dim(prompts, start, chunk, axis=1)           # [B, chunk]
         positions = start + jnp.broadcast_to(jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
         x, cache = hidden_states(params, config, tokens, positions, cache)
-        if with_hidden:
+        if with_hidden == "all":
+            hidden = lax.dynamic_update_slice_in_dim(hidden, x.astype(hidden.dtype), start, 1)
+        elif with_hidden:
             index = wanted - start
             here = (index >= 0) & (index < chunk)
             picked = jnp.take_along_axis(x, jnp.clip(index, 0, chunk - 1)[:, None, None], 1)
             hidden = jnp.where(here[:, None], picked[:, 0], hidden)
         return cache, hidden
 
-    hidden = jnp.zeros((b, config.d_model), jnp.dtype(config.dtype)) if with_hidden else None
+    shape = (b, p, config.d_model) if with_hidden == "all" else (b, config.d_model)
+    hidden = jnp.zeros(shape, jnp.dtype(config.dtype)) if with_hidden else None
     cache, hidden = lax.fori_loop(0, n_chunks, run_chunk,
                                   (KVCache.init(config, b, slots), hidden))
     cache = cache.with_length(prompt_length - 1)

@@ -16,7 +16,15 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax import mesh as meshes
-from specjax.decoding import autoregressive, lookahead, medusa, ngram, speculative, speculative_tree
+from specjax.decoding import (
+    autoregressive,
+    eagle,
+    lookahead,
+    medusa,
+    ngram,
+    speculative,
+    speculative_tree,
+)
 from specjax.decoding.sharding import pinned, state_shardings, weight_shardings
 from specjax.decoding.spec import METHODS, DecodeSpec, Weights
 from specjax.decoding.state import DecodeState, RowSettings, initial_state
@@ -27,7 +35,7 @@ __all__ = ["METHODS", "DecodeSpec", "Weights", "init", "programs", "step"]
 _STEPS = {("autoregressive", False): autoregressive.step,
           ("speculative", False): speculative.step, ("speculative", True): speculative_tree.step,
           ("ngram", False): ngram.step, ("ngram", True): ngram.tree_step,
-          ("medusa", True): medusa.step}
+          ("medusa", True): medusa.step, ("eagle", True): eagle.step}
 
 
 def _init(spec: DecodeSpec, weights: Weights, prompts, prompt_length, row_keys,
@@ -40,6 +48,15 @@ def _init(spec: DecodeSpec, weights: Weights, prompts, prompt_length, row_keys,
         return pinned(spec, initial_state(prompts, prompt_length, row_keys, settings, slots,
                                              target_cache, hidden=hidden,
                                              max_accepted=spec.max_accepted))
+    if spec.method == "eagle":
+        target_cache, draft_cache, last = eagle.prefill_drafter(spec, weights, prompts,
+                                                               prompt_length, slots)
+        hidden = jnp.zeros((prompts.shape[0], spec.tree.max_depth + 1, last.shape[-1]),
+                           last.dtype).at[:, :1].set(last)
+        return pinned(spec, initial_state(prompts, prompt_length, row_keys, settings, slots,
+                                          target_cache, draft_cache, hidden=hidden,
+                                          pending=jnp.ones_like(prompt_length),
+                                          max_accepted=spec.max_accepted))
     target_cache = autoregressive.prefill(weights.target, spec.target_config, prompts,
                                           prompt_length, slots, shards=spec.data_shards)
     draft_cache = None

@@ -65,8 +65,9 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     # Step 1: the heads' candidates, from the hidden state the last call left.
     tokens, valid, probs = candidate_tree(spec, params.heads, state, k_draft)
     # Steps 2 and 3: one target call over the tree, the walk, and the next hidden state.
-    new, n_accepted, _, cache, nan, hidden = trees.score_and_verify(
+    new, n_accepted, _, cache, nan, features = trees.score_and_verify(
         spec, params, state, tokens, valid, probs, k_verify, trees.SCHEMES[spec.candidates])
+    hidden = jnp.take_along_axis(features, n_accepted[:, None, None], axis=1)[:, 0]
     # Step 4: commit; finished rows keep their hidden state.
     active = ~state.done
     state = commit(spec, state, new, n_accepted, cache, drafted=jnp.sum(valid[:, 1:], axis=1),

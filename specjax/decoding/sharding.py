@@ -20,8 +20,10 @@ def weight_shardings(spec: DecodeSpec) -> Weights:
     draft = None
     if spec.draft_config is not None:
         draft = meshes.param_shardings(spec.draft_config, mesh, shard=spec.shard_draft)
+    one = meshes.replicated(mesh)
     return Weights(meshes.param_shardings(spec.target_config, mesh), draft,
-                   meshes.replicated(mesh) if spec.heads_config is not None else None)
+                   one if spec.heads_config is not None else None,
+                   one if spec.drafter_config is not None else None)
 
 
 def state_shardings(spec: DecodeSpec) -> DecodeState:
@@ -39,10 +41,12 @@ def state_shardings(spec: DecodeSpec) -> DecodeState:
         tokens=rows, length=rows, prompt_length=rows, done=rows, row_keys=rows,
         settings=rows, step=one,
         target_cache=cache(spec.target_config, True),
-        draft_cache=(cache(spec.draft_config, spec.shard_draft)
-                     if spec.method == "speculative" else None),
+        draft_cache=(cache(spec.draft_config, spec.shard_draft) if spec.method == "speculative"
+                     else cache(spec.drafter_config.layer, False) if spec.method == "eagle"
+                     else None),
         target_calls=rows, draft_calls=rows, drafted=rows, accepted=rows, nan_seen=one,
-        hidden=rows if spec.method == "medusa" else None,
+        hidden=rows if spec.method in ("medusa", "eagle") else None,
+        pending=rows if spec.method == "eagle" else None,
         lookahead=rows if spec.k_schedule == "heuristic" else None,
         accepted_histogram=rows if drafts else None)
 

@@ -13,12 +13,13 @@ import jax
 
 from specjax import mesh as meshes
 from specjax.decoding import lookahead
+from specjax.heads.eagle import DrafterConfig
 from specjax.heads.medusa import HeadsConfig
 from specjax.model.config import ModelConfig
 from specjax.sampling.rules import Rules
 from specjax.sampling.tree import Tree
 
-METHODS = ("autoregressive", "speculative", "ngram", "medusa")
+METHODS = ("autoregressive", "speculative", "ngram", "medusa", "eagle")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +37,7 @@ class DecodeSpec:
     tree: Tree | None = None       # a token tree instead of a chain of k (`specjax.sampling.tree`)
     candidates: str = "top"        # how a drafter fills a tree (`decoding.trees.SCHEMES`)
     heads_config: HeadsConfig | None = None     # method "medusa" (`specjax.heads.medusa`)
+    drafter_config: DrafterConfig | None = None  # method "eagle" (`specjax.heads.eagle`)
     # How many of the k tokens a row drafts each step (`decoding.lookahead`).
     k_schedule: str = "constant"
     k_start: int = lookahead.DEFAULT_K_START
@@ -76,3 +78,4 @@ class Weights:
     target: dict
     draft: dict | None = None
     heads: dict | None = None      # `heads.medusa.runtime_weights`
+    drafter: dict | None = None    # `heads.eagle.runtime_weights`

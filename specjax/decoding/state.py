@@ -51,9 +51,12 @@ class DecodeState:
     drafted: jax.Array
     accepted: jax.Array
     nan_seen: jax.Array        # [] bool: some logits were NaN (the API raises on it)
-    # Medusa only: the target's final hidden state [B, D] at the position before each row's
-    # last token (the one that produced it), which the heads read.
+    # Medusa: the target's final hidden state [B, D] at the position before each row's last
+    # token (the one that produced it), which the heads read. EAGLE: the target's features
+    # [B, D' + 1, D] of the pairs its drafter has not read yet, `pending` [B] of them
+    # (`decoding.eagle`).
     hidden: jax.Array | None = None
+    pending: jax.Array | None = None
     # The heuristic lookahead schedule only: each row's draft length for its next step [B].
     lookahead: jax.Array | None = None
     # Drafting methods: steps that accepted exactly j drafted tokens, [B, D + 1] int32 (D the
@@ -67,7 +70,8 @@ class DecodeState:
 
 
 def initial_state(prompts, prompt_length, row_keys, settings, buffer_length, target_cache,
-                  draft_cache=None, hidden=None, lookahead=None, max_accepted=None):
+                  draft_cache=None, hidden=None, lookahead=None, max_accepted=None,
+                  pending=None):
     """Copies the padded prompts [B, P] into a token buffer [B, buffer_length]."""
     b, p = prompts.shape
     tokens = jnp.zeros((b, buffer_length), jnp.int32).at[:, :p].set(prompts.astype(jnp.int32))
@@ -78,7 +82,7 @@ def initial_state(prompts, prompt_length, row_keys, settings, buffer_length, tar
                        step=jnp.zeros((), jnp.int32),
                        target_cache=target_cache, draft_cache=draft_cache, target_calls=zeros,
                        draft_calls=zeros, drafted=zeros, accepted=zeros,
-                       nan_seen=jnp.zeros((), bool), hidden=hidden,
+                       nan_seen=jnp.zeros((), bool), hidden=hidden, pending=pending,
                        lookahead=lookahead,
                        accepted_histogram=(None if max_accepted is None else
                                            jnp.zeros((b, max_accepted + 1), jnp.int32)))

@@ -109,9 +109,11 @@ def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_prob
     Returns:
       new tokens [B, D + 1] (the accepted path, then the residual or bonus token), n_accepted
       [B], the accepted path [B, D] (node indices), the target's cache with the path in
-      consecutive slots, whether a NaN was seen, and the target's final hidden state at the
-      last accepted node (the root if none) [B, D_model]: the state that produced the new last
-      token, which Medusa heads read (other drafters ignore it).
+      consecutive slots, whether a NaN was seen, and the target's features (final-normed hidden
+      states) along the tree's root and the accepted path [B, D + 1, D_model]: entry j is the
+      state that produced the path's token j + 1 (entries past n_accepted are stale). Medusa
+      heads read entry n_accepted, the state that produced the new last token; an EAGLE
+      drafter reads them all; other drafters ignore them.
     """
     tree = spec.tree
     _, root = last_tokens(state, 1)
@@ -128,8 +130,7 @@ def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_prob
     new = jnp.concatenate([new, jnp.zeros_like(new[:, :1])], axis=1)   # [B, D + 1]
     new = new.at[jnp.arange(new.shape[0]), n_accepted].set(next_token)
     cache = keep_path(cache, root, path, tree.size + 1)
-    deepest = jnp.take_along_axis(path, jnp.maximum(n_accepted - 1, 0)[:, None], axis=1)[:, 0]
-    last = jnp.where(n_accepted > 0, deepest, 0)                             # [B] node index
-    hidden = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
-    return new, n_accepted, path, cache, any_nan(logits), hidden
+    nodes = jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1)   # [B, D + 1]
+    features = jnp.take_along_axis(x, nodes[:, :, None], axis=1)             # [B, D + 1, D']
+    return new, n_accepted, path, cache, any_nan(logits), features
 

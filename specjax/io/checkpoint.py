@@ -26,6 +26,7 @@ from specjax import mesh as meshes
 from specjax.io.errors import CheckpointError
 from specjax.io.fetch import cache_root
 from specjax.io.gguf import convert_gguf
+from specjax.io.eagle import is_eagle_dir, load_drafter
 from specjax.io.heads import is_heads_dir, load_heads
 from specjax.model.config import ConfigError, ModelConfig
 from specjax.model.transformer import Model, Params, init_params, param_shapes
@@ -292,6 +293,8 @@ def load(path: str | Path, dtype: str = "float32", mesh=None):
         raise CheckpointError(f"{str(path)!r} is not a checkpoint directory (or a .gguf file)")
     if is_heads_dir(path):
         return load_heads(path)
+    if is_eagle_dir(path):
+        return load_drafter(path)
     file = path / "config.json"
     if not file.exists():
         raise CheckpointError(f"missing {file}")

@@ -31,9 +31,10 @@ from specjax.sampling.tree import Tree, TreeError
 CHECKSUM_RTOL = 1e-3     # float32 vs bfloat16 copies of one target agree to ~1e-5
 
 
-def check_target(heads: Heads, target: Model) -> None:
-    """Raises CheckpointError (naming the heads' config.json) if `heads` were trained on a
-    model other than `target`."""
+def check_target(heads, target: Model) -> None:
+    """Raises CheckpointError (naming the heads' config.json) if `heads` (Medusa heads or an
+    EAGLE drafter: both carry the same identity) were trained on a model other than
+    `target`."""
     where = str(heads.path / "config.json") if heads.path else heads.name
     expected = heads.target
     trained_on = expected.get("name", "another model")
@@ -41,14 +42,14 @@ def check_target(heads: Heads, target: Model) -> None:
     diff = [f for f in TARGET_FIELDS if expected["config"].get(f) != config[f]]
     if diff:
         f = diff[0]
-        raise CheckpointError(f"{where}: these heads were trained on {trained_on}, whose {f} is "
+        raise CheckpointError(f"{where}: it was trained on {trained_on}, whose {f} is "
                               f"{expected['config'].get(f)!r}; {target.name} has {config[f]!r}")
     if heads.config.hidden_size != target.config.d_model:
         raise CheckpointError(f"{where}: hidden_size {heads.config.hidden_size} != the target's "
                               f"d_model {target.config.d_model}")
     digest = tokenizer_digest(target.tokenizer)
     if expected.get("tokenizer_sha256") and digest and digest != expected["tokenizer_sha256"]:
-        raise CheckpointError(f"{where}: these heads were trained on {trained_on}, whose "
+        raise CheckpointError(f"{where}: it was trained on {trained_on}, whose "
                               f"tokenizer differs from {target.name}'s")
     if int(np.max(heads.token_ids)) >= target.config.vocab_size:
         raise CheckpointError(f"{where}: token_ids reach {int(np.max(heads.token_ids))}, outside "
@@ -57,7 +58,7 @@ def check_target(heads: Heads, target: Model) -> None:
     if checksum is not None:
         mine = target_identity(target, heads.token_ids)["projection_mean_abs"]
         if abs(mine - checksum) > CHECKSUM_RTOL * abs(checksum):
-            raise CheckpointError(f"{where}: these heads were trained on {trained_on}; "
+            raise CheckpointError(f"{where}: it was trained on {trained_on}; "
                                   f"{target.name} has the same shape but other LM-head weights "
                                   f"(mean |w| {mine:.6g}, expected {checksum:.6g})")
 

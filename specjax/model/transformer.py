@@ -105,15 +105,27 @@ def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
     (SmolLM2-135M: 28M of its 135M parameters), so prefill stops here.
     """
     positions = positions.astype(jnp.int32)
-    slots = positions if tree is None else tree.slots(tokens.shape[1])     # [B, T]
     x = params["embed"][tokens]                                         # [B, T, D]
     if config.arch == "gpt2":
         x = x + params["pos_embed"][positions]
+    x, cache = decoder_layers(params["layers"], config, x, positions, cache, tree)
+    return _norm(config, params["final_norm"], x), cache
+
+
+def decoder_layers(layers: list, config: ModelConfig, x: jax.Array, positions: jax.Array,
+                   cache: KVCache | None = None,
+                   tree: TreeAttention | None = None) -> tuple[jax.Array, KVCache | None]:
+    """The decoder layers on input vectors x [B, T, D] (embeddings, for the model itself; an
+    EAGLE drafter feeds its fused features, `specjax.heads.eagle`): the residual stream after
+    the last layer, before the final norm, and the cache (one layer's buffers per layer, in
+    order). Arguments as in `forward`."""
+    positions = positions.astype(jnp.int32)
+    slots = positions if tree is None else tree.slots(x.shape[1])         # [B, T]
     if config.arch == "llama":
         rope = rope_tables(positions, jnp.asarray(rope_frequencies(config)))
 
     new_k, new_v = [], []
-    for i, p in enumerate(params["layers"]):
+    for i, p in enumerate(layers):
         h = _norm(config, p["attn_norm"], x)
         q, k, v = (_project(h, p[name]) for name in ("wq", "wk", "wv"))  # [B, T, heads, H]
         if config.qkv_bias:
@@ -136,10 +148,14 @@ def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
             out = out + p["bo"]
         x = x + out
         x = x + _mlp(config, p, _norm(config, p["mlp_norm"], x))
-    x = _norm(config, params["final_norm"], x)
     if cache is not None:
         cache = KVCache(tuple(new_k), tuple(new_v), slots[:, -1] + 1)
     return x, cache
+
+
+def final_norm(params: Params, config: ModelConfig, x: jax.Array) -> jax.Array:
+    """The model's final norm on residual vectors [..., D]."""
+    return _norm(config, params["final_norm"], x)
 
 
 def _project(x, w):

@@ -1,0 +1,144 @@
+"""EAGLE decoding (Li et al. 2024): a feature-level drafter fills a token tree.
+
+The drafter (`specjax.heads.eagle`) keeps its own one-layer KV cache whose slot s holds the pair
+(f_{s-1}, x_s): the target's feature at s - 1 and the token after it. Its slots line up with
+the target's: the row's last token x_{L-1} sits in slot L - 1 of both caches, and a tree node i
+in slot L - 1 + i.
+
+One step, for every row at once:
+
+  1. Catch up: the pairs the drafter has not read yet (the ones the last step committed, m =
+     accepted + 1 of them, `state.pending`) go through it in one call, with the target's own
+     features, which the last verify call left in `state.hidden`. Its output at the last pair,
+     slot L - 1, is the predicted feature f'_{L-1}, whose logits propose x_L: the tree's first
+     level.
+  2. Fill the tree level by level (`trees.fill`), at the feature level: a node's pair is (its
+     parent's predicted feature, its own token), fed at the node's slot with tree attention;
+     its output proposes the node's children. Candidates are the drafter's top tokens
+     ("top": deterministic) or draws from its distribution ("iid", "distinct").
+  3. One target call scores the tree; `rejection.verify_tree` walks it with the rule exact for
+     the scheme (`trees.score_and_verify`), which also returns the target's features at the root
+     and along the accepted path: the pairs of the next step's catch-up, with the new tokens.
+  4. Commit.
+
+Why it is exact: the drafter reads only committed tokens, the target's features of committed
+positions and its own output, so every node's candidates depend on the past and the step's
+drafting key, never on the verification's coins; the tree verification is Theorem 1's, for the
+scheme that chose the candidates.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from specjax.decoding import trees
+from specjax.decoding.autoregressive import prefill, prefill_chunk
+from specjax.decoding.state import DecodeState, any_nan, commit, step_keys
+from specjax.heads import eagle
+from specjax.model.cache import KVCache
+from specjax.sampling.logits import probs_from_logits
+
+
+def prefill_drafter(spec, weights, prompts, prompt_length, slots: int):
+    """The target's prefill, then the drafter's over the prompt's pairs.
+
+    Returns the target's cache, the drafter's (slots 0 .. P - 1 hold the pairs (f_{s-1}, x_s),
+    f_{-1} = 0) and each row's last prompt pair's feature f_{P-2} (zeros for a one-token prompt):
+    the first step's catch-up re-reads that pair, so the step needs no special first case.
+    """
+    config = spec.drafter_config
+    target_cache, features = prefill(weights.target, spec.target_config, prompts, prompt_length,
+                                     slots, with_hidden="all", shards=spec.data_shards)
+    b, p = prompts.shape
+    shifted = jnp.concatenate([jnp.zeros_like(features[:, :1]), features[:, :-1]], axis=1)
+    chunk = min(p, prefill_chunk(b))
+    embed = weights.target["embed"]
+
+    def run_chunk(c, cache):
+        start = jnp.minimum(c * chunk, p - chunk)    # a last chunk ends with the prompt
+        positions = start + jnp.broadcast_to(jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
+        _, cache = eagle.draft_features(
+            weights.drafter, config, embed, lax.dynamic_slice_in_dim(shifted, start, chunk, 1),
+            lax.dynamic_slice_in_dim(prompts, start, chunk, 1), positions, cache)
+        return cache
+
+    n_chunks = (jnp.max(prompt_length) + chunk - 1) // chunk
+    draft_cache = lax.fori_loop(0, n_chunks, run_chunk, KVCache.init(config.layer, b, slots))
+    last = jnp.take_along_axis(features, jnp.maximum(prompt_length - 2, 0)[:, None, None], 1)
+    last = jnp.where((prompt_length >= 2)[:, None, None], last, 0)
+    return target_cache, draft_cache, last
+
+
+def pending_pairs(spec, state: DecodeState):
+    """The tokens and slots of the pairs the drafter has not read: each row's last `pending`
+    tokens, in a window of D + 1 (the most a step commits) that starts at the first of them
+    (entries past the row's last token are stale, and overwritten by the tree before any
+    query can read them)."""
+    width = state.hidden.shape[1]
+    start = state.length - state.pending                                             # [B]
+    tokens = jax.vmap(lambda row, s: lax.dynamic_slice(row, (s,), (width,)))(state.tokens, start)
+    return tokens, start[:, None] + jnp.arange(width, dtype=jnp.int32)
+
+
+def draft_tree(spec, params, state: DecodeState, keys):
+    """Steps 1 and 2: the nodes' tokens [B, n], which are filled [B, n], the draft distribution
+    at each node [B, n, V] (None for "top" candidates), the drafter's cache and whether a NaN
+    was seen. One drafter call to catch up and one per level above the deepest: D calls."""
+    tree, scheme, vocab = spec.tree, spec.candidates, spec.vocab_size
+    config, weights, embed = spec.drafter_config, params.drafter, params.target["embed"]
+    b, n, depth = state.length.shape[0], tree.size + 1, tree.max_depth
+    root = state.length - 1
+    level_keys = jax.vmap(lambda key: jax.random.split(key, depth))(keys)       # [B, D]
+
+    tokens, slots = pending_pairs(spec, state)
+    out, cache = eagle.draft_features(weights, config, embed, state.hidden, tokens, slots,
+                                      state.draft_cache)
+    root_feature = jnp.take_along_axis(out, (state.pending - 1)[:, None, None], axis=1)
+    outs = jnp.zeros((b, n, out.shape[-1]), out.dtype).at[:, :1].set(root_feature)  # [B, n, D']
+
+    def expand(d, tokens, valid, carry):
+        outs, cache, probs, nan = carry
+        parents = tree.level(d - 1)
+        if d > 1:          # the parents' pairs: their parent's predicted feature, their token
+            features = outs[:, tree.parent[parents.start:parents.stop]]
+            level, cache = eagle.draft_features(
+                weights, config, embed, features, tokens[:, parents.start:parents.stop],
+                trees.node_positions(tree, root)[:, parents.start:parents.stop], cache,
+                trees.tree_attention(tree, root, parents.start))
+            outs = outs.at[:, parents.start:parents.stop].set(level)
+        sub_logits = eagle.subset_logits(weights, outs[:, parents.start:parents.stop])  # [B,P,S]
+        nan = nan | any_nan(sub_logits)
+        if scheme == "top":
+            best = lax.top_k(sub_logits, tree.max_width)[1]
+            cand = weights["ids"][best]
+            return cand, jnp.ones(cand.shape, bool), (outs, cache, probs, nan)
+        logits = eagle.full_logits(weights, sub_logits, vocab)                  # [B, P, V]
+        p = probs_from_logits(logits, state.settings.sampling)
+        probs = probs.at[:, parents.start:parents.stop].set(p)
+        cand, filled = jax.vmap(trees.candidates, in_axes=(None, 0, 0, 0, None))(
+            scheme, level_keys[:, d - 1], logits, p, tree.max_width)            # [B, P, W]
+        return cand, filled, (outs, cache, probs, nan)
+
+    probs = None if scheme == "top" else jnp.zeros((b, n, vocab), jnp.float32)
+    tokens, valid, (_, cache, probs, nan) = trees.fill(
+        tree, state.tokens[jnp.arange(b), root], expand, (outs, cache, probs, any_nan(out)))
+    return tokens, valid, probs, cache, nan
+
+
+def step(spec, params, state: DecodeState) -> DecodeState:
+    k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
+    # Steps 1 and 2: catch up, then the tree of candidates, level by level.
+    tokens, valid, probs, draft_cache, draft_nan = draft_tree(spec, params, state, k_draft)
+    # Step 3: one target call over the tree, the walk, and the features of the next catch-up.
+    new, n_accepted, _, target_cache, target_nan, features = trees.score_and_verify(
+        spec, params, state, tokens, valid, probs, k_verify, trees.SCHEMES[spec.candidates])
+    # Step 4: commit; finished rows keep their pending pairs.
+    active = ~state.done
+    state = commit(spec, state, new, n_accepted, target_cache,
+                   drafted=jnp.sum(valid[:, 1:], axis=1), draft_calls=spec.tree.max_depth,
+                   nan=draft_nan | target_nan)
+    return state.replace(draft_cache=draft_cache,
+                         hidden=jnp.where(active[:, None, None], features, state.hidden),
+                         pending=jnp.where(active, n_accepted + 1, state.pending))

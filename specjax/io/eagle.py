@@ -1,0 +1,153 @@
+"""EAGLE drafters on disk: the directory `specjax.save_drafter` writes and `specjax.load` reads.
+
+The layout is described in `specjax.heads.eagle`; the math lives there, the files here. The
+target's identity is the one Medusa heads carry and is checked the same way
+(`io.heads.check_target`): a drafter trained for another model is an error naming its file.
+Weights are stored as float16 or float32 and always load as float32.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
+
+from specjax.heads.eagle import MODEL_TYPE, Drafter, DrafterConfig
+from specjax.heads.medusa import PROJECTION
+from specjax.io.errors import CheckpointError
+from specjax.model.config import ConfigError, ModelConfig
+from specjax.model.transformer import param_shapes
+from specjax.sampling.tree import Tree, TreeError
+
+STORAGE = ("float16", "float32")
+
+
+def is_eagle_dir(path: Path) -> bool:
+    try:
+        return json.loads((path / "config.json").read_text()).get("model_type") == MODEL_TYPE
+    except (OSError, ValueError, RecursionError, AttributeError):  # the model loader reports it
+        return False
+
+
+def _expected_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    d = config.hidden_size
+    shapes = {"fc.weight": (d, 2 * d), "fc.bias": (d,), "norm.weight": (d,),
+              "token_ids": (config.subset_size,)}
+    layer = param_shapes(config.layer)["layers"][0]
+    for name, shape in layer.items():
+        if isinstance(shape, dict):            # a norm: {"scale": (D,)}
+            for part, s in shape.items():
+                shapes[f"layers.0.{name}.{part}"] = s
+        else:
+            shapes[f"layers.0.{name}"] = shape
+    return shapes
+
+
+def _tensors(drafter: Drafter) -> dict[str, np.ndarray]:
+    p = drafter.params
+    out = {"fc.weight": p["fc"]["w"], "fc.bias": p["fc"]["b"],
+           "norm.weight": p["final_norm"]["scale"]}
+    for name, value in p["layers"][0].items():
+        if isinstance(value, dict):
+            for part, v in value.items():
+                out[f"layers.0.{name}.{part}"] = v
+        else:
+            out[f"layers.0.{name}"] = value
+    return {k: np.asarray(v, np.float32) for k, v in out.items()}
+
+
+def save_drafter(drafter: Drafter, directory: str | Path, storage: str = "float32",
+                 extra: dict | None = None) -> Path:
+    """Writes `drafter` as a directory; `storage` "float16" halves the file (the weights load
+    back as float32, rounded)."""
+    if storage not in STORAGE:
+        raise ValueError(f"storage must be one of {STORAGE}, got {storage!r}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {k: np.ascontiguousarray(v.astype(storage)) for k, v in _tensors(drafter).items()}
+    tensors["token_ids"] = np.ascontiguousarray(drafter.token_ids, np.int32)
+    weights = directory / "model.safetensors"
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    weights.chmod(0o644)
+    c = drafter.config
+    config = {"model_type": MODEL_TYPE, "hidden_size": c.hidden_size,
+              "vocab_size": c.layer.vocab_size,
+              "projection": {"type": PROJECTION, "tokens": c.subset_size},
+              "layer": c.layer.to_hf(), "storage": storage, "target": drafter.target,
+              "tree": [list(p) for p in drafter.tree.paths] if drafter.tree is not None else None,
+              **(extra or {})}
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return directory
+
+
+def load_drafter(path: str | Path) -> Drafter:
+    """Reads an EAGLE directory; every error names the file."""
+    path = Path(path).expanduser()
+    file = path / "config.json"
+    try:
+        raw = json.loads(file.read_text())
+        projection_kind = raw["projection"]["type"]
+        layer = ModelConfig.from_hf(raw["layer"], source=str(file))
+        config = DrafterConfig(layer, raw["projection"]["tokens"])
+        if config.hidden_size != raw["hidden_size"] or config.layer.vocab_size != raw["vocab_size"]:
+            raise ValueError("hidden_size or vocab_size disagrees with the layer's shape")
+        target = raw["target"]
+        if not isinstance(target, dict):
+            raise TypeError("'target'")
+        tree = Tree.from_paths(raw["tree"]) if raw.get("tree") else None
+    except OSError as e:
+        raise CheckpointError(f"{file}: cannot read ({e.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{file}: not valid JSON ({e})") from None
+    except (KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{file}: missing or malformed field {e}") from None
+    except (ValueError, ConfigError, TreeError, RecursionError) as e:
+        raise CheckpointError(f"{file}: {e}") from None
+    if projection_kind != PROJECTION:
+        raise CheckpointError(f"{file}: projection type {projection_kind!r} is not supported "
+                              f"(only {PROJECTION!r})")
+
+    weights = path / "model.safetensors"
+    try:
+        with safe_open(weights, framework="numpy") as reader:
+            tensors = {name: reader.get_tensor(name) for name in reader.keys()}
+    except (SafetensorError, OSError, ValueError, TypeError) as e:
+        raise CheckpointError(f"{weights}: corrupt or unreadable safetensors file ({e})") from None
+    expected = _expected_shapes(config)
+    for name, shape in expected.items():
+        if name not in tensors:
+            raise CheckpointError(f"{weights}: missing tensor {name!r}")
+        if tuple(tensors[name].shape) != tuple(shape):
+            raise CheckpointError(f"{weights}: tensor {name!r} has shape "
+                                  f"{tuple(tensors[name].shape)}, expected {tuple(shape)}")
+        kind = "i" if name == "token_ids" else "f"
+        if tensors[name].dtype.kind != kind:
+            raise CheckpointError(f"{weights}: tensor {name!r} has dtype {tensors[name].dtype}")
+        if kind == "f" and not np.all(np.isfinite(tensors[name])):
+            raise CheckpointError(f"{weights}: tensor {name!r} has non-finite values")
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"{weights}: unexpected tensor(s) {unexpected[:5]}")
+    ids = tensors["token_ids"].astype(np.int64)
+    if ids.min() < 0 or ids.max() >= config.layer.vocab_size or len(np.unique(ids)) != len(ids):
+        raise CheckpointError(f"{weights}: token_ids must be distinct ids in "
+                              f"[0, {config.layer.vocab_size})")
+
+    def get(name):
+        return jnp.asarray(tensors[name], jnp.float32)
+
+    layer = {}
+    for name in expected:
+        if name.startswith("layers.0."):
+            parts = name[len("layers.0."):].split(".")
+            if len(parts) == 2:
+                layer.setdefault(parts[0], {})[parts[1]] = get(name)
+            else:
+                layer[parts[0]] = get(name)
+    params = {"fc": {"w": get("fc.weight"), "b": get("fc.bias")}, "layers": [layer],
+              "final_norm": {"scale": get("norm.weight")}}
+    return Drafter(config, params, ids.astype(np.int32), target, tree, path)
