@@ -68,7 +68,6 @@ def _jobs(args, target, directory: Path) -> list[dict]:
 def medusa_data(args) -> None:
     """Greedy continuations (resumable: one JSON line per document), then cached hidden states."""
     import specjax
-    from specjax.model.transformer import hidden_states
 
     started = time.time()
     directory = resolve(args.target)
@@ -105,30 +104,12 @@ def medusa_data(args) -> None:
         starts = np.random.default_rng(args.seed + 1).integers(
             0, stream.size - args.forced_len, size=args.forced_windows)
         sequences += [("forced", stream[s:s + args.forced_len].tolist(), 1) for s in starts]
-    tokens = np.concatenate([np.asarray(s, np.int32) for _, s, _ in sequences])
-    starts = np.cumsum([0] + [len(s) for _, s, _ in sequences])
-    hidden = np.lib.format.open_memmap(out / "hidden.npy", mode="w+", dtype=np.float16,
-                                       shape=(tokens.size, target.config.d_model))
     t0 = time.time()
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][1]))
-    for first in range(0, len(order), args.batch):
-        rows = order[first:first + args.batch]
-        width = max(len(sequences[i][1]) for i in rows)
-        batch = np.zeros((len(rows), width), np.int32)
-        for r, i in enumerate(rows):
-            batch[r, :len(sequences[i][1])] = sequences[i][1]
-        positions = np.broadcast_to(np.arange(width, dtype=np.int32), batch.shape)
-        x = np.asarray(hidden_states(target.params, target.config, batch, positions)[0])
-        for r, i in enumerate(rows):
-            hidden[starts[i]:starts[i + 1]] = x[r, :len(sequences[i][1])]
-    hidden.flush()
-    np.savez(out / "index.npz", tokens=tokens, starts=starts,
-             prompt_length=np.array([p for _, _, p in sequences], np.int32),
-             kinds=np.array([k for k, _, _ in sequences]))
+    positions = cache_hidden(target, sequences, args.batch, out)
     meta = {"target": args.target, "documents": len(docs),
             "forced_windows": args.forced_windows, "forced_len": args.forced_len,
             "generated_tokens": int(sum(len(d["new"]) for d in docs)),
-            "tokens": int(tokens.size), "generate_s": round(generate_s, 1),
+            "tokens": positions, "generate_s": round(generate_s, 1),
             "hidden_s": round(time.time() - t0, 1),
             "kinds": {k: sum(1 for kind, _, _ in sequences if kind == k) for k in
                       sorted({kind for kind, _, _ in sequences} - {"text-original"})},
@@ -138,6 +119,37 @@ def medusa_data(args) -> None:
                 "forced_len", "batch", "seed", "out"))}
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(json.dumps(meta, indent=1))
+
+
+def cache_hidden(target, sequences: list[tuple[str, list[int], int]], batch: int,
+                 out: Path) -> int:
+    """One teacher-forced pass of `target` over `sequences`, (kind, token ids, prompt length)
+    each: writes out/hidden.npy, the final-normed hidden states of every position (float16,
+    the documents concatenated in order), and out/index.npz (tokens, starts, prompt_length,
+    kinds); returns the number of positions. Shared by `medusa-data` and `eagle-features`, so
+    that a set rebuilt from its token sequences is the set that was generated."""
+    from specjax.model.transformer import hidden_states
+
+    tokens = np.concatenate([np.asarray(s, np.int32) for _, s, _ in sequences])
+    starts = np.cumsum([0] + [len(s) for _, s, _ in sequences])
+    hidden = np.lib.format.open_memmap(out / "hidden.npy", mode="w+", dtype=np.float16,
+                                       shape=(tokens.size, target.config.d_model))
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][1]))
+    for first in range(0, len(order), batch):
+        rows = order[first:first + batch]
+        width = max(len(sequences[i][1]) for i in rows)
+        ids = np.zeros((len(rows), width), np.int32)
+        for r, i in enumerate(rows):
+            ids[r, :len(sequences[i][1])] = sequences[i][1]
+        positions = np.broadcast_to(np.arange(width, dtype=np.int32), ids.shape)
+        x = np.asarray(hidden_states(target.params, target.config, ids, positions)[0])
+        for r, i in enumerate(rows):
+            hidden[starts[i]:starts[i + 1]] = x[r, :len(sequences[i][1])]
+    hidden.flush()
+    np.savez(out / "index.npz", tokens=tokens, starts=starts,
+             prompt_length=np.array([p for _, _, p in sequences], np.int32),
+             kinds=np.array([k for k, _, _ in sequences]))
+    return int(tokens.size)
 
 
 def examples(data: list[Path], heads: int, kinds: tuple[str, ...], validation_every: int,

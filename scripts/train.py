@@ -18,6 +18,12 @@ and Medusa heads for a frozen target (scripts/_medusa_heads.py):
     python scripts/train.py medusa-data --target smollm2 --out runs/medusa/smollm2
     python scripts/train.py medusa --data runs/medusa/smollm2 --target smollm2 --out weights/smollm2-medusa
 
+and EAGLE drafters on the same kind of data, its sequences kept in data/eagle/ (scripts/_eagle.py):
+
+    python scripts/train.py eagle-features --sequences data/eagle/smollm2.npz --target smollm2 \
+        --out runs/eagle/smollm2-features
+    python scripts/train.py eagle --data runs/eagle/smollm2-features --target smollm2 --out weights/smollm2-eagle
+
 The data is the standard library of the running Python (see scripts/_corpus.py). Everything is
 seeded: the same command on the same Python and library versions gives the same weights.
 `--minutes` picks the number of steps from a short timing run when `--steps` is not given; the
@@ -38,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # and the model cards (scripts/cards/*.md are the cards' templates).
 import _corpus  # noqa: E402
 from _cards import write_index  # noqa: E402
+from _eagle import add_commands as add_eagle_commands  # noqa: E402
 from _evaluation import evaluate_draft, evaluate_pair  # noqa: E402
 from _generated import distill_data  # noqa: E402
 from _medusa_heads import add_commands as add_medusa_commands  # noqa: E402
@@ -145,6 +152,7 @@ def main(argv=None) -> None:
     p.set_defaults(func=write_index)
 
     add_medusa_commands(sub)
+    add_eagle_commands(sub)
 
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)

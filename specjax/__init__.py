@@ -9,8 +9,10 @@
 
 from specjax.api.explain import explain, format_steps
 from specjax.api.generate import GenerationError, GenerationResult, Stats, generate, stream
+from specjax.heads.eagle import Drafter, DrafterConfig, init_drafter
 from specjax.heads.medusa import Heads, HeadsConfig, init_heads
 from specjax.io.checkpoint import CheckpointError, Model, load, random_model, save
+from specjax.io.eagle import save_drafter
 from specjax.io.heads import save_heads
 from specjax.mesh import MeshError, make_mesh
 from specjax.model.config import ConfigError, ModelConfig
@@ -18,7 +20,8 @@ from specjax.model.transformer import forward, init_params
 from specjax.sampling.logits import SamplingParams
 from specjax.sampling.tree import Tree, TreeError
 
-__all__ = ["CheckpointError", "ConfigError", "GenerationError", "GenerationResult", "Heads",
-           "HeadsConfig", "MeshError", "Model", "ModelConfig", "SamplingParams", "Stats", "Tree",
-           "TreeError", "explain", "format_steps", "forward", "generate", "init_heads",
-           "init_params", "load", "make_mesh", "random_model", "save", "save_heads", "stream"]
+__all__ = ["CheckpointError", "ConfigError", "Drafter", "DrafterConfig", "GenerationError",
+           "GenerationResult", "Heads", "HeadsConfig", "MeshError", "Model", "ModelConfig",
+           "SamplingParams", "Stats", "Tree", "TreeError", "explain", "format_steps", "forward",
+           "generate", "init_drafter", "init_heads", "init_params", "load", "make_mesh",
+           "random_model", "save", "save_drafter", "save_heads", "stream"]

@@ -34,12 +34,13 @@ class Preset:
     target: str             # a directory under weights/, or "fetch:<name>" for specjax.io.fetch
     draft: str | None       # a directory under weights/ (may not exist for fetched targets)
     heads: str | None = None    # Medusa heads under weights/, for method medusa
+    drafter: str | None = None  # an EAGLE drafter under weights/, for method eagle
 
 
 PRESETS = {
-    "tiny-llama": Preset("llama-target", "llama-draft", "llama-medusa"),
+    "tiny-llama": Preset("llama-target", "llama-draft", "llama-medusa", "llama-eagle"),
     "tiny-gpt2": Preset("gpt2-target", "gpt2-draft"),
-    "smollm2": Preset("fetch:smollm2", "smollm2-draft", "smollm2-medusa"),
+    "smollm2": Preset("fetch:smollm2", "smollm2-draft", "smollm2-medusa", "smollm2-eagle"),
 }
 
 
@@ -54,6 +55,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                        help="draft checkpoint for speculative sampling (same tokenizer)")
     group.add_argument("--heads", metavar="DIR",
                        help="Medusa heads for method medusa (default: the preset's)")
+    group.add_argument("--drafter", metavar="DIR",
+                       help="an EAGLE drafter for method eagle (default: the preset's)")
     group.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                        help="parameter and compute dtype (default: float32)")
     group.add_argument("--mesh", metavar="data=N,model=M",
@@ -125,17 +128,28 @@ def model_paths(args, want_draft: bool) -> tuple[Path, Path | None, str]:
 
 def heads_path(args) -> tuple[Path | None, str]:
     """The Medusa heads directory the arguments name, or None and why there is none."""
-    if args.heads:
-        return Path(args.heads), ""
+    return _beside_target(args, args.heads, "heads", "Medusa heads", "heads")
+
+
+def drafter_path(args) -> tuple[Path | None, str]:
+    """The EAGLE drafter directory the arguments name, or None and why there is none."""
+    return _beside_target(args, args.drafter, "drafter", "EAGLE drafter", "drafter")
+
+
+def _beside_target(args, given, field: str, what: str, flag: str) -> tuple[Path | None, str]:
+    """A directory that works beside the target (heads, a drafter): the one given, else the
+    preset's, or None and why there is none."""
+    if given:
+        return Path(given), ""
     if args.target:
-        return None, "no --heads given"
+        return None, f"no --{flag} given"
     name = args.preset or DEFAULT_PRESET
-    heads = PRESETS[name].heads
-    if heads is None:
-        return None, f"preset {name} has no Medusa heads"
-    if not (WEIGHTS / heads / "config.json").exists():
-        return None, f"preset {name}'s heads ({WEIGHTS / heads}) do not exist"
-    return WEIGHTS / heads, ""
+    directory = getattr(PRESETS[name], field)
+    if directory is None:
+        return None, f"preset {name} has no {what}"
+    if not (WEIGHTS / directory / "config.json").exists():
+        return None, f"preset {name}'s {what} ({WEIGHTS / directory}) do not exist"
+    return WEIGHTS / directory, ""
 
 
 def _embedded(name: str) -> Path:

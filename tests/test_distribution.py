@@ -34,7 +34,7 @@ import specjax
 from specjax.api.generate import generate, prepare
 from specjax.bench import distribution
 from specjax.decoding import loop
-from specjax.sampling import rejection
+from specjax.sampling import rejection, rules
 from specjax.sampling.logits import SamplingParams, probs_from_logits, sample
 from specjax.sampling.rules import Rules, propose
 from specjax.sampling.tree import Tree
@@ -62,6 +62,12 @@ def tree_case(widths_or_paths, candidates="distinct", method="speculative", **kw
             else Tree.from_paths(widths_or_paths))
     return case(method, tree=tree, candidates=None if method == "ngram" else candidates,
                 **kwargs)
+
+
+def eagle_drafter(target):
+    """A random EAGLE drafter for the tiny target that can propose 5 of the V = 6 tokens
+    (token 4 gets draft probability 0, so the residual alone must supply it)."""
+    return specjax.init_drafter(target, token_ids=[2, 0, 1, 3, 5], seed=3, std=0.5)
 
 
 def medusa_heads(target):
@@ -104,6 +110,11 @@ POSITIVE = {
     "medusa-2x2-distinct": tree_case((2, 2), method="medusa"),
     "medusa-sparse-iid-t0.7-top-p": tree_case(SPARSE_TREE, "iid", method="medusa",
                                               temperature=0.7, top_p=0.9),
+    # EAGLE: a random drafter on the target's features fills the tree, sampled and top.
+    "eagle-2x2-distinct": tree_case((2, 2), method="eagle"),
+    "eagle-sparse-iid-t0.7-top-p": tree_case(SPARSE_TREE, "iid", method="eagle",
+                                             temperature=0.7, top_p=0.9),
+    "eagle-chain-3-top": tree_case(Tree.chain(3).paths, "top", method="eagle"),
     # Dynamic lookahead: rows stop drafting at different depths (checked below).
     **CONFIDENCE,
     "speculative-heuristic-top-p": case("speculative", k=3, top_p=0.9, k_schedule="heuristic",
@@ -141,6 +152,8 @@ def draw(models, c, seed=0, rows=None, **hooks) -> tuple[np.ndarray, float]:
     rows = rows or (N if c["tree"] is None else N_TREE)
     if c["method"] == "medusa":
         hooks["heads"] = medusa_heads(target)
+    if c["method"] == "eagle":
+        hooks["drafter"] = eagle_drafter(target)
     prompts = np.tile(np.asarray(c["prompt"], np.int32), (rows, 1))    # one row per sample
     result = generate(target, prompts, method=c["method"], draft=draft,
                       k=c["k"], max_new_tokens=L, temperature=c["temperature"], top_k=c["top_k"],
@@ -256,6 +269,12 @@ def _broken_tree_verify(update_residual=True, bonus_from_parent=False, rule=None
     return verify_fn
 
 
+def _top_tokens_as_if_sampled(scheme, key, logits, p, width):
+    """A tree's candidates chosen deterministically (the drafter's top tokens) and handed to a
+    verifier that believes they were drawn from p without replacement."""
+    return rules.candidates("top", key, logits, None, width)
+
+
 def _verified_with_sharpened_p(tree, rule, tokens, valid, draft_probs, target_probs, keys):
     """Candidates drawn from the heads' p, verified as if drawn from p^2 (renormalised)."""
     sharp = draft_probs ** 2
@@ -314,6 +333,8 @@ NEGATIVE = {
         dict(rules=Rules(verify_tree=_broken_tree_verify(bonus_from_parent=True)))),
     "medusa-verified-with-another-p": (
         tree_case((2, 2), method="medusa"), dict(rules=Rules(verify_tree=_verified_with_sharpened_p))),
+    "eagle-top-tokens-verified-as-sampled": (
+        tree_case((2, 2), method="eagle"), dict(rules=Rules(candidates=_top_tokens_as_if_sampled))),
     "lookahead-stop-peeks-at-the-target": (
         CONFIDENCE["speculative-confidence-t1"],
         dict(rules=Rules(verify=_stop_before_a_likely_rejection))),

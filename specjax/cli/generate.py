@@ -24,6 +24,7 @@ from specjax.api.generate import (
     stream,
 )
 from specjax.cli.interrupt import Interrupt
+from specjax.heads.eagle import Drafter
 from specjax.heads.medusa import Heads
 from specjax.io import chat as chat_template
 from specjax.io.checkpoint import load
@@ -31,6 +32,7 @@ from specjax.mesh import plan
 from specjax.presets import (
     CLIError,
     add_model_arguments,
+    drafter_path,
     enable_compile_cache,
     heads_path,
     load_model,
@@ -68,7 +70,7 @@ text; with --temperature > 0 each method still samples exactly from the target's
                                "acceptance_by_position"}]}]}
 """
 
-METHOD_CHOICES = ("autoregressive", "speculative", "ngram", "medusa", "all")
+METHOD_CHOICES = ("autoregressive", "speculative", "ngram", "medusa", "eagle", "all")
 DEMO_PROMPT = "import os\nimport sys\n\n\ndef read_lines(path):\n    lines = []\n"   # bench --quick's
 GREEN, RESET, DIM = "\x1b[32m", "\x1b[0m", "\x1b[2m"
 
@@ -107,13 +109,13 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--min-ngram", type=int, default=1, help="shortest n-gram looked up (default 1)")
     d.add_argument("--tree", metavar="WIDTHS",
                    help="verify a token tree instead of a chain of k (speculative, ngram; for "
-                        "medusa, instead of the heads' own tree): the full tree of these widths "
-                        "per depth, e.g. 3,2,1")
+                        "medusa and eagle, instead of the heads' or the drafter's own tree): the "
+                        "full tree of these widths per depth, e.g. 3,2,1")
     d.add_argument("--tree-file", metavar="PATH",
                    help="a token tree as a JSON list of paths of child ranks (Medusa's "
                         "'choices'), e.g. [[0], [1], [0, 0]]")
     d.add_argument("--candidates", choices=("top", "distinct", "iid"),
-                   help="how the draft or the heads fill a tree: the top tokens (default at "
+                   help="how the draft, the heads or the drafter fill a tree: the top tokens (default at "
                         "temperature 0), sampled without replacement (default otherwise) or "
                         "i.i.d.")
     o = parser.add_argument_group("output")
@@ -143,7 +145,7 @@ def run_generate(args) -> int:
     prompt = read_prompt(args)
     enable_compile_cache()
     mesh = make_mesh(mesh_shape)
-    target, draft, heads = load_models(args, methods, mesh)
+    target, draft, heads, drafter = load_models(args, methods, mesh)
     if mesh is not None:
 
         print(f"specjax: mesh data={mesh_shape[0]} x model={mesh_shape[1]}: "
@@ -154,8 +156,11 @@ def run_generate(args) -> int:
         methods.remove("speculative")
     if heads is None and "medusa" in methods and len(methods) > 1:
         methods.remove("medusa")
+    if drafter is None and "eagle" in methods and len(methods) > 1:
+        methods.remove("eagle")
     ids = prompt_ids(target, prompt, args.chat)
-    options = {m: for_method(m, dict(options, heads=heads, mesh=mesh), len(methods) > 1)
+    options = {m: for_method(m, dict(options, heads=heads, drafter=drafter, mesh=mesh),
+                             len(methods) > 1)
                for m in methods}
     for method in methods:                  # every error before the first token is printed
         prepare(target, [ids], method=method, draft=draft, **options[method])
@@ -226,7 +231,7 @@ def read_tree(args, methods: list[str]):
             raise CLIError("--candidates applies to token trees; give --tree or --tree-file")
         return None
     if methods == ["autoregressive"]:
-        raise CLIError("--tree needs --method speculative, ngram, medusa or all")
+        raise CLIError("--tree needs --method speculative, ngram, medusa, eagle or all")
     return parse_widths(args.tree) if args.tree is not None else Tree.from_json(args.tree_file)
 
 
@@ -234,11 +239,13 @@ def for_method(method: str, options: dict, several: bool) -> dict:
     """The options that apply to `method`. With --method all (`several`), the tree is for the
     drafting methods only and --candidates for the draft model and the heads only; given for one
     method, an option that does not apply to it stays, for `generate` to refuse. The heads go to
-    method medusa only (they are loaded for no other)."""
+    method medusa only and the drafter to eagle only (each is loaded for no other)."""
     if method != "medusa":
         options = {k: v for k, v in options.items() if k != "heads"}
+    if method != "eagle":
+        options = {k: v for k, v in options.items() if k != "drafter"}
     no_schedule = dict(k_schedule="constant", k_start=None, confidence_threshold=None)
-    if several and method in ("autoregressive", "medusa"):
+    if several and method in ("autoregressive", "medusa", "eagle"):
         options = dict(options, **no_schedule)
     if several and method == "autoregressive":
         return dict(options, tree=None, candidates=None)
@@ -270,7 +277,8 @@ def read_prompt(args) -> str:
 
 
 def load_models(args, methods: list[str], mesh=None):
-    """The target, the draft (or None) and the Medusa heads (or None) the methods need; on
+    """The target, the draft, the Medusa heads and the EAGLE drafter (each None when not
+    needed or not found) the methods need; on
     `mesh`, the target split and the draft replicated."""
 
     heads = None
@@ -286,6 +294,19 @@ def load_models(args, methods: list[str], mesh=None):
                 raise CLIError(f"--heads {path} is a model checkpoint, not Medusa heads")
     elif args.heads:
         raise CLIError("--heads applies to --method medusa or all")
+    drafter = None
+    if "eagle" in methods:
+        path, no_drafter = drafter_path(args)
+        if path is None and methods == ["eagle"]:
+            raise CLIError(f"method eagle needs an EAGLE drafter: {no_drafter}; pass --drafter DIR")
+        if path is None:
+            print(f"specjax: note: skipping eagle: {no_drafter}", file=sys.stderr)
+        else:
+            drafter = load(path)
+            if not isinstance(drafter, Drafter):
+                raise CLIError(f"--drafter {path} is not an EAGLE drafter")
+    elif args.drafter:
+        raise CLIError("--drafter applies to --method eagle or all")
     want_draft = "speculative" in methods
     target_path, draft_path, no_draft = model_paths(args, want_draft)
     if want_draft and draft_path is None:
@@ -295,7 +316,7 @@ def load_models(args, methods: list[str], mesh=None):
         print(f"specjax: note: skipping speculative: {no_draft}", file=sys.stderr)
     target = load_model(target_path, args.dtype, mesh)
     draft = load_model(draft_path, args.dtype, mesh, shard=False) if draft_path else None
-    return target, draft, heads
+    return target, draft, heads, drafter
 
 
 def prompt_ids(target, prompt: str, chat: bool) -> list[int]:
@@ -422,7 +443,9 @@ def json_report(target, draft, prompt: str, ids: list[int], methods, options, ar
             "draft_path": str(draft.path) if draft is not None and "speculative" in methods else None,
             "prompt": prompt, "prompt_tokens": len(ids),
             "heads": options["medusa"]["heads"].name if "medusa" in methods else None,
-            "settings": dict({k: v for k, v in settings.items() if k not in ("heads", "mesh")},
+            "drafter": options["eagle"]["drafter"].name if "eagle" in methods else None,
+            "settings": dict({k: v for k, v in settings.items()
+                              if k not in ("heads", "drafter", "mesh")},
                              chat=args.chat, dtype=args.dtype, method=args.method, mesh=args.mesh,
                              candidates=args.candidates,
                              tree=[list(p) for p in settings["tree"].paths]

@@ -117,7 +117,7 @@ def draft_tree(spec, params, state: DecodeState, keys):
         logits = eagle.full_logits(weights, sub_logits, vocab)                  # [B, P, V]
         p = probs_from_logits(logits, state.settings.sampling)
         probs = probs.at[:, parents.start:parents.stop].set(p)
-        cand, filled = jax.vmap(trees.candidates, in_axes=(None, 0, 0, 0, None))(
+        cand, filled = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
             scheme, level_keys[:, d - 1], logits, p, tree.max_width)            # [B, P, W]
         return cand, filled, (outs, cache, probs, nan)
 

@@ -51,7 +51,7 @@ def candidate_tree(spec, heads, state: DecodeState, keys):
         p = probs_from_logits(logits, state.settings.sampling)
         p = jnp.broadcast_to(p[:, None], (b, size, vocab))
         probs = probs.at[:, parents.start:parents.stop].set(p)
-        cand, filled = jax.vmap(trees.candidates, in_axes=(None, 0, 0, 0, None))(
+        cand, filled = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
             scheme, level_keys[:, d - 1], jnp.broadcast_to(logits[:, None], p.shape), p,
             width)                                                              # [B, P, W]
         return cand, filled, probs

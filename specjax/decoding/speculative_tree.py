@@ -3,7 +3,7 @@ draft model: the chain of `speculative`, widened.
 
   1. The draft expands the tree level by level (`trees.fill`): one draft call per depth over all
      the nodes of that depth, each attending to its ancestors; every node's children are its
-     first W candidates under the spec's scheme (`trees.candidates`: the draft's top tokens, or
+     first W candidates under the spec's scheme (`Rules.candidates`: the draft's top tokens, or
      draws from its distribution p at the node, independent or without replacement).
   2-3. One target call scores every node; `rejection.verify_tree` walks the tree with the rule
      exact for the scheme (`trees.score_and_verify`).
@@ -53,7 +53,7 @@ def draft_tree(spec, params, state: DecodeState, keys):
              probs_from_logits(level_logits, state.settings.sampling))
         if p is not None:
             probs = probs.at[:, parents.start:parents.stop].set(p)
-        cand, filled = jax.vmap(trees.candidates,
+        cand, filled = jax.vmap(spec.rules.candidates,
                                 in_axes=(None, 0, 0, 0 if p is not None else None, None))(
             scheme, level_keys[:, d - 1], level_logits, p, tree.max_width)    # [B, P, W]
         return cand, filled, (level_logits, cache, probs, nan)

@@ -1,6 +1,6 @@
 """Token trees in a decoding step, shared by every drafter that fills one (draft model, n-gram
-lookup, Medusa heads): the fill, level by level (`fill`, with `candidates` for drafters that
-sample), then one target call over the tree, the walk of `rejection.verify_tree`, and the cache
+lookup, Medusa heads, EAGLE): the fill, level by level (`fill`, with the rules' `candidates` for
+drafters that have a distribution), then one target call over the tree, the walk of `rejection.verify_tree`, and the cache
 put back in order (`score_and_verify`).
 
 Every drafter hands over the same three things: the nodes' tokens [B, n] (node 0 is the row's
@@ -16,9 +16,7 @@ rollback.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
-from jax import lax
 
 from specjax.decoding.state import DecodeState, any_nan, last_tokens, pad_vocab
 from specjax.model import cache as kv
@@ -56,31 +54,6 @@ def fill(tree, root, expand, carry):
         valid = valid.at[..., kids.start:kids.stop].set(
             filled[..., parent - parents.start, rank] & valid[..., parent])
     return tokens, valid, carry
-
-
-def candidates(scheme: str, key, logits, p, width: int):
-    """The first `width` candidate children of each node of one row, for a drafter that has a
-    distribution at each node.
-
-    Args:
-      scheme: "top" (the draft's `width` most likely tokens, by logit: deterministic), "iid"
-        (independent draws from p) or "distinct" (draws from p without replacement: the Gumbel
-        top-k trick, Kool et al. 2019, which draws exactly like repeated sampling without
-        replacement); key: one PRNG key; logits: [P, V] the draft's logits; p: [P, V] the
-        distributions sampled from (None for "top").
-    Returns:
-      tokens [P, W] int32 and valid [P, W] bool (False where p had fewer than W tokens left).
-    """
-    if scheme == "top":
-        tokens = lax.top_k(logits, width)[1]
-        return tokens.astype(jnp.int32), jnp.ones(tokens.shape, bool)
-    log_p = jnp.log(p)[:, None, :]                                        # [P, 1, V]
-    if scheme == "iid":
-        gumbel = jax.random.gumbel(key, (p.shape[0], width, p.shape[1]))  # [P, W, V]
-        tokens = jnp.argmax(log_p + gumbel, axis=-1)
-        return tokens.astype(jnp.int32), jnp.ones(tokens.shape, bool)
-    scores, tokens = lax.top_k(log_p[:, 0] + jax.random.gumbel(key, p.shape), width)
-    return tokens.astype(jnp.int32), scores > -jnp.inf
 
 
 def tree_attention(tree, root, first: int = 0) -> TreeAttention:

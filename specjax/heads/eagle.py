@@ -76,7 +76,14 @@ class DrafterConfig:
 
     @classmethod
     def for_target(cls, target_config: ModelConfig, subset_size: int) -> "DrafterConfig":
-        return cls(dataclasses.replace(target_config, n_layers=1), subset_size)
+        """The target's layer shape; the drafter's weights are float32 whatever the target's."""
+        return cls(layer_config(target_config), subset_size)
+
+
+def layer_config(config: ModelConfig) -> ModelConfig:
+    """One decoder layer of `config`'s shape, float32, with nothing that names a model."""
+    return dataclasses.replace(config, n_layers=1, dtype="float32", model_type="",
+                               bos_token_id=None, eos_token_ids=())
 
 
 @dataclasses.dataclass(frozen=True)

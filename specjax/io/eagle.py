@@ -16,7 +16,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from specjax.heads.eagle import MODEL_TYPE, Drafter, DrafterConfig
+from specjax.heads.eagle import MODEL_TYPE, Drafter, DrafterConfig, layer_config
 from specjax.heads.medusa import PROJECTION
 from specjax.io.errors import CheckpointError
 from specjax.model.config import ConfigError, ModelConfig
@@ -91,7 +91,7 @@ def load_drafter(path: str | Path) -> Drafter:
     try:
         raw = json.loads(file.read_text())
         projection_kind = raw["projection"]["type"]
-        layer = ModelConfig.from_hf(raw["layer"], source=str(file))
+        layer = layer_config(ModelConfig.from_hf(raw["layer"], source=str(file)))
         config = DrafterConfig(layer, raw["projection"]["tokens"])
         if config.hidden_size != raw["hidden_size"] or config.layer.vocab_size != raw["vocab_size"]:
             raise ValueError("hidden_size or vocab_size disagrees with the layer's shape")

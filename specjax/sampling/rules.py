@@ -2,7 +2,8 @@
 and a tree of drafted tokens are verified.
 
 `Rules()` holds the rules of Theorem 1 (Chen et al. 2023): `propose` returns each drawn token
-with the distribution it was drawn from, `rejection.verify` accepts drafted tokens with
+with the distribution it was drawn from, `candidates` draws a tree node's children (or takes the
+draft's top tokens), `rejection.verify` accepts drafted tokens with
 probability min(1, q/p) and draws the residual, `rejection.verify_tree` walks a tree with the
 rule that is exact for its candidate scheme. Passing other rules to `specjax.generate(...,
 rules=Rules(verify=...))` runs every method with them, so that a rule can be studied under the
@@ -16,6 +17,8 @@ import dataclasses
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
+from jax import lax
 
 from specjax.sampling.logits import SamplingParams, probs_from_logits, sample_rows
 from specjax.sampling.rejection import verify, verify_tree
@@ -31,10 +34,37 @@ def propose(keys: jax.Array, logits: jax.Array, sampling: SamplingParams):
     return sample_rows(keys, p), p
 
 
+def candidates(scheme: str, key, logits, p, width: int):
+    """The first `width` candidate children of each node of one row, for a drafter that has a
+    distribution at each node.
+
+    Args:
+      scheme: "top" (the draft's `width` most likely tokens, by logit: deterministic), "iid"
+        (independent draws from p) or "distinct" (draws from p without replacement: the Gumbel
+        top-k trick, Kool et al. 2019, which draws exactly like repeated sampling without
+        replacement); key: one PRNG key; logits: [P, V] the draft's logits; p: [P, V] the
+        distributions sampled from (None for "top").
+    Returns:
+      tokens [P, W] int32 and valid [P, W] bool (False where p had fewer than W tokens left).
+    """
+    if scheme == "top":
+        tokens = lax.top_k(logits, width)[1]
+        return tokens.astype(jnp.int32), jnp.ones(tokens.shape, bool)
+    log_p = jnp.log(p)[:, None, :]                                        # [P, 1, V]
+    if scheme == "iid":
+        gumbel = jax.random.gumbel(key, (p.shape[0], width, p.shape[1]))  # [P, W, V]
+        tokens = jnp.argmax(log_p + gumbel, axis=-1)
+        return tokens.astype(jnp.int32), jnp.ones(tokens.shape, bool)
+    scores, tokens = lax.top_k(log_p[:, 0] + jax.random.gumbel(key, p.shape), width)
+    return tokens.astype(jnp.int32), scores > -jnp.inf
+
+
+
 @dataclasses.dataclass(frozen=True)
 class Rules:
     """Static (hashable) like the rest of a decoding spec; each field is a function with the
     signature of its default."""
     propose: Callable = propose
+    candidates: Callable = candidates
     verify: Callable = verify
     verify_tree: Callable = verify_tree

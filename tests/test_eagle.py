@@ -1,0 +1,215 @@
+"""EAGLE drafters: the checkpoint directory, its errors, the drafter in the loop against its
+training forward, and greedy equality.
+
+The distribution tests (`test_distribution.py`, cases eagle-*) check Theorem 1 with random
+drafters and a negative control; `test_smollm2.py` checks the shipped SmolLM2 drafter.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from specjax.api.generate import GenerationError, generate, prepare
+from specjax.decoding import eagle as eagle_decoding
+from specjax.decoding import loop
+from specjax.heads import eagle
+from specjax.io.eagle import save_drafter
+from specjax.model.transformer import hidden_states
+from specjax.sampling.tree import Tree
+from tests.tiny import llama_config, pair
+
+WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+V = 16
+TREES = {"chain-4": Tree.chain(4),
+         "sparse": Tree.from_paths(((0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)))}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return pair(vocab=V, std=1.0)[0]
+
+
+def random_drafter(target, seed=0, tree=None, subset=12, std=0.3):
+    ids = np.random.default_rng(seed).permutation(target.config.vocab_size)[:subset]
+    return eagle.init_drafter(target, token_ids=ids, seed=seed, std=std, tree=tree)
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(target, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("eagle") / "tiny-eagle"
+    return save_drafter(random_drafter(target, tree=TREES["full-2-2"]), directory)
+
+
+def test_drafter_round_trip(target, drafter_dir, tmp_path):
+    drafter = random_drafter(target, tree=TREES["full-2-2"])
+    loaded = specjax.load(drafter_dir)
+    assert isinstance(loaded, specjax.Drafter) and loaded.name == "tiny-eagle"
+    assert loaded.config == drafter.config and loaded.tree == drafter.tree
+    assert loaded.target == drafter.target
+    np.testing.assert_array_equal(loaded.token_ids, drafter.token_ids)
+    for a, b in zip(jax.tree.leaves(drafter.params), jax.tree.leaves(loaded.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))     # float32: exact
+    half = specjax.load(save_drafter(drafter, tmp_path / "half", storage="float16"))
+    for a, b in zip(jax.tree.leaves(drafter.params), jax.tree.leaves(half.params)):
+        np.testing.assert_array_equal(np.asarray(a, np.float16).astype(np.float32), b)
+
+
+def test_drafter_for_another_target_is_refused(target, drafter_dir):
+    drafter = specjax.load(drafter_dir)
+    other_shape = specjax.random_model(llama_config(V, layers=1), seed=1, std=1.0)
+    other_weights = specjax.random_model(target.config, seed=7, std=1.0)
+    for other, words in ((other_shape, "n_layers"), (other_weights, "LM-head weights")):
+        with pytest.raises(GenerationError) as e:
+            generate(other, [[1, 2]], method="eagle", drafter=drafter, max_new_tokens=2)
+        assert str(drafter_dir / "config.json") in str(e.value) and words in str(e.value)
+
+
+def test_corrupt_drafters_name_the_file(drafter_dir, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    def copy(name):
+        d = tmp_path / name
+        d.mkdir()
+        for f in drafter_dir.iterdir():
+            (d / f.name).write_bytes(f.read_bytes())
+        return d
+
+    def rewrite(directory, change):
+        tensors = load_file(directory / "model.safetensors")
+        change(tensors)
+        save_file(tensors, directory / "model.safetensors")
+        return directory
+
+    truncated = copy("truncated")
+    data = (truncated / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(data[:len(data) // 2])
+    bad_json = copy("bad-json")
+    (bad_json / "config.json").write_text('{"model_type": "eagle", ')
+    no_layer = copy("no-layer")
+    config = json.loads((no_layer / "config.json").read_text())
+    del config["layer"]
+    (no_layer / "config.json").write_text(json.dumps(config))
+    cases = {
+        truncated: "model.safetensors", bad_json: "config.json", no_layer: "'layer'",
+        rewrite(copy("missing"), lambda t: t.pop("layers.0.wq")): "missing tensor 'layers.0.wq'",
+        rewrite(copy("shape"), lambda t: t.update({"fc.bias": np.zeros(3, np.float32)})):
+            "'fc.bias' has shape (3,)",
+        rewrite(copy("nan"), lambda t: t["norm.weight"].__setitem__(0, np.nan)): "non-finite",
+        rewrite(copy("ids"), lambda t: t.update({"token_ids": np.full(12, 3, np.int32)})):
+            "distinct ids",
+        rewrite(copy("extra"), lambda t: t.update({"lm_head": np.zeros(2, np.float32)})):
+            "unexpected tensor",
+    }
+    for directory, words in cases.items():
+        with pytest.raises(specjax.CheckpointError) as e:
+            specjax.load(directory)
+        assert str(directory) in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_bad_eagle_requests_are_errors(target, drafter_dir):
+    drafter = specjax.load(drafter_dir)
+    cases = {
+        "EAGLE drafter": dict(method="eagle"),
+        "drafter applies to method 'eagle'": dict(method="speculative", draft=target,
+                                                   drafter=drafter),
+        "candidates='iid'": dict(method="eagle", drafter=drafter, candidates="iid",
+                                 temperature=0.0),
+        "drafter must be an EAGLE drafter": dict(method="eagle", drafter=target),
+        "13 children": dict(method="eagle", drafter=drafter, tree=Tree.full((13,))),
+    }
+    for words, kwargs in cases.items():
+        with pytest.raises(GenerationError) as e:
+            generate(target, [[1, 2, 3]], max_new_tokens=4, **kwargs)
+        assert words in str(e.value), (words, str(e.value))
+    gpt2 = specjax.random_model(specjax.ModelConfig(
+        arch="gpt2", vocab_size=V, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=16,
+        d_ff=64, max_positions=64, norm_eps=1e-5, activation="gelu_tanh", tie_embeddings=True))
+    with pytest.raises(ValueError, match="Llama-family"):
+        eagle.init_drafter(gpt2)
+
+
+def test_greedy_eagle_equals_autoregressive(target):
+    # Ragged rows (one of a single token, whose first pair has a zero feature), an EOS.
+    drafter = random_drafter(target, seed=1)
+    prompts = [[3, 1, 4, 1, 5], [9], [2, 7, 1, 8, 2, 8, 1, 8]]
+    eos = (5,)
+    ar = generate(target, prompts, max_new_tokens=24, temperature=0.0, eos_ids=eos)
+    for name, tree in TREES.items():
+        batch = generate(target, prompts, method="eagle", drafter=drafter, tree=tree,
+                         max_new_tokens=24, temperature=0.0, eos_ids=eos)
+        assert batch.tokens == ar.tokens, name
+        assert batch.stats.accepted > 0, name          # the equality is not AR in disguise
+    alone = generate(target, prompts[1:2], method="eagle", drafter=drafter, tree=TREES["sparse"],
+                     max_new_tokens=24, temperature=0.0, eos_ids=eos)
+    assert alone.tokens == ar.tokens[1:2]
+    chain = generate(target, prompts, method="eagle", drafter=drafter, k=3,
+                     max_new_tokens=24, temperature=0.0, eos_ids=eos)   # no tree: a chain of k
+    assert chain.tokens == ar.tokens and chain.stats.tree_size == 3
+
+
+def _reference_chain(target, drafter, tokens, depth):
+    """What a chain of `depth` top drafts should be after the committed `tokens`, computed
+    from scratch the way training computes the drafter: the target's features of the whole
+    sequence, the pairs (f_{s-1}, x_s), one causal call with no cache, then autoregressing by
+    appending (own feature, own token) pairs."""
+    weights = eagle.runtime_weights(drafter, target)
+    ids = jnp.asarray([tokens])
+    f, _ = hidden_states(target.params, target.config, ids, jnp.arange(len(tokens))[None])
+    features = jnp.concatenate([jnp.zeros_like(f[:, :1]), f[:, :-1]], axis=1)
+    drafted = []
+    for _ in range(depth):
+        positions = jnp.arange(ids.shape[1])[None]
+        out, _ = eagle.draft_features(weights, drafter.config, target.params["embed"],
+                                      features, ids, positions)
+        best = int(weights["ids"][jnp.argmax(eagle.subset_logits(weights, out[0, -1]))])
+        drafted.append(best)
+        features = jnp.concatenate([features, out[:, -1:]], axis=1)
+        ids = jnp.concatenate([ids, jnp.asarray([[best]])], axis=1)
+    return drafted
+
+
+def test_drafter_in_the_loop_matches_its_training_forward():
+    """Step by step, the chain the decoding loop drafts (catch-up over the pairs the last step
+    committed, cached slots, tree attention) equals the from-scratch computation; steps that
+    accept 0, 1 and several tokens all occur, so the catch-up's ragged windows are exercised.
+    The shipped tiny drafter accepts often enough for that."""
+    target = specjax.load(WEIGHTS / "llama-target")
+    drafter = specjax.load(WEIGHTS / "llama-eagle")
+    depth = 3
+    request = prepare(target, [target.tokenizer.encode("def read_lines(path):\n").ids,
+                               target.tokenizer.encode("import os\n").ids],
+                      method="eagle", drafter=drafter, tree=Tree.chain(depth),
+                      temperature=0.0, max_new_tokens=40, eos_ids=())
+    init, step, _ = loop.programs(request.spec)
+    state = init(request.weights, *request.inputs)
+    draft = jax.jit(lambda w, s: eagle_decoding.draft_tree(request.spec, w, s, s.row_keys)[0])
+    seen = set()
+    while not bool(np.all(np.asarray(state.done))):
+        nodes = np.asarray(draft(request.weights, state))
+        for b in range(2):
+            if not bool(state.done[b]):
+                tokens = np.asarray(state.tokens[b, :int(state.length[b])]).tolist()
+                assert nodes[b, 1:].tolist() == _reference_chain(target, drafter, tokens, depth)
+        before = np.asarray(state.accepted)
+        state = step(request.weights, state)
+        seen |= set((np.asarray(state.accepted) - before).tolist())
+    assert {0, 1, depth} <= seen, seen
+
+
+def test_shipped_tiny_drafter_gives_the_greedy_output():
+    target = specjax.load(WEIGHTS / "llama-target")
+    drafter = specjax.load(WEIGHTS / "llama-eagle")
+    prompts = ["def read_lines(path):\n", "class Config:\n    def __init__(self"]
+    ar = generate(target, prompts, max_new_tokens=48, temperature=0.0)
+    for tree in (None, Tree.chain(2), Tree.full((2, 2))):
+        out = generate(target, prompts, method="eagle", drafter=drafter, tree=tree,
+                       max_new_tokens=48, temperature=0.0)
+        assert out.tokens == ar.tokens
+        assert out.stats.tokens_per_target_call > 1.5, (tree, out.stats)
