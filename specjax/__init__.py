@@ -18,9 +18,10 @@ from specjax.mesh import MeshError, make_mesh
 from specjax.model.config import ConfigError, ModelConfig
 from specjax.model.transformer import forward, init_params
 from specjax.sampling.logits import SamplingParams
-from specjax.sampling.tree import Tree, TreeError
+from specjax.sampling.tree import DynamicTree, Tree, TreeError
 
-__all__ = ["CheckpointError", "ConfigError", "Drafter", "DrafterConfig", "GenerationError",
+__all__ = ["CheckpointError", "ConfigError", "Drafter", "DrafterConfig", "DynamicTree",
+           "GenerationError",
            "GenerationResult", "Heads", "HeadsConfig", "MeshError", "Model", "ModelConfig",
            "SamplingParams", "Stats", "Tree", "TreeError", "explain", "format_steps", "forward",
            "generate", "init_drafter", "init_heads", "init_params", "load", "make_mesh",

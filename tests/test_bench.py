@@ -77,17 +77,20 @@ def test_quick_bench_writes_results_with_the_documented_schema(quick):
     assert {p["id"] for p in results["prompts"]} == quick_ids
     assert isinstance(results["notes"], list) and all(isinstance(n, str) for n in results["notes"])
 
-    # tiny-llama ships Medusa heads, so the default methods include medusa (with their tree).
+    # tiny-llama ships Medusa heads and an EAGLE drafter, so the default methods include medusa
+    # and eagle (each with its own tree).
     assert settings["heads"] == "llama-medusa" and settings["heads_tree"]
-    expected = {("autoregressive", None), ("speculative", 2), ("ngram", 2), ("medusa", None)}
+    assert settings["drafter"] == "llama-eagle" and settings["drafter_tree"]
+    expected = {("autoregressive", None), ("speculative", 2), ("ngram", 2), ("medusa", None),
+                ("eagle", None)}
     assert len(results["rows"]) == len(expected) * len(quick_ids)
     for row in results["rows"] + results["summary"] + results["by_category"]:
         for key, kind in ROW_KEYS.items():
             if key in row and row[key] is not None:       # None: checked by method below
                 value = row[key]
                 assert isinstance(value, kind) or (kind is float and isinstance(value, int)), key
-        # No theory for medusa rows: the heads' cost is not measured by the bench.
-        theory = () if row["method"] == "medusa" else ("theoretical_speedup",)
+        # No theory for medusa and eagle rows: their drafting cost is not measured by the bench.
+        theory = () if row["method"] in ("medusa", "eagle") else ("theoretical_speedup",)
         for key in ("tokens_per_second", "speedup", *theory):
             assert math.isfinite(row[key]) and row[key] > 0, (key, row)
         for key in OPTIONAL_NUMBERS:
@@ -95,7 +98,7 @@ def test_quick_bench_writes_results_with_the_documented_schema(quick):
         assert row["k"] is None or isinstance(row["k"], int)
         if row["method"] == "autoregressive":
             assert row["speedup"] == 1.0 and row["acceptance_rate"] is None
-        elif row["method"] == "medusa":
+        elif row["method"] in ("medusa", "eagle"):
             assert row["tree"] == "heads" and row["tokens_per_target_call"] > 1
             assert row["cost_ratio"] is None and row["theoretical_speedup"] is None
         else:

@@ -213,3 +213,67 @@ def test_shipped_tiny_drafter_gives_the_greedy_output():
                        max_new_tokens=48, temperature=0.0)
         assert out.tokens == ar.tokens
         assert out.stats.tokens_per_target_call > 1.5, (tree, out.stats)
+
+
+def _reference_dynamic_tree(target, drafter, tokens, shape):
+    """EAGLE-2's selection (`sampling.tree.DynamicTree`) computed from scratch: every path's
+    drafter outputs by causal calls with no cache over the whole sequence, the pool in the
+    order made, the N best by score (the earlier of equal scores first). Returns the chosen
+    nodes' (token, parent node) in pool order, node 0 being the root."""
+    weights = eagle.runtime_weights(drafter, target)
+    f, _ = hidden_states(target.params, target.config, jnp.asarray([tokens]),
+                         jnp.arange(len(tokens))[None])
+    base = jnp.concatenate([jnp.zeros_like(f[:, :1]), f[:, :-1]], axis=1)[0]
+
+    def output(path, outputs):      # the drafter's output at the path's last node
+        features = jnp.concatenate([base, jnp.stack(outputs)]) if outputs else base
+        ids = jnp.asarray([tokens + path])
+        out, _ = eagle.draft_features(weights, drafter.config, target.params["embed"],
+                                      features[None], ids, jnp.arange(ids.shape[1])[None])
+        return out[0, -1]
+
+    pool = []                                   # (token, score, parent pool index or -1)
+    frontier = [((), [], 0.0, -1)]              # (path, outputs along it, score, pool index)
+    for d in range(shape.depth):
+        made = []
+        for path, outputs, score, index in frontier:
+            out = output(list(path), outputs)
+            logp = np.asarray(jax.nn.log_softmax(eagle.subset_logits(weights, out)))
+            for j in np.argsort(-logp, kind="stable")[:shape.top_k]:
+                made.append((path + (int(weights["ids"][j]),), outputs + [out],
+                             score + float(logp[j]), index))
+        start = len(pool)
+        pool += [(p[-1], s, i) for p, _, s, i in made]
+        order = sorted(range(len(made)), key=lambda j: (-made[j][2], j))[:shape.top_k]
+        frontier = [(made[j][0], made[j][1], made[j][2], start + j) for j in order]
+    chosen = sorted(sorted(range(len(pool)), key=lambda j: (-pool[j][1], j))[:shape.total_tokens])
+    node_of = {j: i + 1 for i, j in enumerate(chosen)}
+    return [(pool[j][0], node_of.get(pool[j][2], 0)) for j in chosen]
+
+
+@pytest.mark.parametrize("shape", [specjax.DynamicTree(3, 2, 5), specjax.DynamicTree(2, 3, 7)])
+def test_dynamic_tree_matches_eagle2_selection_from_scratch(target, shape):
+    """The loop's dynamic tree (frontiers read with tree attention among the drafter's own
+    nodes, the pool, the top-N, the parents and sibling ranks) equals EAGLE-2's selection
+    recomputed path by path, at the first step and after two more; and its trees are well
+    formed."""
+    drafter = random_drafter(target, seed=2, std=0.5)
+    request = prepare(target, [[3, 1, 4, 1, 5], [9, 2]], method="eagle", drafter=drafter,
+                      tree=shape, temperature=0.0, max_new_tokens=12, eos_ids=())
+    init, step, _ = loop.programs(request.spec)
+    state = init(request.weights, *request.inputs)
+    build = jax.jit(lambda w, s: eagle_decoding.draft_dynamic_tree(request.spec, w, s)[:3])
+    for _ in range(3):
+        nodes, valid, trees_ = (np.asarray(a) if not hasattr(a, "children") else a
+                                for a in build(request.weights, state))
+        for b in range(2):
+            committed = np.asarray(state.tokens[b, :int(state.length[b])]).tolist()
+            want = _reference_dynamic_tree(target, drafter, committed, shape)
+            got = [(int(nodes[b, i]), int(trees_.parent[b, i])) for i in range(1, len(want) + 1)]
+            assert valid[b].all() and got == want
+            children = np.asarray(trees_.children[b])
+            for i in range(1, shape.total_tokens + 1):      # each node is its parent's child
+                assert i in children[int(trees_.parent[b, i])]
+            depth = np.asarray(trees_.depth[b])
+            assert np.all(depth[1:] == depth[np.asarray(trees_.parent[b, 1:])] + 1)
+        state = step(request.weights, state)

@@ -36,7 +36,7 @@ from specjax.io.checkpoint import Model
 from specjax.io.heads import check_target
 from specjax.sampling.logits import Sampling, SamplingParams
 from specjax.sampling.rules import Rules
-from specjax.sampling.tree import Tree, TreeError
+from specjax.sampling.tree import DynamicTree, Tree, TreeError
 
 # Keyword arguments that replace a step of the algorithm, for the negative-control tests only.
 
@@ -233,6 +233,8 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
     k_eff = k if method != "autoregressive" else 1
     if tree is not None:
         k_eff = tree.size
+    if isinstance(tree, DynamicTree):      # the drafter reads its frontiers past the tree's end
+        k_eff = max(tree.size, (tree.depth - 1) * tree.top_k)
     # Room for the prompt, the new tokens and one step's K + 1 writes past the end (a tree's
     # nodes take one slot each). Attention reads the shortest window that holds the filled
     # prefix (`layers.attend_cache`; a decoding step reads at least 1,024 slots), so capacity
@@ -561,6 +563,18 @@ def _check_tree(method, tree, candidates, all_greedy: bool, target):
     if method == "autoregressive":
         raise GenerationError("a token tree needs method 'speculative', 'ngram', 'medusa' or "
                               "'eagle', not 'autoregressive'")
+    if isinstance(tree, DynamicTree):
+        if method != "eagle":
+            raise GenerationError(f"a dynamic tree is EAGLE-2's: it needs method 'eagle', not "
+                                  f"{method!r}")
+        if candidates not in (None, "top"):
+            raise GenerationError(f"a dynamic tree's candidates are the drafter's top tokens; "
+                                  f"candidates={candidates!r} does not apply")
+        if tree.size >= target.config.max_positions:
+            raise GenerationError(f"the tree has {tree.size} nodes; a target call on it needs "
+                                  f"more than the context window of {target.name} "
+                                  f"({target.config.max_positions})")
+        return tree, "top"
     if not isinstance(tree, Tree):
         try:
             tree = Tree.from_paths(tree)

@@ -21,7 +21,7 @@ from specjax.presets import CLIError, add_model_arguments, enable_compile_cache,
 from specjax.sampling.logits import SamplingParams
 from specjax.sampling.tree import parse_widths
 
-ALL_METHODS = ("autoregressive", "speculative", "ngram", "medusa")
+ALL_METHODS = ("autoregressive", "speculative", "ngram", "medusa", "eagle")
 FULL = dict(ks="2,4,6", reps=5, warmup=1, max_new_tokens=128, contexts="50,500,1500")
 QUICK = dict(ks="2", reps=1, warmup=0, max_new_tokens=16, contexts="none")
 DESCRIPTION = suite.__doc__     # `bench --help`: what the suite measures and writes
@@ -47,8 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="timed run i uses seed + i")
     parser.add_argument("--trees", nargs="+", metavar="WIDTHS",
                         help="also run token trees, each the full tree of these widths per depth "
-                             "(e.g. --trees 2,2,1 3,2,1), for speculative, ngram and medusa "
-                             "(which always runs its heads' own tree too); default none")
+                             "(e.g. --trees 2,2,1 3,2,1), for speculative, ngram, medusa and "
+                             "eagle (which always run their heads' or drafter's own tree too); "
+                             "default none")
     parser.add_argument("--k-schedules", default="constant", metavar="SCHEDULES",
                         help="comma-separated lookahead schedules to run for each K (constant, "
                              "heuristic, confidence; default constant): K is the most a step "

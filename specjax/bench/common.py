@@ -27,7 +27,7 @@ from specjax.mesh import plan
 from specjax.presets import load_model, make_mesh
 
 CONSTANT = "constant"      # the lookahead schedule of rows that draft K every step
-HEADS_TREE = "heads"       # the tree key of medusa rows that use the tree shipped with the heads
+HEADS_TREE = "heads"       # the tree key of medusa and eagle rows that use their own shipped tree
 SWEEP_DECODE_TOKENS = 32   # M: tokens decoded after the first one, for the per-token time
 
 

@@ -20,7 +20,7 @@ from specjax.bench.common import (
 def k_label(row: dict) -> str:
     """The K column: K for a chain, the widths for a token tree."""
     if row.get("tree") == HEADS_TREE:
-        return "heads' tree"
+        return "drafter's tree" if row["method"] == "eagle" else "heads' tree"
     if row.get("schedule", CONSTANT) != CONSTANT:
         return f"≤{row['k']} {row['schedule']}"
     return f"tree {row['tree']}" if row.get("tree") else fmt(row["k"], "d")
@@ -34,7 +34,8 @@ def markdown(results: dict, heading: bool = True) -> str:
     lines = ["# specjax bench", ""] if heading else []
     lines += [f"Suite v{results['suite_version']}, {len(results['prompts'])} prompts; target "
               f"`{s['target']}`, draft `{s['draft']}`"
-              + (f", heads `{s['heads']}`" if s.get("heads") else "") + f", {s['dtype']}; "
+              + (f", heads `{s['heads']}`" if s.get("heads") else "")
+              + (f", drafter `{s['drafter']}`" if s.get("drafter") else "") + f", {s['dtype']}; "
               f"max_new_tokens "
               f"{s['max_new_tokens']}, temperature {s['temperature']}; {s['reps']} timed run(s) "
               f"after {s['warmup']} warm-up run(s); medians over runs, then over prompts.",
@@ -62,7 +63,8 @@ def markdown(results: dict, heading: bool = True) -> str:
                   "specjax's autoregressive tokens/s; step cost: tokens/call / speedup, the time "
                   "of one step (its target call and drafting) over an autoregressive step's; "
                   "tree w1,w2,..: the full token tree of those widths per depth; heads' tree: "
-                  "the tree shipped with the Medusa heads; ≤K heuristic / confidence: at most K "
+                  "the tree shipped with the Medusa heads; drafter's tree: the one shipped with the EAGLE "
+                  "drafter; ≤K heuristic / confidence: at most K "
                   "drafted per step under that lookahead schedule (no chain theory); "
                   "drafted/call: tokens drafted per target call."]
     lines += ["", "By category (speedup / acceptance):", "",

@@ -19,7 +19,7 @@ from specjax.api.generate import check_compatible, encode_prompts, generate
 from specjax.bench.common import Progress, fmt, machine, write_report
 from specjax.bench.prompts import SUITE
 from specjax.io.checkpoint import load
-from specjax.presets import heads_path, model_paths
+from specjax.presets import drafter_path, heads_path, model_paths
 
 SCHEMA = "specjax.bench.settings/1"
 # Each new setting, as generate's keywords over the old one (greedy, 1 token, seed 0).
@@ -36,10 +36,14 @@ def run(args, settings: dict) -> int:
         check_compatible(target, draft)
     heads_dir, _ = heads_path(args)
     heads = load(heads_dir) if heads_dir is not None and "medusa" in settings["methods"] else None
+    drafter_dir, _ = drafter_path(args)
+    drafter = (load(drafter_dir) if drafter_dir is not None and "eagle" in settings["methods"]
+               else None)
     prompt = next(p for p in SUITE["prompts"] if not p.get("chat"))
     ids = encode_prompts(target, [prompt["prompt"]])[0]
     methods = [m for m in settings["methods"]
-               if (m != "speculative" or draft is not None) and (m != "medusa" or heads)]
+               if (m != "speculative" or draft is not None) and (m != "medusa" or heads)
+               and (m != "eagle" or drafter)]
     progress = Progress(len(methods) * (1 + settings["reps"] * (1 + len(NEW))))
     rows = []
     for method in methods:
@@ -48,6 +52,8 @@ def run(args, settings: dict) -> int:
             base.update(k=settings["ks"][0], draft=draft if method == "speculative" else None)
         if method == "medusa":      # a tree's default scheme follows the temperatures: fixed
             base.update(heads=heads, candidates="top")
+        if method == "eagle":
+            base.update(drafter=drafter, candidates="top")
 
         def seconds(**change):
             start = time.perf_counter()

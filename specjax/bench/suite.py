@@ -33,10 +33,12 @@ Token trees (--trees 2,2,1 3,2,1 ...): each full tree of those widths per depth 
 speculative, n-gram and Medusa decoding (`generate(..., tree=...)`), in rows labelled "tree
 2,2,1" beside the chains; the chain theory above does not apply to them.
 
-Medusa (with --heads DIR, or a preset that ships heads): rows for the heads' own tree ("heads'
-tree") and for each --trees tree. They have no c or theory: the heads run inside the target's
-step, so their cost is not a separate model's decoding (scripts/bench_forward.py --medusa
-times it); step cost still gives a step's time over an autoregressive step's.
+Medusa (with --heads DIR, or a preset that ships heads) and EAGLE (with --drafter DIR, or a
+preset that ships a drafter): rows for the heads' or the drafter's own tree ("heads' tree",
+"drafter's tree") and for each --trees tree. They have no c or theory: the heads and the drafter
+run inside the target's step, so their cost is not a separate model's decoding
+(scripts/bench_forward.py --medusa and --eagle time it); step cost still gives a step's time over
+an autoregressive step's.
 
 Lookahead schedules (--k-schedules constant,heuristic,confidence): each K also runs with the
 other schedules (`generate(..., k_schedule=...)`, `decoding.lookahead`), K then being the most a
@@ -118,7 +120,7 @@ from specjax.bench.peers import Peers
 from specjax.bench.prompts import SUITE
 from specjax.bench.report import k_label, markdown, plots
 from specjax.io.checkpoint import load
-from specjax.presets import CLIError, heads_path, make_mesh, model_paths
+from specjax.presets import CLIError, drafter_path, heads_path, make_mesh, model_paths
 from specjax.sampling.tree import parse_widths
 
 SCHEMA = "specjax.bench/1"
@@ -144,6 +146,16 @@ def run(args, settings: dict) -> int:
             heads = load(path)
     elif args.heads:
         raise CLIError("--heads applies when --methods includes medusa")
+    drafter = None
+    if "eagle" in settings["methods"]:
+        path, no_drafter = drafter_path(args)
+        if path is None:
+            settings["methods"].remove("eagle")
+            notes.append(f"eagle skipped: {no_drafter}")
+        else:
+            drafter = load(path)
+    elif args.drafter:
+        raise CLIError("--drafter applies when --methods includes eagle")
     target, draft = load_pair(target_path, draft_path, args.dtype, settings, notes)
     if draft is not None:
         check_compatible(target, draft)
@@ -151,7 +163,7 @@ def run(args, settings: dict) -> int:
     contexts = _sweep_prompts(target, settings["contexts"], notes)
     peers = Peers.create(target, draft, settings, args.dtype, notes) if settings["peers"] else None
 
-    suite_jobs = _jobs(prompts, settings, target, draft, peers, heads)
+    suite_jobs = _jobs(prompts, settings, target, draft, peers, dict(heads=heads, drafter=drafter))
     sweep_jobs = _sweep_jobs(contexts, settings, target, peers)
     progress = Progress(len(suite_jobs) + len(sweep_jobs))
     for job in suite_jobs + sweep_jobs:
@@ -171,6 +183,10 @@ def run(args, settings: dict) -> int:
                      "heads": heads.name if heads is not None else None,
                      "heads_tree": ([list(p) for p in heads.tree.paths]
                                     if heads is not None and heads.tree is not None else None),
+                     "drafter": drafter.name if drafter is not None else None,
+                     "drafter_tree": ([list(p) for p in drafter.tree.paths]
+                                      if drafter is not None and drafter.tree is not None
+                                      else None),
                      "dtype": args.dtype, "peers": peers is not None,
                      "context_text": f"textwrap source of Python {platform.python_version()}",
                      "context_decode_tokens": SWEEP_DECODE_TOKENS},
@@ -213,8 +229,10 @@ def _sweep_prompts(target, contexts: list[int], notes: list[str]) -> list[dict]:
 
 # -- Measurements -------------------------------------------------------------------------------
 
-def _jobs(prompts, settings, target, draft, peers, heads=None) -> list[dict]:
-    """One job per (prompt, engine, method, K or tree); `run` returns the timed runs' records."""
+def _jobs(prompts, settings, target, draft, peers, beside=None) -> list[dict]:
+    """One job per (prompt, engine, method, K or tree); `run` returns the timed runs' records.
+    `beside`: the Medusa heads and the EAGLE drafter, {"heads": ..., "drafter": ...}."""
+    beside = beside or {}
     jobs = []
 
     def add(prompt, engine, method, k, run_job, tree=None, schedule=CONSTANT):
@@ -228,9 +246,9 @@ def _jobs(prompts, settings, target, draft, peers, heads=None) -> list[dict]:
         ks = {m: settings["ks"] if m in ("speculative", "ngram") else [None]
               for m in settings["methods"]}
         for method in settings["methods"]:
-            if method == "medusa":
+            if method in ("medusa", "eagle"):       # their own tree first
                 add(p, "specjax", method, None,
-                    _specjax_job(p, settings, target, method, None, None, HEADS_TREE, heads),
+                    _specjax_job(p, settings, target, method, None, None, HEADS_TREE, beside),
                     HEADS_TREE)
             else:
                 for k in ks[method]:
@@ -240,13 +258,13 @@ def _jobs(prompts, settings, target, draft, peers, heads=None) -> list[dict]:
                                          schedule=schedule), schedule=schedule)
             for tree in settings["trees"] if method != "autoregressive" else []:
                 add(p, "specjax", method, None,
-                    _specjax_job(p, settings, target, method, None, draft, tree, heads), tree)
+                    _specjax_job(p, settings, target, method, None, draft, tree, beside), tree)
         if "speculative" in settings["methods"]:
             # The draft decoding on its own, for the cost ratio c.
             add(p, "specjax", "draft-autoregressive", None,
                 _specjax_job(p, settings, draft, "autoregressive", None, None))
         if peers is not None:
-            for method in (m for m in settings["methods"] if m != "medusa"):   # no peer
+            for method in (m for m in settings["methods"] if m not in ("medusa", "eagle")):
                 for k in ks[method]:
                     add(p, "transformers", method, k, peers.job(p, method, k))
             if "speculative" in settings["methods"]:
@@ -264,10 +282,15 @@ def _method_schedules(method: str, settings) -> list[str]:
     return [CONSTANT]
 
 
-def _specjax_job(prompt, settings, model, method, k, draft, tree=None, heads=None,
+def _specjax_job(prompt, settings, model, method, k, draft, tree=None, beside=None,
                  schedule=CONSTANT):
     def run_job() -> dict:
-        extra = dict(heads=heads) if method == "medusa" else dict(draft=draft, k=k or 1)
+        if method == "medusa":
+            extra = dict(heads=beside["heads"])
+        elif method == "eagle":
+            extra = dict(drafter=beside["drafter"])
+        else:
+            extra = dict(draft=draft, k=k or 1)
         if schedule != CONSTANT:
             extra["k_schedule"] = schedule
         if schedule == "confidence":

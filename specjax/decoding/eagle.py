@@ -37,8 +37,9 @@ from specjax.decoding import trees
 from specjax.decoding.autoregressive import prefill, prefill_chunk
 from specjax.decoding.state import DecodeState, any_nan, commit, step_keys
 from specjax.heads import eagle
-from specjax.model.cache import KVCache
+from specjax.model.cache import KVCache, TreeAttention
 from specjax.sampling.logits import probs_from_logits
+from specjax.sampling.tree import DynamicTree, RowTrees
 
 
 def prefill_drafter(spec, weights, prompts, prompt_length, slots: int):
@@ -82,21 +83,29 @@ def pending_pairs(spec, state: DecodeState):
     return tokens, start[:, None] + jnp.arange(width, dtype=jnp.int32)
 
 
+def catch_up(spec, params, state: DecodeState):
+    """Step 1: the drafter reads the pairs the last step committed. Returns its output at the
+    last pair, the predicted f'_{L-1} [B, 1, D], its cache and whether a NaN was seen."""
+    tokens, slots = pending_pairs(spec, state)
+    out, cache = eagle.draft_features(params.drafter, spec.drafter_config, params.target["embed"],
+                                      state.hidden, tokens, slots, state.draft_cache)
+    root_feature = jnp.take_along_axis(out, (state.pending - 1)[:, None, None], axis=1)
+    return root_feature, cache, any_nan(out)
+
+
 def draft_tree(spec, params, state: DecodeState, keys):
-    """Steps 1 and 2: the nodes' tokens [B, n], which are filled [B, n], the draft distribution
-    at each node [B, n, V] (None for "top" candidates), the drafter's cache and whether a NaN
-    was seen. One drafter call to catch up and one per level above the deepest: D calls."""
+    """Steps 1 and 2 for a static tree: the nodes' tokens [B, n], which are filled [B, n], the
+    draft distribution at each node [B, n, V] (None for "top" candidates), the drafter's cache
+    and whether a NaN was seen. One drafter call to catch up and one per level above the
+    deepest: D calls."""
     tree, scheme, vocab = spec.tree, spec.candidates, spec.vocab_size
     config, weights, embed = spec.drafter_config, params.drafter, params.target["embed"]
     b, n, depth = state.length.shape[0], tree.size + 1, tree.max_depth
     root = state.length - 1
     level_keys = jax.vmap(lambda key: jax.random.split(key, depth))(keys)       # [B, D]
-
-    tokens, slots = pending_pairs(spec, state)
-    out, cache = eagle.draft_features(weights, config, embed, state.hidden, tokens, slots,
-                                      state.draft_cache)
-    root_feature = jnp.take_along_axis(out, (state.pending - 1)[:, None, None], axis=1)
-    outs = jnp.zeros((b, n, out.shape[-1]), out.dtype).at[:, :1].set(root_feature)  # [B, n, D']
+    root_feature, cache, nan = catch_up(spec, params, state)
+    outs = jnp.zeros((b, n, root_feature.shape[-1]), root_feature.dtype)
+    outs = outs.at[:, :1].set(root_feature)                                       # [B, n, D']
 
     def expand(d, tokens, valid, carry):
         outs, cache, probs, nan = carry
@@ -123,17 +132,124 @@ def draft_tree(spec, params, state: DecodeState, keys):
 
     probs = None if scheme == "top" else jnp.zeros((b, n, vocab), jnp.float32)
     tokens, valid, (_, cache, probs, nan) = trees.fill(
-        tree, state.tokens[jnp.arange(b), root], expand, (outs, cache, probs, any_nan(out)))
+        tree, state.tokens[jnp.arange(b), root], expand, (outs, cache, probs, nan))
     return tokens, valid, probs, cache, nan
+
+
+def draft_dynamic_tree(spec, params, state: DecodeState):
+    """Steps 1 and 2 for EAGLE-2's dynamic tree (`sampling.tree.DynamicTree`): each row's own
+    tree, chosen by the drafter's confidence. Returns the nodes' tokens [B, n], which are
+    valid [B, n], the trees (`RowTrees`), the drafter's cache and whether a NaN was seen.
+
+    Depth d expands E nodes (the root at d = 1, then the frontier of K): the drafter reads the
+    frontier's pairs (one call, tree attention among the nodes it has read), and each expanded
+    node's K likeliest tokens become candidates scored by the path's summed log-probability.
+    The K best new candidates are the next frontier. Every candidate goes to a pool (K + (D - 1)
+    K^2 of them, in the order made, so a parent comes before its children); the N best of the
+    pool, kept in pool order, are the tree's nodes 1..N. A child's score is its parent's plus a
+    log-probability <= 0, and the top-N selection prefers the earlier of equal scores, so the
+    nodes' parents are chosen too; a node whose parent was not (ties at -inf) is left invalid.
+    The candidates are deterministic given the past: they are verified by the deterministic
+    rule, exact at every temperature.
+    """
+    shape = spec.tree
+    depth, k, total = shape.depth, shape.top_k, shape.total_tokens
+    config, weights, embed = spec.drafter_config, params.drafter, params.target["embed"]
+    b = state.length.shape[0]
+    root = state.length - 1
+    rows = jnp.arange(b)[:, None]
+    root_feature, cache, nan = catch_up(spec, params, state)
+    fed = 1 + (depth - 1) * k             # the nodes the drafter reads: the root, the frontiers
+    fed_ancestors = jnp.broadcast_to(jnp.eye(fed, dtype=bool), (b, fed, fed))
+
+    pool_tokens, pool_scores, pool_parents, pool_depths = [], [], [], []
+    outs, scores = root_feature, jnp.zeros((b, 1), jnp.float32)    # the nodes being expanded
+    pool_index, fed_index = jnp.full((b, 1), -1), jnp.zeros((b, 1), jnp.int32)
+    for d in range(1, depth + 1):
+        logp = jax.nn.log_softmax(eagle.subset_logits(weights, outs), axis=-1)    # [B, E, S]
+        nan = nan | any_nan(logp)
+        top_logp, top = lax.top_k(logp, k)                                        # [B, E, K]
+        cand_scores = (scores[:, :, None] + top_logp).reshape(b, -1)              # [B, E*K]
+        cand_tokens = weights["ids"][top].reshape(b, -1)
+        cand_parent = jnp.repeat(jnp.arange(outs.shape[1]), k)                     # [E*K]
+        pool_tokens.append(cand_tokens)
+        pool_scores.append(cand_scores)
+        pool_parents.append(pool_index[:, cand_parent])
+        pool_depths.append(jnp.full(cand_tokens.shape, d, jnp.int32))
+        if d == depth:
+            break
+        # The next frontier: the K best candidates, read by the drafter at once.
+        offset = sum(t.shape[1] for t in pool_tokens) - cand_tokens.shape[1]
+        best = lax.top_k(cand_scores, k)[1]                                       # [B, K]
+        parent = cand_parent[best]                                                # [B, K]
+        first = 1 + (d - 1) * k
+        new_fed = first + jnp.arange(k)
+        parent_rows = jnp.take_along_axis(fed_ancestors, fed_index[rows, parent][..., None], 1)
+        fed_ancestors = fed_ancestors.at[:, first:first + k].set(
+            parent_rows | jax.nn.one_hot(new_fed, fed, dtype=bool)[None])
+        features = jnp.take_along_axis(outs, parent[..., None], axis=1)           # [B, K, D']
+        outs, cache = eagle.draft_features(
+            weights, config, embed, features, cand_tokens[rows, best],
+            jnp.broadcast_to(root[:, None] + d, (b, k)), cache,
+            TreeAttention(root=root, ancestors=fed_ancestors, first=first))
+        scores = cand_scores[rows, best]
+        pool_index, fed_index = offset + best, jnp.broadcast_to(new_fed, (b, k))
+
+    tokens, scores, parents, depths = (jnp.concatenate(x, axis=1) for x in (
+        pool_tokens, pool_scores, pool_parents, pool_depths))                     # [B, C]
+    chosen = jnp.sort(lax.top_k(scores, total)[1], axis=1)                        # [B, N]
+    node_of = jnp.full(scores.shape, -1, jnp.int32).at[rows, chosen].set(
+        jnp.arange(1, total + 1, dtype=jnp.int32))
+    parent_pool = parents[rows, chosen]
+    parent = jnp.where(parent_pool < 0, 0, node_of[rows, jnp.maximum(parent_pool, 0)])
+    valid = parent >= 0
+    parent = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), jnp.maximum(parent, 0)], axis=1)
+    valid = jnp.concatenate([jnp.ones((b, 1), bool), valid], axis=1)             # [B, n]
+    for _ in range(depth):                  # a node under an invalid node is invalid
+        valid = valid & valid[rows, parent]
+    node_scores = jnp.concatenate([jnp.zeros((b, 1)), scores[rows, chosen]], axis=1)
+    trees_ = _row_trees(parent, valid, node_scores,
+                        jnp.concatenate([jnp.zeros((b, 1), jnp.int32), depths[rows, chosen]], 1),
+                        depth, k)
+    node_tokens = jnp.concatenate([state.tokens[rows, root[:, None]], tokens[rows, chosen]], 1)
+    return node_tokens, valid, trees_, cache, nan
+
+
+def _row_trees(parent, valid, scores, depth, max_depth: int, width: int) -> RowTrees:
+    """The `RowTrees` of nodes given by their parents [B, n] (node 0 the root): siblings ranked
+    by score, best first (the order the verifier tries them in); invalid nodes are nobody's
+    child."""
+    b, n = parent.shape
+    rows = jnp.arange(b)[:, None]
+    index = jnp.arange(n)
+    sibling = ((parent[:, :, None] == parent[:, None, :]) & valid[:, None, :]
+               & (index > 0)[None, None, :])                                     # [B, n, n]
+    before = (scores[:, None, :] > scores[:, :, None]) | (
+        (scores[:, None, :] == scores[:, :, None]) & (index[None, :] < index[:, None]))[None]
+    rank = jnp.sum(sibling & before & (index[None, :] != index[:, None])[None], axis=2)
+    rank = jnp.where(valid & (index > 0)[None], rank, width)          # out of range: dropped
+    children = jnp.full((b, n, width), -1, jnp.int32).at[rows, parent, rank].set(
+        jnp.broadcast_to(index, (b, n)).astype(jnp.int32), mode="drop")
+    eye = jnp.eye(n, dtype=bool)
+    ancestors = jnp.broadcast_to(eye, (b, n, n))
+    for _ in range(max_depth):
+        ancestors = eye[None] | jnp.take_along_axis(ancestors, parent[:, :, None], axis=1)
+    return RowTrees(parent=parent, depth=depth, children=children, ancestors=ancestors,
+                    max_depth=max_depth, max_width=width)
 
 
 def step(spec, params, state: DecodeState) -> DecodeState:
     k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
-    # Steps 1 and 2: catch up, then the tree of candidates, level by level.
-    tokens, valid, probs, draft_cache, draft_nan = draft_tree(spec, params, state, k_draft)
+    # Steps 1 and 2: catch up, then the tree of candidates.
+    if isinstance(spec.tree, DynamicTree):
+        tokens, valid, tree, draft_cache, draft_nan = draft_dynamic_tree(spec, params, state)
+        probs, rule = None, "deterministic"
+    else:
+        tokens, valid, probs, draft_cache, draft_nan = draft_tree(spec, params, state, k_draft)
+        tree, rule = spec.tree, trees.SCHEMES[spec.candidates]
     # Step 3: one target call over the tree, the walk, and the features of the next catch-up.
     new, n_accepted, _, target_cache, target_nan, features = trees.score_and_verify(
-        spec, params, state, tokens, valid, probs, k_verify, trees.SCHEMES[spec.candidates])
+        spec, params, state, tokens, valid, probs, k_verify, rule, tree)
     # Step 4: commit; finished rows keep their pending pairs.
     active = ~state.done
     state = commit(spec, state, new, n_accepted, target_cache,

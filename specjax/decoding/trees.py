@@ -73,12 +73,14 @@ def keep_path(cache: KVCache, root, path, nodes: int) -> KVCache:
     return KVCache(tuple(k for k, _ in moved), tuple(v for _, v in moved), cache.length)
 
 
-def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_probs, keys, rule):
+def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_probs, keys, rule,
+                     tree=None):
     """The target scores every node of the tree in one call; the walk accepts a path.
 
     Args:
       tokens: [B, n] the nodes' tokens, node 0 being each row's last token; valid: [B, n] bool;
-      draft_probs: [B, n, V] or None; keys: [B]; rule: the verification rule of the scheme.
+      draft_probs: [B, n, V] or None; keys: [B]; rule: the verification rule of the scheme;
+      tree: the tree (default spec.tree), or `RowTrees` for one tree per row.
     Returns:
       new tokens [B, D + 1] (the accepted path, then the residual or bonus token), n_accepted
       [B], the accepted path [B, D] (node indices), the target's cache with the path in
@@ -88,7 +90,7 @@ def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_prob
       heads read entry n_accepted, the state that produced the new last token; an EAGLE
       drafter reads them all; other drafters ignore them.
     """
-    tree = spec.tree
+    tree = spec.tree if tree is None else tree
     _, root = last_tokens(state, 1)
     root = root[:, 0]                                                  # [B] slot = position
     x, cache = hidden_states(params.target, spec.target_config, tokens,

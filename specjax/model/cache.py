@@ -91,7 +91,7 @@ class TreeAttention:
     its ancestors or itself, never to a sibling's branch.
     """
     root: jax.Array              # [B] int32: the slot (and position) of each row's tree root
-    ancestors: jax.Array         # [n, n] bool: `Tree.ancestors`
+    ancestors: jax.Array         # [n, n] bool: `Tree.ancestors`; [B, n, n] for one tree per row
     first: int = dataclasses.field(default=0, metadata=dict(static=True))
 
     def slots(self, t: int) -> jax.Array:
@@ -110,11 +110,14 @@ def attention_mask(query_slots: jax.Array, key_slots: jax.Array,
     mask = key_slots[:, None, :] <= query_slots[:, :, None]
     if tree is None:
         return mask
-    n = tree.ancestors.shape[0]
-    query_node = query_slots - tree.root[:, None]                            # [B, T]
+    n = tree.ancestors.shape[-1]
     key_node = key_slots - tree.root[:, None]                                # [B, S]
-    related = tree.ancestors[jnp.clip(query_node, 0, n - 1)[:, :, None],
-                             jnp.clip(key_node, 0, n - 1)[:, None, :]]       # [B, T, S]
+    query = jnp.clip(query_slots - tree.root[:, None], 0, n - 1)             # [B, T]
+    key = jnp.clip(key_node, 0, n - 1)
+    if tree.ancestors.ndim == 3:                  # one tree per row
+        related = jax.vmap(lambda a, q, k: a[q[:, None], k[None, :]])(tree.ancestors, query, key)
+    else:
+        related = tree.ancestors[query[:, :, None], key[:, None, :]]          # [B, T, S]
     return mask & ((key_node < 0)[:, None, :] | related)
 
 

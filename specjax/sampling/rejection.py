@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.sampling.logits import sample_rows
+from specjax.sampling.tree import RowTrees
 
 __all__ = [
     "RULES",
@@ -334,7 +335,8 @@ def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_prob
     Rows are independent, each with its own key. Pure and jittable; the tree is static.
 
     Args:
-      tree: the static `specjax.sampling.tree.Tree`, n = tree.size + 1 nodes, node 0 the root.
+      tree: the static `specjax.sampling.tree.Tree`, n = tree.size + 1 nodes, node 0 the root,
+        or `RowTrees`, one such topology per row (as data).
       rule: one of `RULES`, the one matching how the candidates were drawn (see above).
       tokens: [B, n] int the nodes' tokens (the root's is not read).
       valid: [B, n] bool: nodes the drafter filled; others (and their subtrees) are never tried.
@@ -357,6 +359,12 @@ def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_prob
         if rule != "deterministic":
             raise ValueError(f"rule {rule!r} needs the draft distributions (draft_probs)")
         draft_probs = jnp.zeros_like(target_probs)      # never read by the deterministic rule
-    n_accepted, path, next_keys, next_dists = jax.vmap(
-        lambda *a: _verify_tree_row(tree, rule, *a))(tokens, valid, draft_probs, target_probs, keys)
+    if isinstance(tree, RowTrees):       # one topology per row (an EAGLE-2 dynamic tree)
+        n_accepted, path, next_keys, next_dists = jax.vmap(
+            lambda t, *a: _verify_tree_row(t, rule, *a))(tree, tokens, valid, draft_probs,
+                                                       target_probs, keys)
+    else:
+        n_accepted, path, next_keys, next_dists = jax.vmap(
+            lambda *a: _verify_tree_row(tree, rule, *a))(tokens, valid, draft_probs,
+                                                       target_probs, keys)
     return n_accepted, path, sample_rows(next_keys, next_dists)

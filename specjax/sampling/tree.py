@@ -29,6 +29,7 @@ import json
 import numbers
 from typing import Sequence
 
+import jax
 import numpy as np
 
 
@@ -169,6 +170,76 @@ class Tree:
                 return None
             widths.append(len(level) // len(parents))
         return tuple(widths) if Tree.full(widths) == self else None
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2's draft tree (Li et al. 2024, "EAGLE-2"): a shape chosen anew every step, per
+    row, from the drafter's confidence; only its sizes are static.
+
+    The drafter expands the `top_k` most likely children of every frontier node, scores each
+    node by its path's cumulative log-probability under the drafter, keeps the `top_k` best new
+    nodes as the next frontier, `depth` times; then the `total_tokens` best of all the nodes it
+    made (a child never scores above its parent, so they form a tree) are the tree the target
+    verifies in one call. `decoding.eagle` builds it; `RowTrees` carries it.
+    """
+    depth: int
+    top_k: int
+    total_tokens: int
+
+    def __post_init__(self):
+        for name in ("depth", "top_k", "total_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise TreeError(f"a dynamic tree's {name} must be an integer >= 1, got {value!r}")
+        if self.total_tokens > self.pool_size:
+            raise TreeError(f"a dynamic tree of depth {self.depth} and top_k {self.top_k} makes "
+                            f"{self.pool_size} nodes; total_tokens={self.total_tokens} is more")
+
+    @property
+    def pool_size(self) -> int:
+        """The nodes the drafter makes: top_k at depth 1, then top_k^2 per depth."""
+        return self.top_k + (self.depth - 1) * self.top_k ** 2
+
+    @property
+    def size(self) -> int:
+        return self.total_tokens
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth
+
+    @property
+    def max_width(self) -> int:
+        return self.top_k
+
+    @classmethod
+    def parse(cls, text: str) -> "DynamicTree":
+        """`"5,4,16"` -> DynamicTree(depth=5, top_k=4, total_tokens=16) (`--dynamic-tree`)."""
+        try:
+            depth, top_k, total = (int(part) for part in text.split(","))
+        except ValueError:
+            raise TreeError(f"a dynamic tree is DEPTH,TOP_K,TOTAL_TOKENS (e.g. 5,4,16), "
+                            f"got {text!r}") from None
+        return cls(depth, top_k, total)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RowTrees:
+    """One tree per row, as data: the arrays of `Tree` with a leading batch axis [B, ...]
+    (n = total nodes with the root). `rejection.verify_tree` and tree attention read them
+    where they would read a static tree's."""
+    parent: jax.Array          # [B, n] int32 (the root is its own parent)
+    depth: jax.Array           # [B, n] int32
+    children: jax.Array        # [B, n, W] int32, -1 where none
+    ancestors: jax.Array       # [B, n, n] bool
+    max_depth: int = dataclasses.field(metadata=dict(static=True))
+    max_width: int = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def size(self) -> int:
+        return self.parent.shape[-1] - 1
 
 
 def parse_widths(text: str) -> Tree:
