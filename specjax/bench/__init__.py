@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 
 from specjax.bench import batch, oracle, settings, suite
-from specjax.bench.common import CONSTANT
+from specjax.bench.common import CONSTANT, DYNAMIC_PREFIX
 from specjax.decoding.lookahead import SCHEDULES
 from specjax.presets import CLIError, add_model_arguments, enable_compile_cache, parse_mesh
 from specjax.sampling.logits import SamplingParams
-from specjax.sampling.tree import parse_widths
+from specjax.sampling.tree import DynamicTree, parse_widths
 
 ALL_METHODS = ("autoregressive", "speculative", "ngram", "medusa", "eagle")
 FULL = dict(ks="2,4,6", reps=5, warmup=1, max_new_tokens=128, contexts="50,500,1500")
@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(e.g. --trees 2,2,1 3,2,1), for speculative, ngram, medusa and "
                              "eagle (which always run their heads' or drafter's own tree too); "
                              "default none")
+    parser.add_argument("--dynamic-trees", nargs="+", metavar="DEPTH,TOP_K,TOTAL",
+                        help="also run EAGLE-2 dynamic trees for eagle (e.g. --dynamic-trees "
+                             "4,4,8 5,8,16); default none")
     parser.add_argument("--k-schedules", default="constant", metavar="SCHEDULES",
                         help="comma-separated lookahead schedules to run for each K (constant, "
                              "heuristic, confidence; default constant): K is the most a step "
@@ -110,6 +113,7 @@ def parse_settings(args) -> dict:
                     warmup=pick("warmup"), max_new_tokens=pick("max_new_tokens"),
                     contexts=contexts, temperature=args.temperature, seed=args.seed,
                     max_ngram=args.max_ngram, quick=args.quick, trees=_trees(args.trees),
+                    dynamic_trees=_dynamic_trees(args.dynamic_trees),
                     k_schedules=_schedules(args.k_schedules),
                     confidence_threshold=args.confidence_threshold,
                     batch=positive_ints("--batch", args.batch) if args.batch else [],
@@ -130,7 +134,10 @@ def parse_settings(args) -> dict:
         raise CLIError("--mesh does not apply to --settings (one device)")
     if settings["mesh"] and args.oracle:
         raise CLIError("--mesh does not apply to --oracle (it counts calls, on one device)")
+    if settings["dynamic_trees"] and "eagle" not in settings["methods"]:
+        raise CLIError("--dynamic-trees applies when --methods includes eagle")
     ignored = [name for name, given in (("--trees", settings["trees"]),
+                                        ("--dynamic-trees", settings["dynamic_trees"]),
                                         ("--k-schedules", settings["k_schedules"] != [CONSTANT]),
                                         ("--contexts", args.contexts is not None)) if given]
     if settings["batch"] and ignored:
@@ -153,6 +160,12 @@ def _schedules(text: str) -> list[str]:
 def _trees(texts: list[str] | None) -> list[str]:
     """--trees: each validated as a full tree's widths, kept as the canonical text "3,2,1"."""
     return [",".join(map(str, parse_widths(t).full_widths())) for t in texts or []]
+
+
+def _dynamic_trees(texts: list[str] | None) -> list[str]:
+    """--dynamic-trees: each validated, kept as the row's tree label "dynamic 4,4,8"."""
+    trees = [DynamicTree.parse(t) for t in texts or []]
+    return [f"{DYNAMIC_PREFIX}{t.depth},{t.top_k},{t.total_tokens}" for t in trees]
 
 
 def positive_ints(option: str, text: str) -> list[int]:

@@ -28,6 +28,7 @@ from specjax.presets import load_model, make_mesh
 
 CONSTANT = "constant"      # the lookahead schedule of rows that draft K every step
 HEADS_TREE = "heads"       # the tree key of medusa and eagle rows that use their own shipped tree
+DYNAMIC_PREFIX = "dynamic "  # the tree key of eagle rows with an EAGLE-2 tree: "dynamic 4,4,8"
 SWEEP_DECODE_TOKENS = 32   # M: tokens decoded after the first one, for the per-token time
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from specjax.api.generate import acceptance_by_position
 from specjax.bench.common import (
     CONSTANT,
+    DYNAMIC_PREFIX,
     HEADS_TREE,
     expected_tokens_per_call,
     fmt,
@@ -23,6 +24,8 @@ def k_label(row: dict) -> str:
         return "drafter's tree" if row["method"] == "eagle" else "heads' tree"
     if row.get("schedule", CONSTANT) != CONSTANT:
         return f"≤{row['k']} {row['schedule']}"
+    if (row.get("tree") or "").startswith(DYNAMIC_PREFIX):
+        return row["tree"]
     return f"tree {row['tree']}" if row.get("tree") else fmt(row["k"], "d")
 
 

@@ -30,8 +30,10 @@ holds the medians of those over the prompts:
                     tokens relative to a one-token call
 
 Token trees (--trees 2,2,1 3,2,1 ...): each full tree of those widths per depth also runs with
-speculative, n-gram and Medusa decoding (`generate(..., tree=...)`), in rows labelled "tree
-2,2,1" beside the chains; the chain theory above does not apply to them.
+speculative, n-gram, Medusa and EAGLE decoding (`generate(..., tree=...)`), in rows labelled
+"tree 2,2,1" beside the chains; the chain theory above does not apply to them. EAGLE-2 dynamic
+trees (--dynamic-trees 4,4,8 ...: depth, top-k, total tokens) run with EAGLE, in rows labelled
+"dynamic 4,4,8".
 
 Medusa (with --heads DIR, or a preset that ships heads) and EAGLE (with --drafter DIR, or a
 preset that ships a drafter): rows for the heads' or the drafter's own tree ("heads' tree",
@@ -102,6 +104,7 @@ import textwrap
 from specjax.api.generate import check_compatible, encode_prompts, generate
 from specjax.bench.common import (
     CONSTANT,
+    DYNAMIC_PREFIX,
     HEADS_TREE,
     SWEEP_DECODE_TOKENS,
     Progress,
@@ -121,7 +124,7 @@ from specjax.bench.prompts import SUITE
 from specjax.bench.report import k_label, markdown, plots
 from specjax.io.checkpoint import load
 from specjax.presets import CLIError, drafter_path, heads_path, make_mesh, model_paths
-from specjax.sampling.tree import parse_widths
+from specjax.sampling.tree import DynamicTree, parse_widths
 
 SCHEMA = "specjax.bench/1"
 METRICS = ("tokens_per_second", "speedup", "speedup_vs_specjax_autoregressive", "acceptance_rate",
@@ -259,6 +262,9 @@ def _jobs(prompts, settings, target, draft, peers, beside=None) -> list[dict]:
             for tree in settings["trees"] if method != "autoregressive" else []:
                 add(p, "specjax", method, None,
                     _specjax_job(p, settings, target, method, None, draft, tree, beside), tree)
+            for tree in settings["dynamic_trees"] if method == "eagle" else []:
+                add(p, "specjax", method, None,
+                    _specjax_job(p, settings, target, method, None, draft, tree, beside), tree)
         if "speculative" in settings["methods"]:
             # The draft decoding on its own, for the cost ratio c.
             add(p, "specjax", "draft-autoregressive", None,
@@ -297,7 +303,7 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, beside=No
             extra["confidence_threshold"] = settings["confidence_threshold"]
         results, compile_s = timed_runs(settings, lambda seed: generate(
             model, [prompt["ids"]], method=method, **extra,
-            tree=parse_widths(tree) if tree and tree != HEADS_TREE else None,
+            tree=_tree(tree),
             max_new_tokens=prompt["max_new_tokens"], temperature=settings["temperature"],
             seed=seed, max_ngram=settings["max_ngram"], mesh=make_mesh(settings["mesh"])))
         records = [dict(new_tokens=s.new_tokens, run_s=s.run_s,
@@ -309,6 +315,16 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, beside=No
                    for r, s in ((r, r.stats) for r in results)]
         return dict(records=records, compile_s=compile_s)
     return run_job
+
+
+def _tree(label: str | None):
+    """A row's tree from its label: None (a chain, or the heads' or drafter's own tree), the
+    full tree of "3,2,1", or the dynamic tree of "dynamic 4,4,8"."""
+    if not label or label == HEADS_TREE:
+        return None
+    if label.startswith(DYNAMIC_PREFIX):
+        return DynamicTree.parse(label[len(DYNAMIC_PREFIX):])
+    return parse_widths(label)
 
 
 def _sweep_jobs(contexts, settings, target, peers) -> list[dict]:

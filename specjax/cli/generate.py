@@ -41,7 +41,7 @@ from specjax.presets import (
     parse_mesh,
 )
 from specjax.sampling.logits import SamplingParams
-from specjax.sampling.tree import Tree, parse_widths
+from specjax.sampling.tree import DynamicTree, Tree, parse_widths
 
 GENERATE_HELP = """\
 Generates a continuation of the prompt with autoregressive, speculative or n-gram decoding (or
@@ -114,6 +114,10 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--tree-file", metavar="PATH",
                    help="a token tree as a JSON list of paths of child ranks (Medusa's "
                         "'choices'), e.g. [[0], [1], [0, 0]]")
+    d.add_argument("--dynamic-tree", metavar="DEPTH,TOP_K,TOTAL",
+                   help="eagle: EAGLE-2's dynamic tree instead of a static one: expand the "
+                        "TOP_K likeliest children of the TOP_K best nodes per depth, DEPTH deep, "
+                        "and verify the TOTAL best nodes, e.g. 4,4,8")
     d.add_argument("--candidates", choices=("top", "distinct", "iid"),
                    help="how the draft, the heads or the drafter fill a tree: the top tokens (default at "
                         "temperature 0), sampled without replacement (default otherwise) or "
@@ -224,8 +228,12 @@ def check_numbers(methods: list[str], options: dict) -> None:
 def read_tree(args, methods: list[str]):
     """The `Tree` of --tree or --tree-file, or None."""
 
-    if args.tree is not None and args.tree_file:
-        raise CLIError("give either --tree or --tree-file, not both")
+    if sum(x is not None for x in (args.tree, args.tree_file, args.dynamic_tree)) > 1:
+        raise CLIError("give one of --tree, --tree-file and --dynamic-tree")
+    if args.dynamic_tree is not None:
+        if methods != ["eagle"]:
+            raise CLIError("--dynamic-tree needs --method eagle")
+        return DynamicTree.parse(args.dynamic_tree)
     if args.tree is None and not args.tree_file:
         if args.candidates is not None:
             raise CLIError("--candidates applies to token trees; give --tree or --tree-file")
