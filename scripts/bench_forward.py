@@ -3,11 +3,14 @@
     python scripts/bench_forward.py                          # a random 12-layer D=768 Llama
     python scripts/bench_forward.py --model ~/.cache/specjax/smollm2-135m-instruct
     python scripts/bench_forward.py --model ~/.cache/specjax/smollm2-135m-instruct \
-        --medusa weights/smollm2-medusa --sizes 1,5,9,16,24
+        --medusa weights/smollm2-medusa --eagle weights/smollm2-eagle --sizes 1,5,9,16,24
 
 `--medusa` adds one step of Medusa heads (every head's blocks and its subset projection, on one
 hidden state) and its cost ratio c to the decode step; `--sizes` times verify calls of each
-number of tokens (a tree's nodes plus its root), in units of the decode step.
+number of tokens (a tree's nodes plus its root), in units of the decode step. `--eagle` times one
+call of an EAGLE drafter (fusion, its decoder layer over its own cache, its subset logits) on 1,
+4 and 8 pairs, each as a cost ratio c of the decode step: a static tree of depth D costs D calls
+(the catch-up and one per level above the deepest), and so does a dynamic tree.
 
 Reports medians of several calls after warm-up, and the bytes of weights each call must read,
 which divided by the time gives the memory bandwidth the call achieves (decoding a small batch
@@ -43,10 +46,11 @@ def main():
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--medusa", help="a Medusa heads directory for --model: time one step of them")
+    parser.add_argument("--eagle", help="an EAGLE drafter directory for --model: time its calls")
     parser.add_argument("--sizes", help="comma-separated call sizes to time, in decode steps")
     args = parser.parse_args()
-    if args.medusa and not args.model:
-        parser.error("--medusa needs --model, the target the heads were trained on")
+    if (args.medusa or args.eagle) and not args.model:
+        parser.error("--medusa and --eagle need --model, the target they were trained on")
 
     if args.model:
         model = specjax.load(args.model)
@@ -111,6 +115,11 @@ def main():
         heads_time = time_heads(args.medusa, model, repeats, median_time)
         print(f"{'medusa heads (one step)':30s} {heads_time * 1e3:8.2f} ms   "
               f"c = {heads_time / decode:.3f} of the decode step")
+    if args.eagle:
+        for pairs, seconds in time_drafter(args.eagle, model, repeats, median_time, args.context,
+                                           half).items():
+            print(f"{f'eagle drafter call ({pairs} pairs)':30s} {seconds * 1e3:8.2f} ms   "
+                  f"c = {seconds / decode:.3f} of the decode step")
 
 
 def time_heads(directory, model, repeats, median_time):
@@ -130,6 +139,30 @@ def time_heads(directory, model, repeats, median_time):
 
     h = jnp.ones((1, heads.config.hidden_size), jnp.float32)
     return median_time(lambda: repeated(weights, h)) / repeats
+
+
+def time_drafter(directory, model, repeats, median_time, slots, filled):
+    """Seconds for one drafter call on 1, 4 and 8 pairs over a cache with `filled` slots
+    written: the features in, the subset logits out (what a level of a tree costs)."""
+    from specjax.heads import eagle
+
+    drafter = specjax.load(directory)
+    weights = eagle.runtime_weights(drafter, model)
+    config, embed = drafter.config, model.params["embed"]
+    cache = KVCache.init(config.layer, 1, slots)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def repeated(t, weights, cache):
+        features = jnp.ones((1, t, config.hidden_size), jnp.float32)
+        positions = filled + jnp.arange(t)[None]
+
+        def call(i, total):
+            out, _ = eagle.draft_features(weights, config, embed, features + i,
+                                          jnp.zeros((1, t), jnp.int32), positions, cache)
+            return total + jnp.max(eagle.subset_logits(weights, out))
+        return jax.lax.fori_loop(0, repeats, call, jnp.zeros((), jnp.float32))
+
+    return {t: median_time(lambda t=t: repeated(t, weights, cache)) / repeats for t in (1, 4, 8)}
 
 
 def numpy_matvecs(params, config):
