@@ -404,7 +404,7 @@ def test_a_tree_row_alone_equals_the_row_in_a_batch(models):
 
 
 @pytest.mark.parametrize("kwargs, needle", [
-    (dict(method="autoregressive", tree=((0,),)), "needs method 'speculative', 'ngram' or 'medusa'"),
+    (dict(method="autoregressive", tree=((0,),)), "needs method 'speculative', 'ngram', 'medusa' or 'eagle'"),
     (dict(method="ngram", tree=((0,), (0, 0, 0))), "[0, 0, 0] has no parent"),
     (dict(method="ngram", tree=((0,), (-1,))), "rank -1"),
     (dict(method="speculative", tree=Tree.chain(200)), "the tree has 200 nodes"),
