@@ -7,6 +7,7 @@ drafters and a negative control; `test_smollm2.py` checks the shipped SmolLM2 dr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -56,9 +57,11 @@ def test_drafter_round_trip(target, drafter_dir, tmp_path):
     np.testing.assert_array_equal(loaded.token_ids, drafter.token_ids)
     for a, b in zip(jax.tree.leaves(drafter.params), jax.tree.leaves(loaded.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))     # float32: exact
-    half = specjax.load(save_drafter(drafter, tmp_path / "half", storage="float16"))
+    dynamic = dataclasses.replace(drafter, tree=specjax.DynamicTree(4, 3, 9))
+    half = specjax.load(save_drafter(dynamic, tmp_path / "half", storage="float16"))
     for a, b in zip(jax.tree.leaves(drafter.params), jax.tree.leaves(half.params)):
         np.testing.assert_array_equal(np.asarray(a, np.float16).astype(np.float32), b)
+    assert half.tree == specjax.DynamicTree(4, 3, 9)
 
 
 def test_drafter_for_another_target_is_refused(target, drafter_dir):

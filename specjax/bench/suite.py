@@ -123,6 +123,7 @@ from specjax.bench.peers import Peers
 from specjax.bench.prompts import SUITE
 from specjax.bench.report import k_label, markdown, plots
 from specjax.io.checkpoint import load
+from specjax.io.eagle import tree_to_json
 from specjax.presets import CLIError, drafter_path, heads_path, make_mesh, model_paths
 from specjax.sampling.tree import DynamicTree, parse_widths
 
@@ -187,9 +188,7 @@ def run(args, settings: dict) -> int:
                      "heads_tree": ([list(p) for p in heads.tree.paths]
                                     if heads is not None and heads.tree is not None else None),
                      "drafter": drafter.name if drafter is not None else None,
-                     "drafter_tree": ([list(p) for p in drafter.tree.paths]
-                                      if drafter is not None and drafter.tree is not None
-                                      else None),
+                     "drafter_tree": tree_to_json(drafter.tree) if drafter else None,
                      "dtype": args.dtype, "peers": peers is not None,
                      "context_text": f"textwrap source of Python {platform.python_version()}",
                      "context_decode_tokens": SWEEP_DECODE_TOKENS},

@@ -28,6 +28,7 @@ from specjax.heads.eagle import Drafter
 from specjax.heads.medusa import Heads
 from specjax.io import chat as chat_template
 from specjax.io.checkpoint import load
+from specjax.io.eagle import tree_to_json
 from specjax.mesh import plan
 from specjax.presets import (
     CLIError,
@@ -58,7 +59,8 @@ text; with --temperature > 0 each method still samples exactly from the target's
 --json prints one object instead of streaming:
   {"target", "target_path", "draft", "draft_path" (null without speculative), "prompt",
    "prompt_tokens", "settings": {"method", "k", "max_new_tokens", "temperature", "top_k",
-   "top_p", "min_p", "seed", "max_ngram", "min_ngram", "tree" (a list of paths, or null),
+   "top_p", "min_p", "seed", "max_ngram", "min_ngram", "tree" (a list of paths, {"dynamic": [depth,
+   top_k, total_tokens]} or null),
    "candidates", "chat", "dtype"},
    "results": [{"method", "text", "tokens", "speedup_vs_autoregressive",
                 "stats": {"method", "rows", "new_tokens", "target_calls", "draft_calls",
@@ -456,6 +458,5 @@ def json_report(target, draft, prompt: str, ids: list[int], methods, options, ar
                               if k not in ("heads", "drafter", "mesh")},
                              chat=args.chat, dtype=args.dtype, method=args.method, mesh=args.mesh,
                              candidates=args.candidates,
-                             tree=[list(p) for p in settings["tree"].paths]
-                             if settings["tree"] is not None else None),
+                             tree=tree_to_json(settings["tree"])),
             "results": results}

@@ -26,7 +26,8 @@ drafter ends in a norm of its own; and the decoder layer keeps its input norm.
 An EAGLE checkpoint is a directory:
 
     config.json        model_type "eagle", hidden_size, vocab_size, the projection, the target's
-                       identity, the layer's shape (the target's), the default tree
+                       identity, the layer's shape (the target's), the default tree (a list of
+                       paths, or {"dynamic": [depth, top_k, total_tokens]} for EAGLE-2's)
     model.safetensors  fc.weight [D, 2D] (torch's [out, in]), fc.bias [D], the layer as
                        layers.0.* in the Llama checkpoint names, norm.weight [D], token_ids [S]
     README.md          the model card
@@ -45,7 +46,7 @@ from specjax.heads.medusa import full_logits, projection, target_identity
 from specjax.model.cache import KVCache, TreeAttention
 from specjax.model.config import ModelConfig
 from specjax.model.transformer import Model, decoder_layers, final_norm, init_params
-from specjax.sampling.tree import Tree
+from specjax.sampling.tree import DynamicTree, Tree
 
 __all__ = ["MODEL_TYPE", "Drafter", "DrafterConfig", "draft_features", "full_logits",
            "init_drafter", "runtime_weights", "subset_logits"]
@@ -94,7 +95,7 @@ class Drafter:
                                  #  "final_norm": {"scale": [D]}}
     token_ids: np.ndarray        # [S] int32, most frequent first
     target: dict                 # the identity of the target it was trained on
-    tree: Tree | None = None     # the tree it was tuned for (the default of method="eagle")
+    tree: Tree | DynamicTree | None = None   # the tree it was tuned for (method="eagle"'s default)
     path: Path | None = None
 
     @property
@@ -103,7 +104,7 @@ class Drafter:
 
 
 def init_drafter(target: Model, subset_size: int | None = None, token_ids=None, seed: int = 0,
-                 std: float = 0.02, tree: Tree | None = None) -> Drafter:
+                 std: float = 0.02, tree: Tree | DynamicTree | None = None) -> Drafter:
     """A new drafter for `target`: normal(0, std) matrices, zero biases, unit norms. The fusion
     starts as the identity on the feature half plus `std` noise, so that an untrained drafter
     passes the target's feature through one random layer rather than through noise."""

@@ -21,7 +21,7 @@ from specjax.heads.medusa import PROJECTION
 from specjax.io.errors import CheckpointError
 from specjax.model.config import ConfigError, ModelConfig
 from specjax.model.transformer import param_shapes
-from specjax.sampling.tree import Tree, TreeError
+from specjax.sampling.tree import DynamicTree, Tree, TreeError
 
 STORAGE = ("float16", "float32")
 
@@ -31,6 +31,21 @@ def is_eagle_dir(path: Path) -> bool:
         return json.loads((path / "config.json").read_text()).get("model_type") == MODEL_TYPE
     except (OSError, ValueError, RecursionError, AttributeError):  # the model loader reports it
         return False
+
+
+def tree_to_json(tree: Tree | DynamicTree | None):
+    """A static tree as its paths, a dynamic one as {"dynamic": [depth, top_k, total_tokens]}."""
+    if isinstance(tree, DynamicTree):
+        return {"dynamic": [tree.depth, tree.top_k, tree.total_tokens]}
+    return [list(p) for p in tree.paths] if tree is not None else None
+
+
+def tree_from_json(value) -> Tree | DynamicTree | None:
+    if not value:
+        return None
+    if isinstance(value, dict):
+        return DynamicTree(*value["dynamic"])
+    return Tree.from_paths(value)
 
 
 def _expected_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
@@ -78,7 +93,7 @@ def save_drafter(drafter: Drafter, directory: str | Path, storage: str = "float3
               "vocab_size": c.layer.vocab_size,
               "projection": {"type": PROJECTION, "tokens": c.subset_size},
               "layer": c.layer.to_hf(), "storage": storage, "target": drafter.target,
-              "tree": [list(p) for p in drafter.tree.paths] if drafter.tree is not None else None,
+              "tree": tree_to_json(drafter.tree),
               **(extra or {})}
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return directory
@@ -98,7 +113,7 @@ def load_drafter(path: str | Path) -> Drafter:
         target = raw["target"]
         if not isinstance(target, dict):
             raise TypeError("'target'")
-        tree = Tree.from_paths(raw["tree"]) if raw.get("tree") else None
+        tree = tree_from_json(raw.get("tree"))
     except OSError as e:
         raise CheckpointError(f"{file}: cannot read ({e.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
