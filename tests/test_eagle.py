@@ -45,11 +45,11 @@ def random_drafter(target, seed=0, tree=None, subset=12, std=0.3):
 @pytest.fixture(scope="module")
 def drafter_dir(target, tmp_path_factory):
     directory = tmp_path_factory.mktemp("eagle") / "tiny-eagle"
-    return save_drafter(random_drafter(target, tree=TREES["full-2-2"]), directory)
+    return save_drafter(random_drafter(target, tree=Tree.full((2, 2))), directory)
 
 
 def test_drafter_round_trip(target, drafter_dir, tmp_path):
-    drafter = random_drafter(target, tree=TREES["full-2-2"])
+    drafter = random_drafter(target, tree=Tree.full((2, 2)))
     loaded = specjax.load(drafter_dir)
     assert isinstance(loaded, specjax.Drafter) and loaded.name == "tiny-eagle"
     assert loaded.config == drafter.config and loaded.tree == drafter.tree
