@@ -37,7 +37,7 @@ trees (--dynamic-trees 4,4,8 ...: depth, top-k, total tokens) run with EAGLE, in
 
 Medusa (with --heads DIR, or a preset that ships heads) and EAGLE (with --drafter DIR, or a
 preset that ships a drafter): rows for the heads' or the drafter's own tree ("heads' tree",
-"drafter's tree") and for each --trees tree. They have no c or theory: the heads and the drafter
+"drafter's tree") and for each --trees tree; EAGLE also runs a chain of each K of --ks. They have no c or theory: the heads and the drafter
 run inside the target's step, so their cost is not a separate model's decoding
 (scripts/bench_forward.py --medusa and --eagle time it); step cost still gives a step's time over
 an autoregressive step's.
@@ -125,7 +125,7 @@ from specjax.bench.report import k_label, markdown, plots
 from specjax.io.checkpoint import load
 from specjax.io.eagle import tree_to_json
 from specjax.presets import CLIError, drafter_path, heads_path, make_mesh, model_paths
-from specjax.sampling.tree import DynamicTree, parse_widths
+from specjax.sampling.tree import DynamicTree, Tree, parse_widths
 
 SCHEMA = "specjax.bench/1"
 METRICS = ("tokens_per_second", "speedup", "speedup_vs_specjax_autoregressive", "acceptance_rate",
@@ -252,7 +252,11 @@ def _jobs(prompts, settings, target, draft, peers, beside=None) -> list[dict]:
                 add(p, "specjax", method, None,
                     _specjax_job(p, settings, target, method, None, None, HEADS_TREE, beside),
                     HEADS_TREE)
-            else:
+            if method == "eagle":                   # then chains of each K
+                for k in settings["ks"]:
+                    add(p, "specjax", method, k,
+                        _specjax_job(p, settings, target, method, k, None, None, beside))
+            elif method != "medusa":
                 for k in ks[method]:
                     for schedule in _method_schedules(method, settings):
                         add(p, "specjax", method, k,
@@ -292,8 +296,8 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, beside=No
     def run_job() -> dict:
         if method == "medusa":
             extra = dict(heads=beside["heads"])
-        elif method == "eagle":
-            extra = dict(drafter=beside["drafter"])
+        elif method == "eagle":          # K: a chain of K; otherwise the row's tree
+            extra = dict(drafter=beside["drafter"], tree=Tree.chain(k) if k else _tree(tree))
         else:
             extra = dict(draft=draft, k=k or 1)
         if schedule != CONSTANT:
@@ -302,7 +306,7 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, beside=No
             extra["confidence_threshold"] = settings["confidence_threshold"]
         results, compile_s = timed_runs(settings, lambda seed: generate(
             model, [prompt["ids"]], method=method, **extra,
-            tree=_tree(tree),
+            **({} if method == "eagle" else dict(tree=_tree(tree))),
             max_new_tokens=prompt["max_new_tokens"], temperature=settings["temperature"],
             seed=seed, max_ngram=settings["max_ngram"], mesh=make_mesh(settings["mesh"])))
         records = [dict(new_tokens=s.new_tokens, run_s=s.run_s,
