@@ -134,12 +134,15 @@ def test_eagle_with_the_shipped_drafter_gives_the_greedy_output(ours, greedy):
 
 
 def test_shipped_drafter_makes_2_2_tokens_per_target_call_on_held_out_prompts(ours):
-    # Recomputed here, not read from the card: the shipped drafter with its own tree, greedy, on
-    # the bench suite's prompts (code, editing, prose, chat), none of which it trained on.
+    # Recomputed here, not read from the card: greedy, on the bench suite's prompts (code,
+    # editing, prose, chat), none of which the drafter trained on, and none of which chose its
+    # default tree (chosen on other held-out questions, for speed: see its model card). The tree
+    # here is a mid-sized EAGLE-2 dynamic tree (4 levels of the top 4, 8 nodes verified).
     drafter = specjax.load(DRAFTER)
     prompts = [chat.encode(ours, chat.render(ours, p["prompt"])) if p.get("chat") else p["prompt"]
                for p in SUITE["prompts"] if p["category"] != "long-code-editing"]
     result = generate(ours, prompts, method="eagle", drafter=drafter, max_new_tokens=64,
+                      tree=specjax.DynamicTree(depth=4, top_k=4, total_tokens=8),
                       temperature=0.0)
     assert result.stats.tokens_per_target_call >= 2.2, result.stats
 
