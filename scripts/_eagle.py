@@ -35,6 +35,7 @@ from pathlib import Path
 import _corpus
 import numpy as np
 from _cards import flops_per_token, render
+from _cards import write_index as write_checkpoints_index
 from _medusa_heads import (
     SMOLLM2_VERIFY_COST,
     cache_hidden,
@@ -663,6 +664,39 @@ def describe_tree(tree) -> str:
                 f"{total} most probable nodes verified")
     paths = " ".join("(" + ",".join(map(str, p)) + ")" for p in tree)
     return f"{len(tree)} nodes, {max(len(p) for p in tree)} deep: {paths}"
+
+DRAFTERS = ("llama-eagle", "smollm2-eagle")
+
+
+def index_section() -> str:
+    """weights/README.md's section on the shipped EAGLE drafters (empty when there are none)."""
+    rows = []
+    for name in DRAFTERS:
+        d = _corpus.REPO / "weights" / name
+        if not (d / "train_log.json").exists():
+            continue
+        r = json.loads((d / "train_log.json").read_text())
+        held_out = r["held_out"]
+        choice = r.get("tree_choice")
+        if choice:
+            row = next(x for x in choice["rows"] if x["tree"] == r["tree"])
+            per_call = f"{row['tokens_per_target_call']:.2f} (measured)"
+        else:
+            depth = max(len(p) for p in r["tree"])
+            per_call = f"{held_out['expected_tokens_per_call'][depth - 1]:.2f} (expected)"
+        size = (d / "model.safetensors").stat().st_size / 2 ** 20
+        rows.append(f"| [`{name}`]({name}/) | {r['target']} | {r['subset']:,} | "
+                    f"{', '.join(f'{a:.2f}' for a in held_out['accuracy'][:4])} | "
+                    f"{describe_tree(r['tree'])} | {per_call} | {size:.1f} MB |")
+    return "\n" + render("index-eagle.md", rows="\n".join(rows)) if rows else ""
+
+
+def write_index(args) -> None:
+    """`index`: weights/README.md, the checkpoints' and heads' sections and the drafters'."""
+    write_checkpoints_index(args)
+    index = _corpus.REPO / "weights" / "README.md"
+    index.write_text(index.read_text() + index_section())
+
 
 USAGE = {
     "smollm2": 'python -m specjax generate --preset smollm2 --method eagle --chat --prompt "How do bees make honey?"',

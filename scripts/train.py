@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The stages, one module each: the corpus and tokenizer, training, generated data, evaluation
 # and the model cards (scripts/cards/*.md are the cards' templates).
 import _corpus  # noqa: E402
-from _cards import write_index  # noqa: E402
 from _eagle import add_commands as add_eagle_commands  # noqa: E402
+from _eagle import write_index as write_eagle_index  # noqa: E402
 from _evaluation import evaluate_draft, evaluate_pair  # noqa: E402
 from _generated import distill_data  # noqa: E402
 from _medusa_heads import add_commands as add_medusa_commands  # noqa: E402
@@ -149,7 +149,7 @@ def main(argv=None) -> None:
     p.set_defaults(func=evaluate_draft)
 
     p = sub.add_parser("index", help="write weights/README.md from the checkpoints' records")
-    p.set_defaults(func=write_index)
+    p.set_defaults(func=write_eagle_index)
 
     add_medusa_commands(sub)
     add_eagle_commands(sub)
