@@ -26,7 +26,7 @@ from specjax.io.chat import ChatTemplateError, render
 WEIGHTS = Path(specjax.__file__).resolve().parent.parent / "weights"
 PROMPT = "import os\nimport sys\n\n\ndef read_lines(path):\n    lines = []\n"   # bench --quick's
 FAST = ["-n", "16", "-k", "2", "--prompt", PROMPT]
-METHODS = ("autoregressive", "speculative", "ngram", "medusa")   # tiny-llama ships heads
+METHODS = ("autoregressive", "speculative", "ngram", "medusa", "eagle")   # tiny-llama ships heads and a drafter
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
           "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")

@@ -37,7 +37,7 @@ from specjax.decoding import loop
 from specjax.sampling import rejection, rules
 from specjax.sampling.logits import SamplingParams, probs_from_logits, sample
 from specjax.sampling.rules import Rules, propose
-from specjax.sampling.tree import Tree
+from specjax.sampling.tree import DynamicTree, Tree
 from tests.tiny import close_pair
 
 V, L, N = 6, 3, 100_000
@@ -115,6 +115,10 @@ POSITIVE = {
     "eagle-sparse-iid-t0.7-top-p": tree_case(SPARSE_TREE, "iid", method="eagle",
                                              temperature=0.7, top_p=0.9),
     "eagle-chain-3-top": tree_case(Tree.chain(3).paths, "top", method="eagle"),
+    # EAGLE-2's dynamic tree: each row's own tree, deterministic candidates.
+    "eagle-dynamic-3-2-4": dict(case("eagle", candidates=None), tree=DynamicTree(3, 2, 4)),
+    "eagle-dynamic-2-3-5-t0.7-top-p": dict(case("eagle", temperature=0.7, top_p=0.9),
+                                           tree=DynamicTree(2, 3, 5)),
     # Dynamic lookahead: rows stop drafting at different depths (checked below).
     **CONFIDENCE,
     "speculative-heuristic-top-p": case("speculative", k=3, top_p=0.9, k_schedule="heuristic",

@@ -29,7 +29,9 @@ from tests.tiny import llama_config, pair
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 V = 16
 TREES = {"chain-4": Tree.chain(4),
-         "sparse": Tree.from_paths(((0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)))}
+         "sparse": Tree.from_paths(((0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0))),
+         "dynamic-3-2-5": specjax.DynamicTree(3, 2, 5),
+         "dynamic-4-3-9": specjax.DynamicTree(4, 3, 9)}
 
 
 @pytest.fixture(scope="module")
@@ -149,9 +151,10 @@ def test_greedy_eagle_equals_autoregressive(target):
                          max_new_tokens=24, temperature=0.0, eos_ids=eos)
         assert batch.tokens == ar.tokens, name
         assert batch.stats.accepted > 0, name          # the equality is not AR in disguise
-    alone = generate(target, prompts[1:2], method="eagle", drafter=drafter, tree=TREES["sparse"],
-                     max_new_tokens=24, temperature=0.0, eos_ids=eos)
-    assert alone.tokens == ar.tokens[1:2]
+    for name in ("sparse", "dynamic-4-3-9"):
+        alone = generate(target, prompts[1:2], method="eagle", drafter=drafter, tree=TREES[name],
+                         max_new_tokens=24, temperature=0.0, eos_ids=eos)
+        assert alone.tokens == ar.tokens[1:2], name
     chain = generate(target, prompts, method="eagle", drafter=drafter, k=3,
                      max_new_tokens=24, temperature=0.0, eos_ids=eos)   # no tree: a chain of k
     assert chain.tokens == ar.tokens and chain.stats.tree_size == 3
