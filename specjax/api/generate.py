@@ -511,17 +511,23 @@ def _stop_ids(eos_ids, rows: int) -> np.ndarray:
     return table if per_row else np.repeat(table, rows, axis=0)
 
 
-def _check_heads(heads, tree, target):
-    """Medusa's heads must be heads, trained on this target; returns the tree to use."""
-    if heads is None:
-        raise GenerationError("method 'medusa' needs Medusa heads (heads=specjax.load(DIR))")
-    if not isinstance(heads, Heads):
-        raise GenerationError(f"heads must be Medusa heads from specjax.load, got "
-                              f"{type(heads).__name__}")
+def _check_beside(value, kind: type, what: str, keyword: str, method: str, target) -> None:
+    """What a method reads beside the target (Medusa heads, an EAGLE drafter) must be there,
+    of its kind, and trained on this target."""
+    if value is None:
+        raise GenerationError(f"method {method!r} needs {what} ({keyword}=specjax.load(DIR))")
+    if not isinstance(value, kind):
+        raise GenerationError(f"{keyword} must be {what} from specjax.load, got "
+                              f"{type(value).__name__}")
     try:
-        check_target(heads, target)
+        check_target(value, target)
     except ValueError as e:
         raise GenerationError(str(e)) from None
+
+
+def _check_heads(heads, tree, target):
+    """Medusa's heads must be heads, trained on this target; returns the tree to use."""
+    _check_beside(heads, Heads, "Medusa heads", "heads", "medusa", target)
     if tree is None:
         if heads.tree is None:
             raise GenerationError(f"{heads.name} ships no tree; pass tree=...")
@@ -531,15 +537,7 @@ def _check_heads(heads, tree, target):
 
 def _check_drafter(drafter, tree, target, k: int):
     """EAGLE's drafter must be a drafter, trained on this target; returns the tree to use."""
-    if drafter is None:
-        raise GenerationError("method 'eagle' needs an EAGLE drafter (drafter=specjax.load(DIR))")
-    if not isinstance(drafter, Drafter):
-        raise GenerationError(f"drafter must be an EAGLE drafter from specjax.load, got "
-                              f"{type(drafter).__name__}")
-    try:
-        check_target(drafter, target)
-    except ValueError as e:
-        raise GenerationError(str(e)) from None
+    _check_beside(drafter, Drafter, "an EAGLE drafter", "drafter", "eagle", target)
     if tree is not None:
         return tree
     return drafter.tree if drafter.tree is not None else Tree.chain(k)

@@ -140,26 +140,8 @@ def run(args, settings: dict) -> int:
     if "speculative" in settings["methods"] and draft_path is None:
         settings["methods"].remove("speculative")
         notes.append(f"speculative skipped: {no_draft}")
-    heads = None
-    if "medusa" in settings["methods"]:
-        path, no_heads = heads_path(args)
-        if path is None:
-            settings["methods"].remove("medusa")
-            notes.append(f"medusa skipped: {no_heads}")
-        else:
-            heads = load(path)
-    elif args.heads:
-        raise CLIError("--heads applies when --methods includes medusa")
-    drafter = None
-    if "eagle" in settings["methods"]:
-        path, no_drafter = drafter_path(args)
-        if path is None:
-            settings["methods"].remove("eagle")
-            notes.append(f"eagle skipped: {no_drafter}")
-        else:
-            drafter = load(path)
-    elif args.drafter:
-        raise CLIError("--drafter applies when --methods includes eagle")
+    heads = _beside(args, settings, notes, "medusa", heads_path, "heads")
+    drafter = _beside(args, settings, notes, "eagle", drafter_path, "drafter")
     target, draft = load_pair(target_path, draft_path, args.dtype, settings, notes)
     if draft is not None:
         check_compatible(target, draft)
@@ -208,6 +190,21 @@ def run(args, settings: dict) -> int:
     write_report(args.out, "results", results, plots, markdown,
                  printed=lambda r: markdown(r, heading=False))
     return 0
+
+
+def _beside(args, settings, notes: list[str], method: str, find, flag: str):
+    """What `method` needs beside the target (Medusa heads, an EAGLE drafter), loaded; None,
+    with the method dropped and a note, when there is none."""
+    if method not in settings["methods"]:
+        if getattr(args, flag):
+            raise CLIError(f"--{flag} applies when --methods includes {method}")
+        return None
+    path, missing = find(args)
+    if path is None:
+        settings["methods"].remove(method)
+        notes.append(f"{method} skipped: {missing}")
+        return None
+    return load(path)
 
 
 def _sweep_prompts(target, contexts: list[int], notes: list[str]) -> list[dict]:

@@ -286,37 +286,33 @@ def read_prompt(args) -> str:
     return text
 
 
+def load_beside(args, methods: list[str], method: str, kind: type, what: str, flag: str):
+    """What `method` needs beside the target (Medusa heads, an EAGLE drafter): the directory
+    of --FLAG or the preset's, loaded and checked to be `kind`; None when the method does not
+    run, or when it has none and other methods run (with a note: it is skipped)."""
+    given = getattr(args, flag)
+    if method not in methods:
+        if given:
+            raise CLIError(f"--{flag} applies to --method {method} or all")
+        return None
+    path, missing = (heads_path if flag == "heads" else drafter_path)(args)
+    if path is None:
+        if methods == [method]:
+            raise CLIError(f"method {method} needs {what}: {missing}; pass --{flag} DIR")
+        print(f"specjax: note: skipping {method}: {missing}", file=sys.stderr)
+        return None
+    loaded = load(path)
+    if not isinstance(loaded, kind):
+        raise CLIError(f"--{flag} {path} is not {what}")
+    return loaded
+
+
 def load_models(args, methods: list[str], mesh=None):
     """The target, the draft, the Medusa heads and the EAGLE drafter (each None when not
-    needed or not found) the methods need; on
-    `mesh`, the target split and the draft replicated."""
-
-    heads = None
-    if "medusa" in methods:
-        path, no_heads = heads_path(args)
-        if path is None and methods == ["medusa"]:
-            raise CLIError(f"method medusa needs Medusa heads: {no_heads}; pass --heads DIR")
-        if path is None:
-            print(f"specjax: note: skipping medusa: {no_heads}", file=sys.stderr)
-        else:
-            heads = load(path)
-            if not isinstance(heads, Heads):
-                raise CLIError(f"--heads {path} is a model checkpoint, not Medusa heads")
-    elif args.heads:
-        raise CLIError("--heads applies to --method medusa or all")
-    drafter = None
-    if "eagle" in methods:
-        path, no_drafter = drafter_path(args)
-        if path is None and methods == ["eagle"]:
-            raise CLIError(f"method eagle needs an EAGLE drafter: {no_drafter}; pass --drafter DIR")
-        if path is None:
-            print(f"specjax: note: skipping eagle: {no_drafter}", file=sys.stderr)
-        else:
-            drafter = load(path)
-            if not isinstance(drafter, Drafter):
-                raise CLIError(f"--drafter {path} is not an EAGLE drafter")
-    elif args.drafter:
-        raise CLIError("--drafter applies to --method eagle or all")
+    needed or not found) the methods need; on `mesh`, the target split and the draft
+    replicated."""
+    heads = load_beside(args, methods, "medusa", Heads, "Medusa heads", "heads")
+    drafter = load_beside(args, methods, "eagle", Drafter, "an EAGLE drafter", "drafter")
     want_draft = "speculative" in methods
     target_path, draft_path, no_draft = model_paths(args, want_draft)
     if want_draft and draft_path is None:
