@@ -160,25 +160,32 @@ def test_greedy_eagle_equals_autoregressive(target):
     assert chain.tokens == ar.tokens and chain.stats.tree_size == 3
 
 
-def _reference_chain(target, drafter, tokens, depth):
-    """What a chain of `depth` top drafts should be after the committed `tokens`, computed
-    from scratch the way training computes the drafter: the target's features of the whole
-    sequence, the pairs (f_{s-1}, x_s), one causal call with no cache, then autoregressing by
-    appending (own feature, own token) pairs."""
+def _reference_chain(target, drafter, depth, width):
+    """A function of the committed tokens (padded to `width`) and their count L: the chain of
+    `depth` top drafts after them, computed from scratch the way training computes the drafter:
+    the target's features of the whole sequence, the pairs (f_{s-1}, x_s), one causal call with
+    no cache, then autoregressing by writing (own feature, own token) at slot L, L + 1, ...
+    Padding past the pairs in use changes nothing: every call is causal."""
     weights = eagle.runtime_weights(drafter, target)
-    ids = jnp.asarray([tokens])
-    f, _ = hidden_states(target.params, target.config, ids, jnp.arange(len(tokens))[None])
-    features = jnp.concatenate([jnp.zeros_like(f[:, :1]), f[:, :-1]], axis=1)
-    drafted = []
-    for _ in range(depth):
+
+    @jax.jit
+    def chain(tokens, length):                            # [width] int32, [] int32
+        ids = jnp.pad(tokens, (0, depth))[None]           # room for the drafted tokens
         positions = jnp.arange(ids.shape[1])[None]
-        out, _ = eagle.draft_features(weights, drafter.config, target.params["embed"],
-                                      features, ids, positions)
-        best = int(weights["ids"][jnp.argmax(eagle.subset_logits(weights, out[0, -1]))])
-        drafted.append(best)
-        features = jnp.concatenate([features, out[:, -1:]], axis=1)
-        ids = jnp.concatenate([ids, jnp.asarray([[best]])], axis=1)
-    return drafted
+        f, _ = hidden_states(target.params, target.config, ids, positions)
+        features = jnp.concatenate([jnp.zeros_like(f[:, :1]), f[:, :-1]], axis=1)
+        drafted = []
+        for i in range(depth):
+            out, _ = eagle.draft_features(weights, drafter.config, target.params["embed"],
+                                          features, ids, positions)
+            last = out[0, length - 1 + i]                 # the newest pair's output
+            best = weights["ids"][jnp.argmax(eagle.subset_logits(weights, last))]
+            drafted.append(best)
+            features = features.at[0, length + i].set(last)
+            ids = ids.at[0, length + i].set(best)
+        return jnp.stack(drafted)
+
+    return chain
 
 
 def test_drafter_in_the_loop_matches_its_training_forward():
@@ -196,13 +203,15 @@ def test_drafter_in_the_loop_matches_its_training_forward():
     init, step, _ = loop.programs(request.spec)
     state = init(request.weights, *request.inputs)
     draft = jax.jit(lambda w, s: eagle_decoding.draft_tree(request.spec, w, s, s.row_keys)[0])
+    width = request.spec.buffer_length
+    reference = _reference_chain(target, drafter, depth, width)
     seen = set()
     while not bool(np.all(np.asarray(state.done))):
         nodes = np.asarray(draft(request.weights, state))
         for b in range(2):
             if not bool(state.done[b]):
-                tokens = np.asarray(state.tokens[b, :int(state.length[b])]).tolist()
-                assert nodes[b, 1:].tolist() == _reference_chain(target, drafter, tokens, depth)
+                want = reference(state.tokens[b], state.length[b])
+                assert nodes[b, 1:].tolist() == np.asarray(want).tolist()
         before = np.asarray(state.accepted)
         state = step(request.weights, state)
         seen |= set((np.asarray(state.accepted) - before).tolist())
