@@ -72,7 +72,7 @@ def prefill_drafter(spec, weights, prompts, prompt_length, slots: int):
     return target_cache, draft_cache, last
 
 
-def pending_pairs(spec, state: DecodeState):
+def pending_pairs(state: DecodeState):
     """The tokens and slots of the pairs the drafter has not read: each row's last `pending`
     tokens, in a window of D + 1 (the most a step commits) that starts at the first of them
     (entries past the row's last token are stale, and overwritten by the tree before any
@@ -86,7 +86,7 @@ def pending_pairs(spec, state: DecodeState):
 def catch_up(spec, params, state: DecodeState):
     """Step 1: the drafter reads the pairs the last step committed. Returns its output at the
     last pair, the predicted f'_{L-1} [B, 1, D], its cache and whether a NaN was seen."""
-    tokens, slots = pending_pairs(spec, state)
+    tokens, slots = pending_pairs(state)
     out, cache = eagle.draft_features(params.drafter, spec.drafter_config, params.target["embed"],
                                       state.hidden, tokens, slots, state.draft_cache)
     root_feature = jnp.take_along_axis(out, (state.pending - 1)[:, None, None], axis=1)

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
-from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from specjax.heads.eagle import MODEL_TYPE, Drafter, DrafterConfig, layer_config
 from specjax.heads.medusa import PROJECTION
 from specjax.io.errors import CheckpointError
+from specjax.io.heads import read_tensors
 from specjax.model.config import ConfigError, ModelConfig
 from specjax.model.transformer import param_shapes
 from specjax.sampling.tree import DynamicTree, Tree, TreeError
@@ -127,11 +127,7 @@ def load_drafter(path: str | Path) -> Drafter:
                               f"(only {PROJECTION!r})")
 
     weights = path / "model.safetensors"
-    try:
-        with safe_open(weights, framework="numpy") as reader:
-            tensors = {name: reader.get_tensor(name) for name in reader.keys()}
-    except (SafetensorError, OSError, ValueError, TypeError) as e:
-        raise CheckpointError(f"{weights}: corrupt or unreadable safetensors file ({e})") from None
+    tensors = read_tensors(weights)
     expected = _expected_shapes(config)
     for name, shape in expected.items():
         if name not in tensors:

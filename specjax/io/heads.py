@@ -63,6 +63,16 @@ def check_target(heads, target: Model) -> None:
                                   f"(mean |w| {mine:.6g}, expected {checksum:.6g})")
 
 
+def read_tensors(weights: Path) -> dict[str, np.ndarray]:
+    """Every tensor of a heads' or drafter's safetensors file; a CheckpointError naming it if
+    it cannot be read."""
+    try:
+        with safe_open(weights, framework="numpy") as reader:
+            return {name: reader.get_tensor(name) for name in reader.keys()}
+    except (SafetensorError, OSError, ValueError, TypeError) as e:
+        raise CheckpointError(f"{weights}: corrupt or unreadable safetensors file ({e})") from None
+
+
 def is_heads_dir(path: Path) -> bool:
     try:
         return json.loads((path / "config.json").read_text()).get("model_type") == MODEL_TYPE
@@ -122,11 +132,7 @@ def load_heads(path: str | Path) -> Heads:
                               f"{config.num_heads} heads")
 
     weights = path / "model.safetensors"
-    try:
-        with safe_open(weights, framework="numpy") as reader:
-            tensors = {name: reader.get_tensor(name) for name in reader.keys()}
-    except (SafetensorError, OSError, ValueError, TypeError) as e:
-        raise CheckpointError(f"{weights}: corrupt or unreadable safetensors file ({e})") from None
+    tensors = read_tensors(weights)
     d = config.hidden_size
     expected = {"token_ids": (config.subset_size,)}
     for k in range(config.num_heads):
