@@ -170,6 +170,16 @@ def bad_inputs(tiny):
         "heads of another target": ["--target", str(WEIGHTS / "gpt2-target"), "--method", "medusa",
                                     "--heads", str(WEIGHTS / "llama-medusa"), *prompt],
         "model as heads": ["--method", "medusa", "--heads", str(WEIGHTS / "llama-target"), *prompt],
+        "drafter with ngram": ["--method", "ngram", "--drafter", str(WEIGHTS / "llama-eagle"),
+                               *prompt],
+        "eagle without drafter": ["--preset", "tiny-gpt2", "--method", "eagle", *prompt],
+        "drafter of another target": ["--target", str(WEIGHTS / "gpt2-target"), "--method",
+                                      "eagle", "--drafter", str(WEIGHTS / "llama-eagle"), *prompt],
+        "heads as drafter": ["--method", "eagle", "--drafter", str(WEIGHTS / "llama-medusa"),
+                             *prompt],
+        "bad dynamic tree": ["--method", "eagle", "--dynamic-tree", "3,2", *prompt],
+        "dynamic tree too big": ["--method", "eagle", "--dynamic-tree", "2,2,30", *prompt],
+        "dynamic tree for ngram": ["--method", "ngram", "--dynamic-tree", "3,2,4", *prompt],
         "tree deeper than heads": ["--method", "medusa", "--tree", "2,2,2,2,2", *prompt],
         "unknown schedule": ["--k-schedule", "dynamic", *prompt],
         "threshold 1.5": ["--k-schedule", "confidence", "--confidence-threshold", "1.5", *prompt],
@@ -208,6 +218,13 @@ def test_bad_inputs_exit_2_with_one_line(tiny, env):
     assert "n-gram lookup has none" in procs["confidence for ngram"].stderr
     assert "--trace must be an integer >= 1, got 0" in procs["trace 0"].stderr
     assert "--trace explains one method" in procs["trace of all methods"].stderr
+    assert "--drafter applies to --method eagle" in procs["drafter with ngram"].stderr
+    assert "preset tiny-gpt2 has no EAGLE drafter" in procs["eagle without drafter"].stderr
+    assert "llama-eagle/config.json" in procs["drafter of another target"].stderr
+    assert "is not an EAGLE drafter" in procs["heads as drafter"].stderr
+    assert "DEPTH,TOP_K,TOTAL_TOKENS" in procs["bad dynamic tree"].stderr
+    assert "total_tokens=30 is more" in procs["dynamic tree too big"].stderr
+    assert "--dynamic-tree needs --method eagle" in procs["dynamic tree for ngram"].stderr
 
 
 def test_tree_run_prints_the_greedy_text(generated, env):
