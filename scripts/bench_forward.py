@@ -7,7 +7,8 @@
 
 `--medusa` adds one step of Medusa heads (every head's blocks and its subset projection, on one
 hidden state) and its cost ratio c to the decode step; `--sizes` times verify calls of each
-number of tokens (a tree's nodes plus its root), in units of the decode step. `--eagle` times one
+number of tokens (a tree's nodes plus its root), in units of the decode step, next to the same
+calls with XLA's dot for every product (`specjax.model.linear`). `--eagle` times one
 call of an EAGLE drafter (fusion, its decoder layer over its own cache, its subset logits) on 1,
 4 and 8 pairs, each as a cost ratio c of the decode step: a static tree of depth D costs D calls
 (the catch-up and one per level above the deepest), and so does a dynamic tree.
@@ -21,6 +22,7 @@ the yardstick for the decode step.
 """
 
 import argparse
+import contextlib
 import functools
 import statistics
 import time
@@ -31,6 +33,7 @@ import numpy as np
 
 import specjax
 from specjax.model.cache import KVCache
+from specjax.model.linear import xla_products
 from specjax.model.transformer import count_params, forward
 
 
@@ -82,18 +85,26 @@ def main():
     # calls from Python would add the dispatch of every parameter array to each.
     repeats = 10
 
-    @functools.partial(jax.jit, static_argnums=1)
-    def repeated(params, config, tokens, positions, cache):
-        def call(i, total):
-            # A token that changes with i, so the call cannot be hoisted out of the loop.
-            logits, _ = forward(params, config, tokens + i, positions, cache)
-            return total + jnp.max(logits)        # uses every logit, so none is skipped
-        return jax.lax.fori_loop(0, repeats, call, jnp.zeros((), jnp.float32))
+    def compiled(t, xla_only=False):
+        """A program making `repeats` calls on t tokens, compiled; with xla_only, traced inside
+        `xla_products()`, so every product is XLA's dot (the formulation before the kernel)."""
+        @functools.partial(jax.jit, static_argnums=1)
+        def repeated(params, config, tokens, positions, cache):
+            def call(i, total):
+                # A token that changes with i, so the call cannot be hoisted out of the loop.
+                logits, _ = forward(params, config, tokens + i, positions, cache)
+                return total + jnp.max(logits)        # uses every logit, so none is skipped
+            return jax.lax.fori_loop(0, repeats, call, jnp.zeros((), jnp.float32))
 
-    def timed(t):
         tokens = jnp.zeros((1, t), jnp.int32)
         positions = half + jnp.arange(t)[None]
-        return median_time(lambda: repeated(params, config, tokens, positions, cache)) / repeats
+        run = lambda: repeated(params, config, tokens, positions, cache)  # noqa: E731
+        with xla_products() if xla_only else contextlib.nullcontext():
+            jax.block_until_ready(run())              # traced here, then reused from the cache
+        return run
+
+    def timed(t):
+        return median_time(compiled(t)) / repeats
 
     weight_bytes = 4 * count_params(params)
     decode, verify = timed(1), timed(args.k + 1)
@@ -108,9 +119,7 @@ def main():
     print(f"verify / decode = {verify / decode:.2f}  (the price of checking K={args.k} drafts)")
     print(f"decode step at {numpy_time / decode:.2f} of numpy's bandwidth")
     if args.sizes:
-        costs = {int(t): timed(int(t)) / decode for t in args.sizes.split(",")}
-        print("call of n tokens / decode step: "
-              + ", ".join(f"{t}:{c:.2f}" for t, c in costs.items()))
+        print_sizes([int(t) for t in args.sizes.split(",")], compiled, args.reps)
     if args.medusa:
         heads_time = time_heads(args.medusa, model, repeats, median_time)
         print(f"{'medusa heads (one step)':30s} {heads_time * 1e3:8.2f} ms   "
@@ -120,6 +129,31 @@ def main():
                                            half).items():
             print(f"{f'eagle drafter call ({pairs} pairs)':30s} {seconds * 1e3:8.2f} ms   "
                   f"c = {seconds / decode:.3f} of the decode step")
+
+
+def print_sizes(sizes, compiled, rounds):
+    """The cost of a call on each number of tokens in one-token decode steps, as specjax computes
+    it and with XLA's dot for every product, side by side: in each round the decode step is
+    timed, then every call, so that a machine's drift moves them together; medians of the
+    rounds' ratios."""
+    step = compiled(1)
+    calls = {(t, xla_only): compiled(t, xla_only) for t in sizes for xla_only in (False, True)}
+    ratios = {key: [] for key in calls}
+    for _ in range(rounds):
+        decode = seconds(step)
+        for key, run in calls.items():
+            ratios[key].append(seconds(run) / decode)
+    print(f"call of n tokens / decode step, median of {rounds} rounds:")
+    print(f"{'n':>4s} {'specjax':>8s} {'XLA dot':>8s}")
+    for t in sizes:
+        print(f"{t:4d} {statistics.median(ratios[t, False]):8.2f} "
+              f"{statistics.median(ratios[t, True]):8.2f}")
+
+
+def seconds(run) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(run())
+    return time.perf_counter() - start
 
 
 def time_heads(directory, model, repeats, median_time):

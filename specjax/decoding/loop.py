@@ -28,6 +28,7 @@ from specjax.decoding import (
 from specjax.decoding.sharding import pinned, state_shardings, weight_shardings
 from specjax.decoding.spec import METHODS, DecodeSpec, Weights
 from specjax.decoding.state import DecodeState, RowSettings, initial_state
+from specjax.model.linear import xla_products
 
 __all__ = ["METHODS", "DecodeSpec", "Weights", "init", "programs", "step"]
 
@@ -89,11 +90,21 @@ def programs(spec: DecodeSpec):
                  functools.partial(_run, spec))
     if spec.mesh is None or spec.trace:
         return tuple(jax.jit(f) for f in functions)
+    # XLA's partitioner cannot split the few-row kernel (a custom call) across devices: it would
+    # gather every weight onto each. On a mesh, every product is XLA's (`model.linear`).
+    functions = tuple(_with_xla_products(f) for f in functions)
     weights, rows, state = (weight_shardings(spec), meshes.rows(spec.mesh),
                             state_shardings(spec))
     inputs = (weights, rows, rows, rows, rows)
     return tuple(jax.jit(f, in_shardings=shardings, out_shardings=state)
                  for f, shardings in zip(functions, (inputs, (weights, state), inputs)))
+
+
+def _with_xla_products(f):
+    def traced(*args):
+        with xla_products():
+            return f(*args)
+    return traced
 
 
 def init(spec, weights, prompts, prompt_length, row_keys, settings) -> DecodeState:

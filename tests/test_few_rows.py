@@ -1,0 +1,106 @@
+"""The few-row product kernel (`specjax.model.few_rows`) and the choice of formulation by call
+width (`specjax.model.linear`): the kernel builds here, computes the product XLA computes (to
+float32 rounding), gives a row the same bits whatever the call's width, differentiates, and
+the model keeps its parity with transformers in the calls that use it."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from specjax.model import few_rows
+from specjax.model.linear import FEW_ROWS, linear, xla_products
+from specjax.model.transformer import forward
+from tests.hf_models import hf_logits, tiny_gpt2, tiny_llama
+from tests.test_parity import assert_logits_close
+
+
+def test_the_kernel_builds_and_registers_here():
+    # CI has a C++ compiler, so a kernel that stopped compiling must fail here, not fall back
+    # to XLA's products with only a warning.
+    assert few_rows.available()
+    assert few_rows.build() == few_rows.build()          # the second call finds the cached library
+
+
+def random(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+# (leading axes of x, I, O): I and O around the kernel's vector width (4, 8 or 16 floats) and
+# its blocks (R rows of w, TB rows of x), so every tail is taken; leading axes as a model has.
+SHAPES = [((2,), 576, 192), ((5,), 576, 1536), ((1, 9), 1536, 576), ((17,), 30, 13),
+          ((32,), 37, 7), ((3,), 5, 3), ((2, 3), 64, 33), ((13,), 16, 1)]
+
+
+@pytest.mark.parametrize("lead,n_in,n_out", SHAPES)
+def test_product_equals_the_exact_product_to_float32_rounding(lead, n_in, n_out):
+    x, w = random((*lead, n_in), 0), random((n_out, n_in), 1)
+    ours = np.asarray(jax.jit(few_rows.product)(x, w))
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    # Summing I float32 products: an error of a few ulps of sum |w x| per output.
+    bound = 4 * n_in * np.finfo(np.float32).eps * (np.abs(x) @ np.abs(w).T)
+    assert ours.shape == exact.shape
+    assert np.all(np.abs(ours - exact) <= bound)
+    xla = np.asarray(jnp.einsum("...I,OI->...O", x, w))
+    assert np.all(np.abs(xla - exact) <= bound)           # the bound is one XLA meets too
+
+
+def test_a_row_gets_the_same_bits_whatever_the_width():
+    # The kernel sums each output in one fixed order, whatever the number of rows, the blocks
+    # they fall in and the thread that computes them (few_rows.cc), so a token checked in a
+    # tree of 17 gets the bits it gets in a call of 2.
+    x, w = random((32, 576), 2), random((1536, 576), 3)
+    product = jax.jit(few_rows.product)
+    full = np.asarray(product(x, w))
+    for rows in (2, 3, 5, 8, 9, 13, 17, 31):
+        np.testing.assert_array_equal(np.asarray(product(x[:rows], w)), full[:rows])
+    np.testing.assert_array_equal(np.asarray(product(x, w)), full)   # and from call to call
+
+
+def formulation(rows, dtype=jnp.float32, out_dtype=None):
+    x, w = jnp.ones((1, rows, 24), dtype), jnp.ones((40, 24), dtype)
+    text = str(jax.make_jaxpr(lambda x, w: linear(x, w, out_dtype))(x, w))
+    return "kernel" if few_rows.TARGET in text else "xla"
+
+
+def test_linear_picks_the_kernel_for_few_rows_only():
+    assert [formulation(rows) for rows in (1, 2, 5, 32, 33, 256)] == \
+        ["xla", "kernel", "kernel", "kernel", "xla", "xla"]
+    assert (FEW_ROWS.start, FEW_ROWS.stop) == (2, 33)
+    assert formulation(5, jnp.bfloat16) == "xla"                          # float32 only
+    assert formulation(5, jnp.bfloat16, out_dtype=jnp.float32) == "xla"
+    with xla_products():
+        assert formulation(5) == "xla"
+    assert formulation(5) == "kernel"                                     # the context ended
+
+
+def test_gradients_through_the_kernel_equal_xlas():
+    x, w = random((5, 48), 4), random((20, 48), 5)
+    loss = lambda x, w: jnp.sum(jnp.sin(linear(x, w)))   # noqa: E731
+    ours = jax.grad(loss, argnums=(0, 1))(x, w)
+    with xla_products():
+        theirs = jax.grad(loss, argnums=(0, 1))(x, w)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_vmap_over_the_kernel():
+    xs, w = random((4, 5, 48), 6), random((20, 48), 7)
+    mapped = jax.jit(jax.vmap(lambda x: linear(x, w)))(xs)
+    np.testing.assert_allclose(mapped, np.einsum("bti,oi->bto", xs, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("length", [1, 5, 17])
+def test_few_token_calls_match_transformers(tmp_path, arch, length):
+    # test_parity's calls have 80 rows (XLA's products); these have the widths of a decoding
+    # step and of verify calls. D = 30 and 5 heads leave a tail in every row of every weight.
+    hf = (tiny_llama(tmp_path, d=30, heads=5, kv_heads=5) if arch == "llama"
+          else tiny_gpt2(tmp_path, d=30, heads=3))
+    model = specjax.load(tmp_path)
+    tokens = np.random.default_rng(length).integers(0, model.config.vocab_size, (1, length))
+    positions = np.arange(length)[None]
+    assert formulation(length) == ("xla" if length == 1 else "kernel")
+    ours, _ = jax.jit(forward, static_argnums=1)(model.params, model.config, tokens, positions)
+    assert_logits_close(ours, hf_logits(hf, tokens))
