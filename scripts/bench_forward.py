@@ -90,11 +90,14 @@ def main():
         `xla_products()`, so every product is XLA's dot (the formulation before the kernel)."""
         @functools.partial(jax.jit, static_argnums=1)
         def repeated(params, config, tokens, positions, cache):
-            def call(i, total):
-                # A token that changes with i, so the call cannot be hoisted out of the loop.
-                logits, _ = forward(params, config, tokens + i, positions, cache)
-                return total + jnp.max(logits)        # uses every logit, so none is skipped
-            return jax.lax.fori_loop(0, repeats, call, jnp.zeros((), jnp.float32))
+            def call(i, carry):
+                total, cache = carry
+                # A token that changes with i, so the call cannot be hoisted out of the loop;
+                # the cache is carried, as the decoding loop carries it, so that its writes
+                # are in place (a cache left unchanged would be copied by every call).
+                logits, cache = forward(params, config, tokens + i, positions, cache)
+                return total + jnp.max(logits), cache  # uses every logit, so none is skipped
+            return jax.lax.fori_loop(0, repeats, call, (jnp.zeros((), jnp.float32), cache))[0]
 
         tokens = jnp.zeros((1, t), jnp.int32)
         positions = half + jnp.arange(t)[None]

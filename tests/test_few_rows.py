@@ -1,7 +1,8 @@
-"""The few-row product kernel (`specjax.model.few_rows`) and the choice of formulation by call
-width (`specjax.model.linear`): the kernel builds here, computes the product XLA computes (to
-float32 rounding), gives a row the same bits whatever the call's width, differentiates, and
-the model keeps its parity with transformers in the calls that use it."""
+"""The few-row kernels (`specjax.model.few_rows`) and the choice of formulation by call width
+(`specjax.model.linear`): the kernels build here; the product computes what XLA computes (to
+float32 rounding), gives a row the same bits whatever the call's width, and differentiates; the
+attention computes XLA's attention without reading a slot past the ones in use, in chains and
+token trees; and the model keeps its parity with transformers in the calls that use them."""
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,8 @@ import pytest
 
 import specjax
 from specjax.model import few_rows
+from specjax.model.cache import attention_mask
+from specjax.model.layers import attend, attend_cache
 from specjax.model.linear import FEW_ROWS, linear, xla_products
 from specjax.model.transformer import forward
 from tests.hf_models import hf_logits, tiny_gpt2, tiny_llama
@@ -104,3 +107,67 @@ def test_few_token_calls_match_transformers(tmp_path, arch, length):
     assert formulation(length) == ("xla" if length == 1 else "kernel")
     ours, _ = jax.jit(forward, static_argnums=1)(model.params, model.config, tokens, positions)
     assert_logits_close(ours, hf_logits(hf, tokens))
+
+
+# -- The few-query attention kernel -------------------------------------------------------------
+
+def cache_and_queries(b, t, kv_heads, g, h, slots, seed):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, t, kv_heads * g, h)).astype(np.float32)
+    keys = rng.standard_normal((b, kv_heads, h, slots)).astype(np.float32)
+    values = rng.standard_normal((b, kv_heads, slots, h)).astype(np.float32)
+    return q, keys, values
+
+
+@pytest.mark.parametrize("b,t,kv_heads,g,h,slots,last", [
+    (1, 1, 3, 3, 64, 2048, [49]),            # SmolLM2's heads, a step early in a long buffer
+    (1, 5, 3, 3, 64, 2048, [1499]),          # a verify call deep in the cache: six chunks
+    (2, 9, 2, 1, 12, 700, [255, 530]),       # ragged rows, a chunk's last slot, H = 12
+    (3, 32, 1, 4, 16, 300, [31, 299, 100]),  # 128 query rows per key head; the buffer's end
+])
+def test_attention_equals_xlas_and_reads_no_slot_past_the_limit(b, t, kv_heads, g, h, slots,
+                                                                  last):
+    q, keys, values = cache_and_queries(b, t, kv_heads, g, h, slots, seed=t)
+    query_slots = np.array(last)[:, None] - (t - 1) + np.arange(t)            # [B, T]
+    key_slots = np.broadcast_to(np.arange(slots), (b, slots))
+    mask = np.asarray(attention_mask(jnp.asarray(query_slots), jnp.asarray(key_slots)))
+    limit = query_slots.max(axis=1) + 1
+    expected = np.asarray(attend(q, keys, values, mask))
+    # Slots at or past a row's limit hold NaN: one read would make that row's output NaN.
+    for row, end in enumerate(limit):
+        keys[row, :, :, end:] = np.nan
+        values[row, :, end:] = np.nan
+    ours = np.asarray(jax.jit(few_rows.attention)(q, keys, values, mask, limit))
+    np.testing.assert_allclose(ours, expected, rtol=2e-5, atol=2e-5)
+
+
+def test_attention_in_a_token_tree_sees_ancestors_only():
+    # A sparse tree's mask (cache.attention_mask with TreeAttention), one tree per row.
+    from specjax.model.cache import TreeAttention
+    from specjax.sampling.tree import Tree
+
+    tree = Tree.full((2, 2, 1))
+    n = tree.ancestors.shape[0]                # the root and its nodes
+    q, keys, values = cache_and_queries(2, n, 3, 3, 64, 1024, seed=7)
+    root = jnp.array([300, 700], jnp.int32)
+    attention = TreeAttention(root=root, ancestors=jnp.asarray(tree.ancestors))
+    query_slots = attention.slots(n)
+    key_slots = jnp.broadcast_to(jnp.arange(1024), (2, 1024))
+    mask = attention_mask(query_slots, key_slots, attention)
+    expected = attend(q, keys, values, mask)
+    ours = jax.jit(few_rows.attention)(q, keys, values, mask, jnp.max(query_slots, 1) + 1)
+    np.testing.assert_allclose(ours, expected, rtol=2e-5, atol=2e-5)
+
+
+def test_attention_uses_the_kernel_for_few_queries_only():
+    def uses(t, dtype=jnp.float32):
+        q = jnp.ones((1, t, 4, 8), dtype)
+        k, v = jnp.ones((1, 2, 8, 64), dtype), jnp.ones((1, 2, 64, 8), dtype)
+        slots = jnp.broadcast_to(jnp.arange(t), (1, t))
+        text = str(jax.make_jaxpr(lambda *a: attend_cache(*a))(q, k, v, slots))  # a fresh trace
+        return few_rows.ATTENTION_TARGET in text
+
+    assert [uses(t) for t in (1, 5, 32, 33, 64)] == [True, True, True, False, False]
+    assert not uses(5, jnp.bfloat16)
+    with xla_products():
+        assert not uses(5)

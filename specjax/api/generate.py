@@ -236,9 +236,9 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
     if isinstance(tree, DynamicTree):      # the drafter reads its frontiers past the tree's end
         k_eff = max(tree.size, (tree.depth - 1) * tree.top_k)
     # Room for the prompt, the new tokens and one step's K + 1 writes past the end (a tree's
-    # nodes take one slot each). Attention reads the shortest window that holds the filled
-    # prefix (`layers.attend_cache`; a decoding step reads at least 1,024 slots), so capacity
-    # beyond that costs memory, not time.
+    # nodes take one slot each). Attention reads only the filled prefix (`layers.attend_cache`:
+    # a decoding step's kernel reads the slots in use, XLA's path the shortest window that
+    # holds them), so capacity beyond that costs memory, not time.
     buffer_length = _bucket(longest + int(max_new.max()) + k_eff + 1)
 
     if mesh is not None:

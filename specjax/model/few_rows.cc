@@ -11,8 +11,8 @@
 //     with R x TB vector accumulators held in registers: one vector load of w serves TB
 //     products, one load of x serves R;
 //   - a software prefetch keeps the next bytes of w in flight while the block computes;
-//   - the rows of w are split into chunks that XLA's intra-op threads and the calling thread
-//     take in turn (an atomic counter), so both cores stream.
+//   - the rows of w are split into one contiguous part per core, streamed by the calling thread
+//     and XLA's intra-op threads (see Work), so every core streams.
 //
 // Each output is sum over I of w[o, i] * x[t, i], accumulated lane-wise in chunks of VW, then
 // the lanes summed in a fixed order, then the tail (I mod VW) added: the same operations for
@@ -23,7 +23,9 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <cmath>
 #include <memory>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -131,22 +133,49 @@ static void span(const float* x, const float* w, float* y, int64_t T, int64_t n_
   for (; o < o1; ++o) block_all_x<1>(x, w + o * n_in, y + o, T, n_in, n_out);
 }
 
-// One call's work, shared by the threads that take its chunks. Held by shared_ptr: a helper
-// task that starts after the call has returned finds no chunk left and lets it go.
-struct Work {
-  const float* x;
-  const float* w;
-  float* y;
-  int64_t T, n_in, n_out, chunk, chunks;
-  std::atomic<int64_t> next{0}, done{0};
-
-  void take_chunks() {
-    for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
-      span(x, w, y, T, n_in, n_out, c * chunk, std::min(n_out, (c + 1) * chunk));
-      done.fetch_add(1, std::memory_order_release);
+// Runs fn(item) for items 0 .. n-1 on the calling thread and XLA's intra-op threads. The
+// items are split into one contiguous part per thread: thread p takes the items of part p in
+// order (for the products, one contiguous stretch of w, which the hardware and software
+// prefetches run ahead along), then helps with the other parts' remaining items. A helper that
+// starts late just finds less to do; the caller alone would do everything. The state is held by
+// shared_ptr: a helper that starts after the call has returned finds nothing left and lets go.
+template <typename Fn>
+static void parallel_for(ffi::ThreadPool& pool, int64_t n, Fn fn) {
+  struct Shared {
+    Shared(Fn fn, int64_t n, int64_t parts)
+        : fn(fn), n(n), parts(parts), next(new std::atomic<int64_t>[parts]) {
+      for (int64_t p = 0; p < parts; ++p) next[p] = n * p / parts;
     }
+    Fn fn;
+    int64_t n, parts;
+    std::unique_ptr<std::atomic<int64_t>[]> next;   // per part: its next item
+    std::atomic<int64_t> done{0};
+    int64_t part_end(int64_t p) const { return n * (p + 1) / parts; }
+    void run(int64_t first_part) {
+      for (int64_t k = 0; k < parts; ++k) {
+        const int64_t p = (first_part + k) % parts;
+        for (int64_t i; (i = next[p].fetch_add(1, std::memory_order_relaxed)) < part_end(p);) {
+          fn(i);
+          done.fetch_add(1, std::memory_order_release);
+        }
+      }
+    }
+  };
+  // The caller works too, so one helper fewer than XLA's pool has threads (one per core).
+  const int64_t parts = std::min<int64_t>(std::max<int64_t>(1, pool.num_threads()), n);
+  if (parts <= 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
   }
-};
+  auto shared = std::make_shared<Shared>(fn, n, parts);
+  for (int64_t p = 1; p < parts; ++p) pool.Schedule([shared, p] { shared->run(p); });
+  shared->run(0);
+  while (shared->done.load(std::memory_order_acquire) < n) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+}
 
 static ffi::Error FewRows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
                           ffi::ResultBuffer<ffi::F32> y) {
@@ -155,26 +184,17 @@ static ffi::Error FewRows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   const int64_t n_out = w_dims[0], n_in = w_dims[1];
   if (n_in == 0 || x.element_count() % n_in != 0)
     return ffi::Error::InvalidArgument("x's last axis must be w's I");
-  auto work = std::make_shared<Work>();
-  work->x = x.typed_data();
-  work->w = w.typed_data();
-  work->y = y->typed_data();
-  work->T = x.element_count() / n_in;
-  work->n_in = n_in;
-  work->n_out = n_out;
-  // About 16 chunks, each a multiple of R rows: small enough that the threads finish together.
-  work->chunk = std::max<int64_t>(4 * R, (n_out / 16 + R - 1) / R * R);
-  work->chunks = (n_out + work->chunk - 1) / work->chunk;
-  // The caller takes chunks too, so one helper fewer than the pool's threads is enough to use
-  // every core (XLA's pool has one thread per core).
-  const int64_t helpers = std::min<int64_t>(pool.num_threads() - 1, work->chunks - 1);
-  for (int64_t h = 0; h < helpers; ++h) pool.Schedule([work] { work->take_chunks(); });
-  work->take_chunks();
-  while (work->done.load(std::memory_order_acquire) < work->chunks) {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-  }
+  const float* xd = x.typed_data();
+  const float* wd = w.typed_data();
+  float* yd = y->typed_data();
+  const int64_t T = x.element_count() / n_in;
+  // Chunks of a multiple of R rows of w, 8 a thread: small enough that the threads finish
+  // together.
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t chunk = std::max<int64_t>(4 * R, (n_out / (8 * threads) + R - 1) / R * R);
+  parallel_for(pool, (n_out + chunk - 1) / chunk, [=](int64_t c) {
+    span(xd, wd, yd, T, n_in, n_out, c * chunk, std::min(n_out, (c + 1) * chunk));
+  });
   return ffi::Error::Success();
 }
 
@@ -184,3 +204,182 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_few_rows, FewRows,
                                   .Arg<ffi::Buffer<ffi::F32>>()   // x [..., I]
                                   .Arg<ffi::Buffer<ffi::F32>>()   // w [O, I]
                                   .Ret<ffi::Buffer<ffi::F32>>()); // y [..., O]
+
+// ---------------------------------------------------------------------------------------------
+// Attention of a few queries to a layer's KV cache, reading only the slots in use.
+//
+// q [B, T, N, H]; the cache's keys [B, K, H, S] and values [B, K, S, H] (specjax.model.cache);
+// mask [B, T, S] (which slots each query reads); limit [B] (each row's slots past limit are
+// never read: one past its last query's slot). Out: [B, T, N, H].
+//
+// XLA reads a cache prefix only through a static window, a copy of it, and its products over
+// few query rows run far below the memory's speed (SmolLM2, 2,048 slots: a one-token step cost
+// 34 ms attending to the whole buffer, 14 ms with no attention at all). Here each (row, key
+// head, chunk of CHUNK slots) is one item of work: the G = N / K query heads of the T queries
+// that share the key head score the chunk's keys, take a softmax that is local to the chunk
+// (its maximum, its sum) and sum the chunk's values; the chunks are then merged with the usual
+// rescaling (the softmax of the whole row, computed in pieces, as flash-decoding does).
+
+constexpr int64_t CHUNK = 256;
+
+// Query rows handled together: their scores share each load of a key vector, their outputs
+// each load of a value row.
+constexpr int QB = 4;
+
+// e^x for a vector, to about 2 ulp: x = n ln 2 + f with |f| <= ln 2 / 2, e^f by its degree-6
+// Taylor polynomial, times 2^n built in the exponent bits. Below -87.3 (e^x under float's
+// smallest normal; -inf included, a masked slot) it gives 0.
+static inline Vec exp_vec(Vec x) {
+  typedef int32_t IVec __attribute__((vector_size(VW * sizeof(float))));
+  const IVec underflow = x < -87.3f;
+  x = underflow ? Vec{} - 87.3f : x;
+  // Round x / ln 2 to the nearest integer: adding 1.5 * 2^23 leaves no fraction bits.
+  const Vec n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const Vec f = x - n * 0.693145751953125f - n * 1.42860682030941723e-6f;
+  const Vec p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120
+                + f * (1.0f / 720))))));
+  const IVec bits = (__builtin_convertvector(n, IVec) + 127) << 23;
+  Vec power;
+  std::memcpy(&power, &bits, sizeof power);
+  return underflow ? Vec{} : p * power;
+}
+
+// One chunk [s0, s1) of one key head for QB query rows (the first `group` of them real):
+// scores, the chunk's softmax maximum and sum, and the unnormalised output, into part (per
+// row: max, sum, out[H], `stride` floats apart).
+static void chunk_rows(const float* const* qr, const bool* const* mr, const float* kb,
+                       const float* vb, int64_t S, int64_t H, int64_t s0, int64_t s1,
+                       float scale, int64_t group, float* part, int64_t stride) {
+  const int64_t n = s1 - s0;
+  alignas(64) float scores[QB][CHUNK];
+  // Scores: for a vector of slots, the dot products of each row's query with their keys,
+  // accumulated over H in registers (keys are [H, S]: one vector of slots per h).
+  int64_t s = 0;
+  for (; s + VW <= n; s += VW) {
+    Vec acc[QB] = {};
+    for (int64_t h = 0; h < H; ++h) {
+      const Vec kv = load(kb + h * S + s0 + s);
+      for (int j = 0; j < QB; ++j) acc[j] += qr[j][h] * kv;
+    }
+    for (int j = 0; j < QB; ++j) std::memcpy(&scores[j][s], &acc[j], sizeof(Vec));
+  }
+  for (; s < n; ++s)
+    for (int j = 0; j < QB; ++j) {
+      float acc = 0.0f;
+      for (int64_t h = 0; h < H; ++h) acc += qr[j][h] * kb[h * S + s0 + s];
+      scores[j][s] = acc;
+    }
+  for (int64_t j = 0; j < group; ++j) {
+    float* sc = scores[j];
+    float top = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) {
+      sc[i] = mr[j][s0 + i] ? sc[i] * scale : -INFINITY;
+      top = std::max(top, sc[i]);
+    }
+    float total = 0.0f;
+    if (top != -INFINITY) {
+      int64_t i = 0;
+      for (; i + VW <= n; i += VW) {
+        Vec e = exp_vec(load(sc + i) - top);
+        std::memcpy(sc + i, &e, sizeof e);
+      }
+      for (; i < n; ++i) sc[i] = std::exp(sc[i] - top);
+      for (i = 0; i < n; ++i) total += sc[i];
+    }
+    part[j * stride] = top;
+    part[j * stride + 1] = total;
+    float* o = part + j * stride + 2;
+    for (int64_t h = 0; h < H; ++h) o[h] = 0.0f;
+  }
+  // Outputs: each value row read once for the group's rows (masked slots have weight 0).
+  for (int64_t i = 0; i < n; ++i) {
+    const float* vr = vb + (s0 + i) * H;
+    for (int64_t j = 0; j < group; ++j) {
+      if (part[j * stride] == -INFINITY) continue;
+      const float p = scores[j][i];
+      float* o = part + j * stride + 2;
+      for (int64_t h = 0; h < H; ++h) o[h] += p * vr[h];
+    }
+  }
+}
+
+static ffi::Error FewQueryAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
+                                    ffi::Buffer<ffi::F32> keys, ffi::Buffer<ffi::F32> values,
+                                    ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::S32> limit,
+                                    ffi::ResultBuffer<ffi::F32> out) {
+  auto qd = q.dimensions(), kd = keys.dimensions();
+  if (qd.size() != 4 || kd.size() != 4) return ffi::Error::InvalidArgument("q, keys: rank 4");
+  const int64_t B = qd[0], T = qd[1], N = qd[2], H = qd[3], K = kd[1], S = kd[3];
+  if (kd[0] != B || kd[2] != H || N % K != 0)
+    return ffi::Error::InvalidArgument("q [B, T, N, H] and keys [B, K, H, S] do not match");
+  const int64_t G = N / K, rows = T * G;
+  const int64_t chunks = (S + CHUNK - 1) / CHUNK;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(H));
+  const float* Q = q.typed_data();
+  const float* Kc = keys.typed_data();
+  const float* Vc = values.typed_data();
+  const bool* M = mask.typed_data();
+  const int32_t* L = limit.typed_data();
+  // Per item, per query row: the chunk's maximum score, its sum of exponentials, and its
+  // unnormalised output [H]. Chunks past a row's limit are left unused (max = -inf).
+  const int64_t stride = H + 2;
+  std::vector<float> partial(B * K * chunks * rows * stride);
+
+  parallel_for(pool, B * K * chunks, [&](int64_t item) {
+    const int64_t b = item / (K * chunks), kh = (item / chunks) % K, c = item % chunks;
+    float* part = &partial[item * rows * stride];
+    const int64_t s0 = c * CHUNK, s1 = std::min<int64_t>({S, s0 + CHUNK, int64_t{L[b]}});
+    for (int64_t r = 0; r < rows; ++r) part[r * stride] = -INFINITY;
+    if (s1 <= s0) return;
+    const float* kb = Kc + ((b * K + kh) * H) * S;        // [H, S] of this key head
+    const float* vb = Vc + ((b * K + kh) * S) * H;        // [S, H]
+    for (int64_t r = 0; r < rows; r += QB) {              // QB query rows at a time
+      const int64_t group = std::min<int64_t>(QB, rows - r);
+      const float* qr[QB];
+      const bool* mr[QB];
+      for (int64_t j = 0; j < QB; ++j) {
+        const int64_t row = r + std::min<int64_t>(j, group - 1);  // repeats the last row
+        const int64_t t = row / G, g = row % G;
+        qr[j] = Q + ((b * T + t) * N + kh * G + g) * H;
+        mr[j] = M + (b * T + t) * S;
+      }
+      chunk_rows(qr, mr, kb, vb, S, H, s0, s1, scale, group, part + r * stride, stride);
+    }
+  });
+
+  // Merge the chunks of each (row, key head, query row): rescale each to the largest maximum.
+  float* O = out->typed_data();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t kh = 0; kh < K; ++kh)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t t = r / G, g = r % G;
+        float top = -INFINITY;
+        for (int64_t c = 0; c < chunks; ++c)
+          top = std::max(top, partial[(((b * K + kh) * chunks + c) * rows + r) * stride]);
+        float* o = O + ((b * T + t) * N + kh * G + g) * H;
+        for (int64_t h = 0; h < H; ++h) o[h] = 0.0f;
+        float total = 0.0f;
+        for (int64_t c = 0; c < chunks; ++c) {
+          const float* part = &partial[(((b * K + kh) * chunks + c) * rows + r) * stride];
+          if (part[0] == -INFINITY) continue;
+          const float weight = std::exp(part[0] - top);
+          total += weight * part[1];
+          for (int64_t h = 0; h < H; ++h) o[h] += weight * part[2 + h];
+        }
+        // Every query sees at least its own slot, so total > 0 (a padded query, which may see
+        // nothing, gets zeros: its output is never used).
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        for (int64_t h = 0; h < H; ++h) o[h] *= inv;
+      }
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_few_query_attention, FewQueryAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // q [B, T, N, H]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // keys [B, K, H, S]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // values [B, K, S, H]
+                                  .Arg<ffi::Buffer<ffi::PRED>>()  // mask [B, T, S]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // limit [B]
+                                  .Ret<ffi::Buffer<ffi::F32>>()); // out [B, T, N, H]

@@ -1,8 +1,12 @@
-"""The few-row product kernel (`few_rows.cc`): built on first use, registered with XLA.
+"""The few-row kernels (`few_rows.cc`): built on first use, registered with XLA.
 
-`product(x, w)` is `einsum("...I,OI->...O", x, w)` in float32, computed by a C++ XLA FFI custom
-call that reads each weight once from memory whatever the number of rows (see the source's
-header for how). `specjax.model.linear` decides when to call it.
+Two C++ XLA FFI custom calls for the CPU, for calls on a few tokens (decoding steps and verify
+calls); `specjax.model.linear` decides when to use them:
+
+- `product(x, w)` is `einsum("...I,OI->...O", x, w)` in float32, reading each weight once from
+  memory whatever the number of rows (see the source's header for how);
+- `attention(q, keys, values, mask, limit)` is `layers.attend` over a layer's whole cache
+  buffer, reading only the slots below each row's limit, in place.
 
 The source is compiled with the machine's C++ compiler (`$CXX`, else g++, else c++) for the
 CPU it runs on (-march=native), against the FFI headers that ship with jaxlib, once per source,
@@ -31,6 +35,7 @@ import jaxlib
 
 SOURCE = Path(__file__).with_name("few_rows.cc")
 TARGET = "specjax_few_rows"
+ATTENTION_TARGET = "specjax_few_query_attention"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared")
 
 
@@ -87,8 +92,9 @@ def available() -> bool:
     warning, when it cannot be built or loaded here."""
     try:
         library = ctypes.cdll.LoadLibrary(str(build()))
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.specjax_few_rows),
-                                    platform="cpu")
+        for target in (TARGET, ATTENTION_TARGET):
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)),
+                                        platform="cpu")
     except (BuildError, OSError) as error:
         warnings.warn(f"specjax: the few-row product kernel is not available, so verify calls "
                       f"use XLA's products (slower): {error}", RuntimeWarning, stacklevel=2)
@@ -109,3 +115,14 @@ def _product_jvp(primals, tangents):
     (x, w), (dx, dw) = primals, tangents
     return product(x, w), (jnp.einsum("...I,OI->...O", dx, w)
                            + jnp.einsum("...I,OI->...O", x, dw))
+
+
+def attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
+              limit: jax.Array) -> jax.Array:
+    """Grouped-query attention of q [B, T, N, H] to a cache's keys [B, K, H, S] and values
+    [B, K, S, H] (float32), where mask [B, T, S] says which slots each query reads and no slot
+    at or past limit [B] is read: `layers.attend` on the prefix, without copying it. -> [B, T,
+    N, H] float32. Needs `available()`; not differentiable (decoding only)."""
+    out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+    return jax.ffi.ffi_call(ATTENTION_TARGET, out, vmap_method="sequential")(
+        q, keys, values, mask, limit.astype(jnp.int32))

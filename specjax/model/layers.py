@@ -13,8 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from specjax.model import few_rows
 from specjax.model.cache import TreeAttention, attention_mask, windows
 from specjax.model.config import ModelConfig
+from specjax.model.linear import attention_uses_kernel
 
 
 def layer_norm(x, scale, bias, eps: float):
@@ -136,13 +138,18 @@ def attend(q, k, v, mask):
     return out.astype(v.dtype).reshape(b, t, n, h)
 
 
-# The smallest prefix of the cache read by a call with few queries (a decoding step) and by one
-# with many (a prefill chunk); see `attend_cache`.
+# The smallest prefix of the cache that XLA's path reads for a call with few queries (a decoding
+# step, where the few-query kernel does not apply) and for one with many (a prefill chunk); see
+# `attend_cache`.
 STEP_WINDOW, CHUNK_WINDOW, CHUNK_QUERIES = 1024, 128, 64
 
 
 def attend_cache(q, cache_k, cache_v, query_slots, tree: TreeAttention | None = None):
     """Attention of queries to a layer's cache, reading only the prefix they can see.
+
+    A call on few tokens (a decoding step, a verify call) uses the few-query kernel, which
+    reads the cache in place up to the last slot any query sees (`specjax.model.linear`). The
+    rest of this docstring is about XLA's path, for prefill chunks:
 
     The queries in `query_slots` see keys in slots <= their own, so slots past the batch's
     largest query slot are never needed. Shapes are static under `jit`, so the
@@ -163,6 +170,23 @@ def attend_cache(q, cache_k, cache_v, query_slots, tree: TreeAttention | None = 
     Returns:
       [B, T, N, H]
     """
+    if attention_uses_kernel(q, cache_k, cache_v):        # decoding steps and verify calls
+        return lax.platform_dependent(q, cache_k, cache_v, query_slots, tree,
+                                      cpu=_attend_in_place, default=_attend_windows)
+    return _attend_windows(q, cache_k, cache_v, query_slots, tree)
+
+
+def _attend_in_place(q, cache_k, cache_v, query_slots, tree):
+    """`attend_cache` by the few-query kernel: the whole buffer, read up to the slots in use."""
+    b, slots = q.shape[0], cache_v.shape[2]
+    key_slots = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (b, slots))
+    limit = jnp.max(query_slots, axis=1) + 1                                  # [B]
+    return few_rows.attention(q, cache_k, cache_v, attention_mask(query_slots, key_slots, tree),
+                              limit)
+
+
+def _attend_windows(q, cache_k, cache_v, query_slots, tree):
+    """`attend_cache` by XLA: the shortest static window of the cache that covers the queries."""
     b, t = q.shape[:2]
     sizes = windows(cache_v.shape[2], CHUNK_WINDOW if t >= CHUNK_QUERIES else STEP_WINDOW)
 

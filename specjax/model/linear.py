@@ -1,4 +1,5 @@
-"""Every weight product of the model, and the one place that picks how it is computed.
+"""Every weight product of the model, and the one place that picks how it and attention to
+the cache are computed.
 
 The model multiplies activations x [..., I] by weights w [O, I] (stored [out, in], as
 `specjax.model.transformer` explains): `linear(x, w)`. How that product is best computed
@@ -17,9 +18,16 @@ The kernel reads each weight once whatever the rows (`few_rows.cc`). One row sta
 mat-vec streams the weights as fast as the kernel's one-row case, or faster. Past 32 rows the
 product is compute-bound and XLA's GEMM, which packs and tiles for that, is the better one.
 
-The kernel needs float32 operands and a CPU; anything else, and a program traced inside
+Attention to the KV cache (`layers.attend_cache`) of a call on at most 32 tokens (`FEW_QUERIES`:
+decoding steps and verify calls, one token included) uses the few-query attention kernel,
+which reads the cache in place and only up to the slots in use. XLA's attention reads a static
+window of the cache (a copy of it) and runs its few-row products slowly: with SmolLM2 and a
+2,048-slot cache, a one-token step cost 34 ms attending to the whole buffer, 20 ms through the
+smallest window, 14 ms with a 512-slot cache. Prefill chunks keep XLA's windows.
+
+The kernels need float32 operands and a CPU; anything else, and a program traced inside
 `xla_products()` (a device mesh: XLA cannot split a custom call across devices, see
-`specjax.decoding.loop`), uses XLA's dot throughout. Both give the same products up to float32
+`specjax.decoding.loop`), uses XLA throughout. Both give the same results up to float32
 rounding (summation order).
 """
 
@@ -36,14 +44,18 @@ from specjax.model import few_rows
 
 # The numbers of rows (all leading axes of x together) that the few-row kernel computes.
 FEW_ROWS = range(2, 33)
+# The numbers of tokens per row of a call whose attention to the cache is the kernel's.
+FEW_QUERIES = range(1, 33)
 
 _xla_only = False
 
 
 @contextlib.contextmanager
 def xla_products():
-    """Within it, `linear` traces XLA's dot for every width: for programs partitioned over a
-    device mesh, and for comparing the two formulations."""
+    """Within it, `linear` and `layers.attend_cache` trace XLA's formulations for every width:
+    for programs partitioned over a device mesh, and for comparing the two. It acts when a
+    function is traced: a jitted function already traced outside it keeps its trace (JAX's
+    cache does not know this setting), so trace a fresh function inside it."""
     global _xla_only
     before, _xla_only = _xla_only, True
     try:
@@ -61,10 +73,20 @@ def linear(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
 
 
 def _uses_kernel(x, w, out_dtype) -> bool:
-    float32 = jnp.dtype(jnp.float32)
-    return (not _xla_only and math.prod(x.shape[:-1]) in FEW_ROWS
-            and x.dtype == w.dtype == float32 and jnp.dtype(out_dtype or x.dtype) == float32
+    return (math.prod(x.shape[:-1]) in FEW_ROWS
+            and kernels_apply(x, w, jnp.zeros((), out_dtype or x.dtype)))
+
+
+def kernels_apply(*arrays) -> bool:
+    """Whether a few-row kernel may compute on these operands: all float32, outside
+    `xla_products()`, and the kernels built here."""
+    return (not _xla_only and all(a.dtype == jnp.dtype(jnp.float32) for a in arrays)
             and few_rows.available())
+
+
+def attention_uses_kernel(q, cache_k, cache_v) -> bool:
+    """Whether attention of q [B, T, N, H] to this cache is the few-query kernel's."""
+    return q.shape[1] in FEW_QUERIES and kernels_apply(q, cache_k, cache_v)
 
 
 def _dot(x, w, out_dtype):
