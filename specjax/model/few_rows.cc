@@ -139,8 +139,12 @@ static void span(const float* x, const float* w, float* y, int64_t T, int64_t n_
 // prefetches run ahead along), then helps with the other parts' remaining items. A helper that
 // starts late just finds less to do; the caller alone would do everything. The state is held by
 // shared_ptr: a helper that starts after the call has returned finds nothing left and lets go.
+// Below this many bytes of operands a call runs on the calling thread alone: waking a helper
+// costs microseconds, more than a small model's product or a short cache's attention takes.
+constexpr int64_t kParallelBytes = 256 << 10;
+
 template <typename Fn>
-static void parallel_for(ffi::ThreadPool& pool, int64_t n, Fn fn) {
+static void parallel_for(ffi::ThreadPool& pool, int64_t n, int64_t bytes, Fn fn) {
   struct Shared {
     Shared(Fn fn, int64_t n, int64_t parts)
         : fn(fn), n(n), parts(parts), next(new std::atomic<int64_t>[parts]) {
@@ -162,7 +166,8 @@ static void parallel_for(ffi::ThreadPool& pool, int64_t n, Fn fn) {
     }
   };
   // The caller works too, so one helper fewer than XLA's pool has threads (one per core).
-  const int64_t parts = std::min<int64_t>(std::max<int64_t>(1, pool.num_threads()), n);
+  const int64_t threads = bytes < kParallelBytes ? 1 : std::max<int64_t>(1, pool.num_threads());
+  const int64_t parts = std::min<int64_t>(threads, n);
   if (parts <= 1) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
@@ -192,7 +197,7 @@ static ffi::Error FewRows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   // together.
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t chunk = std::max<int64_t>(4 * R, (n_out / (8 * threads) + R - 1) / R * R);
-  parallel_for(pool, (n_out + chunk - 1) / chunk, [=](int64_t c) {
+  parallel_for(pool, (n_out + chunk - 1) / chunk, n_out * n_in * 4, [=](int64_t c) {
     span(xd, wd, yd, T, n_in, n_out, c * chunk, std::min(n_out, (c + 1) * chunk));
   });
   return ffi::Error::Success();
@@ -252,9 +257,27 @@ static void chunk_rows(const float* const* qr, const bool* const* mr, const floa
                        float scale, int64_t group, float* part, int64_t stride) {
   const int64_t n = s1 - s0;
   alignas(64) float scores[QB][CHUNK];
-  // Scores: for a vector of slots, the dot products of each row's query with their keys,
-  // accumulated over H in registers (keys are [H, S]: one vector of slots per h).
+  // Scores: for SV vectors of slots at a time, the dot products of each row's query with their
+  // keys, accumulated over H in registers. Keys are [H, S]: each h is a run of SV vectors
+  // (contiguous), prefetched one block ahead, since H runs at once are more streams than the
+  // hardware prefetchers follow.
+  constexpr int SV = 4;
   int64_t s = 0;
+  for (; s + SV * VW <= n; s += SV * VW) {
+    Vec acc[QB][SV] = {};
+    for (int64_t h = 0; h < H; ++h) {
+      const float* kr = kb + h * S + s0 + s;
+      __builtin_prefetch(kr + SV * VW);
+      __builtin_prefetch(kr + SV * VW + 16);
+      __builtin_prefetch(kr + SV * VW + 32);
+      __builtin_prefetch(kr + SV * VW + 48);
+      for (int v = 0; v < SV; ++v) {
+        const Vec kv = load(kr + v * VW);
+        for (int j = 0; j < QB; ++j) acc[j][v] += qr[j][h] * kv;
+      }
+    }
+    for (int j = 0; j < QB; ++j) std::memcpy(&scores[j][s], acc[j], sizeof acc[j]);
+  }
   for (; s + VW <= n; s += VW) {
     Vec acc[QB] = {};
     for (int64_t h = 0; h < H; ++h) {
@@ -325,7 +348,9 @@ static ffi::Error FewQueryAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> 
   const int64_t stride = H + 2;
   std::vector<float> partial(B * K * chunks * rows * stride);
 
-  parallel_for(pool, B * K * chunks, [&](int64_t item) {
+  int64_t bytes = 0;                                      // of keys and values read
+  for (int64_t b = 0; b < B; ++b) bytes += std::min<int64_t>(S, L[b]) * K * H * 8;
+  parallel_for(pool, B * K * chunks, bytes, [&](int64_t item) {
     const int64_t b = item / (K * chunks), kh = (item / chunks) % K, c = item % chunks;
     float* part = &partial[item * rows * stride];
     const int64_t s0 = c * CHUNK, s1 = std::min<int64_t>({S, s0 + CHUNK, int64_t{L[b]}});
