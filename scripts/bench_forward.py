@@ -8,10 +8,11 @@
 `--medusa` adds one step of Medusa heads (every head's blocks and its subset projection, on one
 hidden state) and its cost ratio c to the decode step; `--sizes` times verify calls of each
 number of tokens (a tree's nodes plus its root), in units of the decode step, next to the same
-calls with XLA's dot for every product (`specjax.model.linear`). `--eagle` times one
-call of an EAGLE drafter (fusion, its decoder layer over its own cache, its subset logits) on 1,
-4 and 8 pairs, each as a cost ratio c of the decode step: a static tree of depth D costs D calls
-(the catch-up and one per level above the deepest), and so does a dynamic tree.
+calls with XLA's formulation throughout (`specjax.model.linear`), in units of its own step.
+`--eagle` times one call of an EAGLE drafter (fusion, its decoder layer over its own cache,
+its subset logits) on 1, 4 and 8 pairs, each as a cost ratio c of the decode step: a static
+tree of depth D costs D calls (the catch-up and one per level above the deepest), and so does
+a dynamic tree.
 
 Reports medians of several calls after warm-up, and the bytes of weights each call must read,
 which divided by the time gives the memory bandwidth the call achieves (decoding a small batch
@@ -135,22 +136,26 @@ def main():
 
 
 def print_sizes(sizes, compiled, rounds):
-    """The cost of a call on each number of tokens in one-token decode steps, as specjax computes
-    it and with XLA's dot for every product, side by side: in each round the decode step is
-    timed, then every call, so that a machine's drift moves them together; medians of the
+    """The cost of a call on each number of tokens, in one-token steps of the same formulation:
+    specjax's (`model.linear`: the few-row kernels where they apply) and XLA's for every product
+    and attention (`xla_products()`, the engine before the kernels), side by side. Each round
+    times every call once, so that a machine's drift moves them together; medians of the
     rounds' ratios."""
-    step = compiled(1)
+    sizes = sorted(set(sizes) | {1})
     calls = {(t, xla_only): compiled(t, xla_only) for t in sizes for xla_only in (False, True)}
     ratios = {key: [] for key in calls}
+    xla_step = []
     for _ in range(rounds):
-        decode = seconds(step)
-        for key, run in calls.items():
-            ratios[key].append(seconds(run) / decode)
-    print(f"call of n tokens / decode step, median of {rounds} rounds:")
-    print(f"{'n':>4s} {'specjax':>8s} {'XLA dot':>8s}")
+        times = {key: seconds(run) for key, run in calls.items()}
+        for (t, xla_only), time_ in times.items():
+            ratios[t, xla_only].append(time_ / times[1, xla_only])
+        xla_step.append(times[1, True] / times[1, False])
+    print(f"call of n tokens / the same formulation's one-token step, median of {rounds} rounds:")
+    print(f"{'n':>4s} {'specjax':>8s} {'XLA':>8s}")
     for t in sizes:
         print(f"{t:4d} {statistics.median(ratios[t, False]):8.2f} "
               f"{statistics.median(ratios[t, True]):8.2f}")
+    print(f"XLA's one-token step / specjax's: {statistics.median(xla_step):.2f}")
 
 
 def seconds(run) -> float:
