@@ -1,7 +1,11 @@
-// The few-row product y[T, O] = x[T, I] . w[O, I]^T (float32) that a decoding step's verify
-// call needs, as an XLA FFI custom call for the CPU. See specjax/model/few_rows.py.
+// Two XLA FFI custom calls for the CPU, for calls on a few tokens (decoding steps and verify
+// calls); specjax/model/few_rows.py builds and registers them, specjax/model/linear.py picks
+// them by call width:
 //
-// Why: with 2 to 32 rows, XLA's and OpenBLAS's matrix products on a CPU cost 2 to 3 times a
+//   specjax_few_rows             y[T, O] = x[T, I] . w[O, I]^T (float32), below;
+//   specjax_few_query_attention  attention to a layer's KV cache, read in place (at the end).
+//
+// The product. Why: with 2 to 32 rows, XLA's and OpenBLAS's matrix products on a CPU cost 2 to 3 times a
 // one-row product (a mat-vec) over the same weights, although the rows add little arithmetic:
 // the weights are what costs, and their bytes are the same. This kernel reads each weight once
 // from memory, whatever T is:
@@ -12,7 +16,7 @@
 //     products, one load of x serves R;
 //   - a software prefetch keeps the next bytes of w in flight while the block computes;
 //   - the rows of w are split into one contiguous part per core, streamed by the calling thread
-//     and XLA's intra-op threads (see Work), so every core streams.
+//     and XLA's intra-op threads (see parallel_for), so every core streams.
 //
 // Each output is sum over I of w[o, i] * x[t, i], accumulated lane-wise in chunks of VW, then
 // the lanes summed in a fixed order, then the tail (I mod VW) added: the same operations for

@@ -13,10 +13,12 @@ depends on how many rows x has, which is static under `jit`:
 
 Decoding a small batch is bound by reading the weights, and a verify call reads the same
 weights as a one-token step, so it should cost about one step. XLA's CPU dot does not: with
-SmolLM2-135M, a call on 5 tokens cost 1.76 one-token steps and 9 tokens 2.01 (2-core AMD EPYC).
-The kernel reads each weight once whatever the rows (`few_rows.cc`). One row stays XLA's: its
-mat-vec streams the weights as fast as the kernel's one-row case, or faster. Past 32 rows the
-product is compute-bound and XLA's GEMM, which packs and tiles for that, is the better one.
+SmolLM2-135M, a call on 5 tokens cost 1.76 one-token steps and 9 tokens 2.01 (2-core AMD EPYC,
+AVX2). The kernel reads each weight once whatever the rows (`few_rows.cc`): 1.22 and 1.30 on a
+2-core Zen 5 (`bench/smollm2-forward-engine/`). One row stays XLA's: its mat-vec streamed a
+113-226 MB matrix at 52-62 GB/s there, the kernel's one-row case at 41-47. Past 32 rows the
+product is compute-bound and XLA's GEMM, which packs and tiles for that, is the better one
+(at 48 rows they cost the same).
 
 Attention to the KV cache (`layers.attend_cache`) of a call on at most 32 tokens (`FEW_QUERIES`:
 decoding steps and verify calls, one token included) uses the few-query attention kernel,
