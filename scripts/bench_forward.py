@@ -88,7 +88,8 @@ def main():
 
     def compiled(t, xla_only=False):
         """A program making `repeats` calls on t tokens, compiled; with xla_only, traced inside
-        `xla_products()`, so every product is XLA's dot (the formulation before the kernel)."""
+        `xla_products()`, so that every product and attention is XLA's (the engine before the
+        kernels)."""
         @functools.partial(jax.jit, static_argnums=1)
         def repeated(params, config, tokens, positions, cache):
             def call(i, carry):

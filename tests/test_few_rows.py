@@ -23,7 +23,9 @@ def test_the_kernel_builds_and_registers_here():
     # CI has a C++ compiler, so a kernel that stopped compiling must fail here, not fall back
     # to XLA's products with only a warning.
     assert few_rows.available()
-    assert few_rows.build() == few_rows.build()          # the second call finds the cached library
+    library = few_rows.build()
+    built = library.stat().st_mtime_ns
+    assert few_rows.build() == library and library.stat().st_mtime_ns == built  # found, not rebuilt
 
 
 def random(shape, seed):

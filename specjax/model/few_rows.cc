@@ -5,10 +5,10 @@
 //   specjax_few_rows             y[T, O] = x[T, I] . w[O, I]^T (float32), below;
 //   specjax_few_query_attention  attention to a layer's KV cache, read in place (at the end).
 //
-// The product. Why: with 2 to 32 rows, XLA's and OpenBLAS's matrix products on a CPU cost 2 to 3 times a
-// one-row product (a mat-vec) over the same weights, although the rows add little arithmetic:
-// the weights are what costs, and their bytes are the same. This kernel reads each weight once
-// from memory, whatever T is:
+// The product. Why: with 2 to 32 rows, XLA's and OpenBLAS's matrix products on a CPU cost 2 to
+// 3 times a one-row product (a mat-vec) over the same weights, although the rows add little
+// arithmetic: the weights are what costs, and their bytes are the same. This kernel reads each
+// weight once from memory, whatever T is:
 //
 //   - w is walked in blocks of R consecutive rows (R x I floats, a few KiB, stays in L1);
 //   - each block is multiplied with every row of x (a few KiB more, in L1), TB rows at a time,
@@ -29,7 +29,6 @@
 #include <cstring>
 #include <cmath>
 #include <memory>
-#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -137,16 +136,16 @@ static void span(const float* x, const float* w, float* y, int64_t T, int64_t n_
   for (; o < o1; ++o) block_all_x<1>(x, w + o * n_in, y + o, T, n_in, n_out);
 }
 
+// Below this many bytes of operands a call runs on the calling thread alone: waking a helper
+// costs microseconds, more than a small model's product or a short cache's attention takes.
+constexpr int64_t kParallelBytes = 256 << 10;
+
 // Runs fn(item) for items 0 .. n-1 on the calling thread and XLA's intra-op threads. The
 // items are split into one contiguous part per thread: thread p takes the items of part p in
 // order (for the products, one contiguous stretch of w, which the hardware and software
 // prefetches run ahead along), then helps with the other parts' remaining items. A helper that
 // starts late just finds less to do; the caller alone would do everything. The state is held by
 // shared_ptr: a helper that starts after the call has returned finds nothing left and lets go.
-// Below this many bytes of operands a call runs on the calling thread alone: waking a helper
-// costs microseconds, more than a small model's product or a short cache's attention takes.
-constexpr int64_t kParallelBytes = 256 << 10;
-
 template <typename Fn>
 static void parallel_for(ffi::ThreadPool& pool, int64_t n, int64_t bytes, Fn fn) {
   struct Shared {
@@ -223,7 +222,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_few_rows, FewRows,
 //
 // XLA reads a cache prefix only through a static window, a copy of it, and its products over
 // few query rows run far below the memory's speed (SmolLM2, 2,048 slots: a one-token step cost
-// 34 ms attending to the whole buffer, 14 ms with no attention at all). Here each (row, key
+// 34 ms attending to the whole buffer, 20 ms through a 1,024-slot window, 14-15 ms with this
+// kernel). Here each (row, key
 // head, chunk of CHUNK slots) is one item of work: the G = N / K query heads of the T queries
 // that share the key head score the chunk's keys, take a softmax that is local to the chunk
 // (its maximum, its sum) and sum the chunk's values; the chunks are then merged with the usual
@@ -271,10 +271,8 @@ static void chunk_rows(const float* const* qr, const bool* const* mr, const floa
     Vec acc[QB][SV] = {};
     for (int64_t h = 0; h < H; ++h) {
       const float* kr = kb + h * S + s0 + s;
-      __builtin_prefetch(kr + SV * VW);
-      __builtin_prefetch(kr + SV * VW + 16);
-      __builtin_prefetch(kr + SV * VW + 32);
-      __builtin_prefetch(kr + SV * VW + 48);
+      for (int line = 0; line < SV * VW; line += 16)    // 16 floats: a 64-byte cache line
+        __builtin_prefetch(kr + SV * VW + line);
       for (int v = 0; v < SV; ++v) {
         const Vec kv = load(kr + v * VW);
         for (int j = 0; j < QB; ++j) acc[j][v] += qr[j][h] * kv;
@@ -340,17 +338,20 @@ static ffi::Error FewQueryAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> 
   if (kd[0] != B || kd[2] != H || N % K != 0)
     return ffi::Error::InvalidArgument("q [B, T, N, H] and keys [B, K, H, S] do not match");
   const int64_t G = N / K, rows = T * G;
-  const int64_t chunks = (S + CHUNK - 1) / CHUNK;
+  const int32_t* L = limit.typed_data();
+  // Only the chunks below the largest limit are work; the buffer past them is never touched.
+  int64_t used = 0;
+  for (int64_t b = 0; b < B; ++b) used = std::max<int64_t>(used, std::min<int64_t>(S, L[b]));
+  const int64_t chunks = (used + CHUNK - 1) / CHUNK;
   const float scale = 1.0f / std::sqrt(static_cast<float>(H));
   const float* Q = q.typed_data();
   const float* Kc = keys.typed_data();
   const float* Vc = values.typed_data();
   const bool* M = mask.typed_data();
-  const int32_t* L = limit.typed_data();
   // Per item, per query row: the chunk's maximum score, its sum of exponentials, and its
   // unnormalised output [H]. Chunks past a row's limit are left unused (max = -inf).
   const int64_t stride = H + 2;
-  std::vector<float> partial(B * K * chunks * rows * stride);
+  std::unique_ptr<float[]> partial(new float[B * K * chunks * rows * stride]);
 
   int64_t bytes = 0;                                      // of keys and values read
   for (int64_t b = 0; b < B; ++b) bytes += std::min<int64_t>(S, L[b]) * K * H * 8;

@@ -40,7 +40,7 @@ FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared")
 
 
 class BuildError(RuntimeError):
-    """The kernel could not be compiled here."""
+    """The kernels could not be compiled here."""
 
 
 def _compiler() -> str | None:
@@ -61,7 +61,7 @@ def _cpu() -> str:
 
 
 def build(cache_dir: Path | None = None) -> Path:
-    """Compiles the kernel if no library for this source, compiler, jaxlib and CPU is cached;
+    """Compiles the kernels if no library for this source, compiler, jaxlib and CPU is cached;
     returns the library's path. Raises BuildError with the compiler's message."""
     compiler = _compiler()
     if compiler is None:
@@ -88,16 +88,17 @@ def build(cache_dir: Path | None = None) -> Path:
 
 @functools.cache
 def available() -> bool:
-    """Builds (or finds) the kernel and registers it with XLA, once per process. False, with a
-    warning, when it cannot be built or loaded here."""
+    """Builds (or finds) the kernels and registers them with XLA, once per process. False, with
+    a warning, when they cannot be built or loaded here."""
     try:
         library = ctypes.cdll.LoadLibrary(str(build()))
         for target in (TARGET, ATTENTION_TARGET):
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)),
                                         platform="cpu")
     except (BuildError, OSError) as error:
-        warnings.warn(f"specjax: the few-row product kernel is not available, so verify calls "
-                      f"use XLA's products (slower): {error}", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"specjax: the few-row kernels are not available, so few-token calls use "
+                      f"XLA's products and attention (slower): {error}", RuntimeWarning,
+                      stacklevel=2)
         return False
     return True
 

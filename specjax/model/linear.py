@@ -76,19 +76,19 @@ def linear(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
 
 def _uses_kernel(x, w, out_dtype) -> bool:
     return (math.prod(x.shape[:-1]) in FEW_ROWS
-            and kernels_apply(x, w, jnp.zeros((), out_dtype or x.dtype)))
-
-
-def kernels_apply(*arrays) -> bool:
-    """Whether a few-row kernel may compute on these operands: all float32, outside
-    `xla_products()`, and the kernels built here."""
-    return (not _xla_only and all(a.dtype == jnp.dtype(jnp.float32) for a in arrays)
-            and few_rows.available())
+            and _kernels_apply(x.dtype, w.dtype, out_dtype or x.dtype))
 
 
 def attention_uses_kernel(q, cache_k, cache_v) -> bool:
     """Whether attention of q [B, T, N, H] to this cache is the few-query kernel's."""
-    return q.shape[1] in FEW_QUERIES and kernels_apply(q, cache_k, cache_v)
+    return q.shape[1] in FEW_QUERIES and _kernels_apply(q.dtype, cache_k.dtype, cache_v.dtype)
+
+
+def _kernels_apply(*dtypes) -> bool:
+    """Whether a few-row kernel may compute in these dtypes: all float32, outside
+    `xla_products()`, and the kernels built here."""
+    return (not _xla_only and all(jnp.dtype(d) == jnp.float32 for d in dtypes)
+            and few_rows.available())
 
 
 def _dot(x, w, out_dtype):
