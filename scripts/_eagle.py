@@ -36,6 +36,7 @@ import _corpus
 import numpy as np
 from _cards import flops_per_token, render
 from _cards import write_index as write_checkpoints_index
+from _eagle_data import load_sequences
 from _medusa_heads import (
     SMOLLM2_VERIFY_COST,
     cache_hidden,
@@ -94,7 +95,8 @@ def sequences(args) -> None:
 
 
 def features(args) -> None:
-    """`eagle-features`: the cached features of a sequences file, by one teacher-forced pass of
+    """`eagle-features`: the cached features of a sequences file (or of a shard directory of
+    `eagle-data`, whose provenance is the .json beside it), by one teacher-forced pass of
     the target (`cache_hidden`, the pass `medusa-data` makes), checked against the file's
     recorded tokenizer so that a different target cannot silently produce a cache."""
     import specjax
@@ -107,7 +109,7 @@ def features(args) -> None:
     if tokenizer_digest(target.tokenizer) != provenance["tokenizer_sha256"]:
         raise SystemExit(f"{args.target}'s tokenizer is not the one {path} was made with "
                          f"({provenance['target_name']})")
-    data = np.load(path)
+    data = load_sequences(path)     # a sequences file, or a shard directory of `eagle-data`
     names = [str(n) for n in data["kind_names"]]
     tokens, starts = data["tokens"].astype(np.int32), data["starts"]
     seqs = [(names[k], tokens[starts[i]:starts[i + 1]].tolist(), int(p))

@@ -24,6 +24,11 @@ and EAGLE drafters on the same kind of data, its sequences kept in data/eagle/ (
         --out runs/eagle/smollm2-features
     python scripts/train.py eagle --data runs/eagle/smollm2-features --target smollm2 --out weights/smollm2-eagle
 
+and the larger EAGLE data set, greedy and sampled continuations in resumable shards kept in
+data/eagle2/ (scripts/_eagle_data.py; `eagle-features` reads the shard directory):
+
+    python scripts/train.py eagle-data --target smollm2 --out data/eagle2/smollm2
+
 The data is the standard library of the running Python (see scripts/_corpus.py). Everything is
 seeded: the same command on the same Python and library versions gives the same weights.
 `--minutes` picks the number of steps from a short timing run when `--steps` is not given; the
@@ -45,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _corpus  # noqa: E402
 from _eagle import add_commands as add_eagle_commands  # noqa: E402
 from _eagle import write_index as write_eagle_index  # noqa: E402
+from _eagle_data import add_commands as add_eagle_data_commands  # noqa: E402
 from _evaluation import evaluate_draft, evaluate_pair  # noqa: E402
 from _generated import distill_data  # noqa: E402
 from _medusa_heads import add_commands as add_medusa_commands  # noqa: E402
@@ -153,6 +159,7 @@ def main(argv=None) -> None:
 
     add_medusa_commands(sub)
     add_eagle_commands(sub)
+    add_eagle_data_commands(sub)
 
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
