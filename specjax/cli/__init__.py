@@ -1,4 +1,4 @@
-"""The command line, `python -m specjax generate | bench | fetch` (`main`).
+"""The command line, `python -m specjax generate | bench | check | fetch` (`main`).
 
 Layer: the top. It may import everything below it: the public API (`specjax.api`), file I/O
 (`specjax.io`), the presets (`specjax.presets`) and the benchmarks (`specjax.bench`, for the

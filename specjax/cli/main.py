@@ -5,6 +5,7 @@
     python -m specjax generate --preset smollm2 --chat --method ngram --prompt "Tell me a joke"
     python -m specjax bench --quick
     python -m specjax fetch smollm2
+    python -m specjax check                                      # the lossless check's catalogue
 
 Errors a user can cause (paths, weights, tokenizers, numbers, prompts) print one line
 `specjax: error: ...` on stderr and exit with status 2; Ctrl-C exits with status 130.
@@ -23,6 +24,7 @@ import sys
 import threading
 
 from specjax import bench
+from specjax.cli import check
 from specjax.cli.generate import GENERATE_HELP, add_generate_arguments
 from specjax.cli.interrupt import Interrupt
 from specjax.io.fetch import FetchError, fetch
@@ -87,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(commands.add_parser(
         "bench", help="benchmark the methods on a fixed prompt suite",
         description=bench.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter))
+    check.add_arguments(commands.add_parser(
+        "check", help="run the lossless check's catalogue of samplers, print the verdicts",
+        description=check.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter))
     fetch = commands.add_parser("fetch", help="download a real checkpoint, print its directory")
     fetch.add_argument("name", help="smollm2, or a Hugging Face repo id org/name")
     fetch.add_argument("--cache-dir", help="default: $SPECJAX_CACHE or ~/.cache/specjax")

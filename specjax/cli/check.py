@@ -1,0 +1,81 @@
+"""`python -m specjax check`: the lossless check's catalogue, run and printed as a verdict
+table (docs/conformance.md). Exit status 0 when every verdict is the expected one (each known
+bug rejected, each exact scheme accepted), 1 otherwise, 2 for a bad option."""
+
+from __future__ import annotations
+
+import argparse
+from specjax import testing
+from specjax.presets import CLIError
+from specjax.testing import clients, verdict
+
+DESCRIPTION = """\
+Runs the catalogue of specjax.testing: numpy references of speculative-sampling bugs found in
+public code (each must be rejected) and of exact schemes that look wrong (each must pass), each
+checked against the exact law of 3-token continuations of a tiny target/draft pair by G-tests at
+one family-wise level. --specjax adds specjax's own methods, --transformers adds transformers'
+assisted generation and prompt lookup (their verdicts are reported as measured).
+
+  python -m specjax check
+  python -m specjax check --only always-accept speculative
+  python -m specjax check --transformers --transformers-samples 6000
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        help="run only these entries (names as --list prints them)")
+    parser.add_argument("--list", action="store_true", help="list the entries and exit")
+    parser.add_argument("--specjax", action="store_true",
+                        help="also check specjax's own speculative, tree and n-gram decoding")
+    parser.add_argument("--transformers", action="store_true",
+                        help="also check transformers' assisted generation and prompt lookup "
+                             "(needs torch and transformers)")
+    parser.add_argument("--transformers-samples", type=int, default=None, metavar="N",
+                        help="samples per transformers check (default "
+                             f"{clients.TRANSFORMERS_SAMPLES:,}: one generate call each)")
+    parser.add_argument("--samples", type=int, default=None, metavar="N",
+                        help="samples per check for every entry (default: each entry's own, "
+                             "100,000 for most)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--level", type=float, default=0.01,
+                        help="family-wise significance level over all checks run (default 0.01)")
+    parser.set_defaults(run=run)
+
+
+def entries(args) -> list:
+    for key in ("samples", "transformers_samples"):
+        value = getattr(args, key)
+        if value is not None and value < 1:
+            raise CLIError(f"--{key.replace('_', '-')} must be >= 1, got {value}")
+    if not 0 < args.level < 1:
+        raise CLIError(f"--level must be in (0, 1), got {args.level}")
+    if args.seed < 0:
+        raise CLIError(f"--seed must be >= 0, got {args.seed}")
+    chosen = list(testing.CATALOGUE)
+    if args.specjax:
+        chosen += clients.specjax_entries()
+    if args.transformers:
+        chosen += clients.transformers_entries(
+            args.transformers_samples or clients.TRANSFORMERS_SAMPLES)
+    if args.only:
+        known = {e.name: e for e in chosen}
+        unknown = [n for n in args.only if n not in known]
+        if unknown:
+            raise CLIError(f"--only: unknown entry {unknown[0]!r} (see --list)")
+        chosen = [known[n] for n in args.only]
+    return chosen
+
+
+def run(args) -> int:
+    chosen = entries(args)
+    if args.list:
+        for e in chosen:
+            kind = {True: "exact", False: "bug", None: "client"}[e.lossless]
+            print(f"{e.name:<36} {kind:<7} {e.source}")
+        return 0
+    print(verdict.preface(len(chosen), args.level), "", verdict.HEADER, sep="\n", flush=True)
+    verdicts = testing.run(chosen, level=args.level, seed=args.seed, samples=args.samples,
+                           progress=lambda v: print(verdict.row(v), flush=True))
+    print("", verdict.closing(verdicts), sep="\n")
+    return 0 if all(v.as_expected for v in verdicts) else 1

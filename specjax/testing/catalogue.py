@@ -1,0 +1,307 @@
+"""The field's known speculative-sampling bugs, and the schemes that look wrong but are exact, as
+small numpy references that `check` runs (`python -m specjax check` prints the verdicts).
+
+Each reference is a decoding step over a batch of rows (`adapters.numpy_step`), written for
+reading: `Speculative` is Chen et al. 2023's Algorithm 2 step by step, and each bug is that
+step with one thing done the way a public implementation once did it. The public issues are
+the sources of the ideas (cited in each entry); no code is taken from them.
+
+Letters as in the rest of specjax (Chen et al.): p is the draft's distribution, q the
+target's. Leviathan et al. and several of the cited projects use them the other way round.
+
+Every bug must be rejected and every exact scheme accepted; `tests/test_conformance.py` holds
+the catalogue to that at a family-wise level of 0.01.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specjax.sampling.logits import SamplingParams
+from specjax.testing.adapters import numpy_step
+from specjax.testing.law import warp
+from specjax.testing.verdict import Entry
+
+__all__ = ["CATALOGUE", "Speculative", "draw"]
+
+
+def draw(rng: np.random.Generator, probs: np.ndarray, noise: np.ndarray | None = None):
+    """One token per row from probs [N, V] by the exponential race: argmax p(x) / E(x) with
+    E ~ Exp(1) i.i.d., which picks x with probability p(x), and never a token of probability 0.
+    `noise` [N, V] reuses given variates (the shared-noise bug needs them)."""
+    noise = rng.exponential(size=probs.shape) if noise is None else noise
+    return np.argmax(probs / noise, axis=-1)
+
+
+def _normalized(weights: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    """Rows of `weights` scaled to sum to 1; a row of zeros takes `fallback`'s row."""
+    total = weights.sum(axis=-1, keepdims=True)
+    return np.where(total > 0, weights / np.where(total > 0, total, 1), fallback)
+
+
+class Speculative:
+    """One speculative step for every row (Chen et al. 2023, Algorithm 2): draft k tokens, score
+    them with one target call, accept each with probability min(1, q(x) / p(x)) up to the first
+    rejection, then draw one more token, from the residual max(q - p, 0) at the rejection or
+    from the target after the last draft. Subclasses replace one method with a bug."""
+
+    k = 2
+
+    def __call__(self, rng, lookup, tokens, lengths, sampling):
+        rows, k = np.arange(len(lengths)), self.k
+        tokens = tokens.copy()
+        # Step 1: draft k tokens, each from p_i, the draft after the tokens before it.
+        p = np.empty((len(rows), k, lookup.vocab))                          # [N, k, V]
+        for i in range(k):
+            tokens[rows, lengths + i], p[:, i] = self.propose(rng, lookup, tokens, lengths + i,
+                                                              sampling)
+        drafts = tokens[rows[:, None], lengths[:, None] + np.arange(k)]     # [N, k]
+        # Step 2: one target call scores every prefix: q_1 .. q_{k+1}.
+        q = np.stack([self.target(lookup, tokens, lengths + i, sampling) for i in range(k + 1)],
+                     axis=1)                                                # [N, k+1, V]
+        # Step 3: accept the leading drafts that pass u * p(x) < q(x).
+        accepted = self.accept(rng, drafts, p, q)                           # [N] in 0..k
+        # Step 4: the token after them: residual at a rejection, the bonus after k accepts.
+        tokens[rows, lengths + accepted] = self.next_token(rng, drafts, p, q, accepted)
+        return tokens, lengths + accepted + 1
+
+    def propose(self, rng, lookup, tokens, lengths, sampling):
+        """A draft token per row and the distribution it was drawn from."""
+        p = warp(lookup.draft(tokens, lengths), sampling)
+        return draw(rng, p), p
+
+    def target(self, lookup, tokens, lengths, sampling):
+        return warp(lookup.target(tokens, lengths), sampling)
+
+    def accept(self, rng, drafts, p, q):
+        p_x = np.take_along_axis(p, drafts[..., None], axis=-1)[..., 0]     # [N, k]
+        q_x = np.take_along_axis(q[:, :-1], drafts[..., None], axis=-1)[..., 0]
+        passed = rng.random(drafts.shape) * p_x < q_x
+        return np.cumprod(passed, axis=1).sum(axis=1)                       # leading passes
+
+    def next_token(self, rng, drafts, p, q, accepted):
+        rows = np.arange(len(accepted))
+        q_at = q[rows, accepted]
+        # After k accepts p is "0" there, so the residual is q_{k+1} itself: the bonus token.
+        p_at = np.where((accepted < self.k)[:, None], p[rows, np.minimum(accepted, self.k - 1)], 0)
+        return draw(rng, self.residual(p_at, q_at, drafts, accepted))
+
+    def residual(self, p_at, q_at, drafts, accepted):
+        return _normalized(np.maximum(q_at - p_at, 0), q_at)
+
+
+# -- Bugs ---------------------------------------------------------------------------------------
+
+class ArgmaxDraftSoftP(Speculative):
+    """The draft's argmax is proposed, its softmax reported as the distribution it came from."""
+
+    def propose(self, rng, lookup, tokens, lengths, sampling):
+        p = warp(lookup.draft(tokens, lengths), sampling)
+        return np.argmax(p, axis=-1), p
+
+
+class ProcessedDrawnRawReported(Speculative):
+    """Drafts drawn from the processed logits (temperature, top-p) and reported with the
+    softmax of the raw ones."""
+
+    def propose(self, rng, lookup, tokens, lengths, sampling):
+        logits = lookup.draft(tokens, lengths)
+        return draw(rng, warp(logits, sampling)), warp(logits, SamplingParams())
+
+
+class Bfloat16DrawnFloat32Judged(Speculative):
+    """Drafts drawn from the draft run in bfloat16, judged with its float32 distribution."""
+
+    def propose(self, rng, lookup, tokens, lengths, sampling):
+        drawn = warp(lookup.logits("draft-bfloat16", tokens, lengths), sampling)
+        return draw(rng, drawn), warp(lookup.draft(tokens, lengths), sampling)
+
+
+class AlwaysAccept(Speculative):
+    """Every draft accepted (a match count that never stops at a rejection)."""
+
+    def accept(self, rng, drafts, p, q):
+        return np.full(len(drafts), self.k)
+
+
+class TargetUnprocessed(Speculative):
+    """The draft sampled with the request's top-p, the target verified at temperature 1 and
+    top-p 1: the output follows the unfiltered target."""
+
+    def target(self, lookup, tokens, lengths, sampling):
+        return warp(lookup.target(tokens, lengths), SamplingParams())
+
+
+class SameNoiseResample(Speculative):
+    """The token after a rejection drawn with the same exponential noise that drew the rejected
+    draft, instead of fresh noise."""
+
+    def __call__(self, rng, lookup, tokens, lengths, sampling):
+        self._noise = rng.exponential(size=(len(lengths), self.k, lookup.vocab))
+        self._i = 0
+        return super().__call__(rng, lookup, tokens, lengths, sampling)
+
+    def propose(self, rng, lookup, tokens, lengths, sampling):
+        p = warp(lookup.draft(tokens, lengths), sampling)
+        token = draw(rng, p, self._noise[:, self._i])
+        self._i += 1
+        return token, p
+
+    def next_token(self, rng, drafts, p, q, accepted):
+        rows = np.arange(len(accepted))
+        rejected = accepted < self.k
+        noise = np.where(rejected[:, None], self._noise[rows, np.minimum(accepted, self.k - 1)],
+                         rng.exponential(size=(len(rows), q.shape[-1])))
+        q_at = q[rows, accepted]
+        p_at = np.where(rejected[:, None], p[rows, np.minimum(accepted, self.k - 1)], 0)
+        return draw(rng, self.residual(p_at, q_at, drafts, accepted), noise)
+
+
+class ResidualZeroesRejected(Speculative):
+    """The residual made by zeroing the rejected token in the target's probabilities (in
+    place) and renormalising, instead of max(q - p, 0)."""
+
+    def residual(self, p_at, q_at, drafts, accepted):
+        rows = np.arange(len(accepted))
+        rejected = accepted < self.k
+        zeroed = q_at.copy()
+        zeroed[rows[rejected], drafts[rows[rejected], accepted[rejected]]] = 0
+        return _normalized(zeroed, q_at)
+
+
+class BonusFromLastDraftPosition(Speculative):
+    """After k accepts, the bonus token drawn from q_k (the last draft's position) instead of
+    q_{k+1}."""
+
+    def next_token(self, rng, drafts, p, q, accepted):
+        shifted = q.copy()
+        shifted[:, self.k] = q[:, self.k - 1]
+        return super().next_token(rng, drafts, p, shifted, accepted)
+
+
+class RejectionOneStepLate(Speculative):
+    """A rejection takes effect one position late: the rejected draft is kept, and the
+    correction is drawn at the position after it."""
+
+    def accept(self, rng, drafts, p, q):
+        return np.minimum(super().accept(rng, drafts, p, q) + 1, self.k)
+
+
+class GreedyMatchWhenSampling(Speculative):
+    """At temperature > 0, a draft accepted only when it is the target's argmax; the token after
+    the first mismatch drawn from the target."""
+
+    def accept(self, rng, drafts, p, q):
+        matches = drafts == np.argmax(q[:, :-1], axis=-1)
+        return np.cumprod(matches, axis=1).sum(axis=1)
+
+    def residual(self, p_at, q_at, drafts, accepted):
+        return q_at
+
+
+# -- Exact schemes that look suspicious ----------------------------------------------------------
+
+class TopKTreeOneHot:
+    """A token tree of deterministic candidates: at each depth the draft's `width` most likely
+    tokens, each treated as drawn from a one-hot distribution. The target walks them in order:
+    candidate c is accepted with probability q(c) (u * 1 < q(c)); on a rejection the target's
+    distribution becomes the residual max(q - onehot(c), 0), which is q with c removed and
+    renormalised; when every candidate is rejected the next token is drawn from what is left.
+    After an accept the walk goes one depth down; after `depth` accepts the bonus comes from
+    the target. Exact (SpecInfer's multi-step rule with one-hot drafts)."""
+
+    def __init__(self, width: int = 2, depth: int = 2):
+        self.width, self.depth = width, depth
+
+    def __call__(self, rng, lookup, tokens, lengths, sampling):
+        tokens, lengths = tokens.copy(), lengths.copy()
+        rows = np.arange(len(lengths))
+        walking = np.ones(len(rows), bool)
+        for _ in range(self.depth):
+            candidates = np.argsort(-lookup.draft(tokens, lengths), axis=-1)[:, :self.width]
+            q = warp(lookup.target(tokens, lengths), sampling)
+            moved = np.zeros(len(rows), bool)
+            for c in candidates.T:
+                q_c = q[rows, c]
+                accept = walking & ~moved & (rng.random(len(rows)) < q_c)
+                tried = walking & ~moved & ~accept
+                removed = q.copy()
+                removed[rows, c] = 0
+                q = np.where(tried[:, None], _normalized(removed, q), q)
+                tokens[rows[accept], lengths[accept]] = c[accept]
+                moved |= accept
+            stopped = walking & ~moved
+            tokens[rows[stopped], lengths[stopped]] = draw(rng, q[stopped])
+            lengths = lengths + walking                  # an accepted candidate or the residual
+            walking &= moved
+        # Every depth accepted: the bonus token from the target after the whole path.
+        bonus = rows[walking]
+        tokens[bonus, lengths[bonus]] = draw(rng, warp(lookup.target(tokens[bonus],
+                                                                     lengths[bonus]), sampling))
+        return tokens, lengths + walking
+
+
+class MatchTargetSample(Speculative):
+    """Drafts checked against the target's own samples: at each position the target draws a
+    token given the accepted prefix; the draft is kept while it equals that sample, and the
+    first differing sample is emitted. Exact whatever the draft's distribution: every emitted
+    token is the target's own draw."""
+
+    def accept(self, rng, drafts, p, q):
+        self._samples = np.stack([draw(rng, q[:, i]) for i in range(q.shape[1])], axis=1)
+        return np.cumprod(drafts == self._samples[:, :-1], axis=1).sum(axis=1)
+
+    def next_token(self, rng, drafts, p, q, accepted):
+        return self._samples[np.arange(len(accepted)), accepted]
+
+
+def _autoregressive(rng, lookup, tokens, lengths, sampling):
+    """One token per row from the target: the reference every scheme must equal."""
+    tokens = tokens.copy()
+    q = warp(lookup.target(tokens, lengths), sampling)
+    tokens[np.arange(len(lengths)), lengths] = draw(rng, q)
+    return tokens, lengths + 1
+
+
+# -- The catalogue ------------------------------------------------------------------------------
+
+T1, T07_TOP_P = SamplingParams(1.0), SamplingParams(0.7, top_p=0.9)
+
+
+def _reference(name: str, lossless: bool, source: str, step, **setting) -> Entry:
+    """A catalogue entry run by `numpy_step`; its idea is the step's docstring."""
+    return Entry(name, lossless, source, " ".join((step.__doc__ or "").split()),
+                 lambda: numpy_step(step, name=name), **setting)
+
+
+CATALOGUE = (
+    # Bugs: each must be rejected.
+    _reference("argmax-draft-soft-p", False, "jaymody/speculative-sampling #3, #4",
+               ArgmaxDraftSoftP()),
+    _reference("processed-drawn-raw-reported", False, "transformers #47932",
+               ProcessedDrawnRawReported(), sampling=T07_TOP_P),
+    # The bfloat16 draft's logits differ from float32's by up to 0.3 here (a 2-layer model),
+    # a law off by KL ~ 2.5e-4: 10^5 samples see it about half the time, 5 x 10^5 always.
+    _reference("bfloat16-drawn-float32-judged", False, "DeepSpec #31",
+               Bfloat16DrawnFloat32Judged(), samples=500_000),
+    _reference("always-accept", False, "transformers #28508", AlwaysAccept()),
+    _reference("target-unprocessed", False, "vLLM #10198", TargetUnprocessed(),
+               sampling=SamplingParams(1.0, top_p=0.8)),
+    _reference("same-noise-resample", False, "vLLM #54282", SameNoiseResample()),
+    _reference("residual-zeroes-rejected", False, "vllm-ascend #2881",
+               ResidualZeroesRejected()),
+    _reference("bonus-from-last-draft-position", False, "EAGLE PR #47",
+               BonusFromLastDraftPosition()),
+    _reference("rejection-one-step-late", False, "openvino.genai #4190",
+               RejectionOneStepLate()),
+    _reference("greedy-match-when-sampling", False, "mlxcel #902", GreedyMatchWhenSampling()),
+    # Exact schemes, some of which look wrong: each must pass.
+    _reference("autoregressive", True, "the definition", _autoregressive),
+    _reference("speculative", True, "Chen et al. 2023, Algorithm 2", Speculative()),
+    _reference("speculative-t0.7-top-p", True, "Chen et al. 2023, Algorithm 2", Speculative(),
+               sampling=T07_TOP_P),
+    _reference("top-k-tree-one-hot", True, "SpecInfer (Miao et al. 2024), one-hot drafts",
+               TopKTreeOneHot()),
+    _reference("match-target-sample", True, "disputed in mlx-swift-lm #459",
+               MatchTargetSample()),
+)

@@ -1,0 +1,207 @@
+"""What a lossless sampler must reproduce: small context-dependent target/draft pairs, the exact
+law of their short continuations, and the models' logits for every context a sampler may ask.
+
+A pair is two tiny random Llama models over a vocabulary of V = 6 tokens, the draft made from
+the target by adding noise to every weight, so that they agree on roughly half of the drafts,
+as a real pair does. Their next-token distributions depend on the whole context, unlike the
+fixed per-position distributions some peers test with, so a sampler that reads the wrong
+position, or keeps a rejected token in its context, changes the law and is seen.
+
+The law of the L-token continuations of a prompt is enumerated: all V^L of them, each the
+product of the target's next-token probabilities along it, after temperature, top-k and top-p
+(`specjax.sampling.logits`, the one definition of "the distribution sampled from").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+
+import jax
+import numpy as np
+
+from specjax.model.config import ModelConfig
+from specjax.model.transformer import Model, cast_params, draw_normal, forward, init_params
+from specjax.sampling.logits import SamplingParams, probs_from_logits
+
+__all__ = ["Lookup", "Pair", "close_pair", "exact_law", "llama_config", "pair", "PAIRS",
+           "warp"]
+
+
+def llama_config(vocab=8, d=16, layers=1, heads=2, kv_heads=1, positions=128) -> ModelConfig:
+    """A tiny Llama: d model width, `layers` layers, MHA/GQA/MQA by `kv_heads`."""
+    return ModelConfig(arch="llama", vocab_size=vocab, d_model=d, n_layers=layers,
+                       n_heads=heads, n_kv_heads=kv_heads, head_dim=d // heads, d_ff=2 * d,
+                       max_positions=positions, norm_eps=1e-6, activation="silu",
+                       tie_embeddings=False)
+
+
+@functools.lru_cache(maxsize=None)
+def close_pair(vocab=6, std=1.0, noise=0.5, seed=1) -> tuple[Model, Model]:
+    """A tiny target and a draft made from it by adding noise to every weight: they agree often
+    but not always, like a real draft, so both branches of verification get exercised."""
+    config = llama_config(vocab, layers=2)
+    target = Model(config, init_params(config, jax.random.key(seed), std))
+    leaves, treedef = jax.tree.flatten_with_path(target.params)
+    keys = jax.random.split(jax.random.key(seed + 1000), len(leaves))
+    noisy = [a + noise * std * draw_normal(path[-1].key, a.shape, k)
+             for (path, a), k in zip(leaves, keys)]
+    return target, Model(target.config, jax.tree.unflatten(treedef, noisy))
+
+
+def exact_law(target: Model, prompt, sampling: SamplingParams, length: int) -> np.ndarray:
+    """P(continuation) under the target for all V^length continuations of `prompt`, in
+    lexicographic order, float64: each is the product of the target's next-token probabilities
+    (`probs_from_logits`, the distribution every sampler is exact for) along it."""
+    vocab = target.config.vocab_size
+    continuations = np.array(list(itertools.product(range(vocab), repeat=length)), np.int32)
+    seqs = np.concatenate([np.tile(np.array(prompt, np.int32), (len(continuations), 1)),
+                           continuations], axis=1)                     # [V^length, P + length]
+    positions = np.broadcast_to(np.arange(seqs.shape[1]), seqs.shape)
+    logits, _ = forward(target.params, target.config, seqs, positions)
+    probs = np.asarray(probs_from_logits(logits[:, len(prompt) - 1:-1], sampling), np.float64)
+    picked = np.take_along_axis(probs, continuations[..., None], axis=-1)[..., 0]
+    law = picked.prod(axis=1)
+    assert abs(law.sum() - 1) < 1e-5
+    return law
+
+
+def warp(logits: np.ndarray, sampling: SamplingParams) -> np.ndarray:
+    """`probs_from_logits` in plain numpy (float64), for reference samplers written in numpy:
+    temperature, then top-k, then top-p over what top-k left, then min-p, then softmax;
+    temperature 0 is the one-hot of the argmax. Ties in the logits are not handled as the library does (by id),
+    which the random pairs here never have. [..., V] -> [..., V]."""
+    x = np.asarray(logits, np.float64)
+    if sampling.temperature == 0:
+        return np.eye(x.shape[-1])[np.argmax(x, axis=-1)]
+    x = (x - x.max(axis=-1, keepdims=True)) / sampling.temperature
+    order = np.argsort(-x, axis=-1, kind="stable")               # ids, most likely first
+    ranked = np.take_along_axis(x, order, axis=-1)
+    keep = np.arange(x.shape[-1]) < (sampling.top_k or x.shape[-1])
+    ranked = np.where(keep, ranked, -np.inf)
+    probs = np.exp(ranked) / np.exp(ranked).sum(axis=-1, keepdims=True)
+    # The nucleus: a rank is kept while the mass strictly before it is < top_p.
+    before = np.cumsum(probs, axis=-1) - probs
+    ranked = np.where(before < sampling.top_p, ranked, -np.inf)
+    # Min-p: rank 0 holds the largest probability, and renormalising keeps the ratios.
+    ranked = np.where(np.exp(ranked - ranked[..., :1]) >= sampling.min_p, ranked, -np.inf)
+    out = np.empty_like(x)
+    np.put_along_axis(out, order, np.exp(ranked) / np.exp(ranked).sum(axis=-1, keepdims=True),
+                      axis=-1)
+    return out
+
+
+@dataclasses.dataclass(frozen=True, eq=False)     # compared and hashed by identity
+class Pair:
+    """A target and a draft over one small vocabulary, with the prompt the check continues.
+
+    `target` and `draft` are specjax models (`forward` runs them; `specjax.save` writes them as
+    Hugging Face checkpoints, for clients in other frameworks). `lookup()` gives a sampler
+    written in numpy the logits of every context it may ask for."""
+
+    name: str
+    target: Model
+    draft: Model
+    prompt: tuple[int, ...]
+    about: str = ""
+
+    @property
+    def vocab(self) -> int:
+        return self.target.config.vocab_size
+
+    def lookup(self) -> "Lookup":
+        return Lookup(self)
+
+
+# The pairs by name. "close" is the suite's pair (tests/test_distribution.py): the draft is the
+# target plus noise, and they agree on about half of the drafts.
+PAIRS = {
+    "close": dict(about="the suite's pair: V = 6, 2 layers, draft = target + noise",
+                  std=0.5, noise=0.15, prompt=(1, 4, 2, 1, 4)),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def pair(name: str = "close") -> Pair:
+    """One of `PAIRS` by name."""
+    if name not in PAIRS:
+        raise ValueError(f"unknown pair {name!r}; known: {', '.join(PAIRS)}")
+    spec = PAIRS[name]
+    target, draft = close_pair(vocab=6, std=spec["std"], noise=spec["noise"])
+    return Pair(name, target, draft, spec["prompt"], spec["about"])
+
+
+class Lookup:
+    """The raw next-token logits of a pair's models after every short continuation of the
+    prompt, computed on first use a whole level at a time (all V^m continuations of length m in
+    one batched forward pass) and then read by table lookup, so that a numpy sampler over
+    100,000 rows asks for thousands of contexts at the cost of an index.
+
+        logits = lookup.target(tokens, lengths)      # tokens [N, W], lengths [N] -> [N, V]
+
+    Row i's context is the prompt followed by `tokens[i, :lengths[i]]`; entries past a row's
+    length are ignored. `lookup.draft(...)` reads the draft, `lookup.logits(name, ...)` any
+    model of `models` (a "draft-bfloat16" entry: the draft run in bfloat16)."""
+
+    MAX_LEVEL_SIZE = 400_000           # contexts of one length: V^m <= this
+    MIN_DEPTH = 4                      # levels computed at once: enough for k = 2, L = 3
+
+    def __init__(self, pair: Pair):
+        self.pair, self.vocab = pair, pair.vocab
+        bf16 = Model(pair.draft.config, cast_params(pair.draft.params, "bfloat16"))
+        self.models = {"target": pair.target, "draft": pair.draft, "draft-bfloat16": bf16}
+        self._levels: dict[str, list[np.ndarray]] = {name: [] for name in self.models}
+
+    def target(self, tokens, lengths) -> np.ndarray:
+        return self.logits("target", tokens, lengths)
+
+    def draft(self, tokens, lengths) -> np.ndarray:
+        return self.logits("draft", tokens, lengths)
+
+    def logits(self, name: str, tokens, lengths) -> np.ndarray:
+        """[N, W] tokens, [N] lengths -> [N, V] float32 logits of model `name`."""
+        tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+        deepest = int(lengths.max(initial=0))
+        self._fill(name, deepest)
+        out = np.empty((len(lengths), self.vocab), np.float32)
+        for m in np.unique(lengths):
+            rows = np.flatnonzero(lengths == m)
+            out[rows] = self._levels[name][m][self._code(tokens[rows, :m])]
+        return out
+
+    def _code(self, tokens: np.ndarray) -> np.ndarray:
+        """[N, m] -> [N]: the continuation's index in lexicographic order (base V)."""
+        return (tokens.astype(np.int64) * self.vocab ** np.arange(tokens.shape[1] - 1, -1, -1)
+                ).sum(axis=1)
+
+    def _fill(self, name: str, deepest: int) -> None:
+        """Compute every level up to `deepest` (at least `MIN_DEPTH`): one forward over all
+        V^depth continuations gives the logits after each of their prefixes (the model is
+        causal)."""
+        if len(self._levels[name]) > deepest:
+            return
+        depth = max(deepest, self.MIN_DEPTH)
+        if self.vocab ** depth > self.MAX_LEVEL_SIZE:
+            raise ValueError(f"a context of {deepest} generated tokens was asked for; the lookup "
+                             f"enumerates at most {self.MAX_LEVEL_SIZE:,} contexts of one "
+                             f"length (V = {self.vocab})")
+        model = self.models[name]
+        rest = np.array(list(itertools.product(range(self.vocab), repeat=depth)), np.int32)
+        rest = rest.reshape(self.vocab ** depth, depth)
+        seqs = np.concatenate([np.tile(np.array(self.pair.prompt, np.int32), (len(rest), 1)),
+                               rest], axis=1)                          # [V^depth, P + depth]
+        full = np.concatenate([_logits(model, chunk)[:, len(self.pair.prompt) - 1:]
+                               for chunk in np.array_split(seqs, -(-len(seqs) // 4096))])
+        # Level m: the prefixes of length m start every V^(depth - m)-th row.
+        self._levels[name] = [full[::self.vocab ** (depth - m), m] for m in range(depth + 1)]
+
+
+def _logits(model: Model, tokens: np.ndarray) -> np.ndarray:
+    """[N, T] -> [N, T, V] float32 logits of a full-sequence forward pass."""
+    positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
+    logits, _ = _forward(model.params, model.config, tokens, positions)
+    return np.asarray(logits, np.float32)
+
+
+_forward = jax.jit(forward, static_argnums=1)
