@@ -27,7 +27,8 @@ import jax
 import numpy as np
 
 from specjax.api.generate import generate
-from specjax.bench.distribution import close_pair, exact_law, g_test
+from specjax.testing.gtest import p_value
+from specjax.testing.law import close_pair, exact_law
 from specjax.sampling import rejection
 from specjax.sampling.logits import SamplingParams
 from specjax.sampling.rules import Rules
@@ -47,7 +48,7 @@ def draw_p_value(models, seed: int, rows: int, eps: float) -> float:
                       temperature=1.0, seed=seed, eos_ids=(),
                       rules=Rules(verify=generous_verify(eps)))
     law = exact_law(target, PROMPT, SamplingParams(1.0), L)
-    return g_test(np.array(result.tokens, np.int32), law, V)
+    return p_value(np.array(result.tokens, np.int32), law, V)
 
 
 def generous_verify(eps: float):

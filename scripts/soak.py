@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from specjax.api import generate as api
-from specjax.bench.distribution import close_pair
+from specjax.testing.law import close_pair
 
 METHODS = ("autoregressive", "speculative", "ngram")
 

@@ -6,6 +6,9 @@ import pytest
 from specjax.api.generate import _COMPILED
 from specjax.decoding import loop
 
+# The lossless check's fixture, as a user's suite would load it (tests/test_conformance.py).
+pytest_plugins = ["specjax.testing.pytest_plugin"]
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():

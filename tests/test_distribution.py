@@ -32,12 +32,12 @@ import pytest
 
 import specjax
 from specjax.api.generate import generate, prepare
-from specjax.bench import distribution
 from specjax.decoding import loop
 from specjax.sampling import rejection, rules
 from specjax.sampling.logits import SamplingParams, probs_from_logits, sample
 from specjax.sampling.rules import Rules, propose
 from specjax.sampling.tree import DynamicTree, Tree
+from specjax.testing import gtest, law as laws
 from tests.tiny import close_pair
 
 V, L, N = 6, 3, 100_000
@@ -137,16 +137,16 @@ _LAWS: dict = {}
 
 
 def exact_law(target, prompt, sampling: SamplingParams) -> np.ndarray:
-    """`distribution.exact_law` of the L-token continuations, computed once per target, prompt
+    """`specjax.testing.law.exact_law` of the L-token continuations, computed once per target, prompt
     and sampling."""
     key = (id(target.params), tuple(prompt), sampling)
     if key not in _LAWS:
-        _LAWS[key] = distribution.exact_law(target, prompt, sampling, L)
+        _LAWS[key] = laws.exact_law(target, prompt, sampling, L)
     return _LAWS[key]
 
 
 def g_test(samples: np.ndarray, law: np.ndarray) -> float:
-    return distribution.g_test(samples, law, V)
+    return gtest.p_value(samples, law, V)
 
 
 def draw(models, c, seed=0, rows=None, **hooks) -> tuple[np.ndarray, float]:

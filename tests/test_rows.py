@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 import specjax
 from specjax.api.generate import GenerationError, generate
-from specjax.bench.distribution import close_pair, exact_law, g_test
+from specjax.testing import gtest
+from specjax.testing.law import close_pair, exact_law
 from specjax.sampling.logits import Sampling, SamplingParams, probs_from_logits, sample_rows
 from specjax.sampling.rules import Rules
 
@@ -157,12 +158,12 @@ def test_each_row_group_samples_its_own_target_law(models, heads, name):
     laws = [exact_law(target, prompt, g, L) for g in GROUPS]
     groups = draw_groups(models, heads, CASES[name])
     for group, law, params in zip(groups, laws, GROUPS):
-        p_value = g_test(group, law, V)
+        p_value = gtest.p_value(group, law, V)
         assert p_value > ALPHA, f"{name} {params}: G-test p = {p_value:.3g} <= {ALPHA:.3g}"
     # Negative control on the same samples: each group against the next group's law is
     # rejected, so the test sees which setting a row was sampled under.
     for i, group in enumerate(groups):
-        p_value = g_test(group, laws[(i + 1) % len(GROUPS)], V)
+        p_value = gtest.p_value(group, laws[(i + 1) % len(GROUPS)], V)
         assert p_value < ALPHA, f"{name}: group {i} passed the law of group {i + 1}: p = {p_value:.3g}"
 
 
@@ -177,7 +178,7 @@ def test_a_draft_ignoring_per_row_settings_is_caught(models, heads):
     target, _ = models
     groups = draw_groups(models, heads, CASES["speculative-k2"],
                          rules=Rules(propose=_propose_with_the_first_rows_settings))
-    p_values = [g_test(group, exact_law(target, PROMPT, g, L), V)
+    p_values = [gtest.p_value(group, exact_law(target, PROMPT, g, L), V)
                 for group, g in zip(groups[1:], GROUPS[1:])]
     assert min(p_values) < ALPHA, p_values
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 import specjax
-from specjax.bench.distribution import close_pair, llama_config
+from specjax.testing.law import close_pair, llama_config
 
 __all__ = ["close_pair", "llama_config", "pair"]
 

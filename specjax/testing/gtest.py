@@ -20,7 +20,8 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["Test", "continuation_counts", "detectable_kl", "g_test", "marginals", "pool"]
+__all__ = ["Test", "continuation_counts", "detectable_kl", "g_test", "marginals", "p_value",
+           "pool", "tests"]
 
 POWER = 0.9
 
@@ -72,6 +73,11 @@ def g_test(observed: np.ndarray, law: np.ndarray) -> tuple[float, int, float]:
         g = 2 * np.sum(observed[seen] * np.log(observed[seen] / expected[seen]))
     df = len(observed) - 1
     return float(g), df, float(stats.chi2.sf(g, df))
+
+
+def p_value(samples: np.ndarray, law: np.ndarray, vocab: int) -> float:
+    """The p-value of the whole-continuation G-test of `samples` [N, L] against `law` [V^L]."""
+    return g_test(continuation_counts(samples, vocab), law)[2]
 
 
 def detectable_kl(df: int, samples: int, alpha: float, power: float = POWER) -> float:
