@@ -300,3 +300,26 @@ def test_chat_template_renders_like_transformers(tiny):
         render(model, "hi")
     model = dataclasses.replace(model, chat_template=CHATML)
     assert render(model, "hi") == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_check_prints_the_verdicts_and_exits_by_them(env):
+    # `python -m specjax check` (docs/conformance.md) on two entries: a bug rejected, an exact
+    # scheme accepted, exit 0 because both verdicts are the expected ones.
+    listed = specjax_cli(["check", "--list"], env)
+    assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 15
+    assert "same-noise-resample" in listed.stdout and "vLLM #54282" in listed.stdout
+    proc = specjax_cli(["check", "--only", "always-accept", "speculative", "--samples", "20000"],
+                       env)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line[:1].isalpha()}
+    assert "REJECTED" in rows["always-accept"] and "lossless" in rows["speculative"]
+    assert "Family-wise level 0.01 over 2 checks" in proc.stdout
+    assert proc.stdout.rstrip().endswith("Every verdict as expected.")
+    bad = {"unknown entry": (["--only", "nope"], "--only: unknown entry 'nope' (see --list)"),
+           "samples 0": (["--samples", "0"], "--samples must be >= 1, got 0"),
+           "level 2": (["--level", "2"], "--level must be in (0, 1), got 2.0"),
+           "seed -1": (["--seed", "-1"], "--seed must be >= 0, got -1")}
+    for name, (args, message) in bad.items():
+        proc = specjax_cli(["check", *args], env)
+        assert proc.returncode == 2 and proc.stderr.splitlines() == [f"specjax: error: {message}"], (
+            name, proc.stderr)

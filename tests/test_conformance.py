@@ -8,6 +8,7 @@ negative controls: each must be rejected at the same level at which each exact s
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -68,6 +69,17 @@ def test_detectable_kl_has_the_stated_power():
     assert power(kl / 2) < 0.7
     assert np.mean([gtest.g_test(d, law)[2] < level
                     for d in rng.multinomial(n, law, size=2000)]) < 2 * level
+
+
+def test_shipped_pair_is_the_pair_its_seeds_draw():
+    # `pair()` reads checkpoints; `build_pair()` draws the weights as the suite's close_pair.
+    shipped, built = testing.pair("close"), testing.law.build_pair("close")
+    for a, b in ((shipped.target, built.target), (shipped.draft, built.draft)):
+        for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
+            np.testing.assert_array_equal(x, y)
+    sampling = SamplingParams(0.7, top_p=0.9)
+    np.testing.assert_array_equal(testing.law.exact_law(shipped.target, shipped.prompt, sampling, 3),
+                                  testing.law.exact_law(built.target, built.prompt, sampling, 3))
 
 
 def test_warp_equals_the_library_distribution():

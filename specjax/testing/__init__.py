@@ -23,6 +23,7 @@ from specjax.testing.catalogue import CATALOGUE
 from specjax.testing.verdict import Entry, Verdict, run, table
 from specjax.testing.check import Report, assert_lossless, check
 from specjax.testing.gtest import Test
+from specjax.testing import clients, law, verdict
 from specjax.testing.law import PAIRS, Lookup, Pair, pair, warp
 
 __all__ = ["CATALOGUE", "Entry", "Lookup", "PAIRS", "Pair", "Report", "Test", "Verdict",

@@ -17,16 +17,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+from pathlib import Path
 
 import jax
 import numpy as np
 
+from specjax.io import checkpoint
 from specjax.model.config import ModelConfig
 from specjax.model.transformer import Model, cast_params, draw_normal, forward, init_params
 from specjax.sampling.logits import SamplingParams, probs_from_logits
 
-__all__ = ["Lookup", "Pair", "close_pair", "exact_law", "llama_config", "pair", "PAIRS",
-           "warp"]
+__all__ = ["Lookup", "PAIRS", "Pair", "build_pair", "close_pair", "exact_law", "llama_config",
+           "pair", "warp", "write_pairs"]
 
 
 def llama_config(vocab=8, d=16, layers=1, heads=2, kv_heads=1, positions=128) -> ModelConfig:
@@ -121,15 +123,40 @@ PAIRS = {
                   std=0.5, noise=0.15, prompt=(1, 4, 2, 1, 4)),
 }
 
+# Each pair ships as two Hugging Face checkpoint directories, <name>-target and <name>-draft:
+# drawing the weights takes JAX a few dozen small compilations (half a minute on a loaded
+# 2-core host); reading them takes a moment. `build_pair` draws them again, bit for bit
+# (tests/test_conformance.py compares; `write_pairs` rewrites the files).
+SHIPPED = Path(__file__).resolve().parent / "pairs"
+
+
+def build_pair(name: str) -> Pair:
+    """One of `PAIRS`, its weights drawn from its seeds."""
+    spec = _spec(name)
+    target, draft = close_pair(vocab=6, std=spec["std"], noise=spec["noise"])
+    return Pair(name, target, draft, spec["prompt"], spec["about"])
+
 
 @functools.lru_cache(maxsize=None)
 def pair(name: str = "close") -> Pair:
-    """One of `PAIRS` by name."""
+    """One of `PAIRS` by name, read from the shipped checkpoints."""
+    spec = _spec(name)
+    target, draft = (checkpoint.load(SHIPPED / f"{name}-{role}") for role in ("target", "draft"))
+    return Pair(name, target, draft, spec["prompt"], spec["about"])
+
+
+def write_pairs(directory: Path = SHIPPED) -> None:
+    """Writes every pair of `PAIRS` as the checkpoints `pair` reads."""
+    for name in PAIRS:
+        built = build_pair(name)
+        for role, model in (("target", built.target), ("draft", built.draft)):
+            checkpoint.save(model, Path(directory) / f"{name}-{role}")
+
+
+def _spec(name: str) -> dict:
     if name not in PAIRS:
         raise ValueError(f"unknown pair {name!r}; known: {', '.join(PAIRS)}")
-    spec = PAIRS[name]
-    target, draft = close_pair(vocab=6, std=spec["std"], noise=spec["noise"])
-    return Pair(name, target, draft, spec["prompt"], spec["about"])
+    return PAIRS[name]
 
 
 class Lookup:
