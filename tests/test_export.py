@@ -1,0 +1,83 @@
+"""Every method's compiled decoding loop lowers for GPU and TPU: `jax.export` serialises the
+whole `run` program (prefill and the `lax.while_loop`) for ("cuda", "tpu") on this CPU-only
+machine, and the exported module holds none of specjax's CPU kernels (`specjax_few_rows`,
+`specjax_few_query_attention`): on those platforms `lax.platform_dependent` takes XLA's
+formulation. (Exporting for "cpu" is refused by `jax.export` precisely because the CPU program
+calls those kernels, whose targets carry no compatibility guarantee; that is checked too.)
+
+docs/gpu.md says how to run on a GPU and what to expect."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import pytest
+from jax import export
+
+from specjax.api.generate import prepare
+from specjax.decoding import loop
+from specjax.sampling.tree import DynamicTree, Tree
+from specjax import testing
+from tests.test_distribution import NGRAM_PROMPT, eagle_drafter, medusa_heads
+
+METHODS = {
+    "autoregressive": dict(method="autoregressive"),
+    "speculative-chain": dict(method="speculative", k=3),
+    "speculative-tree": dict(method="speculative", tree=Tree.full((2, 2)), candidates="distinct"),
+    "ngram": dict(method="ngram", k=3),
+    "medusa": dict(method="medusa", tree=Tree.full((2, 2)), candidates="iid"),
+    "eagle-dynamic-tree": dict(method="eagle", tree=DynamicTree(3, 2, 4)),
+    "speculative-confidence-schedule": dict(method="speculative", k=3, k_schedule="confidence",
+                                            confidence_threshold=0.5),
+}
+
+
+def request(options):
+    pair = testing.pair()
+    options = dict(options)
+    if options["method"] == "speculative":
+        options["draft"] = pair.draft
+    if options["method"] == "medusa":
+        options["heads"] = medusa_heads(pair.target)
+    if options["method"] == "eagle":
+        options["drafter"] = eagle_drafter(pair.target)
+    return prepare(pair.target, [list(NGRAM_PROMPT), list(NGRAM_PROMPT[:5])],
+                   max_new_tokens=8, temperature=0.8, top_p=0.9, eos_ids=(), **options)
+
+
+def flat_program(req):
+    """The `run` program as a function of the inputs' leaves returning the state's leaves: plain
+    arrays in and out, as a serialised program for another host takes them (specjax's pytree
+    types stay on the Python side)."""
+    run = loop.programs(req.spec)[2]
+    leaves, treedef = jax.tree.flatten((req.weights, *req.inputs))
+
+    def flat_run(*leaves):
+        return jax.tree.leaves(run(*jax.tree.unflatten(treedef, leaves)))
+    return jax.jit(flat_run), leaves
+
+
+def custom_calls(module_text: str) -> set[str]:
+    return set(re.findall(r"custom_call @([A-Za-z0-9_.]+)", module_text))
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_decoding_loop_exports_for_gpu_and_tpu(name):
+    program, leaves = flat_program(request(METHODS[name]))
+    exported = export.export(program, platforms=("cuda", "tpu"))(*leaves)
+    assert exported.platforms == ("cuda", "tpu")
+    text = exported.mlir_module()
+    assert "while" in text                       # the decoding loop itself, not a fragment
+    assert not any(c.startswith("specjax_") for c in custom_calls(text)), custom_calls(text)
+    # What a GPU or TPU host would load: the serialised program round-trips.
+    assert export.deserialize(exported.serialize()).platforms == ("cuda", "tpu")
+
+
+def test_the_cpu_program_calls_the_kernels_and_cannot_be_exported():
+    req = request(METHODS["speculative-chain"])
+    run = loop.programs(req.spec)[2]
+    lowered = run.lower(req.weights, *req.inputs).as_text()
+    assert {"specjax_few_rows", "specjax_few_query_attention"} <= custom_calls(lowered)
+    with pytest.raises(ValueError, match="custom calls"):
+        export.export(run, platforms=("cpu",))(req.weights, *req.inputs)
