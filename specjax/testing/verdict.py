@@ -65,12 +65,12 @@ def row(v: Verdict) -> str:
     verdict = "lossless" if r.lossless else "REJECTED"
     mark = "" if v.as_expected else "  <- UNEXPECTED"
     p = f"{r.p_value:.2g}" if r.p_value > 0 else "<1e-300"     # below float64's range
-    return (f"{e.name:<32} {expected:<7} {verdict:<9} {p:>9} {r.samples:>9,} "
+    return (f"{e.name:<38} {expected:<7} {verdict:<9} {p:>9} {r.samples:>9,} "
             f"{r.detectable_kl:>9.1e} {_setting(r.sampling):<16} {r.seconds:>6.1f}  {e.source}"
             + mark)
 
 
-HEADER = (f"{'sampler':<32} {'kind':<7} {'verdict':<9} {'adj. p':>9} {'samples':>9} "
+HEADER = (f"{'sampler':<38} {'kind':<7} {'verdict':<9} {'adj. p':>9} {'samples':>9} "
           f"{'sees KL':>9} {'setting':<16} {'time s':>6}  source")
 
 
