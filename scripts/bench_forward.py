@@ -23,7 +23,6 @@ the yardstick for the decode step.
 """
 
 import argparse
-import contextlib
 import functools
 import statistics
 import time
@@ -33,8 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
+from specjax import kernels
 from specjax.model.cache import KVCache
-from specjax.model.linear import xla_products
+from specjax.model.linear import use_kernels
 from specjax.model.transformer import count_params, forward
 
 
@@ -53,6 +53,7 @@ def main():
     parser.add_argument("--eagle", help="an EAGLE drafter directory for --model: time its calls")
     parser.add_argument("--sizes", help="comma-separated call sizes to time, in decode steps")
     args = parser.parse_args()
+    kernels.ensure()              # built and registered, as `generate` does
     if (args.medusa or args.eagle) and not args.model:
         parser.error("--medusa and --eagle need --model, the target they were trained on")
 
@@ -88,7 +89,7 @@ def main():
 
     def compiled(t, xla_only=False):
         """A program making `repeats` calls on t tokens, compiled; with xla_only, traced inside
-        `xla_products()`, so that every product and attention is XLA's (the engine before the
+        `use_kernels(False)`, so that every product and attention is XLA's (the engine before the
         kernels)."""
         @functools.partial(jax.jit, static_argnums=1)
         def repeated(params, config, tokens, positions, cache):
@@ -104,7 +105,7 @@ def main():
         tokens = jnp.zeros((1, t), jnp.int32)
         positions = half + jnp.arange(t)[None]
         run = lambda: repeated(params, config, tokens, positions, cache)  # noqa: E731
-        with xla_products() if xla_only else contextlib.nullcontext():
+        with use_kernels(not xla_only):
             jax.block_until_ready(run())              # traced here, then reused from the cache
         return run
 
@@ -139,7 +140,7 @@ def main():
 def print_sizes(sizes, compiled, rounds):
     """The cost of a call on each number of tokens, in one-token steps of the same formulation:
     specjax's (`model.linear`: the few-row kernels where they apply) and XLA's for every product
-    and attention (`xla_products()`, the engine before the kernels), side by side. Each round
+    and attention (`use_kernels(False)`, the engine before the kernels), side by side. Each round
     times every call once, so that a machine's drift moves them together; medians of the
     rounds' ratios."""
     sizes = sorted(set(sizes) | {1})

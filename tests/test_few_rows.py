@@ -1,5 +1,5 @@
-"""The few-row kernels (`specjax.model.few_rows`) and the choice of formulation by call width
-(`specjax.model.linear`): the kernels build here; the product computes what XLA computes (to
+"""The few-row kernels (the plug-in `specjax.kernels`) and the choice of formulation by call width
+(`specjax.model.linear`): the kernels build here (or the test says why not); the product computes what XLA computes (to
 float32 rounding), gives a row the same bits whatever the call's width, and differentiates; the
 attention computes XLA's attention without reading a slot past the ones in use, in chains and
 token trees; and the model keeps its parity with transformers in the calls that use them."""
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.model import few_rows
+from specjax import kernels
+from specjax.model import linear as formulations
 from specjax.model.cache import attention_mask
 from specjax.model.layers import attend, attend_cache
 from specjax.model.linear import FEW_ROWS, linear, xla_products
@@ -19,13 +20,21 @@ from tests.hf_models import hf_logits, tiny_gpt2, tiny_llama
 from tests.test_parity import assert_logits_close
 
 
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    if kernels._compiler() is None:
+        pytest.skip("no C++ compiler here ($CXX, g++, c++, clang++): the kernels cannot be "
+                    "built, and generate runs XLA's formulation (tests/test_kernels.py)")
+    # With a compiler, a kernel that stopped compiling must fail here, not fall back to XLA's
+    # products with only a warning.
+    assert kernels.ensure()
+
+
 def test_the_kernel_builds_and_registers_here():
-    # CI has a C++ compiler, so a kernel that stopped compiling must fail here, not fall back
-    # to XLA's products with only a warning.
-    assert few_rows.available()
-    library = few_rows.build()
+    assert formulations.registered()
+    library = kernels.build()
     built = library.stat().st_mtime_ns
-    assert few_rows.build() == library and library.stat().st_mtime_ns == built  # found, not rebuilt
+    assert kernels.build() == library and library.stat().st_mtime_ns == built  # found, not rebuilt
 
 
 def random(shape, seed):
@@ -41,7 +50,7 @@ SHAPES = [((2,), 576, 192), ((5,), 576, 1536), ((1, 9), 1536, 576), ((17,), 30, 
 @pytest.mark.parametrize("lead,n_in,n_out", SHAPES)
 def test_product_equals_the_exact_product_to_float32_rounding(lead, n_in, n_out):
     x, w = random((*lead, n_in), 0), random((n_out, n_in), 1)
-    ours = np.asarray(jax.jit(few_rows.product)(x, w))
+    ours = np.asarray(jax.jit(formulations.product)(x, w))
     exact = x.astype(np.float64) @ w.astype(np.float64).T
     # Summing I float32 products: an error of a few ulps of sum |w x| per output.
     bound = 4 * n_in * np.finfo(np.float32).eps * (np.abs(x) @ np.abs(w).T)
@@ -53,10 +62,10 @@ def test_product_equals_the_exact_product_to_float32_rounding(lead, n_in, n_out)
 
 def test_a_row_gets_the_same_bits_whatever_the_width():
     # The kernel sums each output in one fixed order, whatever the number of rows, the blocks
-    # they fall in and the thread that computes them (few_rows.cc), so a token checked in a
-    # tree of 17 gets the bits it gets in a call of 2.
+    # they fall in and the thread that computes them (specjax/kernels/few_rows.cc), so a token
+    # checked in a tree of 17 gets the bits it gets in a call of 2.
     x, w = random((32, 576), 2), random((1536, 576), 3)
-    product = jax.jit(few_rows.product)
+    product = jax.jit(formulations.product)
     full = np.asarray(product(x, w))
     for rows in (2, 3, 5, 8, 9, 13, 17, 31):
         np.testing.assert_array_equal(np.asarray(product(x[:rows], w)), full[:rows])
@@ -66,7 +75,7 @@ def test_a_row_gets_the_same_bits_whatever_the_width():
 def formulation(rows, dtype=jnp.float32, out_dtype=None):
     x, w = jnp.ones((1, rows, 24), dtype), jnp.ones((40, 24), dtype)
     text = str(jax.make_jaxpr(lambda x, w: linear(x, w, out_dtype))(x, w))
-    return "kernel" if few_rows.TARGET in text else "xla"
+    return "kernel" if formulations.PRODUCT_TARGET in text else "xla"
 
 
 def test_linear_picks_the_kernel_for_few_rows_only():
@@ -139,7 +148,7 @@ def test_attention_equals_xlas_and_reads_no_slot_past_the_limit(b, t, kv_heads, 
     for row, end in enumerate(limit):
         keys[row, :, :, end:] = np.nan
         values[row, :, end:] = np.nan
-    ours = np.asarray(jax.jit(few_rows.attention)(q, keys, values, mask, limit))
+    ours = np.asarray(jax.jit(formulations.few_query_attention)(q, keys, values, mask, limit))
     np.testing.assert_allclose(ours, expected, rtol=2e-5, atol=2e-5)
 
 
@@ -157,7 +166,7 @@ def test_attention_in_a_token_tree_sees_ancestors_only():
     key_slots = jnp.broadcast_to(jnp.arange(1024), (2, 1024))
     mask = attention_mask(query_slots, key_slots, attention)
     expected = attend(q, keys, values, mask)
-    ours = jax.jit(few_rows.attention)(q, keys, values, mask, jnp.max(query_slots, 1) + 1)
+    ours = jax.jit(formulations.few_query_attention)(q, keys, values, mask, jnp.max(query_slots, 1) + 1)
     np.testing.assert_allclose(ours, expected, rtol=2e-5, atol=2e-5)
 
 
@@ -167,7 +176,7 @@ def test_attention_uses_the_kernel_for_few_queries_only():
         k, v = jnp.ones((1, 2, 8, 64), dtype), jnp.ones((1, 2, 64, 8), dtype)
         slots = jnp.broadcast_to(jnp.arange(t), (1, t))
         text = str(jax.make_jaxpr(lambda *a: attend_cache(*a))(q, k, v, slots))  # a fresh trace
-        return few_rows.ATTENTION_TARGET in text
+        return formulations.ATTENTION_TARGET in text
 
     assert [uses(t) for t in (1, 5, 32, 33, 64)] == [True, True, True, False, False]
     assert not uses(5, jnp.bfloat16)

@@ -133,6 +133,16 @@ def test_eagle_with_the_shipped_drafter_gives_the_greedy_output(ours, greedy):
         assert alone.tokens == greedy[1:2], tree
 
 
+def test_kernels_off_gives_the_same_greedy_output(ours, greedy):
+    # `greedy` ran with the CPU kernels (the default; a batch of 3 rows takes the few-row
+    # product, and every step the few-query attention); XLA's formulation gives its tokens.
+    drafter = specjax.load(DRAFTER)
+    for options in ({}, dict(method="eagle", drafter=drafter)):
+        off = generate(ours, PROMPTS[:3], max_new_tokens=50, temperature=0.0, kernels=False,
+                       **options)
+        assert off.tokens == greedy, options
+
+
 def test_shipped_drafter_makes_2_2_tokens_per_target_call_on_held_out_prompts(ours):
     # Recomputed here, not read from the card: greedy, on the bench suite's prompts (code,
     # editing, prose, chat), none of which the drafter trained on, and none of which chose its

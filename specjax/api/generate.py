@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
 import time
 from typing import Iterator, Sequence
 
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from specjax import kernels as specjax_kernels
 from specjax import mesh as meshes
 from specjax.decoding import loop
 from specjax.decoding.lookahead import DEFAULT_CONFIDENCE_THRESHOLD, DEFAULT_K_START, SCHEDULES
@@ -172,7 +174,7 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
             max_ngram: int = 3, min_ngram: int = 1, tree=None, candidates: str | None = None,
             heads: Heads | None = None, drafter: Drafter | None = None, k_schedule: str = "constant", k_start: int | None = None,
             confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
-            rules: Rules | None = None, **unknown) -> Request:
+            rules: Rules | None = None, kernels: bool | None = None, **unknown) -> Request:
     """Validates everything and builds the static spec and the device inputs."""
     if unknown:
         raise GenerationError(f"unknown keyword argument {sorted(unknown)[0]!r}")
@@ -257,7 +259,8 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
                       tree=tree, candidates=candidates,
                       heads_config=heads.config if method == "medusa" else None,
                       drafter_config=drafter.config if method == "eagle" else None, **schedule,
-                      mesh=mesh, shard_draft=shard_draft, rules=rules or Rules())
+                      mesh=mesh, shard_draft=shard_draft, rules=rules or Rules(),
+                      kernels=_kernels_switch(kernels) and mesh is None and specjax_kernels.ensure())
     weights = Weights(target.params, draft.params if draft else None,
                       runtime_weights(heads, target) if method == "medusa" else None,
                       eagle.runtime_weights(drafter, target) if method == "eagle" else None)
@@ -265,6 +268,24 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
     request = Request(spec, weights, prompt_array.astype(np.int32), lengths,
                       row_keys(seed, rows), settings, target.tokenizer, rows=rows)
     return request if mesh is None else _on_mesh(request)
+
+
+KERNELS_ENV = "SPECJAX_KERNELS"
+_ENV_VALUES = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
+
+
+def _kernels_switch(kernels) -> bool:
+    """The CPU kernels' switch: `kernels` when given, else $SPECJAX_KERNELS (on by default).
+    Where it is on, the kernels are built and registered (`specjax.kernels.ensure`); without a
+    compiler, or on a GPU, that is False and XLA's formulation runs."""
+    if kernels is not None:
+        if not isinstance(kernels, bool):
+            raise GenerationError(f"kernels must be True, False or None, got {kernels!r}")
+        return kernels
+    value = os.environ.get(KERNELS_ENV, "on").strip().lower() or "on"
+    if value not in _ENV_VALUES:
+        raise GenerationError(f"{KERNELS_ENV} must be on or off, got {os.environ[KERNELS_ENV]!r}")
+    return _ENV_VALUES[value]
 
 
 def _on_mesh(request: Request) -> Request:
@@ -329,6 +350,11 @@ def generate(target: Model, prompts, **kwargs) -> GenerationResult:
         over "model", rows over "data" (`specjax.mesh`). Weights not yet placed so are copied
         there on every call; `specjax.load(..., mesh=mesh)` places them once.
       shard_draft: with a mesh, split the draft like the target (default: replicated).
+      kernels: whether few-token calls use the CPU kernels (`specjax.kernels`): None (the
+        default) follows $SPECJAX_KERNELS ("on" unless "off"), True or False decides. They are
+        built on first use; without a compiler, on a GPU or on a mesh XLA's formulation runs.
+        Outputs are the same up to float32 rounding; the switch is part of the compiled
+        program's key.
     """
     request = prepare(target, prompts, **kwargs)
     compiled, compile_s = _compiled(request)

@@ -12,7 +12,8 @@ Errors a user can cause (paths, weights, tokenizers, numbers, prompts) print one
 
 Compiled programs are kept in JAX's persistent compilation cache (<cache>/xla, where <cache> is
 $SPECJAX_CACHE or ~/.cache/specjax), so a second run with the same settings starts quickly.
-SPECJAX_COMPILE_CACHE=DIR moves it, SPECJAX_COMPILE_CACHE=off turns it off.
+SPECJAX_COMPILE_CACHE=DIR moves it, SPECJAX_COMPILE_CACHE=off turns it off. The CPU kernels
+(`specjax.kernels`) are on unless --no-kernels or SPECJAX_KERNELS=off.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import sys
 import threading
 
 from specjax import bench
+from specjax.api.generate import KERNELS_ENV
 from specjax.cli import check
 from specjax.cli.generate import GENERATE_HELP, add_generate_arguments
 from specjax.cli.interrupt import Interrupt
@@ -37,6 +39,9 @@ EXIT_INTERRUPTED = 130
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "no_kernels", False):
+        # The one switch (`specjax.generate(kernels=)`), for every generate call of the command.
+        os.environ[KERNELS_ENV] = "off"
     Interrupt.seen = False
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, Interrupt.handler) if in_main_thread else None
@@ -89,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(commands.add_parser(
         "bench", help="benchmark the methods on a fixed prompt suite",
         description=bench.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter))
+    for name in ("generate", "bench"):
+        commands.choices[name].add_argument(
+            "--no-kernels", action="store_true",
+            help="use XLA's products and attention instead of the CPU kernels (as "
+                 f"{KERNELS_ENV}=off does)")
     check.add_arguments(commands.add_parser(
         "check", help="run the lossless check's catalogue of samplers, print the verdicts",
         description=check.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter))

@@ -28,7 +28,7 @@ from specjax.decoding import (
 from specjax.decoding.sharding import pinned, state_shardings, weight_shardings
 from specjax.decoding.spec import METHODS, DecodeSpec, Weights
 from specjax.decoding.state import DecodeState, RowSettings, initial_state
-from specjax.model.linear import xla_products
+from specjax.model.linear import use_kernels
 
 __all__ = ["METHODS", "DecodeSpec", "Weights", "init", "programs", "step"]
 
@@ -86,13 +86,13 @@ def programs(spec: DecodeSpec):
     """(init, step, run) for this spec, jitted; on a mesh, with explicit shardings for the
     weights, the per-row inputs and the state (not while tracing: `DecodeSpec.trace` changes
     the state's structure after the first step)."""
-    functions = (functools.partial(_init, spec), functools.partial(_step, spec),
-                 functools.partial(_run, spec))
+    # Each is traced with the spec's kernel switch (`model.linear`). On a mesh it is off (the
+    # API sees to it): XLA's partitioner cannot split a custom call across devices, it would
+    # gather every weight onto each.
+    functions = tuple(_with_kernels(spec.kernels, functools.partial(f, spec))
+                      for f in (_init, _step, _run))
     if spec.mesh is None or spec.trace:
         return tuple(jax.jit(f) for f in functions)
-    # XLA's partitioner cannot split the few-row kernel (a custom call) across devices: it would
-    # gather every weight onto each. On a mesh, every product is XLA's (`model.linear`).
-    functions = tuple(_with_xla_products(f) for f in functions)
     weights, rows, state = (weight_shardings(spec), meshes.rows(spec.mesh),
                             state_shardings(spec))
     inputs = (weights, rows, rows, rows, rows)
@@ -100,9 +100,9 @@ def programs(spec: DecodeSpec):
                  for f, shardings in zip(functions, (inputs, (weights, state), inputs)))
 
 
-def _with_xla_products(f):
+def _with_kernels(on: bool, f):
     def traced(*args):
-        with xla_products():
+        with use_kernels(on):
             return f(*args)
     return traced
 

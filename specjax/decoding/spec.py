@@ -51,6 +51,9 @@ class DecodeSpec:
     shard_draft: bool = False
     # The draw and verification rules (`specjax.sampling.rules`); the default is Theorem 1's.
     rules: Rules = Rules()
+    # The CPU kernels' switch (`specjax.model.linear`): the programs are traced inside
+    # `use_kernels(kernels)`, so programs with and without them are never confused.
+    kernels: bool = False
 
     @property
     def data_shards(self) -> int:

@@ -13,10 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from specjax.model import few_rows
 from specjax.model.cache import TreeAttention, attention_mask, windows
 from specjax.model.config import ModelConfig
-from specjax.model.linear import attention_uses_kernel
+from specjax.model.linear import attention_uses_kernel, few_query_attention
 
 
 def layer_norm(x, scale, bias, eps: float):
@@ -181,8 +180,8 @@ def _attend_in_place(q, cache_k, cache_v, query_slots, tree):
     b, slots = q.shape[0], cache_v.shape[2]
     key_slots = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (b, slots))
     limit = jnp.max(query_slots, axis=1) + 1                                  # [B]
-    return few_rows.attention(q, cache_k, cache_v, attention_mask(query_slots, key_slots, tree),
-                              limit)
+    return few_query_attention(q, cache_k, cache_v, attention_mask(query_slots, key_slots, tree),
+                               limit)
 
 
 def _attend_windows(q, cache_k, cache_v, query_slots, tree):

@@ -27,10 +27,21 @@ window of the cache (a copy of it) and runs its few-row products slowly: with Sm
 2,048-slot cache, a one-token step cost 34 ms attending to the whole buffer, 20 ms through the
 smallest window, 14 ms with a 512-slot cache. Prefill chunks keep XLA's windows.
 
-The kernels need float32 operands and a CPU; anything else, and a program traced inside
-`xla_products()` (a device mesh: XLA cannot split a custom call across devices, see
-`specjax.decoding.loop`), uses XLA throughout. Both give the same results up to float32
-rounding (summation order).
+The kernels are a CPU plug-in. This module holds the two calls by their XLA target names and
+decides when to use them; building the C++ and registering it with XLA is `specjax.kernels`'s
+job (`specjax.kernels.ensure()`), outside the model layer, and nothing else refers to them. A
+kernel is used only when all of these hold while a function is traced:
+
+- the kernels are registered in this process (`registered()`);
+- the switch is on: `use_kernels(True)` around the trace, or, outside any `use_kernels`, by
+  default once registered. `specjax.generate(kernels=...)`, `SPECJAX_KERNELS=off` and
+  `--no-kernels` set it; `decoding.loop` traces each program inside `use_kernels(spec.kernels)`,
+  so the switch is part of a compiled program's key and the caches cannot disagree with it;
+- the operands are float32 and the program is lowered for a CPU (`lax.platform_dependent`: a
+  program lowered for a GPU or a TPU never contains them).
+
+Otherwise XLA's formulation runs; the two give the same results up to float32 rounding
+(summation order). A device mesh turns them off: XLA cannot split a custom call across devices.
 """
 
 from __future__ import annotations
@@ -42,54 +53,98 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.model import few_rows
+__all__ = ["ATTENTION_TARGET", "FEW_QUERIES", "FEW_ROWS", "PRODUCT_TARGET",
+           "attention_uses_kernel", "few_query_attention", "linear", "mark_registered",
+           "registered", "use_kernels", "xla_products"]
 
 # The numbers of rows (all leading axes of x together) that the few-row kernel computes.
 FEW_ROWS = range(2, 33)
 # The numbers of tokens per row of a call whose attention to the cache is the kernel's.
 FEW_QUERIES = range(1, 33)
 
-_xla_only = False
+# The kernels' XLA FFI targets (specjax/kernels/few_rows.cc).
+PRODUCT_TARGET = "specjax_few_rows"
+ATTENTION_TARGET = "specjax_few_query_attention"
+
+_registered = False
+_switch: bool | None = None       # None: on once registered
+
+
+def mark_registered() -> None:
+    """Called by `specjax.kernels` once both targets are registered with XLA's CPU backend."""
+    global _registered
+    _registered = True
+
+
+def registered() -> bool:
+    return _registered
 
 
 @contextlib.contextmanager
-def xla_products():
-    """Within it, `linear` and `layers.attend_cache` trace XLA's formulations for every width:
-    for programs partitioned over a device mesh, and for comparing the two. It acts when a
-    function is traced: a jitted function already traced outside it keeps its trace (JAX's
-    cache does not know this setting), so trace a fresh function inside it."""
-    global _xla_only
-    before, _xla_only = _xla_only, True
+def use_kernels(on: bool):
+    """Within it, functions traced use the kernels (if registered) when `on`, XLA's
+    formulations for every width when not. It acts when a function is traced: a jitted function
+    already traced keeps its trace, which is why `decoding.loop` keys its programs by the
+    switch."""
+    global _switch
+    before, _switch = _switch, bool(on)
     try:
         yield
     finally:
-        _xla_only = before
+        _switch = before
+
+
+def xla_products():
+    """`use_kernels(False)`: XLA's formulations throughout (for comparing the two)."""
+    return use_kernels(False)
 
 
 def linear(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
     """x [..., I] times w [O, I] over I -> [..., O] (in out_dtype, else x's dtype)."""
-    if _uses_kernel(x, w, out_dtype):
-        return lax.platform_dependent(x, w, cpu=few_rows.product,
+    if math.prod(x.shape[:-1]) in FEW_ROWS and _kernels_apply(x.dtype, w.dtype,
+                                                              out_dtype or x.dtype):
+        return lax.platform_dependent(x, w, cpu=product,
                                       default=lambda x, w: _dot(x, w, out_dtype))
     return _dot(x, w, out_dtype)
 
 
-def _uses_kernel(x, w, out_dtype) -> bool:
-    return (math.prod(x.shape[:-1]) in FEW_ROWS
-            and _kernels_apply(x.dtype, w.dtype, out_dtype or x.dtype))
-
-
 def attention_uses_kernel(q, cache_k, cache_v) -> bool:
-    """Whether attention of q [B, T, N, H] to this cache is the few-query kernel's."""
+    """Whether attention of q [B, T, N, H] to this cache is the few-query kernel's (the caller,
+    `layers.attend_cache`, still puts it behind `lax.platform_dependent`)."""
     return q.shape[1] in FEW_QUERIES and _kernels_apply(q.dtype, cache_k.dtype, cache_v.dtype)
 
 
 def _kernels_apply(*dtypes) -> bool:
-    """Whether a few-row kernel may compute in these dtypes: all float32, outside
-    `xla_products()`, and the kernels built here."""
-    return (not _xla_only and all(jnp.dtype(d) == jnp.float32 for d in dtypes)
-            and few_rows.available())
+    on = _registered if _switch is None else (_switch and _registered)
+    return on and all(jnp.dtype(d) == jnp.float32 for d in dtypes)
 
 
 def _dot(x, w, out_dtype):
     return jnp.einsum("...I,OI->...O", x, w, preferred_element_type=out_dtype)
+
+
+@jax.custom_jvp
+def product(x: jax.Array, w: jax.Array) -> jax.Array:
+    """The few-row kernel: x [..., I] float32, w [O, I] float32 -> [..., O] float32 (CPU, the
+    target registered). Differentiable: its derivative is XLA's (the kernel has no transpose)."""
+    out = jax.ShapeDtypeStruct((*x.shape[:-1], w.shape[0]), jnp.float32)
+    return jax.ffi.ffi_call(PRODUCT_TARGET, out, vmap_method="sequential")(x, w)
+
+
+@product.defjvp
+def _product_jvp(primals, tangents):
+    (x, w), (dx, dw) = primals, tangents
+    return product(x, w), (jnp.einsum("...I,OI->...O", dx, w)
+                            + jnp.einsum("...I,OI->...O", x, dw))
+
+
+def few_query_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
+                        limit: jax.Array) -> jax.Array:
+    """The few-query attention kernel: grouped-query attention of q [B, T, N, H] to a cache's
+    keys [B, K, H, S] and values [B, K, S, H] (float32), where mask [B, T, S] says which slots
+    each query reads and no slot at or past limit [B] is read: `layers.attend` on the prefix,
+    without copying it. -> [B, T, N, H] float32. CPU, the target registered; not
+    differentiable (decoding only)."""
+    out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+    return jax.ffi.ffi_call(ATTENTION_TARGET, out, vmap_method="sequential")(
+        q, keys, values, mask, limit.astype(jnp.int32))

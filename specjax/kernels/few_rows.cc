@@ -1,5 +1,5 @@
 // Two XLA FFI custom calls for the CPU, for calls on a few tokens (decoding steps and verify
-// calls); specjax/model/few_rows.py builds and registers them, specjax/model/linear.py picks
+// calls); specjax/kernels builds and registers them, specjax/model/linear.py picks
 // them by call width:
 //
 //   specjax_few_rows             y[T, O] = x[T, I] . w[O, I]^T (float32), below;

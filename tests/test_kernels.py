@@ -1,0 +1,125 @@
+"""The CPU kernels' one switch (`generate(kernels=)`, `SPECJAX_KERNELS`, `--no-kernels`): it is
+part of the compiled program's key, the outputs are the same either way, and without a C++
+compiler generate warns and runs XLA's formulation. (tests/test_few_rows.py tests the kernels
+themselves.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import specjax
+from specjax import kernels, testing
+from specjax.api.generate import GenerationError, prepare
+from specjax.decoding import loop
+from specjax.model import linear
+from tests.test_distribution import NGRAM_PROMPT, eagle_drafter
+
+PROMPTS = [list(NGRAM_PROMPT), list(NGRAM_PROMPT[:5]), [3, 1]]
+
+
+def options(method):
+    pair = testing.pair()
+    return {"speculative": dict(draft=pair.draft, k=3),
+            "speculative-tree": dict(draft=pair.draft, tree=specjax.Tree.full((2, 2))),
+            "eagle": dict(drafter=eagle_drafter(pair.target),
+                          tree=specjax.DynamicTree(3, 2, 4))}[method]
+
+
+def lowered(spec_request) -> str:
+    req = spec_request
+    return loop.programs(req.spec)[2].lower(req.weights, *req.inputs).as_text()
+
+
+# A chain, a static tree and a dynamic tree (each verify call takes the few-row product and
+# the few-query attention; test_smollm2.py adds autoregressive and EAGLE on SmolLM2).
+@pytest.mark.parametrize("method", ["speculative", "speculative-tree", "eagle"])
+def test_greedy_tokens_are_the_same_with_the_kernels_on_and_off(method):
+    if not kernels.ensure():
+        pytest.skip("the kernels cannot be built here (no C++ compiler)")
+    target = testing.pair().target
+    name = method.split("-")[0]
+    on, off = (specjax.generate(target, PROMPTS, method=name, max_new_tokens=12,
+                                temperature=0.0, eos_ids=(), kernels=k, **options(method))
+               for k in (True, False))
+    assert on.tokens == off.tokens
+    assert on.stats.target_calls == off.stats.target_calls
+
+
+def test_the_switch_is_part_of_the_programs_key():
+    if not kernels.ensure():
+        pytest.skip("the kernels cannot be built here (no C++ compiler)")
+    target, draft = testing.pair().target, testing.pair().draft
+    request = {k: prepare(target, PROMPTS, method="speculative", draft=draft, k=3,
+                          max_new_tokens=8, kernels=k) for k in (True, False)}
+    assert request[True].spec != request[False].spec
+    assert linear.PRODUCT_TARGET in lowered(request[True])
+    assert linear.ATTENTION_TARGET in lowered(request[True])
+    # Traced after the kernels' program, in the same process: still none of them.
+    text = lowered(request[False])
+    assert linear.PRODUCT_TARGET not in text and linear.ATTENTION_TARGET not in text
+
+
+def test_the_environment_variable_and_bad_values(monkeypatch):
+    target = testing.pair().target
+    monkeypatch.setenv("SPECJAX_KERNELS", "off")
+    assert not prepare(target, PROMPTS, max_new_tokens=4).spec.kernels
+    assert prepare(target, PROMPTS, max_new_tokens=4, kernels=True).spec.kernels == \
+        kernels.ensure()                                   # the argument wins
+    monkeypatch.setenv("SPECJAX_KERNELS", "maybe")
+    with pytest.raises(GenerationError, match="SPECJAX_KERNELS must be on or off, got 'maybe'"):
+        prepare(target, PROMPTS, max_new_tokens=4)
+    with pytest.raises(GenerationError, match="kernels must be True, False or None, got 'yes'"):
+        prepare(target, PROMPTS, max_new_tokens=4, kernels="yes")
+
+
+SCRIPT = """
+import json, warnings
+import specjax
+from specjax import testing
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    pair = testing.pair()
+    result = specjax.generate(pair.target, {prompts}, method="speculative", draft=pair.draft,
+                              k=3, max_new_tokens=12, temperature=0.0, eos_ids=())
+print(json.dumps(dict(tokens=result.tokens, warnings=[str(w.message) for w in caught])))
+"""
+
+
+def test_without_a_compiler_generate_warns_and_runs_xla(tmp_path):
+    # A fresh cache (no library built before) and no compiler on the PATH: the build fails, a
+    # warning says why, and the tokens are the greedy tokens XLA's formulation gives.
+    env = dict(os.environ, PATH=str(tmp_path), SPECJAX_CACHE=str(tmp_path / "cache"),
+               SPECJAX_COMPILE_CACHE="off")
+    env.pop("CXX", None)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(prompts=PROMPTS)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert any("kernels are not available" in w and "no C++ compiler" in w
+               for w in out["warnings"]), out["warnings"]
+    pair = testing.pair()
+    want = specjax.generate(pair.target, PROMPTS, method="speculative", draft=pair.draft, k=3,
+                            max_new_tokens=12, temperature=0.0, eos_ids=(), kernels=False)
+    assert out["tokens"] == want.tokens
+    assert not (tmp_path / "cache" / "kernels").exists() or not any(
+        (tmp_path / "cache" / "kernels").glob("*.so"))
+
+
+def test_the_cli_switch(tmp_path):
+    env = dict(os.environ, SPECJAX_COMPILE_CACHE="off")
+    run = [sys.executable, "-m", "specjax", "generate", "--preset", "tiny-llama", "--method",
+           "autoregressive", "-n", "4", "--prompt", "def f(x):", "--json"]
+    proc = subprocess.run([*run, "--no-kernels"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(proc.stdout)["results"][0]["tokens"]) == 4
+    proc = subprocess.run(run, env=dict(env, SPECJAX_KERNELS="maybe"), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "specjax: error: SPECJAX_KERNELS must be on or off, got 'maybe'"]
