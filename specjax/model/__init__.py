@@ -2,10 +2,13 @@
 
 `config` (ModelConfig, read from a Hugging Face config.json), `layers` (norms, rotary
 embeddings, attention, MLPs), `cache` (the KV cache: fixed buffers, per-row lengths, masks from
-absolute positions) and `transformer` (the parameter tree, `forward`, and `Model`, what
-`specjax.load` returns).
+absolute positions), `linear` (every weight product, and the one place that chooses XLA's
+formulation or a CPU kernel of the `specjax.kernels` plug-in, by target name) and `transformer`
+(the parameter tree, `forward`, and `Model`, what `specjax.load` returns).
 
-Layer: the bottom. It imports jax and numpy only, never another specjax package.
+Layer: the bottom. It imports jax, numpy and the standard library's pure modules (never
+subprocess or ctypes: building and loading the kernels is `specjax.kernels`'s), and no other
+specjax package.
 """
 
 from specjax.model.cache import KVCache, TreeAttention

@@ -1,6 +1,6 @@
 """The forward pass of GPT-2 and Llama-family models, one pure function for prefill and decode.
 
-Dimension letters, used in every einsum of the package:
+Dimension letters, used in the einsums and beside each `linear()` call of the package:
 
     B batch    T query length    S key/cache length    D model width    F MLP width
     N query heads    K key/value heads    G = N / K    H head size    V vocab    L layers
