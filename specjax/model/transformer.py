@@ -144,7 +144,7 @@ def decoder_layers(layers: list, config: ModelConfig, x: jax.Array, positions: j
         # One flat product over (N, H): as a two-axis einsum, XLA on a CPU copied wo every call.
         b, t, n, h_ = attn.shape
         wo = p["wo"].reshape(-1, n * h_)                                # [D, N*H]
-        out = linear(attn.reshape(b, t, n * h_), wo)                    # [B, T, D]
+        out = linear(attn.reshape(b, t, n * h_), wo)             # BT(NH),D(NH)->BTD
         if config.out_bias:
             out = out + p["bo"]
         x = x + out
@@ -163,13 +163,14 @@ def _project(x, w):
     """x [B, T, D] through w [heads, H, D] -> [B, T, heads, H], as one flat product with
     [heads * H, D]: written as an einsum over (heads, H), XLA on a CPU transposed w every call."""
     heads, h, d = w.shape
+    # BTD,(XH)D->BT(XH)->BTXH, X the query or key/value heads
     return linear(x, w.reshape(heads * h, d)).reshape(*x.shape[:2], heads, h)
 
 
 def lm_head(params: Params, config: ModelConfig, x: jax.Array) -> jax.Array:
     """Hidden states [B, T, D] -> logits [B, T, V] in float32."""
     head = params["embed"] if config.tie_embeddings else params["lm_head"]        # [V, D]
-    return linear(x, head, out_dtype=jnp.float32)
+    return linear(x, head, out_dtype=jnp.float32)                       # BTD,VD->BTV
 
 
 def _norm(config: ModelConfig, p, x):
@@ -180,15 +181,15 @@ def _norm(config: ModelConfig, p, x):
 
 def _mlp(config: ModelConfig, p, x):
     if config.arch == "gpt2":
-        h = linear(x, p["w_in"])                                        # [B, T, F]
+        h = linear(x, p["w_in"])                                        # BTD,FD->BTF
         if config.mlp_bias:
             h = h + p["b_in"]
-        out = linear(activation(config.activation, h), p["w_out"])       # [B, T, D]
+        out = linear(activation(config.activation, h), p["w_out"])       # BTF,DF->BTD
         return out + p["b_out"] if config.mlp_bias else out
-    gate, up = linear(x, p["w_gate"]), linear(x, p["w_up"])              # [B, T, F] each
+    gate, up = linear(x, p["w_gate"]), linear(x, p["w_up"])              # BTD,FD->BTF each
     if config.mlp_bias:
         gate, up = gate + p["b_gate"], up + p["b_up"]
-    out = linear(activation(config.activation, gate) * up, p["w_down"])  # [B, T, D]
+    out = linear(activation(config.activation, gate) * up, p["w_down"])  # BTF,DF->BTD
     return out + p["b_down"] if config.mlp_bias else out
 
 
