@@ -8,24 +8,21 @@ depends on how many rows x has, which is static under `jit`:
 | rows   | who calls                                     | formulation                          |
 |--------|-----------------------------------------------|--------------------------------------|
 | 1      | a decoding step                               | XLA's dot (its mat-vec)              |
-| 2-32   | verify calls (a chain or tree of drafts)      | the few-row kernel (`few_rows`)      |
+| 2-32   | verify calls (a chain or tree of drafts)      | the few-row kernel                   |
 | more   | prefill, training, large batches              | XLA's dot (a GEMM)                   |
 
 Decoding a small batch is bound by reading the weights, and a verify call reads the same
-weights as a one-token step, so it should cost about one step. XLA's CPU dot does not: with
-SmolLM2-135M, a call on 5 tokens cost 1.76 one-token steps and 9 tokens 2.01 (2-core AMD EPYC,
-AVX2). The kernel reads each weight once whatever the rows (`few_rows.cc`): 1.22 and 1.30 on a
-2-core Zen 5 (`bench/smollm2-forward-engine/`). One row stays XLA's: its mat-vec streamed a
-113-226 MB matrix at 52-62 GB/s there, the kernel's one-row case at 41-47. Past 32 rows the
-product is compute-bound and XLA's GEMM, which packs and tiles for that, is the better one
-(at 48 rows they cost the same).
+weights as a one-token step, so it should cost about one step. XLA's CPU dot costs about twice
+that for 2-32 rows; the kernel reads each weight once whatever the rows
+(`specjax/kernels/few_rows.cc`). One row stays XLA's mat-vec, which streams faster than the
+kernel's one-row case; past 32 rows the product is compute-bound and XLA's GEMM, which packs
+and tiles for that, is the better one.
 
 Attention to the KV cache (`layers.attend_cache`) of a call on at most 32 tokens (`FEW_QUERIES`:
 decoding steps and verify calls, one token included) uses the few-query attention kernel,
-which reads the cache in place and only up to the slots in use. XLA's attention reads a static
-window of the cache (a copy of it) and runs its few-row products slowly: with SmolLM2 and a
-2,048-slot cache, a one-token step cost 34 ms attending to the whole buffer, 20 ms through the
-smallest window, 14 ms with a 512-slot cache. Prefill chunks keep XLA's windows.
+which reads the cache in place and only up to the slots in use, where XLA's attention reads a
+static window of the cache (a copy of it). Prefill chunks keep XLA's windows. The measurements
+behind these choices are in docs/benchmarks.md ("The engine, round two").
 
 The kernels are a CPU plug-in. This module holds the two calls by their XLA target names and
 decides when to use them; building the C++ and registering it with XLA is `specjax.kernels`'s
