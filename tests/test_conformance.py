@@ -44,7 +44,8 @@ def test_detectable_kl_has_the_stated_power():
     # Monte Carlo: laws moved away from the target's by exactly the reported detectable KL are
     # rejected in about 90% of 2,000 samples of that size; half that KL in clearly fewer.
     # (A multinomial draw stands for a sampler with that law.)
-    law = testing.check.__globals__["_law"](testing.pair(), SamplingParams(1.0), 3)
+    pair = testing.pair()
+    law = testing.law.exact_law(pair.target, pair.prompt, SamplingParams(1.0), 3)
     rng = np.random.default_rng(0)
     n, level = 20_000, 0.01 / 4
     kept = law >= 5 / n                         # cells the pooled test sees one by one
@@ -149,8 +150,7 @@ def test_the_pytest_fixture(lossless):
 
 
 def test_specjax_rules_adapter_passes_specjax_and_catches_a_broken_rule():
-    # One compiled program serves both (the rules differ, the shapes do not... but rules are
-    # part of the program), so this is two compilations of the tiny pair's loop.
+    # Rules are part of the compiled program's key: two compilations of the tiny pair's loop.
     good = testing.check(testing.specjax_rules(method="speculative", k=2), samples=30_000,
                          sampling=T07_TOP_P, level=LEVEL / 2)
     bad = testing.check(testing.specjax_rules(Rules(verify=_broken_verify(accept_rule="always")),

@@ -5,6 +5,7 @@ bug rejected, each exact scheme accepted), 1 otherwise, 2 for a bad option."""
 from __future__ import annotations
 
 import argparse
+
 from specjax import testing
 from specjax.presets import CLIError
 from specjax.testing import clients, verdict

@@ -39,6 +39,7 @@ EXIT_INTERRUPTED = 130
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    kernels_before = os.environ.get(KERNELS_ENV)
     if getattr(args, "no_kernels", False):
         # The one switch (`specjax.generate(kernels=)`), for every generate call of the command.
         os.environ[KERNELS_ENV] = "off"
@@ -67,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specjax: error: {one_line(e)}", file=sys.stderr)
         return EXIT_ERROR
     finally:
+        if kernels_before is None:
+            os.environ.pop(KERNELS_ENV, None)
+        else:
+            os.environ[KERNELS_ENV] = kernels_before
         sys.unraisablehook = previous_hook
         if in_main_thread:
             signal.signal(signal.SIGINT, previous)

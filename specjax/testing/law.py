@@ -113,7 +113,9 @@ class Pair:
         return self.target.config.vocab_size
 
     def lookup(self) -> "Lookup":
-        return Lookup(self)
+        """The pair's `Lookup`, one per pair: its tables are filled once and shared by every
+        check of the pair."""
+        return _lookup(self)
 
 
 # The pairs by name. "close" is the suite's pair (tests/test_distribution.py): the draft is the
@@ -176,8 +178,8 @@ class Lookup:
 
     def __init__(self, pair: Pair):
         self.pair, self.vocab = pair, pair.vocab
-        bf16 = Model(pair.draft.config, cast_params(pair.draft.params, "bfloat16"))
-        self.models = {"target": pair.target, "draft": pair.draft, "draft-bfloat16": bf16}
+        self.models = {"target": pair.target, "draft": pair.draft,
+                       "draft-bfloat16": functools.partial(_bfloat16, pair.draft)}
         self._levels: dict[str, list[np.ndarray]] = {name: [] for name in self.models}
 
     def target(self, tokens, lengths) -> np.ndarray:
@@ -214,6 +216,8 @@ class Lookup:
                              f"enumerates at most {self.MAX_LEVEL_SIZE:,} contexts of one "
                              f"length (V = {self.vocab})")
         model = self.models[name]
+        if not isinstance(model, Model):           # made when first asked for
+            model = self.models[name] = model()
         rest = np.array(list(itertools.product(range(self.vocab), repeat=depth)), np.int32)
         rest = rest.reshape(self.vocab ** depth, depth)
         seqs = np.concatenate([np.tile(np.array(self.pair.prompt, np.int32), (len(rest), 1)),
@@ -232,3 +236,12 @@ def _logits(model: Model, tokens: np.ndarray) -> np.ndarray:
 
 
 _forward = jax.jit(forward, static_argnums=1)
+
+
+@functools.lru_cache(maxsize=8)
+def _lookup(pair: Pair) -> Lookup:
+    return Lookup(pair)
+
+
+def _bfloat16(model: Model) -> Model:
+    return Model(model.config, cast_params(model.params, "bfloat16"))
