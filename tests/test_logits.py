@@ -15,7 +15,9 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specjax.sampling.logits import SamplingParams, has_nan, probs_from_logits, sample, sample_rows
+from specjax.sampling import logits as logits_module
+from specjax.sampling.logits import (Sampling, SamplingParams, has_nan, probs_from_logits, sample,
+                                   sample_rows)
 
 F32_MAX = float(np.finfo(np.float32).max)
 SETTINGS = settings(max_examples=100, deadline=None)
@@ -148,6 +150,84 @@ def test_top_p_ties_keep_lowest_ids():
 
 def test_tiny_top_p_keeps_the_top_token():
     np.testing.assert_array_equal(probs(dyadic_logits(), top_p=1e-9), [1.0, 0.0, 0.0, 0.0])
+
+
+# --- the heads: top-k and top-p without sorting the vocabulary ---------------------------------
+
+
+def kept_by_definition(x, temperature, top_k, top_p, min_p):
+    """The tokens one row keeps, by the module docstring's definition, in float64 over a stable
+    sort of (-logit, id); independent of the heads the library looks the ranks up in."""
+    x = np.asarray(x, np.float64)
+    order = np.argsort(-x, kind="stable")
+    ranks = np.arange(len(x))
+    weights = np.exp((x[order] - x[order][0]) / temperature)
+    keep = ranks < (top_k if 0 < top_k < len(x) else len(x))
+    p = np.where(keep, weights, 0.0) / np.where(keep, weights, 0.0).sum()
+    before = np.cumsum(p) - p
+    keep &= (top_p >= 1) | (before < top_p) | (ranks == 0)
+    keep &= weights >= min_p
+    out = np.zeros(len(x), bool)
+    out[order] = keep
+    return out, np.min(np.abs(before - top_p)), np.min(np.abs(weights - min_p) / max(min_p, 1e-30))
+
+
+def rows_sampling(settings):
+    return Sampling.of([SamplingParams(**s) for s in settings])
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), heads=st.sampled_from([(1,), (2, 5), (3,), (1, 2, 4), (8, 16)]))
+def test_heads_keep_what_the_definition_keeps_whatever_the_other_rows(data, heads):
+    # Small heads, so that rows end in the first, a wider one or only the whole vocabulary;
+    # logits on a grid of 1/4, so that ties (ranked by id) are common.
+    vocab = data.draw(st.integers(2, 40))
+    rows = 3
+    x = np.asarray(data.draw(hnp.arrays(np.int32, (rows, vocab), elements=st.integers(-24, 24))),
+                   np.float32) / 4
+    settings_ = [dict(temperature=data.draw(st.sampled_from([0.3, 1.0, 2.5])),
+                      top_k=data.draw(st.integers(0, vocab + 1)),
+                      top_p=data.draw(st.sampled_from([1.0, 0.05, 0.5, 0.8137, 0.97, 0.999])),
+                      min_p=data.draw(st.sampled_from([0.0, 0.0, 0.013, 0.31]))) for _ in range(rows)]
+    batched = np.asarray(logits_module._probs(jnp.asarray(x), rows_sampling(settings_), heads))
+    for row, s in enumerate(settings_):
+        kept, margin_p, margin_min = kept_by_definition(x[row], **s)
+        alone = np.asarray(logits_module._probs(jnp.asarray(x[row:row + 1]),
+                                                rows_sampling([s]), heads))[0]
+        # A row's distribution never depends on the rows beside it, bit for bit.
+        np.testing.assert_array_equal(alone, batched[row])
+        if margin_p > 1e-5 and margin_min > 1e-5:   # float32 cannot decide closer calls
+            np.testing.assert_array_equal(batched[row] > 0, kept)
+
+
+@pytest.fixture(scope="module")
+def three_widths():
+    """Rows of a 49,152-token vocabulary whose nucleus (T = 1, top_p = 0.9) ends within the best
+    256 logits, within the best 4,096, and only past them."""
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal((3, 49_152))
+    return np.stack([noise[0] * 4, noise[1] * 3, noise[2] * 0.01]).astype(np.float32)
+
+
+def test_rows_ending_in_each_head_keep_the_nucleus(three_widths):
+    sampling = rows_sampling([dict(top_p=0.9)] * 3)
+    batched = np.asarray(probs_from_logits(jnp.asarray(three_widths), sampling))
+    sizes = []
+    for row in range(3):
+        x = three_widths[row].astype(np.float64)
+        p = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+        order = np.argsort(-x, kind="stable")
+        before = np.empty_like(p)
+        before[order] = np.cumsum(p[order]) - p[order]    # mass ranked strictly before each token
+        kept = batched[row] > 0
+        # Float32 sums over tens of thousands of terms decide only to about 1e-4 of mass.
+        assert kept[before < 0.9 - 1e-4].all() and not kept[before > 0.9 + 1e-4].any()
+        alone = probs_from_logits(jnp.asarray(three_widths[row:row + 1]),
+                                  rows_sampling([dict(top_p=0.9)]))
+        np.testing.assert_array_equal(np.asarray(alone)[0], batched[row])
+        sizes.append(int(kept.sum()))
+    heads = logits_module.HEADS
+    assert sizes[0] <= heads[0] < sizes[1] <= heads[1] < sizes[2], sizes
 
 
 # --- robustness -------------------------------------------------------------------------------

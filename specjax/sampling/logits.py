@@ -29,8 +29,10 @@ the order matters, and this is the one used here.
 
 Parameters are data, one value per row (`Sampling`, arrays [B]), so that one compiled program
 serves every setting and one batch may mix them: a greedy row beside a nucleus-sampled one. The
-work follows the rows: the sort that top-k and top-p need runs only when some row of the batch
-uses them (a `lax.cond`), and greedy rows take the argmax.
+work follows the rows: greedy rows take the argmax, and the filters run only when some row of
+the batch uses them (a `lax.cond`). They never sort the vocabulary when a few ranks settle them:
+top-k and top-p each keep a prefix of the ranks, found among the best 256 logits, or the best
+4,096 for the rows it does not end in, or else the whole vocabulary (`HEADS`).
 
 Ties are broken deterministically by token id: tokens are ranked by descending float32 logit and,
 among equal logits, by ascending id (a stable sort). Top-k keeps exactly the first k ranks and
@@ -52,6 +54,7 @@ id 0 under greedy), since there is no better-defined answer and NaN would poison
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 from dataclasses import dataclass
@@ -142,6 +145,14 @@ class Sampling:
         return dataclasses.replace(self, **changes)
 
 
+# How many ranks the filters look at first: the best 256 logits, then the best 4,096, then the
+# whole vocabulary. On a 2-core AMD EPYC (AVX2), XLA's CPU sort of one 49,152-token row took
+# 13 ms, about a SmolLM2-135M decode step; its best 256 took 0.18 ms and its best 4,096 1.6 ms.
+# Over 4,518 positions of SmolLM2's own continuations, the nucleus of top_p = 0.9 ended past
+# rank 256 at 0.24% of them at T = 0.7 and at 6.8% at T = 1, past rank 4,096 at 0% and 0.18%.
+HEADS = (256, 4096)
+
+
 def _per_row(value: jax.Array, ndim: int) -> jax.Array:
     """[B] (or []) -> [B, 1, .., 1] with `ndim` axes, to broadcast against [B, ..., V]."""
     return value.reshape(value.shape + (1,) * (ndim - value.ndim))
@@ -165,11 +176,11 @@ def probs_from_logits(logits: jax.Array, params: Sampling | SamplingParams) -> j
     return _probs(jnp.asarray(logits), params)
 
 
-@jax.jit
-def _probs(logits: jax.Array, params: Sampling) -> jax.Array:
+@functools.partial(jax.jit, static_argnames="heads")
+def _probs(logits: jax.Array, params: Sampling, heads: tuple[int, ...] = HEADS) -> jax.Array:
     """`probs_from_logits`, jitted once per shape: called eagerly (tests, exact laws) its
     `lax.cond`s would otherwise be traced again at every call; inside a jitted program it is
-    inlined."""
+    inlined. `heads`: see `HEADS` (tests pass small ones to reach the wider lookups)."""
     x = logits.astype(jnp.float32)  # [..., V]
     vocab, ndim = x.shape[-1], x.ndim
     temperature = _per_row(params.temperature, ndim)                      # [B, 1, .., 1]
@@ -194,43 +205,80 @@ def _probs(logits: jax.Array, params: Sampling) -> jax.Array:
         filtered = (top_k < vocab) | (top_p < 1.0) | (min_p > 0.0)
         return jnp.where(greedy, argmax(), lax.cond(
             jnp.any(filtered & ~greedy),
-            lambda: _filtered(x, scaled, top_k, top_p, min_p),
+            lambda: _filtered(x, scaled, top_k, top_p, min_p, ~greedy, heads),
             lambda: jax.nn.softmax(scaled, axis=-1)))
 
     # The work follows the rows: an all-greedy batch computes the argmax only.
     return lax.cond(jnp.all(greedy), argmax, sampled)
 
 
-def _filtered(x, scaled, top_k, top_p, min_p):
+def _filtered(x, scaled, top_k, top_p, min_p, active, heads):
     """Steps 3-6 of the module docstring: the distribution left by top-k, top-p and min-p (each
-    a no-op for rows where it is off: top_k = V, top_p = 1, min_p = 0)."""
+    a no-op for rows where it is off: top_k = V, top_p = 1, min_p = 0). Only the `active` rows'
+    results are used (the sampled ones: greedy rows take the argmax).
+
+    Each filter keeps a prefix of the ranks, so top-k and the nucleus are each fixed by the
+    (logit, id) of the last token they keep, which `_last_kept` finds among the best few ranks.
+    Min-p needs no ranks: the top token's scaled logit is exactly 0, so a token passes when
+    exp(scaled) >= min_p, the ratio to the largest probability, which renormalising keeps."""
     vocab = x.shape[-1]
-    # Rank tokens by descending logit, lowest id first among ties. Ranking the unscaled float32
-    # logits gives the same order as the scaled ones (temperature is a positive scale) without
-    # ties created by rounding.
-    order = jnp.argsort(-x, axis=-1, stable=True)  # [..., V] ids, best first
-    sorted_scaled = jnp.take_along_axis(scaled, order, axis=-1)  # [..., V] descending
-    rank = jnp.broadcast_to(jnp.arange(vocab), sorted_scaled.shape)  # [..., V]
-    keep_sorted = rank < top_k  # [..., V]
+    # Rank -0.0 with 0.0, as equal logits (lax.top_k would put 0.0 first).
+    x = jnp.where(x == 0, 0.0, x)
+    weights = jnp.exp(scaled)                                   # [..., V], 1 for the top token
+    ids = lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)  # [..., V]
+    lazy = ~active[..., 0]                                      # rows whose result is unused
 
-    # Nucleus over the distribution left by temperature and top-k: a rank is kept while the
-    # mass of the ranks strictly before it is < top_p, so the kept set is the smallest prefix
-    # reaching top_p. Rank 0 is kept explicitly: a top_p below the float32 range rounds to 0.
-    # A row with top_p = 1 keeps everything (its cumulative mass may round to 1 early).
-    sorted_probs = jax.nn.softmax(jnp.where(keep_sorted, sorted_scaled, -jnp.inf), axis=-1)
-    cum = jnp.cumsum(sorted_probs, axis=-1)  # [..., V]
-    mass_before = jnp.concatenate([jnp.zeros_like(cum[..., :1]), cum[..., :-1]], axis=-1)
-    keep_sorted = keep_sorted & ((top_p >= 1.0) | (mass_before < top_p) | (rank == 0))
+    def up_to(last):
+        """[..., V] the tokens ranked at or before last = (logit, id) [...]: a higher logit, or
+        an equal one and an id no larger (ties rank by ascending id)."""
+        value, token = last[0][..., None], last[1][..., None]
+        return (x > value) | ((x == value) & (ids <= token))
 
-    # Min-p over the distribution left so far: rank 0 holds the largest probability.
-    probs = jax.nn.softmax(jnp.where(keep_sorted, sorted_scaled, -jnp.inf), axis=-1)
-    keep_sorted = keep_sorted & ((probs >= min_p * probs[..., :1]) | (rank == 0))
+    def top_k_last(values, _):
+        """Rank k - 1, sure when the head holds it (or top-k is off)."""
+        k = top_k[..., 0]
+        return jnp.minimum(k, values.shape[-1]) - 1, (k <= values.shape[-1]) | (k >= vocab) | lazy
 
-    # Back from rank order to id order: keep[order[r]] = keep_sorted[r].
-    keep = jnp.put_along_axis(
-        jnp.zeros(keep_sorted.shape, dtype=bool), order, keep_sorted, axis=-1, inplace=False
-    )  # [..., V]
+    in_top_k = (top_k >= vocab) | up_to(_last_kept(x, top_k_last, heads))
+    total = jnp.sum(jnp.where(in_top_k, weights, 0.0), axis=-1, keepdims=True)  # [..., 1]
+
+    def nucleus_last(values, head_ids):
+        """The nucleus over what top-k left: a rank is kept while the mass strictly before it
+        is < top_p, so the kept ranks are the smallest prefix reaching top_p, and at least rank
+        0 (a top_p below the float32 range rounds to 0). Sure when the head's mass reaches
+        top_p, or top-k ends within the head, or the nucleus is off."""
+        width = values.shape[-1]
+        ranks = jnp.arange(width)
+        probs = jnp.where(ranks < top_k, jnp.take_along_axis(weights, head_ids, axis=-1), 0.0)
+        cum = jnp.cumsum(probs / total, axis=-1)                # [..., W]
+        p = top_p[..., 0]
+        last = jnp.sum(cum[..., :-1] < top_p, axis=-1)          # ranks 1..W-1 kept
+        sure = (cum[..., -1] >= p) | (top_k[..., 0] <= width) | (p >= 1.0) | lazy
+        return last, sure
+
+    in_nucleus = (top_p >= 1.0) | up_to(_last_kept(x, nucleus_last, heads))
+    # Rank 0 survives all three: k >= 1, the nucleus keeps it, and its weight 1 >= min_p.
+    keep = in_top_k & in_nucleus & (weights >= min_p)
     return jax.nn.softmax(jnp.where(keep, scaled, -jnp.inf), axis=-1)
+
+
+def _last_kept(x, count, heads):
+    """([...] logit, [...] id) of each row's last kept rank, for a filter that keeps a prefix of
+    the ranks. `count(values, ids)`, given the best W logits of each row (descending, lowest id
+    first among ties) and their ids, returns the rank of the last kept one (< W) and whether the
+    kept prefix surely ends within those W. Rows not sure are looked up again in the next, wider
+    head, the last being the whole vocabulary. Each row takes the answer of the first head it is
+    sure in, so its result never depends on the other rows of its batch."""
+    vocab = x.shape[-1]
+    width = min(heads[0], vocab) if heads else vocab
+    values, ids = lax.top_k(x, width)                           # [..., W] best first
+    rank, sure = count(values, ids)
+    last = (jnp.take_along_axis(values, rank[..., None], axis=-1)[..., 0],
+            jnp.take_along_axis(ids, rank[..., None], axis=-1)[..., 0])
+    if width == vocab:
+        return last
+    return lax.cond(jnp.all(sure), lambda: last, lambda: jax.tree.map(
+        lambda here, wider: jnp.where(sure, here, wider), last, _last_kept(x, count, heads[1:])))
 
 
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
