@@ -47,7 +47,7 @@ from _medusa_heads import (
 )
 from _training import resolve_checkpoint as resolve
 
-GENERATED = ("chat", "function", "module", "edit", "text")  # kinds whose continuation is greedy
+GENERATED = ("chat", "function", "module", "edit", "text", "prose")  # the target continued them
 
 
 # -- Data: the sequences in the repository, the features rebuilt from them ----------------------
@@ -117,6 +117,9 @@ def features(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     positions = cache_hidden(target, seqs, args.batch, out)
+    if "held_out" in data:      # eagle-data shards: the held-out rule and each row's sampling
+        np.savez(out / "documents.npz", held_out=data["held_out"],
+                 setting=np.asarray(data["setting_names"])[data["setting"]])
     kinds = provenance["kinds"]
     meta = {"target": args.target, "documents": sum(n for k, n in kinds.items()
                                                     if k != "text-original"),
@@ -142,26 +145,35 @@ class Documents:
     prompt: np.ndarray
     kind: list[str]
     held_out: np.ndarray      # [M] bool
+    setting: list[str]        # how the target continued it: "greedy", "t0.7-p0.9", "t1"
 
-    def select(self, kinds, held_out: bool) -> np.ndarray:
+    def select(self, kinds, held_out: bool, settings=None) -> np.ndarray:
         return np.array([i for i, k in enumerate(self.kind)
-                         if k in kinds and self.held_out[i] == held_out], int)
+                         if k in kinds and self.held_out[i] == held_out
+                         and (settings is None or self.setting[i] in settings)], int)
 
 
 def load_documents(data: list[Path], validation_every: int) -> Documents:
-    """The cached sets, held-out documents marked by the Medusa stage's rule: document i of a
-    set when i % validation_every == validation_every - 1, so that EAGLE and Medusa numbers on
-    the same set are measured on the same documents. A "text-original" document (the original
-    text of a text window) goes with its generated twin, whose prompt it shares; a document
-    that an earlier one already is (same kind and tokens) is dropped."""
+    """The cached sets. Held out: in a set of `eagle-data` shards, the documents its rule
+    marked (documents.npz: a prompt's documents in every setting go together); in an older set,
+    document i when i % validation_every == validation_every - 1 (the Medusa stage's rule, so
+    that EAGLE and Medusa numbers on the same set are measured on the same documents), its
+    continuations greedy. A "text-original" document (the original text of a text window) goes
+    with its generated twin, whose prompt it shares; a document that an earlier one already is
+    (same kind and tokens) is dropped."""
     tokens, hidden, rows, seen, offset = [], [], [], set(), 0
     for directory in data:
         index = np.load(directory / "index.npz")
         t, starts, prompts = index["tokens"], index["starts"], index["prompt_length"]
+        shards = np.load(directory / "documents.npz") if (directory / "documents.npz").exists() \
+            else None
         held_prompts = set()
         for i, kind in enumerate(map(str, index["kinds"])):
             b, e, p = int(starts[i]), int(starts[i + 1]), int(prompts[i])
-            if kind == "text-original":       # after every generated document in the index
+            setting = str(shards["setting"][i]) if shards is not None else "greedy"
+            if shards is not None:
+                out = bool(shards["held_out"][i])
+            elif kind == "text-original":     # after every generated document in the index
                 out = t[b:b + p].tobytes() in held_prompts
             else:
                 out = i % validation_every == validation_every - 1
@@ -170,13 +182,13 @@ def load_documents(data: list[Path], validation_every: int) -> Documents:
             key = (kind, t[b:e].tobytes())
             if key not in seen:
                 seen.add(key)
-                rows.append((offset + b, offset + e, p, kind, out))
+                rows.append((offset + b, offset + e, p, kind, out, setting))
         tokens.append(t.astype(np.int32))
         hidden.append(np.load(directory / "hidden.npy"))
         offset += t.size
-    begin, end, prompt, kind, held = zip(*rows)
+    begin, end, prompt, kind, held, setting = zip(*rows)
     return Documents(np.concatenate(tokens), np.concatenate(hidden), np.array(begin),
-                     np.array(end), np.array(prompt), list(kind), np.array(held))
+                     np.array(end), np.array(prompt), list(kind), np.array(held), list(setting))
 
 
 def windows(docs: Documents, picks: np.ndarray, size: int) -> np.ndarray:
@@ -458,7 +470,8 @@ def train_drafter(args) -> tuple[object, dict]:
     data = [Path(d) for d in args.data]
     docs = load_documents(data, args.validation_every)
     train_docs = docs.select(args.kinds, held_out=False)
-    eval_docs = docs.select(args.eval_kinds, held_out=True)
+    # Held-out chains are compared with the documents' tokens: greedy continuations only.
+    eval_docs = docs.select(args.eval_kinds, held_out=True, settings=("greedy",))
     # The subset: the most frequent tokens the drafter is asked for in training (every token
     # after a training document's prompt), coverage measured on the held-out drafted tokens.
     labels = np.concatenate([docs.tokens[docs.begin[i] + docs.prompt[i]:docs.end[i]]

@@ -18,6 +18,7 @@ from specjax.bench import batch as bench_batch
 from specjax.bench import parse_settings, report
 from specjax.bench import settings as settings_bench
 from specjax.bench.common import encode_suite, theoretical_speedup
+from specjax.bench.peers import Peers
 from specjax.bench.prompts import SUITE
 from specjax.bench.suite import METRICS, summarize
 from specjax.cli.main import build_parser, main
@@ -180,6 +181,31 @@ def test_bad_bench_options_exit_2_with_one_line_naming_the_value(argv, option, v
     assert len(err) == 1 and err[0].startswith("specjax: error: "), err
     assert f"{option} must be comma-separated positive integers, got {value!r}" in err[0]
     assert not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize("argv, shown", [
+    (["--temperature", "1", "--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--temperature", "1", "--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--top-p", "0.9"], "--top-p applies when --temperature > 0"),
+    (["--temperature", "1", "--top-p", "0.9", "--oracle"], "--top-p does not apply to --oracle")])
+def test_bad_top_p_exits_2_with_one_line(argv, shown, capsys, tmp_path):
+    assert main(["bench", "--quick", *argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and shown in err[0], err
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_top_p_reaches_the_settings_and_the_peers_sampling():
+    settings = parse_settings(build_parser().parse_args(
+        ["bench", "--temperature", "0.7", "--top-p", "0.9"]))
+    assert (settings["temperature"], settings["top_p"]) == (0.7, 0.9)
+    assert parse_settings(build_parser().parse_args(["bench"]))["top_p"] == 1.0
+    peers = Peers.__new__(Peers)
+    peers.torch = type("torch", (), {"ones_like": staticmethod(lambda ids: ids)})
+    peers.target = type("target", (), {"generation_config": type("g", (), {"eos_token_id": 2})})
+    kwargs = peers.generate_kwargs([[1]], 8, 0.7, 0.9)
+    assert (kwargs["do_sample"], kwargs["temperature"], kwargs["top_p"], kwargs["top_k"]) == \
+        (True, 0.7, 0.9, 0)
 
 
 def test_prompt_suite_is_versioned_and_has_one_quick_prompt_per_short_category():

@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated prompt lengths in tokens for the context sweep, "
                              "or none (default 50,500,1500; --quick: none)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="nucleus mass in (0, 1] with --temperature > 0; 1 = off (default)")
     parser.add_argument("--seed", type=int, default=0, help="timed run i uses seed + i")
     parser.add_argument("--trees", nargs="+", metavar="WIDTHS",
                         help="also run token trees, each the full tree of these widths per depth "
@@ -111,7 +113,8 @@ def parse_settings(args) -> dict:
     settings = dict(methods=[m for m in ALL_METHODS if m in methods or m == "autoregressive"],
                     ks=positive_ints("--ks", pick("ks")), reps=pick("reps"),
                     warmup=pick("warmup"), max_new_tokens=pick("max_new_tokens"),
-                    contexts=contexts, temperature=args.temperature, seed=args.seed,
+                    contexts=contexts, temperature=args.temperature, top_p=args.top_p,
+                    seed=args.seed,
                     max_ngram=args.max_ngram, quick=args.quick, trees=_trees(args.trees),
                     dynamic_trees=_dynamic_trees(args.dynamic_trees),
                     k_schedules=_schedules(args.k_schedules),
@@ -145,7 +148,12 @@ def parse_settings(args) -> dict:
                        "constant K, without the context sweep)")
     if settings["seed"] >= 2**31:
         raise CLIError(f"--seed must be below 2^31, got {settings['seed']}")
-    SamplingParams(temperature=args.temperature)   # ValueError naming a bad temperature
+    # A ValueError naming a bad temperature or top-p.
+    SamplingParams(temperature=args.temperature, top_p=args.top_p)
+    if args.top_p < 1.0 and args.temperature == 0:
+        raise CLIError("--top-p applies when --temperature > 0 (greedy decoding ignores it)")
+    if args.top_p < 1.0 and (args.oracle or args.settings):
+        raise CLIError("--top-p does not apply to --oracle or --settings")
     return settings
 
 

@@ -117,7 +117,7 @@ def run(args, settings) -> int:
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(peers),
         "settings": {**{k: settings[k] for k in ("batch", "ks", "reps", "warmup",
-                                                 "max_new_tokens", "temperature", "seed",
+                                                 "max_new_tokens", "temperature", "top_p", "seed",
                                                  "max_ngram")},
                      "methods": methods, "target": target.name, "target_path": str(target.path),
                      "draft": draft.name if draft is not None else None,
@@ -139,7 +139,8 @@ def _specjax_job(rows, settings, target, draft, method, k):
         results, compile_s = timed_runs(settings, lambda seed: generate(
             target, [p["ids"] for p in rows], method=method, draft=draft, k=k or 1,
             max_new_tokens=min(p["max_new_tokens"] for p in rows),
-            temperature=settings["temperature"], seed=seed, max_ngram=settings["max_ngram"],
+            temperature=settings["temperature"], top_p=settings["top_p"], seed=seed,
+            max_ngram=settings["max_ngram"],
             mesh=make_mesh(settings["mesh"])))
         records = [dict(new_tokens=r.stats.new_tokens, run_s=r.stats.run_s,
                         target_calls=r.stats.target_calls, drafted=r.stats.drafted,
@@ -160,7 +161,7 @@ def _peer_job(peers, rows, settings):
         ids = torch.tensor([[pad] * (longest - len(p["ids"])) + p["ids"] for p in rows])
         mask = torch.tensor([[0] * (longest - len(p["ids"])) + [1] * len(p["ids"]) for p in rows])
         kwargs = peers.generate_kwargs(ids, min(p["max_new_tokens"] for p in rows),
-                                        settings["temperature"])
+                                        settings["temperature"], settings["top_p"])
         kwargs["attention_mask"] = mask
         eos = peers.target.generation_config.eos_token_id
         eos = set(eos if isinstance(eos, list) else [eos])
@@ -266,7 +267,8 @@ def markdown(results: dict, heading: bool = True) -> str:
         lines += [f"# specjax batch sweep: {s['target']}"
                   + (f" + {s['draft']}" if s["draft"] else ""), "",
                   f"{results['created']} · {m['cpu_model']} ({m['threads']} threads) · "
-                  f"jax {m['jax_version']} · temperature {s['temperature']} · "
+                  f"jax {m['jax_version']} · temperature {s['temperature']}"
+                  + (f", top-p {s['top_p']}" if s.get("top_p", 1.0) < 1 else "") + " · "
                   f"{s['max_new_tokens']} new tokens per row (fewer at EOS) · "
                   f"{s['reps']} timed runs", ""]
     lines += ["| B | engine | method | K | tokens/s | speedup | tokens/call | idle | v | c | "

@@ -63,7 +63,7 @@ class Peers:
         """A suite job: --warmup (at least 1) untimed and --reps timed runs of one method."""
         s = self.settings
         ids = self.torch.tensor([prompt["ids"]])
-        kwargs = self.generate_kwargs(ids, prompt["max_new_tokens"], s["temperature"])
+        kwargs = self.generate_kwargs(ids, prompt["max_new_tokens"], s["temperature"], s["top_p"])
         assistant = None
         if method == "speculative":           # K tokens every step, as specjax drafts them
             assistant = dict(num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
@@ -103,15 +103,16 @@ class Peers:
             return self._timed_generate(ids, dict(kwargs, min_new_tokens=new_tokens))[0]
         return lambda: sweep_times(seconds, settings)
 
-    def generate_kwargs(self, ids, max_new_tokens: int, temperature: float) -> dict:
+    def generate_kwargs(self, ids, max_new_tokens: int, temperature: float,
+                        top_p: float = 1.0) -> dict:
         """The keyword arguments of one `generate` call on `ids` (a [B, T] tensor without
-        padding): greedy at temperature 0, else plain sampling (no top-k, no top-p); padded
-        with the target's EOS."""
+        padding): greedy at temperature 0, else sampling with `top_p` (no top-k); padded with
+        the target's EOS."""
         eos = self.target.generation_config.eos_token_id
         kwargs = dict(attention_mask=self.torch.ones_like(ids), max_new_tokens=max_new_tokens,
                       pad_token_id=eos[0] if isinstance(eos, list) else eos)
         if temperature > 0:
-            kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+            kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=top_p)
         else:
             kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
         return kwargs

@@ -40,7 +40,9 @@ def markdown(results: dict, heading: bool = True) -> str:
               + (f", heads `{s['heads']}`" if s.get("heads") else "")
               + (f", drafter `{s['drafter']}`" if s.get("drafter") else "") + f", {s['dtype']}; "
               f"max_new_tokens "
-              f"{s['max_new_tokens']}, temperature {s['temperature']}; {s['reps']} timed run(s) "
+              f"{s['max_new_tokens']}, temperature {s['temperature']}"
+              + (f", top-p {s['top_p']}" if s.get("top_p", 1.0) < 1 else "")
+              + f"; {s['reps']} timed run(s) "
               f"after {s['warmup']} warm-up run(s); medians over runs, then over prompts.",
               "",
               f"Machine: {m['cpu_model']}, {m['cpu_count']} cores ({m['threads']} usable), "

@@ -305,7 +305,7 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, beside=No
             model, [prompt["ids"]], method=method, **extra,
             **({} if method == "eagle" else dict(tree=_tree(tree))),
             max_new_tokens=prompt["max_new_tokens"], temperature=settings["temperature"],
-            seed=seed, max_ngram=settings["max_ngram"], mesh=make_mesh(settings["mesh"])))
+            top_p=settings["top_p"], seed=seed, max_ngram=settings["max_ngram"], mesh=make_mesh(settings["mesh"])))
         records = [dict(new_tokens=s.new_tokens, run_s=s.run_s,
                         acceptance_rate=s.acceptance_rate if s.drafted else None,
                         tokens_per_target_call=s.tokens_per_target_call,
