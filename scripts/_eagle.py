@@ -109,27 +109,34 @@ def features(args) -> None:
     if tokenizer_digest(target.tokenizer) != provenance["tokenizer_sha256"]:
         raise SystemExit(f"{args.target}'s tokenizer is not the one {path} was made with "
                          f"({provenance['target_name']})")
-    data = load_sequences(path)     # a sequences file, or a shard directory of `eagle-data`
+    # A sequences file, or a shard directory of `eagle-data` (all its shards, or --shards).
+    data = load_sequences(path, args.shards)
     names = [str(n) for n in data["kind_names"]]
     tokens, starts = data["tokens"].astype(np.int32), data["starts"]
     seqs = [(names[k], tokens[starts[i]:starts[i + 1]].tolist(), int(p))
             for i, (k, p) in enumerate(zip(data["kind"], data["prompt_length"]))]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    positions = cache_hidden(target, seqs, args.batch, out)
+    positions = cache_hidden(target, seqs, args.batch, out, tuple(args.layers))
     if "held_out" in data:      # eagle-data shards: the held-out rule and each row's sampling
         np.savez(out / "documents.npz", held_out=data["held_out"],
                  setting=np.asarray(data["setting_names"])[data["setting"]])
-    kinds = provenance["kinds"]
+    kinds, generated = provenance["kinds"], provenance["generated_tokens"]
+    if "held_out" in data:          # eagle-data shards, maybe not all: count what was read
+        kinds = {k: int(n) for k, n in zip(*np.unique([s[0] for s in seqs], return_counts=True))}
+        generated = int(np.sum(np.diff(starts) - data["prompt_length"]))
     meta = {"target": args.target, "documents": sum(n for k, n in kinds.items()
                                                     if k != "text-original"),
-            "generated_tokens": provenance["generated_tokens"], "tokens": positions,
+            "generated_tokens": generated, "tokens": positions,
             "generate_s": 0.0, "hidden_s": round(time.time() - started, 1),
             "kinds": {k: n for k, n in kinds.items() if k != "text-original"},
-            "sequences": str(path), "generated_by": provenance["generated_by"],
+            "sequences": str(path), "shards": args.shards, "layers": args.layers,
+            "generated_by": provenance["generated_by"],
             "command": shlex.join(["python", "scripts/train.py", "eagle-features",
                                    "--sequences", str(path), "--target", args.target,
-                                   "--batch", str(args.batch), "--out", str(out)])}
+                                   "--batch", str(args.batch), "--out", str(out)]
+                                  + (["--shards", *map(str, args.shards)] if args.shards else [])
+                                  + (["--layers", *map(str, args.layers)] if args.layers else []))}
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(json.dumps(meta, indent=1))
 
@@ -873,6 +880,11 @@ def add_commands(sub) -> None:
     p.add_argument("--sequences", type=Path, required=True)
     p.add_argument("--target", required=True, help="a checkpoint directory or fetch name")
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--shards", type=int, nargs="+",
+                   help="of a shard directory, only these (default: all)")
+    p.add_argument("--layers", type=int, nargs="*", default=[],
+                   help="also cache the residual stream after these many decoder layers "
+                        "(EAGLE-3's low, middle and high features, e.g. 3 15 28)")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=features)
 

@@ -181,13 +181,21 @@ def write_shard(path: Path, jobs: list[dict], news: list[list[int]], digest: str
 
 # -- Reading -------------------------------------------------------------------------------------
 
-def load_sequences(path: Path) -> dict:
-    """A sequences file (data/eagle/*.npz) or a shard directory of `eagle-data`, as one set of
-    arrays: the shards' documents concatenated in shard order, `starts` running on."""
+def load_sequences(path: Path, shards: list[int] | None = None) -> dict:
+    """A sequences file (data/eagle/*.npz) or a shard directory of `eagle-data` (all its
+    shards, or those numbered in `shards`), as one set of arrays: the shards' documents
+    concatenated in shard order, `starts` running on."""
     path = Path(path)
     if not path.is_dir():
+        if shards:
+            raise SystemExit(f"{path} is a sequences file, not a shard directory")
         return dict(np.load(path))
     files = sorted(path.glob("shard-[0-9][0-9][0-9].npz"))
+    if shards:
+        missing = sorted(set(shards) - {int(f.stem[-3:]) for f in files})
+        if missing:
+            raise SystemExit(f"{path} has no shard {missing[0]}")
+        files = [f for f in files if int(f.stem[-3:]) in shards]
     if not files:
         raise SystemExit(f"no shards in {path}")
     parts = [dict(np.load(f)) for f in files]

@@ -122,18 +122,22 @@ def medusa_data(args) -> None:
 
 
 def cache_hidden(target, sequences: list[tuple[str, list[int], int]], batch: int,
-                 out: Path) -> int:
+                 out: Path, layers: tuple[int, ...] = ()) -> int:
     """One teacher-forced pass of `target` over `sequences`, (kind, token ids, prompt length)
     each: writes out/hidden.npy, the final-normed hidden states of every position (float16,
     the documents concatenated in order), and out/index.npz (tokens, starts, prompt_length,
-    kinds); returns the number of positions. Shared by `medusa-data` and `eagle-features`, so
-    that a set rebuilt from its token sequences is the set that was generated."""
-    from specjax.model.transformer import hidden_states
-
+    kinds); returns the number of positions. With `layers` (counts of decoder layers, e.g.
+    (3, 15, 28)) also out/layers.npy [N, len(layers), D] float16: the residual stream after
+    that many layers, EAGLE-3's low, middle and high features. Shared by `medusa-data` and
+    `eagle-features`, so that a set rebuilt from its token sequences is the set that was
+    generated."""
     tokens = np.concatenate([np.asarray(s, np.int32) for _, s, _ in sequences])
     starts = np.cumsum([0] + [len(s) for _, s, _ in sequences])
+    d = target.config.d_model
     hidden = np.lib.format.open_memmap(out / "hidden.npy", mode="w+", dtype=np.float16,
-                                       shape=(tokens.size, target.config.d_model))
+                                       shape=(tokens.size, d))
+    taps = (np.lib.format.open_memmap(out / "layers.npy", mode="w+", dtype=np.float16,
+                                      shape=(tokens.size, len(layers), d)) if layers else None)
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][1]))
     for first in range(0, len(order), batch):
         rows = order[first:first + batch]
@@ -142,14 +146,40 @@ def cache_hidden(target, sequences: list[tuple[str, list[int], int]], batch: int
         for r, i in enumerate(rows):
             ids[r, :len(sequences[i][1])] = sequences[i][1]
         positions = np.broadcast_to(np.arange(width, dtype=np.int32), ids.shape)
-        x = np.asarray(hidden_states(target.params, target.config, ids, positions)[0])
+        x, tapped = layer_states(target, ids, positions, layers)
         for r, i in enumerate(rows):
             hidden[starts[i]:starts[i + 1]] = x[r, :len(sequences[i][1])]
+            if taps is not None:
+                taps[starts[i]:starts[i + 1]] = tapped[r, :len(sequences[i][1])]
     hidden.flush()
+    if taps is not None:
+        taps.flush()
     np.savez(out / "index.npz", tokens=tokens, starts=starts,
              prompt_length=np.array([p for _, _, p in sequences], np.int32),
              kinds=np.array([k for k, _, _ in sequences]))
     return int(tokens.size)
+
+
+def layer_states(target, ids, positions, layers: tuple[int, ...] = ()):
+    """The final-normed hidden states [B, T, D] of `target` on `ids`, and the residual stream
+    after each count of decoder layers in `layers` [B, T, len(layers), D] (None without)."""
+    from specjax.model.transformer import decoder_layers, final_norm
+
+    params, config = target.params, target.config
+    if config.arch != "llama" and layers:
+        raise SystemExit("layer features are implemented for Llama-family targets")
+    if list(layers) != sorted(set(layers)) or any(not 1 <= n <= config.n_layers for n in layers):
+        raise SystemExit(f"--layers must be increasing counts in 1..{config.n_layers}, "
+                         f"got {layers}")
+    x, done, tapped = params["embed"][ids], 0, []
+    if config.arch == "gpt2":
+        x = x + params["pos_embed"][positions]
+    for n in [*layers, config.n_layers]:
+        x, _ = decoder_layers(params["layers"][done:n], config, x, positions)
+        tapped.append(x)
+        done = n
+    x = np.asarray(final_norm(params, config, x), np.float32)
+    return x, (np.stack([np.asarray(t) for t in tapped[:-1]], axis=2) if layers else None)
 
 
 def examples(data: list[Path], heads: int, kinds: tuple[str, ...], validation_every: int,

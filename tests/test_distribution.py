@@ -64,10 +64,12 @@ def tree_case(widths_or_paths, candidates="distinct", method="speculative", **kw
                 **kwargs)
 
 
-def eagle_drafter(target):
+def eagle_drafter(target, fused_layers=()):
     """A random EAGLE drafter for the tiny target that can propose 5 of the V = 6 tokens
-    (token 4 gets draft probability 0, so the residual alone must supply it)."""
-    return specjax.init_drafter(target, token_ids=[2, 0, 1, 3, 5], seed=3, std=0.5)
+    (token 4 gets draft probability 0, so the residual alone must supply it); with
+    `fused_layers`, an EAGLE-3 one reading the states after those layers."""
+    return specjax.init_drafter(target, token_ids=[2, 0, 1, 3, 5], seed=3, std=0.5,
+                                fused_layers=fused_layers)
 
 
 def medusa_heads(target):
@@ -110,10 +112,12 @@ POSITIVE = {
     "medusa-2x2-distinct": tree_case((2, 2), method="medusa"),
     "medusa-sparse-iid-t0.7-top-p": tree_case(SPARSE_TREE, "iid", method="medusa",
                                               temperature=0.7, top_p=0.9),
-    # EAGLE: a random drafter on the target's features fills the tree, sampled and top.
+    # EAGLE: a random drafter on the target's features fills the tree, sampled and top; one
+    # reads EAGLE-3's fused features (the states after both layers).
     "eagle-2x2-distinct": tree_case((2, 2), method="eagle"),
-    "eagle-sparse-iid-t0.7-top-p": tree_case(SPARSE_TREE, "iid", method="eagle",
-                                             temperature=0.7, top_p=0.9),
+    "eagle3-sparse-iid-t0.7-top-p": dict(tree_case(SPARSE_TREE, "iid", method="eagle",
+                                                   temperature=0.7, top_p=0.9),
+                                         fused_layers=(1, 2)),
     "eagle-chain-3-top": tree_case(Tree.chain(3).paths, "top", method="eagle"),
     # EAGLE-2's dynamic tree: each row's own tree, deterministic candidates.
     "eagle-dynamic-3-2-4": dict(case("eagle", candidates=None), tree=DynamicTree(3, 2, 4)),
@@ -157,7 +161,7 @@ def draw(models, c, seed=0, rows=None, **hooks) -> tuple[np.ndarray, float]:
     if c["method"] == "medusa":
         hooks["heads"] = medusa_heads(target)
     if c["method"] == "eagle":
-        hooks["drafter"] = eagle_drafter(target)
+        hooks["drafter"] = eagle_drafter(target, c.get("fused_layers", ()))
     prompts = np.tile(np.asarray(c["prompt"], np.int32), (rows, 1))    # one row per sample
     result = generate(target, prompts, method=c["method"], draft=draft,
                       k=c["k"], max_new_tokens=L, temperature=c["temperature"], top_k=c["top_k"],

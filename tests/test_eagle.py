@@ -1,5 +1,5 @@
 """EAGLE drafters: the checkpoint directory, its errors, the drafter in the loop against its
-training forward, and greedy equality.
+training forward, and greedy equality; for EAGLE-1's feature and EAGLE-3's fused ones.
 
 The distribution tests (`test_distribution.py`, cases eagle-*) check Theorem 1 with random
 drafters and a negative control; `test_smollm2.py` checks the shipped SmolLM2 drafter.
@@ -22,7 +22,7 @@ from specjax.decoding import eagle as eagle_decoding
 from specjax.decoding import loop
 from specjax.heads import eagle
 from specjax.io.eagle import save_drafter
-from specjax.model.transformer import hidden_states
+from specjax.model.transformer import hidden_states, tapped_states
 from specjax.sampling.tree import Tree
 from tests.tiny import llama_config, pair
 
@@ -39,9 +39,10 @@ def target():
     return pair(vocab=V, std=1.0)[0]
 
 
-def random_drafter(target, seed=0, tree=None, subset=12, std=0.3):
+def random_drafter(target, seed=0, tree=None, subset=12, std=0.3, fused_layers=()):
     ids = np.random.default_rng(seed).permutation(target.config.vocab_size)[:subset]
-    return eagle.init_drafter(target, token_ids=ids, seed=seed, std=std, tree=tree)
+    return eagle.init_drafter(target, token_ids=ids, seed=seed, std=std, tree=tree,
+                              fused_layers=fused_layers)
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,33 @@ def test_drafter_round_trip(target, drafter_dir, tmp_path):
     for a, b in zip(jax.tree.leaves(drafter.params), jax.tree.leaves(half.params)):
         np.testing.assert_array_equal(np.asarray(a, np.float16).astype(np.float32), b)
     assert half.tree == specjax.DynamicTree(4, 3, 9)
+
+
+def test_fused_drafter_round_trip_and_its_errors(target, tmp_path):
+    drafter = random_drafter(target, fused_layers=(1, 2), tree=Tree.chain(2))
+    directory = save_drafter(drafter, tmp_path / "fused")
+    assert json.loads((directory / "config.json").read_text())["fused_layers"] == [1, 2]
+    loaded = specjax.load(directory)
+    assert loaded.config == drafter.config and loaded.config.fused_layers == (1, 2)
+    np.testing.assert_array_equal(loaded.params["reduce"]["w"], drafter.params["reduce"]["w"])
+    d = target.config.d_model
+    assert loaded.params["reduce"]["w"].shape == (d, 2 * d)      # two tapped layers
+
+    config = json.loads((directory / "config.json").read_text())
+    for value, words in (([2, 1], "increasing"), ([0], "increasing"), ("1,2", "a list"),
+                         ([1], "'reduce.weight' has shape")):
+        broken = tmp_path / f"broken-{len(list(tmp_path.iterdir()))}"
+        broken.mkdir()
+        (broken / "model.safetensors").write_bytes((directory / "model.safetensors").read_bytes())
+        (broken / "config.json").write_text(json.dumps(dict(config, fused_layers=value)))
+        with pytest.raises(specjax.CheckpointError, match=words):
+            specjax.load(broken)
+    deep = dataclasses.replace(drafter, config=dataclasses.replace(drafter.config,
+                                                                   fused_layers=(1, 3)))
+    with pytest.raises(GenerationError, match=r"after \[1, 3\] layers.* has 2"):
+        generate(target, [[1, 2]], method="eagle", drafter=deep, max_new_tokens=2)
+    with pytest.raises(ValueError, match="past the target's 2 layers"):
+        eagle.init_drafter(target, fused_layers=(2, 3))
 
 
 def test_drafter_for_another_target_is_refused(target, drafter_dir):
@@ -160,6 +188,35 @@ def test_greedy_eagle_equals_autoregressive(target):
     assert chain.tokens == ar.tokens and chain.stats.tree_size == 3
 
 
+def test_greedy_fused_eagle_equals_autoregressive(target):
+    drafter = random_drafter(target, seed=4, fused_layers=(1, 2))
+    prompts = [[3, 1, 4, 1, 5], [9], [2, 7, 1, 8, 2, 8, 1, 8]]
+    ar = generate(target, prompts, max_new_tokens=24, temperature=0.0, eos_ids=(5,))
+    for name in ("sparse", "dynamic-4-3-9"):
+        out = generate(target, prompts, method="eagle", drafter=drafter, tree=TREES[name],
+                       max_new_tokens=24, temperature=0.0, eos_ids=(5,))
+        assert out.tokens == ar.tokens, name
+        assert out.stats.accepted > 0, name
+
+
+def test_tapped_states_are_the_residual_stream_after_each_count_of_layers(target):
+    from specjax.model.transformer import decoder_layers, final_norm
+
+    tokens = jnp.asarray([[3, 1, 4, 1, 5, 9]])
+    positions = jnp.arange(6)[None]
+    final, tapped, _ = tapped_states(target.params, target.config, tokens, positions,
+                                     taps=(1, 2))
+    x = target.params["embed"][tokens]
+    after_one, _ = decoder_layers(target.params["layers"][:1], target.config, x, positions)
+    after_two, _ = decoder_layers(target.params["layers"], target.config, x, positions)
+    np.testing.assert_allclose(tapped, jnp.concatenate([after_one, after_two], -1), rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_array_equal(final, hidden_states(target.params, target.config, tokens,
+                                                       positions)[0])
+    np.testing.assert_allclose(final, final_norm(target.params, target.config, after_two),
+                               rtol=1e-5, atol=1e-6)
+
+
 def _reference_chain(target, drafter, depth, width):
     """A function of the committed tokens (padded to `width`) and their count L: the chain of
     `depth` top drafts after them, computed from scratch the way training computes the drafter:
@@ -172,7 +229,12 @@ def _reference_chain(target, drafter, depth, width):
     def chain(tokens, length):                            # [width] int32, [] int32
         ids = jnp.pad(tokens, (0, depth))[None]           # room for the drafted tokens
         positions = jnp.arange(ids.shape[1])[None]
-        f, _ = hidden_states(target.params, target.config, ids, positions)
+        if drafter.config.fused_layers:
+            _, f, _ = tapped_states(target.params, target.config, ids, positions,
+                                    taps=drafter.config.fused_layers)
+            f = eagle.from_target(weights, drafter.config, f)
+        else:
+            f, _ = hidden_states(target.params, target.config, ids, positions)
         features = jnp.concatenate([jnp.zeros_like(f[:, :1]), f[:, :-1]], axis=1)
         drafted = []
         for i in range(depth):
@@ -188,17 +250,23 @@ def _reference_chain(target, drafter, depth, width):
     return chain
 
 
-def test_drafter_in_the_loop_matches_its_training_forward():
+@pytest.mark.parametrize("kind", ["shipped", "fused"])
+def test_drafter_in_the_loop_matches_its_training_forward(kind, target):
     """Step by step, the chain the decoding loop drafts (catch-up over the pairs the last step
     committed, cached slots, tree attention) equals the from-scratch computation; steps that
     accept 0, 1 and 2 tokens all occur, so the catch-up reads windows of 1, 2 and 3 pairs.
-    The shipped tiny drafter accepts often enough for that."""
-    target = specjax.load(WEIGHTS / "llama-target")
-    drafter = specjax.load(WEIGHTS / "llama-eagle")
+    The shipped tiny drafter accepts often enough for that; a random EAGLE-3 drafter on the
+    small target (its features the states after both layers, reduced) at least 0 and 1."""
+    if kind == "shipped":
+        target = specjax.load(WEIGHTS / "llama-target")
+        drafter = specjax.load(WEIGHTS / "llama-eagle")
+        prompts = [target.tokenizer.encode("def read_lines(path):\n").ids,
+                   target.tokenizer.encode("import os\n").ids]
+    else:
+        drafter = random_drafter(target, seed=4, fused_layers=(1, 2))
+        prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8, 1, 8]]
     depth = 3
-    request = prepare(target, [target.tokenizer.encode("def read_lines(path):\n").ids,
-                               target.tokenizer.encode("import os\n").ids],
-                      method="eagle", drafter=drafter, tree=Tree.chain(depth),
+    request = prepare(target, prompts, method="eagle", drafter=drafter, tree=Tree.chain(depth),
                       temperature=0.0, max_new_tokens=40, eos_ids=())
     init, step, _ = loop.programs(request.spec)
     state = init(request.weights, *request.inputs)
@@ -215,7 +283,7 @@ def test_drafter_in_the_loop_matches_its_training_forward():
         before = np.asarray(state.accepted)
         state = step(request.weights, state)
         seen |= set((np.asarray(state.accepted) - before).tolist())
-    assert {0, 1, 2} <= seen, seen
+    assert ({0, 1, 2} if kind == "shipped" else {0, 1}) <= seen, seen
 
 
 def test_shipped_tiny_drafter_gives_the_greedy_output():

@@ -564,6 +564,10 @@ def _check_heads(heads, tree, target):
 def _check_drafter(drafter, tree, target, k: int):
     """EAGLE's drafter must be a drafter, trained on this target; returns the tree to use."""
     _check_beside(drafter, Drafter, "an EAGLE drafter", "drafter", "eagle", target)
+    fused = drafter.config.fused_layers
+    if fused and max(fused) > target.config.n_layers:
+        raise GenerationError(f"{drafter.name} fuses the states after {list(fused)} layers, but "
+                              f"{target.name} has {target.config.n_layers}")
     if tree is not None:
         return tree
     return drafter.tree if drafter.tree is not None else Tree.chain(k)

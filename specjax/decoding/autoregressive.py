@@ -8,7 +8,7 @@ from jax import lax
 
 from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, step_keys
 from specjax.model.cache import KVCache
-from specjax.model.transformer import forward, hidden_states
+from specjax.model.transformer import forward, hidden_states, tapped_states
 from specjax.sampling.logits import probs_from_logits, sample_rows
 
 # Prompts are read this many positions per call: long enough for efficient matrix products,
@@ -42,7 +42,8 @@ def prefill_groups(batch: int) -> int:
 
 
 def prefill(params, config, prompts, prompt_length, slots: int,
-            chunk: int | None = None, with_hidden: bool = False, shards: int = 1):
+            chunk: int | None = None, with_hidden: bool = False, shards: int = 1,
+            taps: tuple[int, ...] = ()):
     """Runs the padded prompts [B, P] through a fresh cache of `slots` >= P slots, `chunk`
     positions per call.
 
@@ -68,13 +69,15 @@ def prefill(params, config, prompts, prompt_length, slots: int,
     With `with_hidden`, also returns each row's final hidden state [B, D] at its last cached
     position, prompt_length - 2 (zeros for a one-token prompt): what Medusa heads read; with
     `with_hidden="all"`, the final hidden states of every prompt position [B, P, D] (those at
-    and after a row's last token are stale): what an EAGLE drafter reads.
+    and after a row's last token are stale): what an EAGLE drafter reads, or with `taps` its
+    tapped states instead (`transformer.tapped_states`, [B, P, len(taps) * D]).
     """
     b = prompts.shape[0]
     per_shard = b // shards
     groups = prefill_groups(per_shard)
     if groups == 1:
-        return _prefill_rows(params, config, prompts, prompt_length, slots, chunk, with_hidden)
+        return _prefill_rows(params, config, prompts, prompt_length, slots, chunk, with_hidden,
+                             taps)
     rows = per_shard // groups
     order = jnp.argsort(prompt_length.reshape(shards, per_shard), axis=1, stable=True)
     back = jnp.argsort(order, axis=1)                        # row -> its sorted place
@@ -92,13 +95,13 @@ def prefill(params, config, prompts, prompt_length, slots: int,
         return by_block(a.reshape(shards, per_shard, *a.shape[3:]), back).reshape(b, *a.shape[3:])
 
     def read_group(group):
-        return _prefill_rows(params, config, *group, slots, chunk, with_hidden)
+        return _prefill_rows(params, config, *group, slots, chunk, with_hidden, taps)
 
     stacked = lax.map(read_group, (to_groups(prompts), to_groups(prompt_length)))
     return jax.tree.map(from_groups, stacked)
 
 
-def _prefill_rows(params, config, prompts, prompt_length, slots, chunk, with_hidden):
+def _prefill_rows(params, config, prompts, prompt_length, slots, chunk, with_hidden, taps):
     """`prefill` of one group of rows, all in every call."""
     b, p = prompts.shape
     chunk = min(p, chunk or prefill_chunk(b))
@@ -112,7 +115,10 @@ def _prefill_rows(params, config, prompts, prompt_length, slots, chunk, with_hid
         start = jnp.minimum(c * chunk, p - chunk)
         tokens = lax.dynamic_slice_in_dim(prompts, start, chunk, axis=1)           # [B, chunk]
         positions = start + jnp.broadcast_to(jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
-        x, cache = hidden_states(params, config, tokens, positions, cache)
+        if taps:
+            _, x, cache = tapped_states(params, config, tokens, positions, cache, taps=taps)
+        else:
+            x, cache = hidden_states(params, config, tokens, positions, cache)
         if with_hidden == "all":
             hidden = lax.dynamic_update_slice_in_dim(hidden, x.astype(hidden.dtype), start, 1)
         elif with_hidden:
@@ -122,7 +128,8 @@ def _prefill_rows(params, config, prompts, prompt_length, slots, chunk, with_hid
             hidden = jnp.where(here[:, None], picked[:, 0], hidden)
         return cache, hidden
 
-    shape = (b, p, config.d_model) if with_hidden == "all" else (b, config.d_model)
+    width = config.d_model * max(1, len(taps))
+    shape = (b, p, width) if with_hidden == "all" else (b, width)
     hidden = jnp.zeros(shape, jnp.dtype(config.dtype)) if with_hidden else None
     cache, hidden = lax.fori_loop(0, n_chunks, run_chunk,
                                   (KVCache.init(config, b, slots), hidden))

@@ -51,7 +51,9 @@ def prefill_drafter(spec, weights, prompts, prompt_length, slots: int):
     """
     config = spec.drafter_config
     target_cache, features = prefill(weights.target, spec.target_config, prompts, prompt_length,
-                                     slots, with_hidden="all", shards=spec.data_shards)
+                                     slots, with_hidden="all", shards=spec.data_shards,
+                                     taps=config.fused_layers)
+    features = eagle.from_target(weights.drafter, config, features)            # [B, P, D]
     b, p = prompts.shape
     shifted = jnp.concatenate([jnp.zeros_like(features[:, :1]), features[:, :-1]], axis=1)
     chunk = min(p, prefill_chunk(b))
@@ -249,7 +251,9 @@ def step(spec, params, state: DecodeState) -> DecodeState:
         tree, rule = spec.tree, trees.SCHEMES[spec.candidates]
     # Step 3: one target call over the tree, the walk, and the features of the next catch-up.
     new, n_accepted, _, target_cache, target_nan, features = trees.score_and_verify(
-        spec, params, state, tokens, valid, probs, k_verify, rule, tree)
+        spec, params, state, tokens, valid, probs, k_verify, rule, tree,
+        spec.drafter_config.fused_layers)
+    features = eagle.from_target(params.drafter, spec.drafter_config, features)
     # Step 4: commit; finished rows keep their pending pairs.
     active = ~state.done
     state = commit(spec, state, new, n_accepted, target_cache,

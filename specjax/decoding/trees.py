@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from specjax.decoding.state import DecodeState, any_nan, last_tokens, pad_vocab
 from specjax.model import cache as kv
 from specjax.model.cache import KVCache, TreeAttention
-from specjax.model.transformer import hidden_states, lm_head
+from specjax.model.transformer import lm_head, tapped_states
 from specjax.sampling.logits import probs_from_logits
 
 # How each candidate scheme a drafter can use is verified (`rejection.RULES`).
@@ -74,7 +74,7 @@ def keep_path(cache: KVCache, root, path, nodes: int) -> KVCache:
 
 
 def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_probs, keys, rule,
-                     tree=None):
+                     tree=None, taps: tuple[int, ...] = ()):
     """The target scores every node of the tree in one call; the walk accepts a path.
 
     Args:
@@ -88,14 +88,15 @@ def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_prob
       states) along the tree's root and the accepted path [B, D + 1, D_model]: entry j is the
       state that produced the path's token j + 1 (entries past n_accepted are stale). Medusa
       heads read entry n_accepted, the state that produced the new last token; an EAGLE
-      drafter reads them all; other drafters ignore them.
+      drafter reads them all; other drafters ignore them. With `taps`, the features are the
+      tapped states instead (`transformer.tapped_states`): an EAGLE-3 drafter's.
     """
     tree = spec.tree if tree is None else tree
     _, root = last_tokens(state, 1)
     root = root[:, 0]                                                  # [B] slot = position
-    x, cache = hidden_states(params.target, spec.target_config, tokens,
-                             node_positions(tree, root), state.target_cache,
-                             tree_attention(tree, root))                    # [B, n, D_model]
+    x, tapped, cache = tapped_states(params.target, spec.target_config, tokens,
+                                     node_positions(tree, root), state.target_cache,
+                                     tree_attention(tree, root), taps)      # [B, n, D_model]
     logits = lm_head(params.target, spec.target_config, x)                  # [B, n, V']
     target_probs = probs_from_logits(pad_vocab(logits, spec.vocab_size),
                                      state.settings.sampling)
@@ -106,6 +107,7 @@ def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_prob
     new = new.at[jnp.arange(new.shape[0]), n_accepted].set(next_token)
     cache = keep_path(cache, root, path, tree.size + 1)
     nodes = jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1)   # [B, D + 1]
-    features = jnp.take_along_axis(x, nodes[:, :, None], axis=1)             # [B, D + 1, D']
+    features = jnp.take_along_axis(x if tapped is None else tapped, nodes[:, :, None],
+                                   axis=1)                                  # [B, D + 1, D']
     return new, n_accepted, path, cache, any_nan(logits), features
 

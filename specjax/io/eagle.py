@@ -52,6 +52,8 @@ def _expected_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
     d = config.hidden_size
     shapes = {"fc.weight": (d, 2 * d), "fc.bias": (d,), "norm.weight": (d,),
               "token_ids": (config.subset_size,)}
+    if config.fused_layers:
+        shapes["reduce.weight"] = (d, len(config.fused_layers) * d)
     layer = param_shapes(config.layer)["layers"][0]
     for name, shape in layer.items():
         if isinstance(shape, dict):            # a norm: {"scale": (D,)}
@@ -66,6 +68,8 @@ def _tensors(drafter: Drafter) -> dict[str, np.ndarray]:
     p = drafter.params
     out = {"fc.weight": p["fc"]["w"], "fc.bias": p["fc"]["b"],
            "norm.weight": p["final_norm"]["scale"]}
+    if "reduce" in p:
+        out["reduce.weight"] = p["reduce"]["w"]
     for name, value in p["layers"][0].items():
         if isinstance(value, dict):
             for part, v in value.items():
@@ -94,6 +98,7 @@ def save_drafter(drafter: Drafter, directory: str | Path, storage: str = "float3
               "projection": {"type": PROJECTION, "tokens": c.subset_size},
               "layer": c.layer.to_hf(), "storage": storage, "target": drafter.target,
               "tree": tree_to_json(drafter.tree),
+              **({"fused_layers": list(c.fused_layers)} if c.fused_layers else {}),
               **(extra or {})}
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return directory
@@ -107,7 +112,10 @@ def load_drafter(path: str | Path) -> Drafter:
         raw = json.loads(file.read_text())
         projection_kind = raw["projection"]["type"]
         layer = layer_config(ModelConfig.from_hf(raw["layer"], source=str(file)))
-        config = DrafterConfig(layer, raw["projection"]["tokens"])
+        fused = raw.get("fused_layers", [])
+        if not isinstance(fused, list):
+            raise ValueError(f"fused_layers must be a list of layer counts, got {fused!r}")
+        config = DrafterConfig(layer, raw["projection"]["tokens"], tuple(fused))
         if config.hidden_size != raw["hidden_size"] or config.layer.vocab_size != raw["vocab_size"]:
             raise ValueError("hidden_size or vocab_size disagrees with the layer's shape")
         target = raw["target"]
@@ -161,4 +169,6 @@ def load_drafter(path: str | Path) -> Drafter:
                 layer[parts[0]] = get(name)
     params = {"fc": {"w": get("fc.weight"), "b": get("fc.bias")}, "layers": [layer],
               "final_norm": {"scale": get("norm.weight")}}
+    if config.fused_layers:
+        params["reduce"] = {"w": get("reduce.weight")}
     return Drafter(config, params, ids.astype(np.int32), target, tree, path)

@@ -113,6 +113,32 @@ def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
     return _norm(config, params["final_norm"], x), cache
 
 
+def tapped_states(params: Params, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
+                  cache: KVCache | None = None, tree: TreeAttention | None = None,
+                  taps: tuple[int, ...] = ()) -> tuple[jax.Array, jax.Array, KVCache | None]:
+    """`hidden_states`, and the residual stream after the first n decoder layers for each n in
+    `taps`, concatenated: [B, T, len(taps) * D] (EAGLE-3's low, middle and high features,
+    `specjax.heads.eagle`). Returns (final-normed states, tapped states, cache)."""
+    positions = positions.astype(jnp.int32)
+    x = params["embed"][tokens]                                         # [B, T, D]
+    if config.arch == "gpt2":
+        x = x + params["pos_embed"][positions]
+    tapped, keys, values, done = [], [], [], 0
+    for n in (*taps, config.n_layers):
+        if n > done:            # layers done .. n - 1, with their part of the cache
+            part = None if cache is None else dataclasses.replace(
+                cache, k=cache.k[done:n], v=cache.v[done:n])
+            x, part = decoder_layers(params["layers"][done:n], config, x, positions, part, tree)
+            if part is not None:
+                keys, values, length = keys + list(part.k), values + list(part.v), part.length
+        tapped.append(x)
+        done = n
+    if cache is not None:
+        cache = KVCache(tuple(keys), tuple(values), length)
+    features = jnp.concatenate(tapped[:-1], axis=-1) if taps else None
+    return _norm(config, params["final_norm"], x), features, cache
+
+
 def decoder_layers(layers: list, config: ModelConfig, x: jax.Array, positions: jax.Array,
                    cache: KVCache | None = None,
                    tree: TreeAttention | None = None) -> tuple[jax.Array, KVCache | None]:
