@@ -153,6 +153,13 @@ class Documents:
     kind: list[str]
     held_out: np.ndarray      # [M] bool
     setting: list[str]        # how the target continued it: "greedy", "t0.7-p0.9", "t1"
+    taps: np.ndarray | None = None   # [N, n D] float16: EAGLE-3's tapped states, or None
+
+    @property
+    def sources(self) -> np.ndarray:
+        """What the drafter reads of the target at each position: the tapped states for an
+        EAGLE-3 drafter (reduced inside it), else the final-normed features."""
+        return self.hidden if self.taps is None else self.taps
 
     def select(self, kinds, held_out: bool, settings=None) -> np.ndarray:
         return np.array([i for i, k in enumerate(self.kind)
@@ -160,16 +167,26 @@ class Documents:
                          and (settings is None or self.setting[i] in settings)], int)
 
 
-def load_documents(data: list[Path], validation_every: int) -> Documents:
+def load_documents(data: list[Path], validation_every: int,
+                   fused_layers: tuple[int, ...] = ()) -> Documents:
     """The cached sets. Held out: in a set of `eagle-data` shards, the documents its rule
     marked (documents.npz: a prompt's documents in every setting go together); in an older set,
     document i when i % validation_every == validation_every - 1 (the Medusa stage's rule, so
     that EAGLE and Medusa numbers on the same set are measured on the same documents), its
     continuations greedy. A "text-original" document (the original text of a text window) goes
     with its generated twin, whose prompt it shares; a document that an earlier one already is
-    (same kind and tokens) is dropped."""
-    tokens, hidden, rows, seen, offset = [], [], [], set(), 0
+    (same kind and tokens) is dropped. With `fused_layers`, every set must hold the states
+    after those layers (`eagle-features --layers`)."""
+    tokens, hidden, taps, rows, seen, offset = [], [], [], [], set(), 0
     for directory in data:
+        if fused_layers:
+            meta = json.loads((directory / "meta.json").read_text())
+            if tuple(meta.get("layers") or ()) != tuple(fused_layers):
+                raise SystemExit(f"{directory} holds the states after layers "
+                                 f"{meta.get('layers')}, not {list(fused_layers)}: run "
+                                 f"eagle-features --layers {' '.join(map(str, fused_layers))}")
+            tapped = np.load(directory / "layers.npy", mmap_mode="r")
+            taps.append(np.asarray(tapped).reshape(tapped.shape[0], -1))
         index = np.load(directory / "index.npz")
         t, starts, prompts = index["tokens"], index["starts"], index["prompt_length"]
         shards = np.load(directory / "documents.npz") if (directory / "documents.npz").exists() \
@@ -195,7 +212,8 @@ def load_documents(data: list[Path], validation_every: int) -> Documents:
         offset += t.size
     begin, end, prompt, kind, held, setting = zip(*rows)
     return Documents(np.concatenate(tokens), np.concatenate(hidden), np.array(begin),
-                     np.array(end), np.array(prompt), list(kind), np.array(held), list(setting))
+                     np.array(end), np.array(prompt), list(kind), np.array(held), list(setting),
+                     np.concatenate(taps) if taps else None)
 
 
 def windows(docs: Documents, picks: np.ndarray, size: int) -> np.ndarray:
@@ -239,24 +257,32 @@ class Batches:
 
     def arrays(self, picks: np.ndarray) -> dict:
         """A batch: tokens, positions, mask [B, T]; the target's features [B, T, D] (float16,
-        cast on the device); the input feature of each window's slot 0 [B, D] and whether it
-        is a feature (False: a document's start, where f_{-1} = 0)."""
+        cast on the device); what the drafter reads of the target at each slot, [B, T, E]
+        (`Documents.sources`: the features again, or EAGLE-3's tapped states); that at the
+        slot before each window [B, E] and whether there is one (False: a document's start,
+        where f_{-1} = 0)."""
         width = int(self.width[picks[0]])
         rows, d = len(picks), self.docs.hidden.shape[1]
+        sources = self.docs.sources
+        e = sources.shape[1]
         tokens = np.zeros((rows, width), np.int32)
         positions = np.zeros((rows, width), np.int32)
         mask = np.zeros((rows, width), bool)
         target = np.zeros((rows, width, d), np.float16)
-        first = np.zeros((rows, d), np.float16)
+        source = np.zeros((rows, width, e), np.float16) if self.docs.taps is not None else None
+        first = np.zeros((rows, e), np.float16)
         for r, (start, stop, doc) in enumerate(self.wins[picks]):
             n = stop - start
             tokens[r, :n] = self.docs.tokens[start:stop]
             positions[r] = start - doc + np.arange(width)
             mask[r, :n] = True
             target[r, :n] = self.docs.hidden[start:stop]
+            if source is not None:
+                source[r, :n] = sources[start:stop]
             if start > doc:
-                first[r] = self.docs.hidden[start - 1]
+                first[r] = sources[start - 1]
         return {"tokens": tokens, "positions": positions, "mask": mask, "target": target,
+                "source": target if source is None else source,
                 "first": first, "has_first": self.wins[picks, 0] > self.wins[picks, 2]}
 
 
@@ -281,13 +307,15 @@ def make_loss(config, unroll: int, decay: float, ce_weight: float, noise: float)
     import jax.numpy as jnp
     import optax
 
-    from specjax.heads.eagle import draft_features, subset_logits
+    from specjax.heads.eagle import draft_features, from_target, subset_logits
 
     def loss_fn(trainable, frozen, batch, key):
         weights = {**trainable, "proj": frozen["proj"]}
         target = batch["target"].astype(jnp.float32)                          # [B, T, D]
-        first = jnp.where(batch["has_first"][:, None], batch["first"].astype(jnp.float32), 0.0)
-        inputs = jnp.concatenate([first[:, None], target[:, :-1]], axis=1)    # f_{s-1}
+        source = from_target(weights, config, batch["source"].astype(jnp.float32))
+        first = from_target(weights, config, batch["first"].astype(jnp.float32))
+        first = jnp.where(batch["has_first"][:, None], first, 0.0)
+        inputs = jnp.concatenate([first[:, None], source[:, :-1]], axis=1)    # f_{s-1}
         is_feature = jnp.concatenate([batch["has_first"][:, None],
                                       jnp.ones_like(batch["mask"][:, 1:])], axis=1)
         inputs = inputs + is_feature[..., None] * jax.random.uniform(
@@ -309,6 +337,33 @@ def make_loss(config, unroll: int, decay: float, ce_weight: float, noise: float)
         return total, jnp.stack(parts)                                        # [unroll, 3]
 
     return loss_fn
+
+
+def subset_mass(target, docs: Documents, picks: np.ndarray, ids: np.ndarray,
+                temperatures=(1.0, 0.7), positions: int = 4096) -> dict[float, float]:
+    """The target's probability mass on the subset, mean over (up to `positions`, evenly
+    spaced) generated positions of the documents `picks`, at each temperature: what a drafter
+    that proposes only the subset can at best match when the target samples."""
+    import jax
+    import jax.numpy as jnp
+
+    from specjax.model.transformer import lm_head
+
+    rows = np.concatenate([np.arange(docs.begin[i] + docs.prompt[i] - 1, docs.end[i] - 1)
+                           for i in picks])
+    rows = rows[np.linspace(0, rows.size - 1, min(positions, rows.size)).astype(int)]
+    inside = np.zeros(target.config.vocab_size, bool)
+    inside[ids] = True
+    head = jax.jit(lambda x: lm_head(target.params, target.config, x))
+    out = {}
+    for t in temperatures:
+        total = 0.0
+        for c in range(0, rows.size, 512):
+            logits = head(jnp.asarray(docs.hidden[rows[c:c + 512]], jnp.float32))
+            probs = jax.nn.softmax(logits / t, axis=-1)
+            total += float(jnp.sum(probs[:, inside]))
+        out[t] = total / rows.size
+    return out
 
 
 def make_optimizer(args):
@@ -402,15 +457,17 @@ def chain_accuracy(drafter, target, docs: Documents, picks: np.ndarray, depth: i
     import jax
     import jax.numpy as jnp
 
-    from specjax.heads.eagle import draft_features, runtime_weights, subset_logits
+    from specjax.heads.eagle import draft_features, from_target, runtime_weights, subset_logits
     from specjax.model.cache import KVCache
 
     config, embed = drafter.config, target.params["embed"]
     weights = runtime_weights(drafter, target)
     width = int((docs.end[picks] - docs.begin[picks]).max())
+    sources = docs.sources
 
     @jax.jit
     def prefill(weights, inputs, tokens, positions):
+        inputs = from_target(weights, config, inputs)
         cache = KVCache.init(config.layer, inputs.shape[0], width + depth, jnp.float32)
         pred, cache = draft_features(weights, config, embed, inputs, tokens, positions, cache)
         return pred, weights["ids"][jnp.argmax(subset_logits(weights, pred), -1)], cache
@@ -430,11 +487,11 @@ def chain_accuracy(drafter, target, docs: Documents, picks: np.ndarray, depth: i
     for g in range(0, len(picks), group):
         members = picks[g:g + group]
         tokens = np.zeros((group, width), np.int32)
-        inputs = np.zeros((group, width, embed.shape[1]), np.float32)
+        inputs = np.zeros((group, width, sources.shape[1]), np.float32)
         for r, i in enumerate(members):
             n = docs.end[i] - docs.begin[i]
             tokens[r, :n] = docs.tokens[docs.begin[i]:docs.end[i]]
-            inputs[r, 1:n] = docs.hidden[docs.begin[i]:docs.end[i] - 1]
+            inputs[r, 1:n] = sources[docs.begin[i]:docs.end[i] - 1]
         positions = np.broadcast_to(np.arange(width, dtype=np.int32), tokens.shape)
         pred, first, cache = prefill(weights, inputs, tokens, positions)
         where = [(r, s) for r, i in enumerate(members)
@@ -475,7 +532,8 @@ def train_drafter(args) -> tuple[object, dict]:
     started = time.time()
     target = specjax.load(resolve(args.target))
     data = [Path(d) for d in args.data]
-    docs = load_documents(data, args.validation_every)
+    fused = tuple(args.fused_layers)
+    docs = load_documents(data, args.validation_every, fused)
     train_docs = docs.select(args.kinds, held_out=False)
     # Held-out chains are compared with the documents' tokens: greedy continuations only.
     eval_docs = docs.select(args.eval_kinds, held_out=True, settings=("greedy",))
@@ -487,23 +545,27 @@ def train_drafter(args) -> tuple[object, dict]:
     asked = np.concatenate([docs.tokens[docs.begin[i] + docs.prompt[i] + 1:docs.end[i]]
                             for i in eval_docs])
     coverage = float(np.mean(np.isin(asked, ids)))
+    mass = subset_mass(target, docs, docs.select(args.eval_kinds, held_out=True), ids)
     train_rows = np.concatenate([np.arange(docs.begin[i], docs.end[i]) for i in train_docs])
     rms = float(np.sqrt(np.mean(np.square(docs.hidden[train_rows[::7]].astype(np.float64)))))
     wins = windows(docs, train_docs, args.window)
     batches = Batches(docs, wins, args.slots, args.quantum, args.seed)
     print(f"{len(train_docs)} training documents ({train_rows.size:,} slots, {len(wins)} "
           f"windows, {batches.per_epoch} batches an epoch), {len(eval_docs)} held out; subset "
-          f"{ids.size} covers {coverage:.1%} of the held-out drafted tokens; feature RMS "
-          f"{rms:.3f}", flush=True)
+          f"{ids.size} covers {coverage:.1%} of the held-out drafted tokens and "
+          f"{', '.join(f'{m:.1%} at T = {t}' for t, m in mass.items())} of the target's "
+          f"probability mass; feature RMS {rms:.3f}", flush=True)
 
-    drafter = init_drafter(target, token_ids=ids, seed=args.seed, tree=Tree.chain(args.chain))
+    drafter = init_drafter(target, token_ids=ids, seed=args.seed, tree=Tree.chain(args.chain),
+                           fused_layers=fused)
     weights = runtime_weights(drafter, target)
     frozen = {"proj": weights["proj"], "embed": target.params["embed"]}
     # The drafter's output norm starts as the target's final norm, which made the features it
     # predicts: their scale (SmolLM2's norm weights are 1.6 to 3.3) is then right from the
     # first step instead of hundreds of Adam steps away from the initial 1.
     trainable = {"fc": drafter.params["fc"], "layers": drafter.params["layers"],
-                 "final_norm": target.params["final_norm"]}
+                 "final_norm": target.params["final_norm"],
+                 **({"reduce": drafter.params["reduce"]} if fused else {})}
     loss_fn = make_loss(drafter.config, args.unroll, args.decay, args.ce_weight, args.noise)
 
     optimizer = make_optimizer(args)
@@ -560,7 +622,9 @@ def train_drafter(args) -> tuple[object, dict]:
         "train_documents": len(train_docs), "train_slots": int(train_rows.size),
         "train_windows": len(wins), "kinds": list(args.kinds), "eval_kinds": list(args.eval_kinds),
         "validation_every": args.validation_every, "subset": int(ids.size),
-        "label_coverage": round(coverage, 4), "feature_rms": round(rms, 4),
+        "label_coverage": round(coverage, 4),
+        "subset_mass": {str(t): round(m, 4) for t, m in mass.items()},
+        "fused_layers": list(fused), "feature_rms": round(rms, 4),
         "noise": args.noise, "ce_weight": args.ce_weight, "decay": args.decay, "lr": args.lr,
         "warmup": warmup, "weight_decay": args.weight_decay, "clip": args.clip,
         "seed": args.seed, "train_s": round(train_s, 1), "resumed_at": done or None,
@@ -578,6 +642,8 @@ def regenerate_command(args, steps: int) -> str:
                  "noise", "ce_weight", "decay", "unroll", "chain", "depth", "validation_every",
                  "seed"):
         words += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    if args.fused_layers:
+        words += ["--fused-layers", *map(str, args.fused_layers)]
     words += ["--kinds", *args.kinds, "--eval-kinds", *args.eval_kinds]
     words += ["--steps", str(steps)]
     if args.unroll_comparison:
@@ -794,9 +860,9 @@ def write_card(directory: Path) -> None:
     provenance = [json.loads(Path(_corpus.REPO / p).with_suffix(".json").read_text())
                   for p in sequences]
     commands = ["python -m specjax fetch smollm2"] if record["target"] == "smollm2" else []
-    commands += [p["generated_by"] for p in provenance]
+    commands += list(dict.fromkeys(p["generated_by"] for p in provenance))
     commands += [f"python scripts/train.py eagle-sequences --data {p['data']} --out {seq}"
-                 for p, seq in zip(provenance, sequences)]
+                 for p, seq in zip(provenance, sequences) if "data" in p]   # eagle-data: none
     commands += [m["command"] for m in sets]
     if comparison:
         commands.append(comparison["command"])
@@ -912,6 +978,9 @@ def add_commands(sub) -> None:
     common.add_argument("--chain", type=int, default=4, help="the default tree: a chain")
     common.add_argument("--depth", type=int, default=5, help="held-out chains this deep")
     common.add_argument("--validation-every", type=int, default=16)
+    common.add_argument("--fused-layers", type=int, nargs="*", default=[],
+                        help="EAGLE-3: read the target's states after these many layers "
+                             "(the sets' eagle-features --layers) instead of its final feature")
     common.add_argument("--seed", type=int, default=0)
     common.add_argument("--log-every", type=int, default=50)
     common.add_argument("--checkpoint", type=Path,
