@@ -694,20 +694,27 @@ def compare_unroll(args) -> None:
     print(json.dumps(result, indent=1))
 
 
+TREE_SETTINGS = {"greedy": dict(temperature=0.0), "t0.7-p0.9": dict(temperature=0.7, top_p=0.9),
+                 "t1": dict(temperature=1.0)}
+
+
 def choose_tree(args) -> None:
-    """`eagle-tree`: measure the greedy tokens per target call of candidate trees (chains, and
+    """`eagle-tree`: measure the tokens per target call of candidate trees (chains, and
     EAGLE-2's dynamic trees, whose shape the drafter's confidence picks every step) on held-out
-    prompts, and ship the tree with the most tokens per unit of step cost: the verify call's
-    cost (`verify_cost`) plus the drafter's calls (one per depth, --drafter-cost each, both in
-    one-token steps, from `scripts/bench_forward.py --sizes --eagle` on the host).
+    prompts in each sampling setting of --settings, and ship the tree with the most tokens per
+    unit of step cost in the first setting (greedy by default): the verify call's cost
+    (`verify_cost`) plus the drafter's calls (one per depth, --drafter-cost each, both in
+    one-token steps, from `scripts/bench_forward.py --sizes --eagle` on the host). The best tree
+    of every other setting is recorded beside it, with every row's acceptance by depth.
 
     The prompts are the held-out chat questions of `_corpus.EVAL_QUESTIONS` (no training
     template makes them), not the bench suite's: the tests and the bench measure the drafter
-    there, and a tree tuned on them would not be an independent check. The chain model of
+    there, and a tree tuned on them would not be an independent check. A sampled setting runs
+    each prompt with --seeds seeds, its tokens per call being random. The chain model of
     `chain_accuracy` cannot price branching trees, hence a measurement; the drafter's weights
     are rewritten unchanged (float16 loads and saves exactly)."""
     import specjax
-    from specjax.api.generate import generate
+    from specjax.api.generate import acceptance_by_position, generate
     from specjax.io import chat
     from specjax.io.eagle import save_drafter, tree_from_json, tree_to_json
     from specjax.sampling.tree import DynamicTree, Tree
@@ -718,28 +725,47 @@ def choose_tree(args) -> None:
     target = specjax.load(resolve(record["target"]))
     drafter = specjax.load(out)
     prompts = [chat.encode(target, chat.render(target, q)) for q in _corpus.EVAL_QUESTIONS]
-    rows = []
-    for tree in [Tree.chain(k) for k in args.chains] + [DynamicTree(*d) for d in args.dynamic]:
-        result = generate(target, prompts, method="eagle", drafter=drafter, tree=tree,
-                          max_new_tokens=args.new_tokens, temperature=0.0)
-        tpc = result.stats.tokens_per_target_call
-        verify = verify_cost(tree.size, args.verify_cost)
-        cost = verify + tree.max_depth * args.drafter_cost
-        rows.append({"tree": tree_to_json(tree), "nodes": tree.size,
-                     "tokens_per_target_call": round(tpc, 3), "verify_cost": round(verify, 3),
-                     "step_cost": round(cost, 3), "tokens_per_cost": round(tpc / cost, 3)})
-        print(json.dumps(rows[-1]), flush=True)
-    pick = max(rows, key=lambda r: r["tokens_per_cost"])
-    save_drafter(dataclasses.replace(drafter, tree=tree_from_json(pick["tree"])), out,
+    candidates = [Tree.chain(k) for k in args.chains] + [DynamicTree(*d) for d in args.dynamic]
+    settings = {}
+    for name in args.settings:
+        sampling = TREE_SETTINGS[name]
+        seeds = range(args.seeds) if sampling["temperature"] > 0 else range(1)
+        rows = []
+        for tree in candidates:
+            new = calls = 0
+            histogram = np.zeros(tree.max_depth + 1, np.int64)
+            for seed in seeds:
+                stats = generate(target, prompts, method="eagle", drafter=drafter, tree=tree,
+                                 max_new_tokens=args.new_tokens, seed=seed, **sampling).stats
+                new, calls = new + stats.new_tokens, calls + stats.target_calls
+                histogram += np.asarray(stats.accepted_histogram)
+            tpc = new / calls
+            verify = verify_cost(tree.size, args.verify_cost)
+            cost = verify + tree.max_depth * args.drafter_cost
+            by_depth = acceptance_by_position(histogram.tolist())
+            rows.append({"tree": tree_to_json(tree), "nodes": tree.size,
+                         "tokens_per_target_call": round(tpc, 3),
+                         "acceptance_by_depth": [None if a is None else round(a, 3)
+                                                 for a in by_depth],
+                         "verify_cost": round(verify, 3), "step_cost": round(cost, 3),
+                         "tokens_per_cost": round(tpc / cost, 3)})
+            print(json.dumps({"setting": name, **rows[-1]}), flush=True)
+        settings[name] = {"sampling": sampling, "seeds": len(seeds), "rows": rows,
+                          "best": max(rows, key=lambda r: r["tokens_per_cost"])["tree"]}
+    pick = settings[args.settings[0]]["best"]
+    save_drafter(dataclasses.replace(drafter, tree=tree_from_json(pick)), out,
                  storage=config["storage"], extra={"training": config["training"]})
-    record.update(tree=pick["tree"], tree_choice={
+    first = settings[args.settings[0]]
+    record.update(tree=pick, tree_choice={
         "prompts": len(prompts), "new_tokens": args.new_tokens,
-        "drafter_cost": args.drafter_cost, "rows": rows,
+        "drafter_cost": args.drafter_cost, "rows": first["rows"], "setting": args.settings[0],
+        "settings": settings,
         "verify_cost": {str(n): c for n, c in sorted(args.verify_cost.items())},
         "command": shlex.join(["python", "scripts/train.py", *args.argv])})
     (out / "train_log.json").write_text(json.dumps(record, indent=1) + "\n")
     write_card(out)
-    print(f"shipped tree: {pick}")
+    print(f"shipped tree: {pick}; best per setting: "
+          f"{ {name: v['best'] for name, v in settings.items()} }")
 
 
 # -- The model card (cards/eagle.md) ------------------------------------------------------------
@@ -1012,4 +1038,7 @@ def add_commands(sub) -> None:
                    help="one drafter call, in one-token steps of the target")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--verify-cost", type=parse_cost, default=SMOLLM2_VERIFY_COST)
+    p.add_argument("--settings", nargs="+", choices=list(TREE_SETTINGS), default=["greedy"],
+                   help="sampling settings to measure in; the first one's best tree ships")
+    p.add_argument("--seeds", type=int, default=3, help="runs of every prompt when sampling")
     p.set_defaults(func=choose_tree)
