@@ -55,7 +55,7 @@ GENERATED = ("chat", "function", "module", "edit", "text", "prose")  # the targe
 def sequences(args) -> None:
     """`eagle-sequences`: a set's token sequences in compact form, with their provenance."""
     import specjax
-    from specjax.heads.medusa import tokenizer_digest
+    from specjax.heads.shared import tokenizer_digest
 
     directory = Path(args.data)
     index = np.load(directory / "index.npz")
@@ -100,7 +100,7 @@ def features(args) -> None:
     the target (`cache_hidden`, the pass `medusa-data` makes), checked against the file's
     recorded tokenizer so that a different target cannot silently produce a cache."""
     import specjax
-    from specjax.heads.medusa import tokenizer_digest
+    from specjax.heads.shared import tokenizer_digest
 
     started = time.time()
     path = Path(args.sequences)
@@ -653,7 +653,8 @@ def regenerate_command(args, steps: int) -> str:
 
 def train_and_ship(args) -> None:
     """`eagle`: train, evaluate, and write the drafter directory with its record and card."""
-    from specjax.io.eagle import save_drafter, tree_to_json
+    from specjax.io.eagle import save_drafter
+    from specjax.io.sidecar import tree_to_json
 
     trained, record = train_drafter(args)
     out = Path(args.out)
@@ -716,7 +717,8 @@ def choose_tree(args) -> None:
     import specjax
     from specjax.api.generate import acceptance_by_position, generate
     from specjax.io import chat
-    from specjax.io.eagle import save_drafter, tree_from_json, tree_to_json
+    from specjax.io.eagle import save_drafter
+    from specjax.io.sidecar import tree_from_json, tree_to_json
     from specjax.sampling.tree import DynamicTree, Tree
 
     out = Path(args.drafter_dir)

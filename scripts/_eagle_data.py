@@ -110,7 +110,7 @@ def plan_digest(args, jobs: list[dict]) -> str:
 def eagle_data(args) -> None:
     """`eagle-data`: generates the missing shards, then rewrites the provenance file."""
     import specjax
-    from specjax.heads.medusa import tokenizer_digest
+    from specjax.heads.shared import tokenizer_digest
 
     unknown = set(args.settings) - set(SETTINGS)
     if unknown:

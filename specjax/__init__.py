@@ -13,7 +13,7 @@ from specjax.heads.eagle import Drafter, DrafterConfig, init_drafter
 from specjax.heads.medusa import Heads, HeadsConfig, init_heads
 from specjax.io.checkpoint import CheckpointError, Model, load, random_model, save
 from specjax.io.eagle import save_drafter
-from specjax.io.heads import save_heads
+from specjax.io.medusa import save_heads
 from specjax.mesh import MeshError, make_mesh
 from specjax.model.config import ConfigError, ModelConfig
 from specjax.model.transformer import forward, init_params

@@ -35,7 +35,7 @@ from specjax.heads import eagle
 from specjax.heads.eagle import Drafter
 from specjax.heads.medusa import Heads, runtime_weights
 from specjax.io.checkpoint import Model
-from specjax.io.heads import check_target
+from specjax.io.sidecar import check_target
 from specjax.sampling.logits import Sampling, SamplingParams
 from specjax.sampling.rules import Rules
 from specjax.sampling.tree import DynamicTree, Tree, TreeError

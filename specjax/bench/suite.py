@@ -123,7 +123,7 @@ from specjax.bench.peers import Peers
 from specjax.bench.prompts import SUITE
 from specjax.bench.report import k_label, markdown, plots
 from specjax.io.checkpoint import load
-from specjax.io.eagle import tree_to_json
+from specjax.io.sidecar import tree_to_json
 from specjax.presets import CLIError, drafter_path, heads_path, make_mesh, model_paths
 from specjax.sampling.tree import DynamicTree, Tree, parse_widths
 

@@ -28,7 +28,7 @@ from specjax.heads.eagle import Drafter
 from specjax.heads.medusa import Heads
 from specjax.io import chat as chat_template
 from specjax.io.checkpoint import load
-from specjax.io.eagle import tree_to_json
+from specjax.io.sidecar import tree_to_json
 from specjax.mesh import plan
 from specjax.presets import (
     CLIError,

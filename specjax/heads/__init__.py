@@ -1,7 +1,9 @@
-"""Drafters that live on the target itself: the math of Medusa heads (`medusa`).
+"""Drafters that live on the target itself: the math of Medusa heads (`medusa`) and EAGLE
+drafters (`eagle`), and what both use (`shared`: the subset projection, the target's identity).
 
-Parameters, initialisation and the heads' forward pass on the target's hidden state. Files
-(saving, loading, the check that heads meet their target) live in `specjax.io.heads`.
+Parameters, initialisation and the forward passes on the target's states. Files (saving,
+loading, the check that a drafter meets its target) live in `specjax.io.medusa`,
+`specjax.io.eagle` and `specjax.io.sidecar`.
 
 Layer: may import `specjax.model` and `specjax.sampling` (a heads checkpoint names the tree
 it was tuned for); imported by decoding, io and the API.

@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.heads.medusa import full_logits, projection, target_identity
+from specjax.heads.shared import full_logits, projection, target_identity
 from specjax.model.cache import KVCache, TreeAttention
 from specjax.model.config import ModelConfig
 from specjax.model.transformer import Model, decoder_layers, final_norm, init_params

@@ -21,30 +21,26 @@ A heads checkpoint is a directory:
                        [D], as in Medusa's own checkpoints (k from 0), and token_ids [S] int32
     README.md          the model card
 
-The target's identity (its architecture fields, a digest of its tokenizer's vocabulary and the
-mean absolute value of the projection rows) is checked when heads meet a target
-(`check_target`): heads trained for another model are an error, not a slow run.
+The subset projection and the target's identity are shared with EAGLE drafters
+(`specjax.heads.shared`); the identity is checked when heads meet a target
+(`specjax.io.sidecar.check_target`): heads trained for another model are an error, not a slow
+run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.heads.shared import full_logits, projection, target_identity
 from specjax.model.transformer import Model
 from specjax.sampling.tree import Tree
 
 MODEL_TYPE = "medusa"
-PROJECTION = "target_lm_head_subset"
-# Architecture fields of the target that heads are bound to.
-TARGET_FIELDS = ("arch", "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
-                  "head_dim", "d_ff", "tie_embeddings")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,32 +75,6 @@ class Heads:
     @property
     def name(self) -> str:
         return self.path.name if self.path else "random-medusa-heads"
-
-
-# -- The target's identity ----------------------------------------------------------------------
-
-def tokenizer_digest(tokenizer) -> str | None:
-    """sha256 of the tokenizer's vocabulary (token -> id, added tokens included)."""
-    if tokenizer is None:
-        return None
-    vocab = tokenizer.get_vocab(with_added_tokens=True)
-    return hashlib.sha256(json.dumps(vocab, sort_keys=True).encode()).hexdigest()
-
-
-def projection(target: Model, token_ids) -> jax.Array:
-    """The target's LM-head rows for `token_ids`: [S, D]."""
-    ids = jnp.asarray(token_ids)
-    if target.config.tie_embeddings:
-        return target.params["embed"][ids]
-    return target.params["lm_head"][ids]
-
-
-def target_identity(target: Model, token_ids) -> dict:
-    return {"name": target.name,
-            "config": {f: getattr(target.config, f) for f in TARGET_FIELDS},
-            "tokenizer_sha256": tokenizer_digest(target.tokenizer),
-            "projection_mean_abs": float(np.mean(np.abs(
-                np.asarray(projection(target, token_ids), np.float64))))}
 
 
 # -- Parameters and the forward pass ------------------------------------------------------------
@@ -151,9 +121,3 @@ def subset_logits(weights: dict, hidden: jax.Array, count: int | None = None) ->
     [..., count, S], float32 (default all K heads; a tree of depth d needs only d)."""
     return jnp.einsum("...KD,SD->...KS", features(weights, hidden, count), weights["proj"],
                       preferred_element_type=jnp.float32).astype(jnp.float32)
-
-
-def full_logits(weights: dict, sub_logits: jax.Array, vocab: int) -> jax.Array:
-    """Subset logits [..., S] -> logits over the vocabulary [..., V], -inf outside the subset."""
-    full = jnp.full((*sub_logits.shape[:-1], vocab), -jnp.inf, jnp.float32)
-    return full.at[..., weights["ids"]].set(sub_logits)

@@ -10,6 +10,6 @@ it on a device mesh); never decoding, the API, the CLI or the benchmarks.
 
 from specjax.io.checkpoint import load, random_model, save
 from specjax.io.errors import CheckpointError
-from specjax.io.heads import load_heads, save_heads
+from specjax.io.medusa import load_heads, save_heads
 
 __all__ = ["CheckpointError", "load", "load_heads", "random_model", "save", "save_heads"]

@@ -27,7 +27,7 @@ from specjax.io.eagle import is_eagle_dir, load_drafter
 from specjax.io.errors import CheckpointError
 from specjax.io.fetch import cache_root
 from specjax.io.gguf import convert_gguf
-from specjax.io.heads import is_heads_dir, load_heads
+from specjax.io.medusa import is_heads_dir, load_heads
 from specjax.model.config import ConfigError, ModelConfig
 from specjax.model.transformer import Model, Params, init_params, param_shapes
 

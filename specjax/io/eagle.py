@@ -1,8 +1,9 @@
 """EAGLE drafters on disk: the directory `specjax.save_drafter` writes and `specjax.load` reads.
 
-The layout is described in `specjax.heads.eagle`; the math lives there, the files here. The
-target's identity is the one Medusa heads carry and is checked the same way
-(`io.heads.check_target`): a drafter trained for another model is an error naming its file.
+The layout is described in `specjax.heads.eagle`; the math lives there, the files here, read by
+the loader Medusa heads' files share (`specjax.io.sidecar`). The target's identity is the one
+Medusa heads carry and is checked the same way (`io.sidecar.check_target`): a drafter trained
+for another model is an error naming its file.
 Weights are stored as float16 or float32 and always load as float32.
 """
 
@@ -16,36 +17,16 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from specjax.heads.eagle import MODEL_TYPE, Drafter, DrafterConfig, layer_config
-from specjax.heads.medusa import PROJECTION
-from specjax.io.errors import CheckpointError
-from specjax.io.heads import read_tensors
-from specjax.model.config import ConfigError, ModelConfig
+from specjax.heads.shared import PROJECTION
+from specjax.io.sidecar import is_sidecar_dir, read_sidecar, tree_from_json, tree_to_json
+from specjax.model.config import ModelConfig
 from specjax.model.transformer import param_shapes
-from specjax.sampling.tree import DynamicTree, Tree, TreeError
 
 STORAGE = ("float16", "float32")
 
 
 def is_eagle_dir(path: Path) -> bool:
-    try:
-        return json.loads((path / "config.json").read_text()).get("model_type") == MODEL_TYPE
-    except (OSError, ValueError, RecursionError, AttributeError):  # the model loader reports it
-        return False
-
-
-def tree_to_json(tree: Tree | DynamicTree | None):
-    """A static tree as its paths, a dynamic one as {"dynamic": [depth, top_k, total_tokens]}."""
-    if isinstance(tree, DynamicTree):
-        return {"dynamic": [tree.depth, tree.top_k, tree.total_tokens]}
-    return [list(p) for p in tree.paths] if tree is not None else None
-
-
-def tree_from_json(value) -> Tree | DynamicTree | None:
-    if not value:
-        return None
-    if isinstance(value, dict):
-        return DynamicTree(*value["dynamic"])
-    return Tree.from_paths(value)
+    return is_sidecar_dir(path, MODEL_TYPE)
 
 
 def _expected_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
@@ -107,11 +88,9 @@ def save_drafter(drafter: Drafter, directory: str | Path, storage: str = "float3
 def load_drafter(path: str | Path) -> Drafter:
     """Reads an EAGLE directory; every error names the file."""
     path = Path(path).expanduser()
-    file = path / "config.json"
-    try:
-        raw = json.loads(file.read_text())
-        projection_kind = raw["projection"]["type"]
-        layer = layer_config(ModelConfig.from_hf(raw["layer"], source=str(file)))
+
+    def parse(raw):
+        layer = layer_config(ModelConfig.from_hf(raw["layer"], source=str(path / "config.json")))
         fused = raw.get("fused_layers", [])
         if not isinstance(fused, list):
             raise ValueError(f"fused_layers must be a list of layer counts, got {fused!r}")
@@ -121,46 +100,16 @@ def load_drafter(path: str | Path) -> Drafter:
         target = raw["target"]
         if not isinstance(target, dict):
             raise TypeError("'target'")
-        tree = tree_from_json(raw.get("tree"))
-    except OSError as e:
-        raise CheckpointError(f"{file}: cannot read ({e.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{file}: not valid JSON ({e})") from None
-    except (KeyError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"{file}: missing or malformed field {e}") from None
-    except (ValueError, ConfigError, TreeError, RecursionError) as e:
-        raise CheckpointError(f"{file}: {e}") from None
-    if projection_kind != PROJECTION:
-        raise CheckpointError(f"{file}: projection type {projection_kind!r} is not supported "
-                              f"(only {PROJECTION!r})")
+        return config, target, tree_from_json(raw.get("tree"))
 
-    weights = path / "model.safetensors"
-    tensors = read_tensors(weights)
-    expected = _expected_shapes(config)
-    for name, shape in expected.items():
-        if name not in tensors:
-            raise CheckpointError(f"{weights}: missing tensor {name!r}")
-        if tuple(tensors[name].shape) != tuple(shape):
-            raise CheckpointError(f"{weights}: tensor {name!r} has shape "
-                                  f"{tuple(tensors[name].shape)}, expected {tuple(shape)}")
-        kind = "i" if name == "token_ids" else "f"
-        if tensors[name].dtype.kind != kind:
-            raise CheckpointError(f"{weights}: tensor {name!r} has dtype {tensors[name].dtype}")
-        if kind == "f" and not np.all(np.isfinite(tensors[name])):
-            raise CheckpointError(f"{weights}: tensor {name!r} has non-finite values")
-    unexpected = sorted(set(tensors) - set(expected))
-    if unexpected:
-        raise CheckpointError(f"{weights}: unexpected tensor(s) {unexpected[:5]}")
-    ids = tensors["token_ids"].astype(np.int64)
-    if ids.min() < 0 or ids.max() >= config.layer.vocab_size or len(np.unique(ids)) != len(ids):
-        raise CheckpointError(f"{weights}: token_ids must be distinct ids in "
-                              f"[0, {config.layer.vocab_size})")
+    (config, target, tree), tensors = read_sidecar(
+        path, parse, lambda config, *_: (_expected_shapes(config), config.layer.vocab_size))
 
     def get(name):
         return jnp.asarray(tensors[name], jnp.float32)
 
     layer = {}
-    for name in expected:
+    for name in _expected_shapes(config):
         if name.startswith("layers.0."):
             parts = name[len("layers.0."):].split(".")
             if len(parts) == 2:
@@ -171,4 +120,4 @@ def load_drafter(path: str | Path) -> Drafter:
               "final_norm": {"scale": get("norm.weight")}}
     if config.fused_layers:
         params["reduce"] = {"w": get("reduce.weight")}
-    return Drafter(config, params, ids.astype(np.int32), target, tree, path)
+    return Drafter(config, params, tensors["token_ids"].astype(np.int32), target, tree, path)
