@@ -715,7 +715,8 @@ def choose_tree(args) -> None:
     `chain_accuracy` cannot price branching trees, hence a measurement; the drafter's weights
     are rewritten unchanged (float16 loads and saves exactly)."""
     import specjax
-    from specjax.api.generate import acceptance_by_position, generate
+    from specjax.api.generate import generate
+    from specjax.api.results import acceptance_by_position
     from specjax.io import chat
     from specjax.io.eagle import save_drafter
     from specjax.io.sidecar import tree_from_json, tree_to_json

@@ -8,7 +8,9 @@
 """
 
 from specjax.api.explain import explain, format_steps
-from specjax.api.generate import GenerationError, GenerationResult, Stats, generate, stream
+from specjax.api.checks import GenerationError
+from specjax.api.generate import generate, stream
+from specjax.api.results import GenerationResult, Stats
 from specjax.heads.eagle import Drafter, DrafterConfig, init_drafter
 from specjax.heads.medusa import Heads, HeadsConfig, init_heads
 from specjax.io.checkpoint import CheckpointError, Model, load, random_model, save

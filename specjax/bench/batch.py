@@ -43,7 +43,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from specjax.api.generate import check_compatible, generate
+from specjax.api.checks import check_compatible
+from specjax.api.generate import generate
 from specjax.bench.common import (
     Progress,
     encode_suite,

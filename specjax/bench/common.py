@@ -21,7 +21,7 @@ import jax
 import jaxlib
 import numpy
 
-from specjax.api.generate import encode_prompts
+from specjax.api.checks import encode_prompts
 from specjax.io import chat
 from specjax.mesh import plan
 from specjax.presets import load_model, make_mesh

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specjax.api.generate import check_compatible, generate, prepare
+from specjax.api.checks import check_compatible
+from specjax.api.generate import generate, prepare
 from specjax.bench.common import Progress, encode_suite, machine, pyplot, write_report
 from specjax.bench.prompts import SUITE
 from specjax.decoding import loop

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specjax.api.generate import acceptance_by_position
+from specjax.api.results import acceptance_by_position
 from specjax.bench.common import (
     CONSTANT,
     DYNAMIC_PREFIX,

@@ -15,7 +15,8 @@ import datetime
 import statistics
 import time
 
-from specjax.api.generate import check_compatible, encode_prompts, generate
+from specjax.api.checks import check_compatible, encode_prompts
+from specjax.api.generate import generate
 from specjax.bench.common import Progress, fmt, machine, write_report
 from specjax.bench.prompts import SUITE
 from specjax.io.checkpoint import load

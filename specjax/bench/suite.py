@@ -101,7 +101,8 @@ import inspect
 import platform
 import textwrap
 
-from specjax.api.generate import check_compatible, encode_prompts, generate
+from specjax.api.checks import check_compatible, encode_prompts
+from specjax.api.generate import generate
 from specjax.bench.common import (
     CONSTANT,
     DYNAMIC_PREFIX,

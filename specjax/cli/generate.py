@@ -13,16 +13,8 @@ import sys
 from pathlib import Path
 
 from specjax.api.explain import explain, format_steps
-from specjax.api.generate import (
-    METHODS,
-    GenerationError,
-    check_compatible,
-    check_int,
-    encode_prompts,
-    generate,
-    prepare,
-    stream,
-)
+from specjax.api.checks import GenerationError, check_compatible, check_int, encode_prompts
+from specjax.api.generate import METHODS, generate, prepare, stream
 from specjax.cli.interrupt import Interrupt
 from specjax.heads.eagle import Drafter
 from specjax.heads.medusa import Heads

@@ -25,7 +25,7 @@ import sys
 import threading
 
 from specjax import bench
-from specjax.api.generate import KERNELS_ENV
+from specjax.api.checks import KERNELS_ENV
 from specjax.cli import check
 from specjax.cli.generate import GENERATE_HELP, add_generate_arguments
 from specjax.cli.interrupt import Interrupt

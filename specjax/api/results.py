@@ -1,0 +1,159 @@
+"""What `specjax.generate` returns: the tokens and texts of each row and the run's statistics
+(`GenerationResult`, `Stats`, `RowStats`), read back from the decode state (`result`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from jax.experimental import multihost_utils
+
+from specjax.api.checks import GenerationError
+from specjax.decoding.state import DecodeState
+
+
+
+def acceptance_by_position(histogram) -> list[float | None]:
+    """From a histogram of accepted drafts per step (`Stats.accepted_histogram`), for i = 1..K:
+    of the steps that accepted at least i - 1 drafts, the fraction that accepted at least i
+    (None where no step got that far). With K drafts every step this is the probability that
+    draft i is accepted given drafts 1..i-1 were, which the i.i.d. theory (Leviathan et al.
+    2023) assumes to be one constant a; with fewer drafts (n-gram misses, dynamic lookahead) a
+    step that drafted fewer than i counts as not accepting i."""
+    if not histogram:
+        return []
+    reached = [sum(histogram[j:]) for j in range(len(histogram))]
+    return [reached[i] / reached[i - 1] if reached[i - 1] else None
+            for i in range(1, len(histogram))]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    method: str
+    rows: int
+    new_tokens: int            # over all rows
+    target_calls: int          # decoding-loop calls of the target, summed over rows (no prefill)
+    draft_calls: int
+    drafted: int
+    accepted: int
+    tree_size: int             # candidates verified per target call: k for a chain, 0 for AR
+    compile_s: float
+    run_s: float
+    # Steps that accepted exactly j drafted tokens, j = 0..K (or a tree's depth); () for AR.
+    accepted_histogram: tuple[int, ...] = ()
+    # Iterations of the decoding loop: every row pays for each, finished or not.
+    steps: int = 0
+
+    @property
+    def acceptance_by_position(self) -> list[float | None]:
+        """`acceptance_by_position` of this run's histogram."""
+        return acceptance_by_position(self.accepted_histogram)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def mean_draft_length(self) -> float:
+        """Tokens drafted per target call: K for a constant chain, less under a dynamic
+        lookahead schedule or an n-gram lookup that finds fewer."""
+        return self.drafted / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def idle_fraction(self) -> float:
+        """Of the rows x loop iterations the batch paid for, the share spent on rows that had
+        already finished (EOS or max_new_tokens): the cost of ragged lengths in one batch."""
+        paid = self.rows * self.steps
+        return 1.0 - self.target_calls / paid if paid else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.run_s if self.run_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(acceptance_rate=self.acceptance_rate,
+                 tokens_per_target_call=self.tokens_per_target_call,
+                 mean_draft_length=self.mean_draft_length, idle_fraction=self.idle_fraction,
+                 acceptance_by_position=self.acceptance_by_position,
+                 tokens_per_second=self.tokens_per_second)
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class RowStats:
+    """One row's share of the work (the counters of `Stats`, per row)."""
+    new_tokens: int
+    target_calls: int
+    draft_calls: int
+    drafted: int
+    accepted: int
+    # Steps of this row that accepted exactly j drafted tokens, j = 0..K; () for AR.
+    accepted_histogram: tuple[int, ...] = ()
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float | None]:
+        return acceptance_by_position(self.accepted_histogram)
+
+    def as_dict(self) -> dict:
+        return dict(dataclasses.asdict(self), tokens_per_target_call=self.tokens_per_target_call,
+                    acceptance_by_position=self.acceptance_by_position)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationResult:
+    tokens: list[list[int]]            # new tokens of each row (max_new_tokens unless EOS came)
+    stats: Stats                       # the whole batch
+    texts: list[str] | None = None
+    row_stats: list[RowStats] = dataclasses.field(default_factory=list)   # one per row
+
+
+# -- From the decode state -----------------------------------------------------------------------
+
+
+def result(request, state: DecodeState, compile_s: float, run_s: float) -> GenerationResult:
+    """The result of a finished run of `request` (an `api.generate.Request`)."""
+    if bool(host(state.nan_seen)):
+        raise GenerationError("the model produced NaN logits; its weights or inputs are broken")
+    real = request.rows            # rows past these pad the batch on a mesh
+    tokens, length, start = (host(a) for a in (state.tokens, state.length,
+                                                request.prompt_length))
+    rows = [tokens[b, start[b]:length[b]].tolist() for b in range(real)]
+    counters = {name: host(getattr(state, name))[:real].astype(int) for name in
+                ("target_calls", "draft_calls", "drafted", "accepted")}
+    histograms = (np.zeros((real, 0), int) if state.accepted_histogram is None else
+                  host(state.accepted_histogram)[:real].astype(int))
+    row_stats = [RowStats(len(rows[b]), *(int(counters[name][b]) for name in counters),
+                          accepted_histogram=tuple(histograms[b].tolist()))
+                 for b in range(real)]
+    stats = Stats(method=request.spec.method, rows=len(rows),
+                  new_tokens=int(sum(len(r) for r in rows)),
+                  **{name: int(np.sum(values)) for name, values in counters.items()},
+                  tree_size=_tree_size(request.spec), compile_s=compile_s, run_s=run_s,
+                  steps=int(host(state.step)),
+                  accepted_histogram=tuple(np.sum(histograms, axis=0).tolist()))
+    texts = None
+    if request.tokenizer is not None:
+        texts = [request.tokenizer.decode(r) for r in rows]
+    return GenerationResult(rows, stats, texts, row_stats)
+
+
+def host(array) -> np.ndarray:
+    """All of `array` as a numpy array; on a mesh across processes, gathered from all."""
+    if getattr(array, "is_fully_addressable", True):
+        return np.asarray(array)
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+
+def _tree_size(spec) -> int:
+    if spec.method == "autoregressive":
+        return 0
+    return spec.tree.size if spec.tree is not None else spec.k
