@@ -176,12 +176,13 @@ def rows_sampling(settings):
     return Sampling.of([SamplingParams(**s) for s in settings])
 
 
-@settings(max_examples=150, deadline=None)
-@given(data=st.data(), heads=st.sampled_from([(1,), (2, 5), (3,), (1, 2, 4), (8, 16)]))
+@settings(max_examples=120, deadline=None)
+@given(data=st.data(), heads=st.sampled_from([(1,), (2, 5), (3, 8)]))
 def test_heads_keep_what_the_definition_keeps_whatever_the_other_rows(data, heads):
     # Small heads, so that rows end in the first, a wider one or only the whole vocabulary;
-    # logits on a grid of 1/4, so that ties (ranked by id) are common.
-    vocab = data.draw(st.integers(2, 40))
+    # logits on a grid of 1/4, so that ties (ranked by id) are common. Two vocabulary sizes
+    # and three head lists: 12 compiled programs (batched and alone) for every example.
+    vocab = data.draw(st.sampled_from([9, 33]))
     rows = 3
     x = np.asarray(data.draw(hnp.arrays(np.int32, (rows, vocab), elements=st.integers(-24, 24))),
                    np.float32) / 4
