@@ -285,3 +285,33 @@ def test_bad_per_row_values_are_named_errors(models, kwargs, shown):
     with pytest.raises(GenerationError, match=None) as error:
         generate(target, [list(PROMPT)] * 2, **kwargs)
     assert shown in str(error.value)
+
+
+# -- Prepared requests ---------------------------------------------------------------------------
+
+def test_a_prepared_request_runs_as_its_arguments_would(models):
+    """`generate(request)` and `stream(request)` give what `generate(target, prompts, **options)`
+    gives; `reseeded(s)` what `prepare(..., seed=s)` gives (the CLI and the bench prepare once)."""
+    from specjax.api.generate import prepare, stream
+
+    target, draft = models
+    options = dict(method="speculative", draft=draft, k=3, max_new_tokens=9,
+                   temperature=[0.0, 1.0, 0.7], eos_ids=())
+    prompts = [list(PROMPT), list(NGRAM_PROMPT), [3, 1, 4]]
+    request = prepare(target, prompts, seed=1, **options)
+    assert generate(request).tokens == generate(target, prompts, seed=1, **options).tokens
+    streamed = [[] for _ in prompts]
+    for step, last in stream(request):
+        for row, new in zip(streamed, step):
+            row.extend(new)
+    assert streamed == last.tokens == generate(request).tokens
+    for seed in (2, [7, 8, 9]):
+        again = generate(request.reseeded(seed)).tokens
+        assert again == generate(target, prompts, seed=seed, **options).tokens
+    assert generate(request.reseeded(2)).tokens != generate(request).tokens    # row 1 samples
+    with pytest.raises(GenerationError, match="'temperature' beside it"):
+        generate(request, temperature=0.5)
+    with pytest.raises(GenerationError, match="prompts beside it"):
+        generate(request, prompts)
+    with pytest.raises(GenerationError, match="prompts are required"):
+        generate(target)

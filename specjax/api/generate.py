@@ -76,6 +76,14 @@ class Request:
         """The per-row arguments of the decoding programs after the weights (`loop.init`)."""
         return self.prompts, self.prompt_length, self.row_keys, self.settings
 
+    def reseeded(self, seed: int | Sequence[int]) -> Request:
+        """This request drawing with another seed, as `prepare(..., seed=seed)` would make it
+        (the bench's timed runs: checked and placed once, drawn anew each run)."""
+        keys = row_keys(seed, self.rows)
+        if self.spec.mesh is not None:
+            keys = _placed_keys(keys, self.spec.mesh, len(self.prompt_length) - self.rows)
+        return dataclasses.replace(self, row_keys=keys)
+
 
 def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Model | None = None,
             k: int = 4, max_new_tokens=64, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
@@ -192,18 +200,27 @@ def _on_mesh(request: Request) -> Request:
     extra = meshes.padded_rows(b, mesh) - b
     repeat = lambda a: np.concatenate([a, np.repeat(a[-1:], extra, axis=0)])  # noqa: E731
     rows = meshes.rows(mesh)
-    key_data = repeat(np.asarray(jax.random.key_data(request.row_keys)))
     settings = jax.tree.map(lambda a: meshes.place(repeat(a), rows, a.dtype), request.settings)
     return dataclasses.replace(
         request, weights=meshes.put(request.weights, weight_shardings(request.spec)),
         prompts=meshes.place(repeat(request.prompts), rows, np.int32),
         prompt_length=meshes.place(repeat(request.prompt_length), rows, np.int32),
-        row_keys=jax.random.wrap_key_data(meshes.place(key_data, rows, key_data.dtype)),
-        settings=settings)
+        row_keys=_placed_keys(request.row_keys, mesh, extra), settings=settings)
 
 
-def generate(target: Model, prompts, **kwargs) -> GenerationResult:
+def _placed_keys(keys: jax.Array, mesh, extra: int) -> jax.Array:
+    """Row keys padded with `extra` copies of the last and split over the mesh's rows."""
+    data = np.asarray(jax.random.key_data(keys))
+    data = np.concatenate([data, np.repeat(data[-1:], extra, axis=0)])
+    return jax.random.wrap_key_data(meshes.place(data, meshes.rows(mesh), data.dtype))
+
+
+def generate(target: Model | Request, prompts=None, **kwargs) -> GenerationResult:
     """Generates up to `max_new_tokens` tokens for each prompt with the chosen method.
+
+    `generate(request)` runs a `Request` made by `prepare(target, prompts, **kwargs)`, which
+    takes the same arguments as `generate`: a caller that runs one request several times (the
+    CLI's timed runs, the bench) checks and places it once.
 
     Args:
       target: the model whose distribution is sampled (from `specjax.load`).
@@ -247,7 +264,7 @@ def generate(target: Model, prompts, **kwargs) -> GenerationResult:
         Outputs are the same up to float32 rounding; the switch is part of the compiled
         program's key.
     """
-    request = prepare(target, prompts, **kwargs)
+    request = _request(target, prompts, kwargs)
     compiled, compile_s = _compiled(request)
     start = time.perf_counter()
     state = compiled(request.weights, *request.inputs)
@@ -255,13 +272,15 @@ def generate(target: Model, prompts, **kwargs) -> GenerationResult:
     return result(request, state, compile_s, time.perf_counter() - start)
 
 
-def stream(target: Model, prompts, **kwargs) -> Iterator[tuple[list[list[int]], GenerationResult | None]]:
+def stream(target: Model | Request, prompts=None,
+           **kwargs) -> Iterator[tuple[list[list[int]], GenerationResult | None]]:
     """Generates step by step from Python, yielding each step's new tokens per row.
 
     Yields (new_tokens_per_row, None) after every step and finally ([], result). Runs the same
-    step function as `generate`, so the tokens are the same.
+    step function as `generate`, so the tokens are the same; like it, takes a prepared
+    `Request` in place of the target, the prompts and the options.
     """
-    request = prepare(target, prompts, **kwargs)
+    request = _request(target, prompts, kwargs)
     start = time.perf_counter()
     init, step, _ = loop.programs(request.spec)
     state = init(request.weights, *request.inputs)
@@ -272,6 +291,19 @@ def stream(target: Model, prompts, **kwargs) -> Iterator[tuple[list[list[int]], 
         yield [tokens[b, lengths[b]:new_lengths[b]].tolist() for b in range(request.rows)], None
         lengths = new_lengths
     yield [], result(request, state, 0.0, time.perf_counter() - start)
+
+
+def _request(target, prompts, options: dict) -> Request:
+    """`generate`'s and `stream`'s arguments as a request: prepared now, or by the caller."""
+    if not isinstance(target, Request):
+        if prompts is None:
+            raise GenerationError("prompts are required (or pass a prepared Request alone)")
+        return prepare(target, prompts, **options)
+    if prompts is not None or options:
+        extra = "prompts" if prompts is not None else f"{sorted(options)[0]!r}"
+        raise GenerationError(f"a prepared Request carries its prompts and options; got {extra} "
+                              "beside it")
+    return target
 
 
 def row_keys(seed, rows: int) -> jax.Array:

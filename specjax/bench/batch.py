@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.api.checks import check_compatible
-from specjax.api.generate import generate
+from specjax.api.generate import generate, prepare
 from specjax.bench.common import (
     Progress,
     encode_suite,
@@ -137,12 +137,11 @@ def run(args, settings) -> int:
 
 def _specjax_job(rows, settings, target, draft, method, k):
     def run_job() -> dict:
-        results, compile_s = timed_runs(settings, lambda seed: generate(
-            target, [p["ids"] for p in rows], method=method, draft=draft, k=k or 1,
-            max_new_tokens=min(p["max_new_tokens"] for p in rows),
-            temperature=settings["temperature"], top_p=settings["top_p"], seed=seed,
-            max_ngram=settings["max_ngram"],
-            mesh=make_mesh(settings["mesh"])))
+        request = prepare(target, [p["ids"] for p in rows], method=method, draft=draft,
+                          k=k or 1, max_new_tokens=min(p["max_new_tokens"] for p in rows),
+                          temperature=settings["temperature"], top_p=settings["top_p"],
+                          max_ngram=settings["max_ngram"], mesh=make_mesh(settings["mesh"]))
+        results, compile_s = timed_runs(settings, lambda seed: generate(request.reseeded(seed)))
         records = [dict(new_tokens=r.stats.new_tokens, run_s=r.stats.run_s,
                         target_calls=r.stats.target_calls, drafted=r.stats.drafted,
                         accepted=r.stats.accepted, idle_fraction=r.stats.idle_fraction,

@@ -102,7 +102,7 @@ import platform
 import textwrap
 
 from specjax.api.checks import check_compatible, encode_prompts
-from specjax.api.generate import generate
+from specjax.api.generate import generate, prepare
 from specjax.bench.common import (
     CONSTANT,
     DYNAMIC_PREFIX,
@@ -302,11 +302,12 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, beside=No
             extra["k_schedule"] = schedule
         if schedule == "confidence":
             extra["confidence_threshold"] = settings["confidence_threshold"]
-        results, compile_s = timed_runs(settings, lambda seed: generate(
-            model, [prompt["ids"]], method=method, **extra,
-            **({} if method == "eagle" else dict(tree=_tree(tree))),
-            max_new_tokens=prompt["max_new_tokens"], temperature=settings["temperature"],
-            top_p=settings["top_p"], seed=seed, max_ngram=settings["max_ngram"], mesh=make_mesh(settings["mesh"])))
+        request = prepare(model, [prompt["ids"]], method=method, **extra,
+                          **({} if method == "eagle" else dict(tree=_tree(tree))),
+                          max_new_tokens=prompt["max_new_tokens"],
+                          temperature=settings["temperature"], top_p=settings["top_p"],
+                          max_ngram=settings["max_ngram"], mesh=make_mesh(settings["mesh"]))
+        results, compile_s = timed_runs(settings, lambda seed: generate(request.reseeded(seed)))
         records = [dict(new_tokens=s.new_tokens, run_s=s.run_s,
                         acceptance_rate=s.acceptance_rate if s.drafted else None,
                         tokens_per_target_call=s.tokens_per_target_call,

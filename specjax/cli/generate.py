@@ -160,8 +160,10 @@ def run_generate(args) -> int:
     options = {m: for_method(m, dict(options, heads=heads, drafter=drafter, mesh=mesh),
                              len(methods) > 1)
                for m in methods}
-    for method in methods:                  # every error before the first token is printed
-        prepare(target, [ids], method=method, draft=draft, **options[method])
+    # Every error before the first token is printed; each method's request is checked and
+    # placed once, then streamed and timed.
+    requests = {method: prepare(target, [ids], method=method, draft=draft, **options[method])
+                for method in methods}
 
     if args.trace is not None:
 
@@ -172,7 +174,7 @@ def run_generate(args) -> int:
         print(format_steps(steps, target.tokenizer))
         return 0
     if args.json:
-        report = json_report(target, draft, prompt, ids, methods, options, args)
+        report = json_report(target, draft, prompt, ids, requests, options, args)
         print(json.dumps(report, indent=2, ensure_ascii=False))
         return 0
     show = args.show_acceptance
@@ -182,8 +184,8 @@ def run_generate(args) -> int:
     for method in methods:
         if len(methods) > 1:
             print(f"{DIM if show else ''}--- {method} ---{RESET if show else ''}", flush=True)
-        streamed = stream_text(target, draft, ids, method, options[method], show)
-        result, runs = timed_generate(target, draft, ids, method, options[method])
+        streamed = stream_text(target.tokenizer, requests[method], show)
+        result, runs = timed_generate(requests[method])
         if result.tokens[0] != streamed:
             print(f"specjax: warning: {method}: the streamed tokens differ from the compiled "
                   "loop's", file=sys.stderr)
@@ -361,15 +363,15 @@ class TextPrinter:
         self.printed = text
 
 
-def stream_text(target, draft, ids: list[int], method: str, options: dict, colour: bool) -> list[int]:
-    """Streams one method's output to stdout; returns the new tokens."""
-
+def stream_text(tokenizer, request, colour: bool) -> list[int]:
+    """Streams one prepared request's output (one row) to stdout; returns the new tokens."""
+    method = request.spec.method
     status = sys.stderr.isatty()
     if status:
         sys.stderr.write(f"(compiling {method}...)")
         sys.stderr.flush()
-    printer = TextPrinter(target.tokenizer, sys.stdout, colour)
-    for step_tokens, result in stream(target, [ids], method=method, draft=draft, **options):
+    printer = TextPrinter(tokenizer, sys.stdout, colour)
+    for step_tokens, result in stream(request):
         Interrupt.check()
         if status:
             sys.stderr.write("\r\x1b[K")
@@ -385,15 +387,14 @@ def stream_text(target, draft, ids: list[int], method: str, options: dict, colou
     return printer.ids
 
 
-def timed_generate(target, draft, ids, method: str, options: dict, runs: int = 3,
-                   budget_s: float = 2.0):
+def timed_generate(request, runs: int = 3, budget_s: float = 2.0):
     """`generate` once (compiling), then again while cheap; the stats carry the median run time.
     Returns (result, number of timed runs)."""
 
-    result = generate(target, [ids], method=method, draft=draft, **options)
+    result = generate(request)
     times = [result.stats.run_s]
     while len(times) < runs and sum(times) < budget_s:
-        times.append(generate(target, [ids], method=method, draft=draft, **options).stats.run_s)
+        times.append(generate(request).stats.run_s)
     stats = dataclasses.replace(result.stats, run_s=statistics.median(times))
     return dataclasses.replace(result, stats=stats), len(times)
 
@@ -422,11 +423,12 @@ def comparison_table(rows) -> str:
     return "\n".join(lines)
 
 
-def json_report(target, draft, prompt: str, ids: list[int], methods, options, args) -> dict:
-    """`options`: each method's generate options."""
+def json_report(target, draft, prompt: str, ids: list[int], requests, options, args) -> dict:
+    """`requests`, `options`: each method's prepared request and generate options."""
     results = []
-    for method in methods:
-        result, runs = timed_generate(target, draft, ids, method, options[method])
+    methods = list(requests)
+    for method, request in requests.items():
+        result, runs = timed_generate(request)
         stats = result.stats.as_dict()
         stats["timed_runs"] = runs
         results.append({"method": method, "text": (result.texts or [None])[0],
