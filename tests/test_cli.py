@@ -323,3 +323,23 @@ def test_check_prints_the_verdicts_and_exits_by_them(env):
         proc = specjax_cli(["check", *args], env)
         assert proc.returncode == 2 and proc.stderr.splitlines() == [f"specjax: error: {message}"], (
             name, proc.stderr)
+
+
+def test_generate_and_bench_share_one_declaration_of_the_decoding_options():
+    """`specjax.api.options.DECODING`: both commands take each shared option under the same flag
+    and type; only the declared changes differ (the bench's seed help, its 0.4 threshold)."""
+    import argparse
+
+    from specjax.api.options import DECODING, add, flag
+    from specjax.cli.main import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, declared in DECODING.items():
+        for command in ("generate", "bench"):
+            actions = {s: a for a in commands.choices[command]._actions for s in a.option_strings}
+            action = actions[flag(name)]
+            assert action.dest == name and action.type is declared["type"], (command, name)
+            expected = 0.4 if (command, name) == ("bench", "confidence_threshold") else declared["default"]
+            assert action.default == expected, (command, name)
+    with pytest.raises(ValueError, match="only help and default"):
+        add(argparse.ArgumentParser(), "seed", seed=dict(type=str))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 
+from specjax.api import options
 from specjax.bench import batch, oracle, settings, suite
 from specjax.bench.common import CONSTANT, DYNAMIC_PREFIX
 from specjax.decoding.lookahead import SCHEDULES
@@ -43,10 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contexts",
                         help="comma-separated prompt lengths in tokens for the context sweep, "
                              "or none (default 50,500,1500; --quick: none)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0,
-                        help="nucleus mass in (0, 1] with --temperature > 0; 1 = off (default)")
-    parser.add_argument("--seed", type=int, default=0, help="timed run i uses seed + i")
+    options.add(parser, "temperature", "top_p", "seed",
+                seed=dict(help="timed run i uses seed + i"))
     parser.add_argument("--trees", nargs="+", metavar="WIDTHS",
                         help="also run token trees, each the full tree of these widths per depth "
                              "(e.g. --trees 2,2,1 3,2,1), for speculative, ngram, medusa and "
@@ -59,8 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated lookahead schedules to run for each K (constant, "
                              "heuristic, confidence; default constant): K is the most a step "
                              "drafts; n-gram runs constant and heuristic only")
-    parser.add_argument("--confidence-threshold", type=float, default=0.4,
-                        help="the confidence schedule's threshold (default 0.4)")
+    options.add(parser, "confidence_threshold", confidence_threshold=dict(default=0.4))
     parser.add_argument("--oracle", action="store_true",
                         help="instead of the suite's timings, the oracle lookahead analysis "
                              "(specjax.bench.oracle): greedy, the draft's oracle, constant and "
@@ -73,8 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead of the suite's timings, the time to the first token when "
                              "a call changes its sampling settings (specjax.bench.settings): "
                              "the same compiled program, or a recompile")
-    parser.add_argument("--max-ngram", type=int, default=3,
-                        help="longest n-gram looked up (default 3)")
+    options.add(parser, "max_ngram")
     parser.add_argument("--quick", action="store_true",
                         help="one short prompt per category, K=2, 1 run, 16 tokens, no context "
                              "sweep, no peers")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from specjax.api.explain import explain, format_steps
 from specjax.api.checks import GenerationError, check_compatible, check_int, encode_prompts
+from specjax.api import options
 from specjax.api.generate import METHODS, generate, prepare, stream
 from specjax.cli.interrupt import Interrupt
 from specjax.heads.eagle import Drafter
@@ -90,16 +91,13 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
                         "probability is below --confidence-threshold; speculative)")
     d.add_argument("--k-start", type=int, metavar="N",
                    help="the heuristic schedule's first length (default: min(5, k))")
-    d.add_argument("--confidence-threshold", type=float, metavar="P",
-                   help="the confidence schedule's threshold in [0, 1] (default: 0.4)")
-    d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    options.add(d, "confidence_threshold", "temperature")
     d.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
-    d.add_argument("--top-p", type=float, default=1.0, help="in (0, 1]; 1 = off (default)")
+    options.add(d, "top_p", top_p=dict(help="in (0, 1]; 1 = off (default)"))
     d.add_argument("--min-p", type=float, default=0.0,
                    help="in [0, 1]: keep tokens at least this times as likely as the most "
                         "likely one; 0 = off (default)")
-    d.add_argument("--seed", type=int, default=0, help="random seed in [0, 2^32) (default: 0)")
-    d.add_argument("--max-ngram", type=int, default=3, help="longest n-gram looked up (default 3)")
+    options.add(d, "seed", "max_ngram")
     d.add_argument("--min-ngram", type=int, default=1, help="shortest n-gram looked up (default 1)")
     d.add_argument("--tree", metavar="WIDTHS",
                    help="verify a token tree instead of a chain of k (speculative, ngram; for "
