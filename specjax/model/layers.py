@@ -110,9 +110,8 @@ def attend(q, k, v, mask):
     Both products are batched over (B, K) with those axes leading in every operand, and the
     queries of one key/value head, its G = N / K heads at the T positions, are the M rows of
     one matrix product [T*G, H] @ [H, S]. Written as einsums with T and G as separate axes, XLA
-    on a CPU transposed the small operands around every product: with SmolLM2's shapes, 30
-    layers of one-token attention over 1,024 slots took 20.5 ms that way and 2.5 ms this way
-    (32 rows over 128 slots: 56 vs 22 ms; jax 0.10.2 on a 2-core x86-64 CPU).
+    on a CPU transposed the small operands around every product (docs/benchmarks.md, "The
+    model's layouts, measured").
     """
     b, t, n, h = q.shape
     kv_heads = k.shape[1]
