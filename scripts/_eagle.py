@@ -566,6 +566,14 @@ def train_drafter(args) -> tuple[object, dict]:
     trainable = {"fc": drafter.params["fc"], "layers": drafter.params["layers"],
                  "final_norm": target.params["final_norm"],
                  **({"reduce": drafter.params["reduce"]} if fused else {})}
+    if args.init:       # a second stage: go on from a trained drafter of the same shape
+        start = specjax.load(Path(args.init))
+        if start.config != drafter.config or not np.array_equal(start.token_ids, ids):
+            raise SystemExit(f"--init {args.init}: not a drafter of this shape and subset "
+                             "(fused layers, subset size and token ids must match)")
+        trainable = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32),
+                                 {k: start.params[k] for k in trainable})
+        print(f"starting from {args.init}", flush=True)
     loss_fn = make_loss(drafter.config, args.unroll, args.decay, args.ce_weight, args.noise)
 
     optimizer = make_optimizer(args)
@@ -628,6 +636,7 @@ def train_drafter(args) -> tuple[object, dict]:
         "noise": args.noise, "ce_weight": args.ce_weight, "decay": args.decay, "lr": args.lr,
         "warmup": warmup, "weight_decay": args.weight_decay, "clip": args.clip,
         "seed": args.seed, "train_s": round(train_s, 1), "resumed_at": done or None,
+        "init": str(args.init) if args.init else None,
         "final_train": log[-1] if log else None, "held_out": evaluation, "log": log,
         "seconds": round(time.time() - started, 1)}
     return trained, record
@@ -644,6 +653,8 @@ def regenerate_command(args, steps: int) -> str:
         words += ["--" + name.replace("_", "-"), str(getattr(args, name))]
     if args.fused_layers:
         words += ["--fused-layers", *map(str, args.fused_layers)]
+    if args.init:
+        words += ["--init", str(args.init)]
     words += ["--kinds", *args.kinds, "--eval-kinds", *args.eval_kinds]
     words += ["--steps", str(steps)]
     if args.unroll_comparison:
@@ -1016,6 +1027,9 @@ def add_commands(sub) -> None:
                         help="an .npz saved every --checkpoint-minutes, resumed from if "
                              "present, removed when training ends")
     common.add_argument("--checkpoint-minutes", type=float, default=3.0)
+    common.add_argument("--init", type=Path,
+                        help="a trained drafter directory of the same shape and subset to go on "
+                             "from (a second stage, with its own learning-rate schedule)")
 
     p = sub.add_parser("eagle", parents=[common], help="train an EAGLE drafter on cached features")
     p.add_argument("--unroll", type=int, default=1, help="training passes, the later ones on "
