@@ -906,6 +906,8 @@ def write_card(directory: Path) -> None:
     commands += [m["command"] for m in sets]
     if comparison:
         commands.append(comparison["command"])
+    if record.get("stage_one"):
+        commands.append(record["stage_one"]["command"])
     commands.append(record["command"])
     choice = record.get("tree_choice")
     if choice:
@@ -920,18 +922,97 @@ def write_card(directory: Path) -> None:
             f"prompts, on which the tests and the bench measure the drafter; "
             f"{choice['new_tokens']} new tokens each; `eagle-tree`), and the shipped default is "
             f"the one with the most tokens per unit of step cost: the verify call (a call of n "
-            f"tokens over a one-token step, from `scripts/bench_forward.py --sizes` on this "
-            f"host: {', '.join(f'{n}: {c:g}' for n, c in choice['verify_cost'].items())}) plus "
+            f"tokens over a one-token step, `--verify-cost`, from `scripts/bench_forward.py "
+            f"--sizes`: {', '.join(f'{n}: {c:g}' for n, c in choice['verify_cost'].items())}) plus "
             f"{choice['drafter_cost']:g} per drafter call, one per depth (`bench_forward.py "
             f"--eagle`: 0.044 for one pair, 0.088 for four):\n\n"
             f"| tree | tokens per target call | verify cost | step cost | tokens per cost |\n"
             f"|---|--:|--:|--:|--:|\n{lines}")
+        sampled = {name: v for name, v in choice.get("settings", {}).items()
+                   if name != choice.get("setting")}
+        if sampled:
+            shipped = json.dumps(record["tree"])
+            lines = "\n".join(
+                f"| `{name}` ({v['seeds']} seeds) | {describe_tree(v['best'])} | " + " | ".join(
+                    f"{r['tokens_per_target_call']:.2f} ({', '.join(f'{a:.2f}' for a in r['acceptance_by_depth'] if a is not None)})"
+                    for tree in dict.fromkeys((shipped, json.dumps(v["best"])))
+                    for r in v["rows"] if json.dumps(r["tree"]) == tree)
+                + " |" for name, v in sampled.items())
+            tree_text += (
+                "\n\nSampling, the same trees on the same questions (`eagle-tree --settings`): "
+                "each setting's best tree by tokens per cost, and tokens per target call "
+                "(acceptance by depth) of the shipped tree and of that best one (one cell when "
+                "they are the same):\n\n| setting | best tree | tokens per call (acceptance by "
+                "depth) |\n|---|---|---|\n" + lines)
     else:
         depth = max(len(p) for p in record["tree"])
         tree_text = (f"With the default chain of {depth}: "
                      f"**{expected[min(depth, len(expected)) - 1]:.2f}** expected tokens per "
                      f"target call (a model of the walk on held-out documents; the bench "
                      f"measures it).")
+    if any("settings" in p for p in provenance):        # `eagle-data` shards
+        shards = sorted(s for m in sets for s in m.get("shards", []))
+        settings = provenance[0]["settings"]
+        data_text = (
+            f"SmolLM2's own continuations of {documents // len(settings):,} prompts ({', '.join(f'{n // len(settings)} {k}' for k, n in kinds.items())}), "
+            f"each continued {len(settings)} times: {', '.join(f'`{x}`' for x in settings)} "
+            f"(`eagle-data`, shards {', '.join(f'{x:03d}' for x in shards)} of "
+            f"{', '.join(dict.fromkeys(f'`{q}`' for q in sequences))}; data/eagle2/README.md has "
+            f"the prompt set and its provenance): {documents:,} documents, "
+            f"{sum(m['generated_tokens'] for m in sets):,} generated tokens, and the target's "
+            f"final-normed features at every one of the {sum(m['tokens'] for m in sets):,} "
+            f"positions (float16), so that training never runs the target; `eagle-features` "
+            f"rebuilds them with one teacher-forced pass ({sum(m['hidden_s'] for m in sets) / 60:.1f} "
+            f"minutes here). A prompt is held out, in all {len(settings)} settings, by the md5 rule "
+            f"of data/eagle2/README.md; training uses the other {record['train_documents']:,} "
+            f"documents ({record['train_slots']:,} slots), and the held-out chains below run on "
+            f"the held-out greedy documents.")
+    else:
+        data_text = (
+            f"The target's greedy continuations of {documents:,} prompts ({', '.join(f'{n} {k}' for k, n in kinds.items())}; `medusa-data`),\n"
+            f"{sum(m['generated_tokens'] for m in sets):,} generated tokens, and its final-normed features at every one of the\n"
+            f"{sum(m['tokens'] for m in sets):,} positions (float16), so that training never runs the target. The token\n"
+            f"sequences are in the repository, {', '.join(f'`{p}`' for p in sequences) or '(none)'}, with their provenance beside them (the\n"
+            f"generating command, the tokenizer's digest, the counts); `eagle-features` rebuilds the\n"
+            f"features from them with one teacher-forced pass of the target ({sum(m['hidden_s'] for m in sets) / 60:.1f} minutes here).\n"
+            f"One document in {record['validation_every']} is held out (the Medusa stage's rule, so the Medusa heads'\n"
+            f"held-out documents from the same set are these); training uses the other {record['train_documents']}\n"
+            f"documents of the kinds {', '.join(record['kinds'])} ({record['train_slots']:,} slots; \"text-original\" is the original\n"
+            f"standard-library text of a text window, read by the target, its twin's split).")
+    stage = record.get("stage_one")
+    stage_text = (f" A second stage: it went on from a first run of the same command with "
+                  f"learning rate {stage['lr']:g} and {stage['warmup']} warm-up steps, "
+                  f"{stage['steps']} steps in {stage['train_s'] / 60:.1f} minutes (held-out "
+                  f"chains then {', '.join(f'{a:.3f}' for a in stage['accuracy'])}), "
+                  f"`--init`; the first command below is that run's." if stage else "")
+    comparison_text = ""
+    fused_runs = record.get("fused_comparison")
+    if fused_runs:
+        def chains(run):
+            return ", ".join(f"{a:.3f}" for a in run["held_out"]["accuracy"])
+        last, fused = fused_runs["last"], fused_runs["fused"]
+        comparison_text += (
+            f"\n**EAGLE-3's fused features, measured.** The first stage was run twice at equal wall "
+            f"time: on the final feature ({last['steps']} steps, held-out chain accuracy "
+            f"{chains(last)}) and on the states after layers "
+            f"{', '.join(map(str, fused['fused_layers']))} reduced by one projection "
+            f"(`--fused-layers`; {fused['steps']} steps: {chains(fused)}). The fused drafter's "
+            f"chain collapses after its first token: trained with unroll 1 it never reads its own "
+            f"predicted features, which live in the final feature's space, not the reduced taps' "
+            f"(EAGLE-3 trains with its training-time test for this reason). The final feature "
+            f"went on to the second stage.\n")
+    previous = record.get("against_previous")
+    if previous:
+        old = previous.get("weights/smollm2-eagle")
+        if old:
+            a, o = old["all"], old["not_in_data_eagle"]
+            comparison_text += (
+                f"\n**Against the previous drafter** (trained on `data/eagle/`'s 115k greedy "
+                f"tokens), on the same {a['documents']} held-out documents: chain accuracy "
+                f"{', '.join(f'{x:.3f}' for x in a['accuracy'])}, expected tokens per call with a "
+                f"chain of 4 {a['expected_tokens_per_call'][3]:.2f}, against this drafter's "
+                f"{expected[3]:.2f} (the table below); {o['expected_tokens_per_call'][3]:.2f} on "
+                f"the {o['documents']} whose prompt it did not train on.\n")
     final = record["final_train"]
     nl = "\n"
     text = render(
@@ -940,7 +1021,8 @@ def write_card(directory: Path) -> None:
                                                              f"`{record['target']}`"),
         usage=USAGE.get(record["target"], f"python -m specjax generate --target "
                         f"{record['target']} --method eagle --drafter weights/{directory.name}"),
-        train_minutes=f"{record['train_s'] / 60:.1f}", hidden_size=d,
+        train_minutes=f"{(record['train_s'] + (stage['train_s'] if stage else 0)) / 60:.1f}",
+        hidden_size=d,
         layer=(f"{layer.n_heads} query heads, {layer.n_kv_heads} key/value heads of "
                f"{layer.head_dim}, SwiGLU MLP {layer.d_ff} wide, RoPE theta "
                f"{layer.rope_theta:g}"),
@@ -968,6 +1050,7 @@ def write_card(directory: Path) -> None:
         final_loss=(f"SmoothL1 {final['smooth_l1'][0]:.3f}, cross-entropy "
                     f"{final['cross_entropy'][0]:.3f}, top-1 agreement with the target "
                     f"{final['top1_agreement'][0]:.3f} (first pass, last logged batch)"),
+        data_text=data_text, stage_text=stage_text, comparison_text=comparison_text,
         eval_documents=evaluation["documents"], eval_positions=f"{evaluation['positions']:,}",
         accuracy_rows=nl.join(rows), medusa_text=medusa_text,
         commands=nl.join(commands))
