@@ -767,10 +767,12 @@ def choose_tree(args) -> None:
         settings[name] = {"sampling": sampling, "seeds": len(seeds), "rows": rows,
                           "best": max(rows, key=lambda r: r["tokens_per_cost"])["tree"]}
     pick = settings[args.settings[0]]["best"]
-    save_drafter(dataclasses.replace(drafter, tree=tree_from_json(pick)), out,
+    sampled = sampled_pick(settings, pick)
+    save_drafter(dataclasses.replace(drafter, tree=tree_from_json(pick),
+                                     sampled_tree=tree_from_json(sampled)), out,
                  storage=config["storage"], extra={"training": config["training"]})
     first = settings[args.settings[0]]
-    record.update(tree=pick, tree_choice={
+    record.update(tree=pick, sampled_tree=sampled, tree_choice={
         "prompts": len(prompts), "new_tokens": args.new_tokens,
         "drafter_cost": args.drafter_cost, "rows": first["rows"], "setting": args.settings[0],
         "settings": settings,
@@ -780,6 +782,22 @@ def choose_tree(args) -> None:
     write_card(out)
     print(f"shipped tree: {pick}; best per setting: "
           f"{ {name: v['best'] for name, v in settings.items()} }")
+
+
+def sampled_pick(settings: dict, greedy_pick):
+    """The tree a drafter ships for sampled calls: the best by tokens per cost averaged over the
+    measured sampled settings (temperature > 0), or None when there are none or it is the greedy
+    pick (one default then serves both)."""
+    sampled = [v for v in settings.values() if v["sampling"]["temperature"] > 0]
+    if not sampled:
+        return None
+    score = {}
+    for v in sampled:
+        for r in v["rows"]:
+            key = json.dumps(r["tree"])
+            score[key] = score.get(key, 0.0) + r["tokens_per_cost"] / len(sampled)
+    best = json.loads(max(score, key=score.get))
+    return None if best == greedy_pick else best
 
 
 # -- The model card (cards/eagle.md) ------------------------------------------------------------
@@ -941,9 +959,15 @@ def write_card(directory: Path) -> None:
             tree_text += (
                 "\n\nSampling, the same trees on the same questions (`eagle-tree --settings`): "
                 "each setting's best tree by tokens per cost, and tokens per target call "
-                "(acceptance by depth) of the shipped tree and of that best one (one cell when "
+                "(acceptance by depth) of the greedy default and of that best one (one cell when "
                 "they are the same):\n\n| setting | best tree | tokens per call (acceptance by "
                 "depth) |\n|---|---|---|\n" + lines)
+            if record.get("sampled_tree"):
+                tree_text += (
+                    f"\n\n**Default when sampling:** {describe_tree(record['sampled_tree'])} "
+                    f"(`sampled_tree` in config.json), the best by tokens per cost averaged over "
+                    f"the sampled settings; `generate` uses it when any row of a call samples "
+                    f"and no tree is given, the greedy default above otherwise.")
     else:
         depth = max(len(p) for p in record["tree"])
         tree_text = (f"With the default chain of {depth}: "
@@ -1031,7 +1055,9 @@ def write_card(directory: Path) -> None:
         parameters=f"{parameter_count(directory):,}",
         node_macs=f"{node_macs:,}", target_macs=f"{target_macs:,}",
         node_ratio=f"{node_macs / target_macs:.3f}",
-        tree=describe_tree(record["tree"]), tree_text=tree_text,
+        tree=describe_tree(record["tree"]) + (
+            f"; when sampling, {describe_tree(record['sampled_tree'])}"
+            if record.get("sampled_tree") else ""), tree_text=tree_text,
         model_mb=f"{(directory / 'model.safetensors').stat().st_size / 2 ** 20:.1f}",
         documents=f"{documents:,}",
         kinds=", ".join(f"{n} {k}" for k, n in kinds.items()),

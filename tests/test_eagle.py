@@ -67,6 +67,26 @@ def test_drafter_round_trip(target, drafter_dir, tmp_path):
     assert half.tree == specjax.DynamicTree(4, 3, 9)
 
 
+def test_a_sampled_default_tree_round_trips_and_serves_sampled_calls(target, tmp_path):
+    """`Drafter.sampled_tree`: saved as config.json's "sampled_tree"; `generate` uses it when a
+    row samples and no tree is given, the greedy default when every row is greedy."""
+    drafter = dataclasses.replace(random_drafter(target, tree=specjax.DynamicTree(3, 2, 5)),
+                                  sampled_tree=Tree.chain(2))
+    loaded = specjax.load(save_drafter(drafter, tmp_path / "two-defaults"))
+    assert loaded.tree == specjax.DynamicTree(3, 2, 5) and loaded.sampled_tree == Tree.chain(2)
+    assert specjax.load(save_drafter(random_drafter(target), tmp_path / "one")).sampled_tree is None
+
+    def spec_tree(**options):
+        return prepare(target, [[1, 2, 3]], method="eagle", drafter=loaded, max_new_tokens=4,
+                       **options).spec.tree
+    assert spec_tree(temperature=0.0) == specjax.DynamicTree(3, 2, 5)
+    assert spec_tree(temperature=[0.7]) == Tree.chain(2)
+    assert spec_tree(temperature=1.0, tree=Tree.chain(3)) == Tree.chain(3)   # the caller's wins
+    result = generate(target, [[1, 2, 3], [4, 5]], method="eagle", drafter=loaded,
+                      max_new_tokens=6, temperature=[0.0, 1.0], seed=2)
+    assert result.stats.tree_size == 2
+
+
 def test_fused_drafter_round_trip_and_its_errors(target, tmp_path):
     drafter = random_drafter(target, fused_layers=(1, 2), tree=Tree.chain(2))
     directory = save_drafter(drafter, tmp_path / "fused")

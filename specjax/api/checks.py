@@ -210,8 +210,10 @@ def check_heads(heads, tree, target):
     return tree
 
 
-def check_drafter(drafter, tree, target, k: int):
-    """EAGLE's drafter must be a drafter, trained on this target; returns the tree to use."""
+def check_drafter(drafter, tree, target, k: int, all_greedy: bool = True):
+    """EAGLE's drafter must be a drafter, trained on this target; returns the tree to use: the
+    caller's, else the drafter's own (its sampled default when a row samples and it has one),
+    else a chain of k."""
     _check_beside(drafter, Drafter, "an EAGLE drafter", "drafter", "eagle", target)
     fused = drafter.config.fused_layers
     if fused and max(fused) > target.config.n_layers:
@@ -219,6 +221,8 @@ def check_drafter(drafter, tree, target, k: int):
                               f"{target.name} has {target.config.n_layers}")
     if tree is not None:
         return tree
+    if not all_greedy and drafter.sampled_tree is not None:
+        return drafter.sampled_tree
     return drafter.tree if drafter.tree is not None else Tree.chain(k)
 
 

@@ -106,11 +106,11 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
         tree = check_heads(heads, tree, target)
     elif heads is not None:
         raise GenerationError(f"heads applies to method 'medusa', not {method!r}")
+    all_greedy = not np.any(sampling.temperature)
     if method == "eagle":
-        tree = check_drafter(drafter, tree, target, k)
+        tree = check_drafter(drafter, tree, target, k, all_greedy)
     elif drafter is not None:
         raise GenerationError(f"drafter applies to method 'eagle', not {method!r}")
-    all_greedy = not np.any(sampling.temperature)
     tree, candidates = check_tree(method, tree, candidates, all_greedy, target)
     if method == "medusa":
         check_tree_fits_heads(tree, heads)
@@ -238,7 +238,8 @@ def generate(target: Model | Request, prompts=None, **kwargs) -> GenerationResul
       tree: a token tree of candidates instead of a chain of k (speculative and ngram): a
         `specjax.Tree`, or its paths in Medusa's "choices" format, e.g. ((0,), (1,), (0, 0)).
         For medusa and eagle, the default is the tree shipped with the heads or the drafter
-        (a chain of k for a drafter that ships none; `specjax.Tree.chain(k)` asks for one).
+        (a chain of k for a drafter that ships none; `specjax.Tree.chain(k)` asks for one); a
+        drafter may ship a second default for calls that sample (any row at temperature > 0).
       candidates: how a draft model or Medusa heads fill a tree: "top" (the most likely tokens;
         the default at temperature 0), "distinct" (sampled without replacement; the default
         otherwise) or "iid" (sampled independently). Each is verified by the rule exact for it.

@@ -69,7 +69,7 @@ def markdown(results: dict, heading: bool = True) -> str:
                   "of one step (its target call and drafting) over an autoregressive step's; "
                   "tree w1,w2,..: the full token tree of those widths per depth; heads' tree: "
                   "the tree shipped with the Medusa heads; drafter's tree: the one shipped with the EAGLE "
-                  "drafter; ≤K heuristic / confidence: at most K "
+                  "drafter (its sampled default, if it has one, when sampling); ≤K heuristic / confidence: at most K "
                   "drafted per step under that lookahead schedule (no chain theory); "
                   "drafted/call: tokens drafted per target call."]
     lines += ["", "By category (speedup / acceptance):", "",

@@ -171,7 +171,9 @@ def run(args, settings: dict) -> int:
                      "heads_tree": ([list(p) for p in heads.tree.paths]
                                     if heads is not None and heads.tree is not None else None),
                      "drafter": drafter.name if drafter is not None else None,
-                     "drafter_tree": tree_to_json(drafter.tree) if drafter else None,
+                     "drafter_tree": tree_to_json(
+                         drafter.sampled_tree if drafter.sampled_tree is not None
+                         and settings["temperature"] > 0 else drafter.tree) if drafter else None,
                      "dtype": args.dtype, "peers": peers is not None,
                      "context_text": f"textwrap source of Python {platform.python_version()}",
                      "context_decode_tokens": SWEEP_DECODE_TOKENS},

@@ -119,6 +119,10 @@ class Drafter:
     target: dict                 # the identity of the target it was trained on
     tree: Tree | DynamicTree | None = None   # the tree it was tuned for (method="eagle"'s default)
     path: Path | None = None
+    # The default when a call samples (any row at temperature > 0), if it was tuned apart;
+    # otherwise `tree` serves both. Greedy and sampled calls are different programs already
+    # (their default candidate schemes differ), so the choice costs no recompile.
+    sampled_tree: Tree | DynamicTree | None = None
 
     @property
     def name(self) -> str:

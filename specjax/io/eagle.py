@@ -79,6 +79,8 @@ def save_drafter(drafter: Drafter, directory: str | Path, storage: str = "float3
               "projection": {"type": PROJECTION, "tokens": c.subset_size},
               "layer": c.layer.to_hf(), "storage": storage, "target": drafter.target,
               "tree": tree_to_json(drafter.tree),
+              **({"sampled_tree": tree_to_json(drafter.sampled_tree)}
+                 if drafter.sampled_tree is not None else {}),
               **({"fused_layers": list(c.fused_layers)} if c.fused_layers else {}),
               **(extra or {})}
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -100,9 +102,10 @@ def load_drafter(path: str | Path) -> Drafter:
         target = raw["target"]
         if not isinstance(target, dict):
             raise TypeError("'target'")
-        return config, target, tree_from_json(raw.get("tree"))
+        return config, target, (tree_from_json(raw.get("tree")),
+                                tree_from_json(raw.get("sampled_tree")))
 
-    (config, target, tree), tensors = read_sidecar(
+    (config, target, (tree, sampled_tree)), tensors = read_sidecar(
         path, parse, lambda config, *_: (_expected_shapes(config), config.layer.vocab_size))
 
     def get(name):
@@ -120,4 +123,5 @@ def load_drafter(path: str | Path) -> Drafter:
               "final_norm": {"scale": get("norm.weight")}}
     if config.fused_layers:
         params["reduce"] = {"w": get("reduce.weight")}
-    return Drafter(config, params, tensors["token_ids"].astype(np.int32), target, tree, path)
+    return Drafter(config, params, tensors["token_ids"].astype(np.int32), target, tree, path,
+                   sampled_tree=sampled_tree)
