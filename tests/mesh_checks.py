@@ -210,7 +210,7 @@ def test_state_is_laid_out_on_the_mesh(models):
     assert meshes.shard_shape(state.tokens) == (b // 2, slots)
     assert meshes.shard_shape(state.target_cache.k[0]) == (b // 2, 1, 4, slots)   # K=4 over 4
     assert meshes.shard_shape(state.target_cache.v[0]) == (b // 2, 1, slots, 4)
-    assert meshes.shard_shape(state.draft_cache.k[0]) == (b // 2, 1, 8, slots)    # K=1 whole
+    assert meshes.shard_shape(state.carry.draft_cache.k[0]) == (b // 2, 1, 8, slots)    # K=1 whole
     assert meshes.shard_shape(state.length) == (b // 2,)
     assert meshes.shard_shape(request.weights.draft["layers"][0]["wq"]) == (2, 8, 32)
     streamed = [[] for _ in PROMPTS]

@@ -68,7 +68,7 @@ def test_rows_keep_their_own_heuristic_length(models):
                       k_schedule="heuristic", k_start=3, max_new_tokens=60, temperature=1.0,
                       eos_ids=(), seed=[1, 2, 3, 4])
     state = loop.init(request.spec, request.weights, *request.inputs)
-    lengths = [np.asarray(state.lookahead)]
+    lengths = [np.asarray(state.carry.lookahead)]
     for _ in range(6):
         before = state
         state = loop.step(request.spec, request.weights, state)
@@ -77,7 +77,7 @@ def test_rows_keep_their_own_heuristic_length(models):
         want = np.where(accepted == drafted, np.minimum(lengths[-1] + 2, K),
                         np.maximum(lengths[-1] - 1, 1))
         assert (drafted == lengths[-1]).all()
-        lengths.append(np.asarray(state.lookahead))
+        lengths.append(np.asarray(state.carry.lookahead))
         np.testing.assert_array_equal(lengths[-1], want)
     assert len({tuple(x) for x in np.stack(lengths, 1)}) > 1   # rows moved differently
 

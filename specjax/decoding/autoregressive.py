@@ -19,6 +19,18 @@ MIN_PREFILL_CHUNK = 8
 MAX_PREFILL_GROUPS = 8
 
 
+def init(spec, weights, prompts, prompt_length):
+    """Prefill: the target reads the prompts [B, P]. Returns its cache and no carry (nothing
+    but the shared state goes from one step to the next)."""
+    return prefill(weights.target, spec.target_config, prompts, prompt_length,
+                   spec.buffer_length, shards=spec.data_shards), None
+
+
+def layout(spec, rows, cache) -> None:
+    """The carry's layout on a device mesh (`decoding.sharding`): there is none."""
+    return None
+
+
 def prefill_chunk(batch: int) -> int:
     """Prompt positions per prefill call for `batch` rows: PREFILL_CHUNK for one row, halved
     while a call would hold more than PREFILL_CHUNK tokens (down to MIN_PREFILL_CHUNK).

@@ -8,8 +8,8 @@ in slot L - 1 + i.
 One step, for every row at once:
 
   1. Catch up: the pairs the drafter has not read yet (the ones the last step committed, m =
-     accepted + 1 of them, `state.pending`) go through it in one call, with the target's own
-     features, which the last verify call left in `state.hidden`. Its output at the last pair,
+     accepted + 1 of them, `Carry.pending`) go through it in one call, with the target's own
+     features, which the last verify call left in `Carry.features`. Its output at the last pair,
      slot L - 1, is the predicted feature f'_{L-1}, whose logits propose x_L: the tree's first
      level.
   2. Fill the tree level by level (`trees.fill`), at the feature level: a node's pair is (its
@@ -29,6 +29,8 @@ scheme that chose the candidates.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -40,6 +42,31 @@ from specjax.heads import eagle
 from specjax.model.cache import KVCache, TreeAttention
 from specjax.sampling.logits import probs_from_logits
 from specjax.sampling.tree import DynamicTree, RowTrees
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Carry:
+    """What EAGLE carries from step to step (`DecodeState.carry`)."""
+    draft_cache: KVCache    # the drafter's: slot s holds the pair (f_{s-1}, x_s)
+    features: jax.Array     # [B, depth + 1, D] the target's features of the pairs not read
+    pending: jax.Array      # [B] how many of them there are (the first `pending` entries)
+
+
+def init(spec, weights, prompts, prompt_length):
+    """Prefill (`prefill_drafter`): the target's cache, and the `Carry` whose one pending pair
+    is the prompt's last (re-read by the first step's catch-up)."""
+    target_cache, draft_cache, last = prefill_drafter(spec, weights, prompts, prompt_length,
+                                                      spec.buffer_length)
+    features = jnp.zeros((prompts.shape[0], spec.tree.max_depth + 1, last.shape[-1]),
+                         last.dtype).at[:, :1].set(last)
+    return target_cache, Carry(draft_cache, features, jnp.ones_like(prompt_length))
+
+
+def layout(spec, rows, cache) -> Carry:
+    """The carry's layout on a device mesh (`decoding.sharding`): the drafter's cache whole on
+    each device of a row block (its weights are replicated)."""
+    return Carry(cache(spec.drafter_config.layer, False), rows, rows)
 
 
 def prefill_drafter(spec, weights, prompts, prompt_length, slots: int):
@@ -79,8 +106,8 @@ def pending_pairs(state: DecodeState):
     tokens, in a window of D + 1 (the most a step commits) that starts at the first of them
     (entries past the row's last token are stale, and overwritten by the tree before any
     query can read them)."""
-    width = state.hidden.shape[1]
-    start = state.length - state.pending                                             # [B]
+    width = state.carry.features.shape[1]
+    start = state.length - state.carry.pending                                       # [B]
     tokens = jax.vmap(lambda row, s: lax.dynamic_slice(row, (s,), (width,)))(state.tokens, start)
     return tokens, start[:, None] + jnp.arange(width, dtype=jnp.int32)
 
@@ -88,10 +115,11 @@ def pending_pairs(state: DecodeState):
 def catch_up(spec, params, state: DecodeState):
     """Step 1: the drafter reads the pairs the last step committed. Returns its output at the
     last pair, the predicted f'_{L-1} [B, 1, D], its cache and whether a NaN was seen."""
+    carry = state.carry
     tokens, slots = pending_pairs(state)
     out, cache = eagle.draft_features(params.drafter, spec.drafter_config, params.target["embed"],
-                                      state.hidden, tokens, slots, state.draft_cache)
-    root_feature = jnp.take_along_axis(out, (state.pending - 1)[:, None, None], axis=1)
+                                      carry.features, tokens, slots, carry.draft_cache)
+    root_feature = jnp.take_along_axis(out, (carry.pending - 1)[:, None, None], axis=1)
     return root_feature, cache, any_nan(out)
 
 
@@ -259,6 +287,7 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     state = commit(spec, state, new, n_accepted, target_cache,
                    drafted=jnp.sum(valid[:, 1:], axis=1), draft_calls=spec.tree.max_depth,
                    nan=draft_nan | target_nan)
-    return state.replace(draft_cache=draft_cache,
-                         hidden=jnp.where(active[:, None, None], features, state.hidden),
-                         pending=jnp.where(active, n_accepted + 1, state.pending))
+    old = state.carry
+    return state.replace(carry=Carry(draft_cache,
+                                     jnp.where(active[:, None, None], features, old.features),
+                                     jnp.where(active, n_accepted + 1, old.pending)))

@@ -45,16 +45,18 @@ DEFAULT_CONFIDENCE_THRESHOLD = 0.4  # transformers' assistant_confidence_thresho
 
 
 def initial_lengths(spec, rows: int) -> jax.Array | None:
-    """The heuristic schedule's starting lengths [B]; None for the others (no state)."""
+    """The heuristic schedule's starting lengths [B], which the method carries from step to step
+    (`speculative.Carry`, `ngram.Carry`); None for the other schedules (no state)."""
     if spec.k_schedule != "heuristic":
         return None
     return jnp.full((rows,), spec.k_start, jnp.int32)
 
 
-def draft_limit(spec, state: DecodeState) -> jax.Array:
-    """The most tokens each row may draft this step: [B] int32 in 1..K."""
+def draft_limit(spec, state: DecodeState, lengths: jax.Array | None) -> jax.Array:
+    """The most tokens each row may draft this step: [B] int32 in 1..K. `lengths` are the
+    heuristic's (`initial_lengths`, `update`)."""
     if spec.k_schedule == "heuristic":
-        return state.lookahead
+        return lengths
     return jnp.full(state.length.shape, spec.k, jnp.int32)
 
 
@@ -81,17 +83,18 @@ def stops(spec, state: DecodeState, position: int | jax.Array, limit: jax.Array,
     return stop
 
 
-def update(spec, state: DecodeState, drafted: jax.Array, accepted: jax.Array) -> jax.Array | None:
-    """The heuristic's lengths for the next step: [B] (None for the other schedules).
+def update(spec, state: DecodeState, lengths: jax.Array | None, drafted: jax.Array,
+           accepted: jax.Array) -> jax.Array | None:
+    """The heuristic's `lengths` for the next step: [B] (None for the other schedules).
 
     A row that drafted nothing (an n-gram lookup with no match) learnt nothing and keeps its
     length; a finished row keeps it too.
     """
     if spec.k_schedule != "heuristic":
-        return state.lookahead
-    grown = jnp.where(accepted == drafted, state.lookahead + 2, state.lookahead - 1)
+        return lengths
+    grown = jnp.where(accepted == drafted, lengths + 2, lengths - 1)
     grown = jnp.clip(grown, 1, spec.k)
-    return jnp.where(~state.done & (drafted > 0), grown, state.lookahead)
+    return jnp.where(~state.done & (drafted > 0), grown, lengths)
 
 
 def verify_sizes(k: int) -> tuple[int, ...]:

@@ -16,15 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax import mesh as meshes
-from specjax.decoding import (
-    autoregressive,
-    eagle,
-    lookahead,
-    medusa,
-    ngram,
-    speculative,
-    speculative_tree,
-)
+from specjax.decoding.methods import MODULES
 from specjax.decoding.sharding import pinned, state_shardings, weight_shardings
 from specjax.decoding.spec import METHODS, DecodeSpec, Weights
 from specjax.decoding.state import DecodeState, RowSettings, initial_state
@@ -32,46 +24,17 @@ from specjax.model.linear import use_kernels
 
 __all__ = ["METHODS", "DecodeSpec", "Weights", "init", "programs", "step"]
 
-# Each method's step, for a chain and for a token tree (`spec.tree`).
-_STEPS = {("autoregressive", False): autoregressive.step,
-          ("speculative", False): speculative.step, ("speculative", True): speculative_tree.step,
-          ("ngram", False): ngram.step, ("ngram", True): ngram.tree_step,
-          ("medusa", True): medusa.step, ("eagle", True): eagle.step}
-
 
 def _init(spec: DecodeSpec, weights: Weights, prompts, prompt_length, row_keys,
           settings: RowSettings) -> DecodeState:
-    slots = spec.buffer_length
-    if spec.method == "medusa":
-        target_cache, hidden = autoregressive.prefill(weights.target, spec.target_config, prompts,
-                                                      prompt_length, slots, with_hidden=True,
-                                                      shards=spec.data_shards)
-        return pinned(spec, initial_state(prompts, prompt_length, row_keys, settings, slots,
-                                             target_cache, hidden=hidden,
-                                             max_accepted=spec.max_accepted))
-    if spec.method == "eagle":
-        target_cache, draft_cache, last = eagle.prefill_drafter(spec, weights, prompts,
-                                                               prompt_length, slots)
-        hidden = jnp.zeros((prompts.shape[0], spec.tree.max_depth + 1, last.shape[-1]),
-                           last.dtype).at[:, :1].set(last)
-        return pinned(spec, initial_state(prompts, prompt_length, row_keys, settings, slots,
-                                          target_cache, draft_cache, hidden=hidden,
-                                          pending=jnp.ones_like(prompt_length),
-                                          max_accepted=spec.max_accepted))
-    target_cache = autoregressive.prefill(weights.target, spec.target_config, prompts,
-                                          prompt_length, slots, shards=spec.data_shards)
-    draft_cache = None
-    if spec.method == "speculative":
-        draft_cache = autoregressive.prefill(weights.draft, spec.draft_config, prompts,
-                                             prompt_length, slots, shards=spec.data_shards)
-    state = initial_state(prompts, prompt_length, row_keys, settings, slots, target_cache, draft_cache,
-                          lookahead=lookahead.initial_lengths(spec, prompts.shape[0]),
-                          max_accepted=spec.max_accepted)
-    return pinned(spec, state)
+    target_cache, carry = MODULES[spec.method].init(spec, weights, prompts, prompt_length)
+    return pinned(spec, initial_state(prompts, prompt_length, row_keys, settings,
+                                      spec.buffer_length, target_cache, carry,
+                                      max_accepted=spec.max_accepted))
 
 
 def _step(spec: DecodeSpec, weights: Weights, state: DecodeState) -> DecodeState:
-    state = _STEPS[spec.method, spec.tree is not None](spec, weights, state)
+    state = MODULES[spec.method].step(spec, weights, state)
     return pinned(spec, state.replace(step=state.step + 1))
 
 

@@ -22,14 +22,37 @@ that costs acceptance, not exactness).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from specjax.decoding import trees
+from specjax.decoding.autoregressive import prefill
 from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, step_keys
 from specjax.heads import medusa
 from specjax.sampling.logits import probs_from_logits
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Carry:
+    """What Medusa carries from step to step (`DecodeState.carry`)."""
+    hidden: jax.Array    # [B, D] the target's final hidden state before each row's last token
+
+
+def init(spec, weights, prompts, prompt_length):
+    """Prefill: the target reads the prompts [B, P], keeping the hidden state the heads read
+    first. Returns its cache and the `Carry`."""
+    cache, hidden = prefill(weights.target, spec.target_config, prompts, prompt_length,
+                            spec.buffer_length, with_hidden=True, shards=spec.data_shards)
+    return cache, Carry(hidden)
+
+
+def layout(spec, rows, cache) -> Carry:
+    """The carry's layout on a device mesh (`decoding.sharding`)."""
+    return Carry(rows)
 
 
 def candidate_tree(spec, heads, state: DecodeState, keys):
@@ -37,7 +60,7 @@ def candidate_tree(spec, heads, state: DecodeState, keys):
     at each node [B, n, V] (None for "top" candidates)."""
     tree, scheme, vocab = spec.tree, spec.candidates, spec.vocab_size
     b, n, width = state.length.shape[0], tree.size + 1, tree.max_width
-    sub_logits = medusa.subset_logits(heads, state.hidden, tree.max_depth)     # [B, D, S]
+    sub_logits = medusa.subset_logits(heads, state.carry.hidden, tree.max_depth)     # [B, D, S]
     level_keys = jax.vmap(lambda key: jax.random.split(key, tree.max_depth))(keys)   # [B, D]
 
     def expand(d, tokens, valid, probs):
@@ -61,15 +84,16 @@ def candidate_tree(spec, heads, state: DecodeState, keys):
 
 
 def step(spec, params, state: DecodeState) -> DecodeState:
+    hidden = state.carry.hidden
     k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
     # Step 1: the heads' candidates, from the hidden state the last call left.
     tokens, valid, probs = candidate_tree(spec, params.heads, state, k_draft)
     # Steps 2 and 3: one target call over the tree, the walk, and the next hidden state.
     new, n_accepted, _, cache, nan, features = trees.score_and_verify(
         spec, params, state, tokens, valid, probs, k_verify, trees.SCHEMES[spec.candidates])
-    hidden = jnp.take_along_axis(features, n_accepted[:, None, None], axis=1)[:, 0]
+    new_hidden = jnp.take_along_axis(features, n_accepted[:, None, None], axis=1)[:, 0]
     # Step 4: commit; finished rows keep their hidden state.
     active = ~state.done
     state = commit(spec, state, new, n_accepted, cache, drafted=jnp.sum(valid[:, 1:], axis=1),
-                   nan=nan | any_nan(state.hidden))
-    return state.replace(hidden=jnp.where(active[:, None], hidden, state.hidden))
+                   nan=nan | any_nan(hidden))
+    return state.replace(carry=Carry(jnp.where(active[:, None], new_hidden, hidden)))

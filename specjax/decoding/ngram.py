@@ -23,14 +23,37 @@ sibling branches instead of being thrown away, and every node is a deterministic
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from specjax.decoding import lookahead, trace, trees
+from specjax.decoding.autoregressive import prefill
 from specjax.decoding.speculative import score_and_verify
 from specjax.decoding.state import DecodeState, commit, step_keys
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Carry:
+    """What n-gram decoding carries from step to step (`DecodeState.carry`): a lookup needs
+    nothing but the token buffer, so only a schedule's state."""
+    lookahead: jax.Array | None    # [B] the heuristic schedule's draft lengths, else None
+
+
+def init(spec, weights, prompts, prompt_length):
+    """Prefill: the target reads the prompts [B, P]. Returns its cache and the `Carry`."""
+    cache = prefill(weights.target, spec.target_config, prompts, prompt_length,
+                    spec.buffer_length, shards=spec.data_shards)
+    return cache, Carry(lookahead.initial_lengths(spec, prompts.shape[0]))
+
+
+def layout(spec, rows, cache) -> Carry:
+    """The carry's layout on a device mesh (`decoding.sharding`)."""
+    return Carry(rows if spec.k_schedule == "heuristic" else None)
 
 
 def lookup(tokens, length, k: int, max_n: int, min_n: int):
@@ -62,12 +85,15 @@ def lookup(tokens, length, k: int, max_n: int, min_n: int):
 
 
 def step(spec, params, state: DecodeState) -> DecodeState:
-    k, vocab = spec.k, spec.vocab_size
+    """One step for every row: the chain below, or a token tree (`tree_step`)."""
+    if spec.tree is not None:
+        return tree_step(spec, params, state)
+    k, vocab, lengths = spec.k, spec.vocab_size, state.carry.lookahead
     # Step 1: the draft is a lookup; a one-hot p makes it a deterministic draft.
     draft_tokens, count = jax.vmap(lookup, in_axes=(0, 0, None, None, None))(
         state.tokens, state.length, k, spec.max_ngram, spec.min_ngram)          # [B, K], [B]
     # The heuristic schedule caps a row's draft at its current length (`lookahead`).
-    count = jnp.minimum(count, lookahead.draft_limit(spec, state))
+    count = jnp.minimum(count, lookahead.draft_limit(spec, state, lengths))
     drafted = jnp.arange(k) < count[:, None]                                     # [B, K]
     draft_probs = jax.nn.one_hot(draft_tokens, vocab) * drafted[..., None]       # [B, K, V]
     # Steps 2 and 3: as speculative sampling's.
@@ -79,7 +105,7 @@ def step(spec, params, state: DecodeState) -> DecodeState:
             score_and_verify, spec, params, state, draft_tokens, draft_probs, step_keys(state),
             jnp.where(state.done, 0, count))
     state = trace.record(spec, state, draft_tokens, count, new, n_accepted, details)
-    state = state.replace(lookahead=lookahead.update(spec, state, count, n_accepted))
+    state = state.replace(carry=Carry(lookahead.update(spec, state, lengths, count, n_accepted)))
     # Step 4: commit.
     return commit(spec, state, new, n_accepted, cache, drafted=count, nan=nan)
 

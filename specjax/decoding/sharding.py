@@ -8,6 +8,7 @@ from __future__ import annotations
 from jax import lax
 
 from specjax import mesh as meshes
+from specjax.decoding.methods import MODULES
 from specjax.decoding.spec import DecodeSpec, Weights
 from specjax.decoding.state import DecodeState
 from specjax.model.cache import KVCache
@@ -28,7 +29,8 @@ def weight_shardings(spec: DecodeSpec) -> Weights:
 
 def state_shardings(spec: DecodeSpec) -> DecodeState:
     """Every per-row array over "data", caches also over "model" by key/value head where their
-    model's weights are split so (`mesh.cache_sharding`), the step counter replicated."""
+    model's weights are split so (`mesh.cache_sharding`), the step counter replicated; the
+    method's carry as its module's `layout` says."""
     mesh = spec.mesh
     rows, one = meshes.rows(mesh), meshes.replicated(mesh)
 
@@ -39,15 +41,9 @@ def state_shardings(spec: DecodeSpec) -> DecodeState:
     drafts = spec.method != "autoregressive"
     return DecodeState(
         tokens=rows, length=rows, prompt_length=rows, done=rows, row_keys=rows,
-        settings=rows, step=one,
-        target_cache=cache(spec.target_config, True),
-        draft_cache=(cache(spec.draft_config, spec.shard_draft) if spec.method == "speculative"
-                     else cache(spec.drafter_config.layer, False) if spec.method == "eagle"
-                     else None),
+        settings=rows, step=one, target_cache=cache(spec.target_config, True),
         target_calls=rows, draft_calls=rows, drafted=rows, accepted=rows, nan_seen=one,
-        hidden=rows if spec.method in ("medusa", "eagle") else None,
-        pending=rows if spec.method == "eagle" else None,
-        lookahead=rows if spec.k_schedule == "heuristic" else None,
+        carry=MODULES[spec.method].layout(spec, rows, cache),
         accepted_histogram=rows if drafts else None)
 
 

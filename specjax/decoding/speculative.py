@@ -23,14 +23,43 @@ Beside this file: token trees (`speculative_tree`), rows that draft different nu
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.decoding import lookahead, trace
+from specjax.decoding import lookahead, speculative_tree, trace
+from specjax.decoding.autoregressive import prefill
 from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, pad_vocab, step_keys
+from specjax.model.cache import KVCache
 from specjax.model.transformer import forward
 from specjax.sampling.logits import probs_from_logits
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Carry:
+    """What speculative decoding carries from step to step (`DecodeState.carry`)."""
+    draft_cache: KVCache           # the draft's cache: every position before the row's last
+    #                                token, or one fewer (the next step's first call catches up)
+    lookahead: jax.Array | None    # [B] the heuristic schedule's draft lengths, else None
+
+
+def init(spec, weights, prompts, prompt_length):
+    """Prefill: both models read the prompts [B, P]. Returns the target's cache and the
+    `Carry`."""
+    caches = [prefill(params, config, prompts, prompt_length, spec.buffer_length,
+                      shards=spec.data_shards)
+              for params, config in ((weights.target, spec.target_config),
+                                     (weights.draft, spec.draft_config))]
+    return caches[0], Carry(caches[1], lookahead.initial_lengths(spec, prompts.shape[0]))
+
+
+def layout(spec, rows, cache) -> Carry:
+    """The carry's layout on a device mesh (`decoding.sharding`)."""
+    return Carry(cache(spec.draft_config, spec.shard_draft),
+                 rows if spec.k_schedule == "heuristic" else None)
 
 
 def draft(spec, params, state: DecodeState, keys, limit):
@@ -47,7 +76,8 @@ def draft(spec, params, state: DecodeState, keys, limit):
     # The first call feeds the last two tokens (see the module docstring) and reads the logits
     # of the row's last real position: index 1, or 0 for a row of a single token.
     window, positions = last_tokens(state, 2)
-    logits, cache = forward(params.draft, spec.draft_config, window, positions, state.draft_cache)
+    logits, cache = forward(params.draft, spec.draft_config, window, positions,
+                            state.carry.draft_cache)
     last = state.length - 1 - positions[:, 0]
     logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]   # [B, V']
     nan = any_nan(logits)
@@ -117,14 +147,17 @@ def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs
 
 
 def step(spec, params, state: DecodeState) -> DecodeState:
-    k = spec.k
+    """One step for every row: the chain below, or a token tree (`speculative_tree`)."""
+    if spec.tree is not None:
+        return speculative_tree.step(spec, params, state)
+    k, carry = spec.k, state.carry
     keys = step_keys(state)                                            # [B]
     split = jax.vmap(lambda key: jax.random.split(key, k + 1))(keys)   # [B, K + 1]
     draft_keys, verify_keys = split[:, :k], split[:, k]
 
     # Step 1: draft x_1..x_n ~ p_1..p_n, n <= K as the row's schedule says (`lookahead`).
     draft_tokens, draft_probs, count, draft_cache, draft_nan = draft(
-        spec, params, state, draft_keys, lookahead.draft_limit(spec, state))
+        spec, params, state, draft_keys, lookahead.draft_limit(spec, state, carry.lookahead))
     # Steps 2 and 3: score with the target, accept a prefix, draw the residual or bonus token.
     if spec.k_schedule == "constant":
         new, n_accepted, target_cache, target_nan, details = score_and_verify(
@@ -133,12 +166,12 @@ def step(spec, params, state: DecodeState) -> DecodeState:
         new, n_accepted, target_cache, target_nan, details = lookahead.ragged_score_and_verify(
             score_and_verify, spec, params, state, draft_tokens, draft_probs, verify_keys, count)
     state = trace.record(spec, state, draft_tokens, count, new, n_accepted, details)
-    state = state.replace(lookahead=lookahead.update(spec, state, count, n_accepted))
+    lengths = lookahead.update(spec, state, carry.lookahead, count, n_accepted)
 
     # Step 4: commit, and roll the draft back too. It has seen the fed tokens up to x_{n-1}, so
     # it may be one behind (the next step catches up).
     old_length = state.length
     state = commit(spec, state, new, n_accepted, target_cache, drafted=count,
                    draft_calls=count, nan=draft_nan | target_nan)
-    return state.replace(draft_cache=draft_cache.with_length(
-        jnp.minimum(state.length - 1, old_length + count - 1)))
+    draft_cache = draft_cache.with_length(jnp.minimum(state.length - 1, old_length + count - 1))
+    return state.replace(carry=Carry(draft_cache, lengths))

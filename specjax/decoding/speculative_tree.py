@@ -1,5 +1,6 @@
 """Speculative sampling over a token tree (`spec.tree`, see `specjax.sampling.tree`) with a
-draft model: the chain of `speculative`, widened.
+draft model: the chain of `speculative`, widened (its `step` calls this one's for a tree; the
+two share its `init` and `Carry`).
 
   1. The draft expands the tree level by level (`trees.fill`): one draft call per depth over all
      the nodes of that depth, each attending to its ancestors; every node's children are its
@@ -11,6 +12,8 @@ draft model: the chain of `speculative`, widened.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +36,8 @@ def draft_tree(spec, params, state: DecodeState, keys):
     tree, scheme, vocab = spec.tree, spec.candidates, spec.vocab_size
     b, n, depth = state.length.shape[0], tree.size + 1, tree.max_depth
     window, positions = last_tokens(state, 2)            # the first call, as in `draft`
-    logits, cache = forward(params.draft, spec.draft_config, window, positions, state.draft_cache)
+    logits, cache = forward(params.draft, spec.draft_config, window, positions,
+                            state.carry.draft_cache)
     last = (state.length - 1 - positions[:, 0])[:, None]
     root = state.length - 1
     level_keys = jax.vmap(lambda key: jax.random.split(key, depth))(keys)   # [B, D]
@@ -85,5 +89,5 @@ def step(spec, params, state: DecodeState) -> DecodeState:
                    drafted=jnp.sum(valid[:, 1:], axis=1), draft_calls=depth,
                    nan=draft_nan | target_nan)
     draft_cache = trees.keep_path(draft_cache, old_length - 1, path, nodes)
-    return state.replace(draft_cache=draft_cache.with_length(
-        jnp.minimum(state.length - 1, old_length + depth - 1)))
+    draft_cache = draft_cache.with_length(jnp.minimum(state.length - 1, old_length + depth - 1))
+    return state.replace(carry=dataclasses.replace(state.carry, draft_cache=draft_cache))

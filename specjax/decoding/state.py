@@ -43,7 +43,6 @@ class DecodeState:
     settings: RowSettings      # each row's sampling parameters, length and stop ids
     step: jax.Array            # [] int32: loop iterations so far
     target_cache: KVCache
-    draft_cache: KVCache | None
     # Per-row counters, all [B] int32: target calls (loop iterations while active), draft
     # calls, tokens drafted, drafted tokens accepted.
     target_calls: jax.Array
@@ -51,14 +50,12 @@ class DecodeState:
     drafted: jax.Array
     accepted: jax.Array
     nan_seen: jax.Array        # [] bool: some logits were NaN (the API raises on it)
-    # Medusa: the target's final hidden state [B, D] at the position before each row's last
-    # token (the one that produced it), which the heads read. EAGLE: the target's features
-    # [B, D' + 1, D] of the pairs its drafter has not read yet, `pending` [B] of them
-    # (`decoding.eagle`).
-    hidden: jax.Array | None = None
-    pending: jax.Array | None = None
-    # The heuristic lookahead schedule only: each row's draft length for its next step [B].
-    lookahead: jax.Array | None = None
+    # What only the method carries from step to step, one pytree that its module's `init` makes
+    # and its `step` updates: the draft's cache and the lookahead lengths (`speculative.Carry`),
+    # the lookahead lengths (`ngram.Carry`), the hidden state the heads read (`medusa.Carry`),
+    # the drafter's cache and the target's features of the pairs it has not read
+    # (`eagle.Carry`); None for autoregressive decoding.
+    carry: object = None
     # Drafting methods: steps that accepted exactly j drafted tokens, [B, D + 1] int32 (D the
     # longest path a step can accept: K, or a tree's depth); None for autoregressive decoding.
     accepted_histogram: jax.Array | None = None
@@ -70,20 +67,18 @@ class DecodeState:
 
 
 def initial_state(prompts, prompt_length, row_keys, settings, buffer_length, target_cache,
-                  draft_cache=None, hidden=None, lookahead=None, max_accepted=None,
-                  pending=None):
-    """Copies the padded prompts [B, P] into a token buffer [B, buffer_length]."""
+                  carry=None, max_accepted=None):
+    """Copies the padded prompts [B, P] into a token buffer [B, buffer_length]; `carry` is the
+    method's own state (its module's `init`)."""
     b, p = prompts.shape
     tokens = jnp.zeros((b, buffer_length), jnp.int32).at[:, :p].set(prompts.astype(jnp.int32))
     zeros = jnp.zeros((b,), jnp.int32)
     return DecodeState(tokens=tokens, length=prompt_length.astype(jnp.int32),
                        prompt_length=prompt_length.astype(jnp.int32),
                        done=jnp.zeros((b,), bool), row_keys=row_keys, settings=settings,
-                       step=jnp.zeros((), jnp.int32),
-                       target_cache=target_cache, draft_cache=draft_cache, target_calls=zeros,
-                       draft_calls=zeros, drafted=zeros, accepted=zeros,
-                       nan_seen=jnp.zeros((), bool), hidden=hidden, pending=pending,
-                       lookahead=lookahead,
+                       step=jnp.zeros((), jnp.int32), target_cache=target_cache,
+                       target_calls=zeros, draft_calls=zeros, drafted=zeros, accepted=zeros,
+                       nan_seen=jnp.zeros((), bool), carry=carry,
                        accepted_histogram=(None if max_accepted is None else
                                            jnp.zeros((b, max_accepted + 1), jnp.int32)))
 
