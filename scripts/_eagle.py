@@ -542,6 +542,11 @@ def train_drafter(args) -> tuple[object, dict]:
     labels = np.concatenate([docs.tokens[docs.begin[i] + docs.prompt[i]:docs.end[i]]
                              for i in train_docs])
     ids = frequent_tokens(labels, args.subset, target.config.vocab_size)
+    start = specjax.load(Path(args.init)) if args.init else None
+    if start is not None and start.token_ids.size == ids.size:
+        # A later stage keeps the first stage's subset (its projection rows are what it learnt
+        # to address), even on more data, whose most frequent tokens differ a little.
+        ids = np.asarray(start.token_ids)
     asked = np.concatenate([docs.tokens[docs.begin[i] + docs.prompt[i] + 1:docs.end[i]]
                             for i in eval_docs])
     coverage = float(np.mean(np.isin(asked, ids)))
@@ -566,11 +571,10 @@ def train_drafter(args) -> tuple[object, dict]:
     trainable = {"fc": drafter.params["fc"], "layers": drafter.params["layers"],
                  "final_norm": target.params["final_norm"],
                  **({"reduce": drafter.params["reduce"]} if fused else {})}
-    if args.init:       # a second stage: go on from a trained drafter of the same shape
-        start = specjax.load(Path(args.init))
+    if start is not None:   # a second stage: go on from a trained drafter of the same shape
         if start.config != drafter.config or not np.array_equal(start.token_ids, ids):
             raise SystemExit(f"--init {args.init}: not a drafter of this shape and subset "
-                             "(fused layers, subset size and token ids must match)")
+                             "(fused layers and subset size must match)")
         trainable = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32),
                                  {k: start.params[k] for k in trainable})
         print(f"starting from {args.init}", flush=True)
@@ -1137,8 +1141,9 @@ def add_commands(sub) -> None:
                              "present, removed when training ends")
     common.add_argument("--checkpoint-minutes", type=float, default=3.0)
     common.add_argument("--init", type=Path,
-                        help="a trained drafter directory of the same shape and subset to go on "
-                             "from (a second stage, with its own learning-rate schedule)")
+                        help="a trained drafter directory of the same shape and subset size to go "
+                             "on from (a second stage, with its own learning-rate schedule; it "
+                             "keeps that drafter's subset of token ids)")
 
     p = sub.add_parser("eagle", parents=[common], help="train an EAGLE drafter on cached features")
     p.add_argument("--unroll", type=int, default=1, help="training passes, the later ones on "
