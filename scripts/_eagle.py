@@ -626,6 +626,19 @@ def train_drafter(args) -> tuple[object, dict]:
     evaluation = chain_accuracy(trained, target, docs, eval_docs, args.depth)
     evaluation["seconds"] = round(time.time() - t1, 1)
     print(json.dumps(evaluation), flush=True)
+    # Earlier drafters for the same target, on the same held-out documents (none of them saw
+    # one: the held-out rule depends on the prompt alone).
+    previous = {}
+    for directory in args.compare or ():
+        previous[str(directory)] = {"all": chain_accuracy(specjax.load(Path(directory)), target,
+                                                          docs, eval_docs, args.depth)}
+        log_file = Path(directory) / "train_log.json"
+        if log_file.exists():          # what it was trained on, for the card
+            earlier = json.loads(log_file.read_text())
+            previous[str(directory)]["trained_on"] = {
+                "generated_tokens": sum(m["generated_tokens"] for m in earlier.get("data", [])),
+                "train_slots": earlier.get("train_slots"), "steps": earlier.get("steps")}
+        print(json.dumps({str(directory): previous[str(directory)]}), flush=True)
     record = {
         "target": args.target, "unroll": args.unroll, "steps": steps,
         "slots_per_batch": args.slots, "window": args.window, "quantum": args.quantum,
@@ -642,6 +655,7 @@ def train_drafter(args) -> tuple[object, dict]:
         "seed": args.seed, "train_s": round(train_s, 1), "resumed_at": done or None,
         "init": str(args.init) if args.init else None,
         "final_train": log[-1] if log else None, "held_out": evaluation, "log": log,
+        **({"against_previous": previous} if previous else {}),
         "seconds": round(time.time() - started, 1)}
     return trained, record
 
@@ -1029,18 +1043,24 @@ def write_card(directory: Path) -> None:
             f"predicted features, which live in the final feature's space, not the reduced taps' "
             f"(EAGLE-3 trains with its training-time test for this reason). The final feature "
             f"went on to the second stage.\n")
-    previous = record.get("against_previous")
-    if previous:
-        old = previous.get("weights/smollm2-eagle")
-        if old:
-            a, o = old["all"], old["not_in_data_eagle"]
-            comparison_text += (
-                f"\n**Against the previous drafter** (trained on `data/eagle/`'s 115k greedy "
-                f"tokens), on the same {a['documents']} held-out documents: chain accuracy "
-                f"{', '.join(f'{x:.3f}' for x in a['accuracy'])}, expected tokens per call with a "
-                f"chain of 4 {a['expected_tokens_per_call'][3]:.2f}, against this drafter's "
-                f"{expected[3]:.2f} (the table below); {o['expected_tokens_per_call'][3]:.2f} on "
-                f"the {o['documents']} whose prompt it did not train on.\n")
+    for earlier, old in (record.get("against_previous") or {}).items():
+        a = old["all"]
+        trained_on = old.get("trained_on")
+        if trained_on:
+            what = (f"the drafter that was in `{earlier}` before this one, trained on "
+                    f"{trained_on['generated_tokens']:,} generated tokens")
+        else:
+            what = "the previous drafter, trained on `data/eagle/`'s 115k greedy tokens"
+        comparison_text += (
+            f"\n**Against {what}**, on the same {a['documents']} held-out documents: chain "
+            f"accuracy {', '.join(f'{x:.3f}' for x in a['accuracy'])}, expected tokens per call "
+            f"with a chain of 4 {a['expected_tokens_per_call'][3]:.2f}, against this drafter's "
+            f"{expected[3]:.2f} (the table below)")
+        if "not_in_data_eagle" in old:
+            o = old["not_in_data_eagle"]
+            comparison_text += (f"; {o['expected_tokens_per_call'][3]:.2f} on the "
+                                f"{o['documents']} whose prompt it did not train on")
+        comparison_text += ".\n"
     final = record["final_train"]
     nl = "\n"
     text = render(
@@ -1140,6 +1160,9 @@ def add_commands(sub) -> None:
                         help="an .npz saved every --checkpoint-minutes, resumed from if "
                              "present, removed when training ends")
     common.add_argument("--checkpoint-minutes", type=float, default=3.0)
+    common.add_argument("--compare", type=Path, nargs="*", default=[],
+                        help="trained drafters of the same target to measure on the same "
+                             "held-out documents (recorded as against_previous)")
     common.add_argument("--init", type=Path,
                         help="a trained drafter directory of the same shape and subset size to go "
                              "on from (a second stage, with its own learning-rate schedule; it "
