@@ -208,3 +208,36 @@ def test_greedy_tokens_do_not_depend_on_the_buffer_size(long_model):
     long = generate(long_model, [PROMPTS[0]], max_new_tokens=1200, temperature=0.0,
                     eos_ids=()).tokens
     assert long[0][:40] == short[0]
+
+
+def test_each_method_owns_its_state(models):
+    # `DecodeState.carry` is the method's own pytree (its module's `init` makes it, its `step`
+    # keeps it); every other field has the same structure and shapes whatever the method.
+    from specjax.api.generate import prepare
+    from specjax.decoding import loop
+    from specjax.decoding.methods import MODULES
+
+    target, draft = models
+    heads = specjax.init_heads(specjax.HeadsConfig(num_heads=2, num_blocks=1,
+                                                   hidden_size=target.config.d_model,
+                                                   vocab_size=8, subset_size=8), target, seed=3)
+    drafter = specjax.init_drafter(target, seed=3)
+    beside = {"speculative": dict(draft=draft, k=2), "ngram": dict(k=2),
+              "medusa": dict(heads=heads, tree=specjax.Tree.full((2, 1))),
+              "eagle": dict(drafter=drafter, tree=specjax.Tree.full((2, 1)))}
+    assert set(MODULES) == set(specjax.decoding.spec.METHODS)
+    shared = {}
+    for method, module in MODULES.items():
+        assert all(callable(getattr(module, f)) for f in ("init", "step", "layout"))
+        request = prepare(target, PROMPTS, method=method, max_new_tokens=4, temperature=1.0,
+                          eos_ids=(), **beside.get(method, {}))
+        state = loop.init(request.spec, request.weights, *request.inputs)
+        after = loop.step(request.spec, request.weights, state)
+        if method == "autoregressive":
+            assert state.carry is None and after.carry is None
+        else:
+            assert type(state.carry) is module.Carry and type(after.carry) is module.Carry
+            assert (jax.tree.map(np.shape, state.carry) == jax.tree.map(np.shape, after.carry))
+        rest = state.replace(carry=None, accepted_histogram=None)
+        shared[method] = (jax.tree.structure(rest), jax.tree.map(np.shape, jax.tree.leaves(rest)))
+    assert len(set(map(str, shared.values()))) == 1, shared
