@@ -968,18 +968,21 @@ def write_card(directory: Path) -> None:
                    if name != choice.get("setting")}
         if sampled:
             shipped = json.dumps(record["tree"])
+            def cell(v, tree):
+                r = next(r for r in v["rows"] if json.dumps(r["tree"]) == tree)
+                by_depth = ", ".join(f"{a:.2f}" for a in r["acceptance_by_depth"] if a is not None)
+                return f"{r['tokens_per_target_call']:.2f} ({by_depth})"
+
             lines = "\n".join(
-                f"| `{name}` ({v['seeds']} seeds) | {describe_tree(v['best'])} | " + " | ".join(
-                    f"{r['tokens_per_target_call']:.2f} ({', '.join(f'{a:.2f}' for a in r['acceptance_by_depth'] if a is not None)})"
-                    for tree in dict.fromkeys((shipped, json.dumps(v["best"])))
-                    for r in v["rows"] if json.dumps(r["tree"]) == tree)
-                + " |" for name, v in sampled.items())
+                f"| `{name}` ({v['seeds']} seeds) | {cell(v, shipped)} | "
+                f"{describe_tree(v['best'])} | {cell(v, json.dumps(v['best']))} |"
+                for name, v in sampled.items())
             tree_text += (
                 "\n\nSampling, the same trees on the same questions (`eagle-tree --settings`): "
-                "each setting's best tree by tokens per cost, and tokens per target call "
-                "(acceptance by depth) of the greedy default and of that best one (one cell when "
-                "they are the same):\n\n| setting | best tree | tokens per call (acceptance by "
-                "depth) |\n|---|---|---|\n" + lines)
+                "tokens per target call (acceptance by depth) of the greedy default, and each "
+                "setting's best tree by tokens per cost with its own:\n\n| setting | greedy "
+                "default | best tree | best tree's tokens per call |\n|---|---|---|---|\n"
+                + lines)
             if record.get("sampled_tree"):
                 tree_text += (
                     f"\n\n**Default when sampling:** {describe_tree(record['sampled_tree'])} "
@@ -1027,6 +1030,16 @@ def write_card(directory: Path) -> None:
                   f"{stage['steps']} steps in {stage['train_s'] / 60:.1f} minutes (held-out "
                   f"chains then {', '.join(f'{a:.3f}' for a in stage['accuracy'])}), "
                   f"`--init`; the first command below is that run's." if stage else "")
+    init = record.get("init")
+    if init and not stage:
+        earlier = (record.get("against_previous") or {}).get(init, {}).get("trained_on")
+        stage_text = (f" It went on (`--init`) from the drafter that was in `{init}` before "
+                      "it" + (f" (its last stage {earlier['steps']} steps, on "
+                              f"{earlier['generated_tokens']:,} generated tokens, compared below)"
+                              if earlier else "")
+                      + ", keeping its subset; its card, in the repository's history, has "
+                        "the commands that made it.")
+    train_minutes = (record["train_s"] + (stage["train_s"] if stage else 0)) / 60
     comparison_text = ""
     fused_runs = record.get("fused_comparison")
     if fused_runs:
@@ -1069,7 +1082,9 @@ def write_card(directory: Path) -> None:
                                                              f"`{record['target']}`"),
         usage=USAGE.get(record["target"], f"python -m specjax generate --target "
                         f"{record['target']} --method eagle --drafter weights/{directory.name}"),
-        train_minutes=f"{(record['train_s'] + (stage['train_s'] if stage else 0)) / 60:.1f}",
+        train_minutes=f"{train_minutes:.1f}",
+        trained_in=(f"trained here, its last stage in {train_minutes:.1f}" if init and not stage
+                    else f"trained here in {train_minutes:.1f}"),
         hidden_size=d,
         layer=(f"{layer.n_heads} query heads, {layer.n_kv_heads} key/value heads of "
                f"{layer.head_dim}, SwiGLU MLP {layer.d_ff} wide, RoPE theta "
@@ -1096,6 +1111,7 @@ def write_card(directory: Path) -> None:
         warmup=record["warmup"], weight_decay=record["weight_decay"], clip=record["clip"],
         slots=f"{record['slots_per_batch']:,}", steps=record["steps"],
         epochs=record["epochs"], cpu_count=record["machine"]["cpu_count"],
+        cpu=record["machine"].get("cpu", "AMD EPYC (AVX2)"),
         jax=record["machine"]["jax"],
         final_loss=(f"SmoothL1 {final['smooth_l1'][0]:.3f}, cross-entropy "
                     f"{final['cross_entropy'][0]:.3f}, top-1 agreement with the target "

@@ -448,8 +448,29 @@ def machine() -> dict:
 
     import jax
 
-    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "jax": jax.__version__,
-            "python": platform.python_version()}
+    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "cpu": cpu_name(),
+            "jax": jax.__version__, "python": platform.python_version()}
+
+
+def cpu_name() -> str:
+    """The CPU as the cards name it: its model and its widest vector extension (the hosts of
+    one model name differ there), e.g. "AMD EPYC, AVX-512"; from /proc/cpuinfo on Linux."""
+    import platform
+
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        return model
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
+    return f"{model}, {vector}" if vector else model
 
 
 def rank_accuracy(heads, target, hidden, rows, labels, ranks: int = 10, batch: int = 4096):
