@@ -58,6 +58,7 @@ def quick(tmp_path_factory):
     return out, proc
 
 
+@pytest.mark.slow
 def test_quick_bench_writes_results_with_the_documented_schema(quick):
     out, proc = quick
     results = json.loads((out / "results.json").read_text())

@@ -188,6 +188,7 @@ def test_bad_eagle_requests_are_errors(target, drafter_dir):
         eagle.init_drafter(gpt2)
 
 
+@pytest.mark.slow
 def test_greedy_eagle_equals_autoregressive(target):
     # Ragged rows (one of a single token, whose first pair has a zero feature), an EOS.
     drafter = random_drafter(target, seed=1)
@@ -354,6 +355,7 @@ def _reference_dynamic_tree(target, drafter, tokens, shape):
     return [(pool[j][0], node_of.get(pool[j][2], 0)) for j in chosen]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [specjax.DynamicTree(3, 2, 5), specjax.DynamicTree(2, 3, 7)])
 def test_dynamic_tree_matches_eagle2_selection_from_scratch(target, shape):
     """The loop's dynamic tree (frontiers read with tree attention among the drafter's own

@@ -121,6 +121,7 @@ def test_shipped_heads_make_1_6_tokens_per_target_call_on_held_out_prompts(ours)
     assert result.stats.tokens_per_target_call >= 1.6, result.stats
 
 
+@pytest.mark.slow
 def test_eagle_with_the_shipped_drafter_gives_the_greedy_output(ours, greedy):
     drafter = specjax.load(DRAFTER)
     batched = generate(ours, PROMPTS[:3], method="eagle", drafter=drafter, max_new_tokens=50,
@@ -133,6 +134,7 @@ def test_eagle_with_the_shipped_drafter_gives_the_greedy_output(ours, greedy):
         assert alone.tokens == greedy[1:2], tree
 
 
+@pytest.mark.slow
 def test_kernels_off_gives_the_same_greedy_output(ours, greedy):
     # `greedy` ran with the CPU kernels (the default; a batch of 3 rows takes the few-row
     # product, and every step the few-query attention); XLA's formulation gives its tokens.

@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_a_thousand_calls_with_random_settings():
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "soak.py"), "--calls", "1000",
                              "--settle", "200", "--seed", "0"], capture_output=True, text=True,

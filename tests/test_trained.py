@@ -28,6 +28,7 @@ def trained_pair(request):
     return specjax.load(target_dir), specjax.load(draft_dir)
 
 
+@pytest.mark.slow
 def test_all_methods_give_the_greedy_output_on_code(trained_pair):
     target, draft = trained_pair
     greedy = generate(target, PROMPTS, max_new_tokens=48, temperature=0.0, eos_ids=()).tokens
