@@ -1,16 +1,36 @@
-"""Shared pytest setup: one compilation cache for the whole run, and programs released per
-module."""
+"""Shared pytest setup: how the suite compiles (LLVM at -O0, one compilation cache for the
+whole run), and programs released per module."""
 
 import os
 import shutil
 import tempfile
 
-import jax
-import pytest
+# XLA's CPU backend at LLVM -O0: the suite's tiny models spend most of their time compiling,
+# and -O0 compiles about a third faster. It changes only how LLVM optimises XLA's generated loops:
+# the HLO passes, the matrix products (runtime library calls) and the C++ kernels are the ones a
+# user runs, and XLA does not reassociate float arithmetic at any level, so every comparison the
+# suite makes (two programs, one reference) is between programs built the same way.
+# SPECJAX_TEST_XLA_OPT=default runs the suite as shipped (docs/tests.md).
+OPT_LEVEL = "--xla_backend_optimization_level=0"
 
-from specjax.api.generate import _COMPILED
-from specjax.decoding import loop
-from specjax.presets import enable_compile_cache
+
+def _compile_fast() -> None:
+    if os.environ.get("SPECJAX_TEST_XLA_OPT", "").strip().lower() == "default":
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_backend_optimization_level" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {OPT_LEVEL}".strip()
+
+
+_compile_fast()      # before JAX starts its backend, and inherited by workers and subprocesses
+
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+from specjax.api.generate import _COMPILED  # noqa: E402
+from specjax.decoding import loop  # noqa: E402
+from specjax.presets import enable_compile_cache  # noqa: E402
 
 # The lossless check's fixture, as a user's suite would load it (tests/test_conformance.py).
 pytest_plugins = ["specjax.testing.pytest_plugin"]

@@ -27,7 +27,8 @@ def test_mesh_checks_pass_on_eight_devices_and_across_two_processes():
     import specjax
     from specjax.presets import WEIGHTS
 
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    flags = os.environ.get("XLA_FLAGS", "")                   # the suite's compile level too
+    env = dict(os.environ, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count=8")
     checks = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0",
                                str(CHECKS)], cwd=CHECKS.parent.parent, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -35,8 +36,7 @@ def test_mesh_checks_pass_on_eight_devices_and_across_two_processes():
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["PYTHONPATH"] = str(PROCESS.parent.parent)
+    env = dict(os.environ, PYTHONPATH=str(PROCESS.parent.parent))
     pair = [subprocess.Popen([sys.executable, str(PROCESS), str(i), str(port), json.dumps(prompts)],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for i in range(2)]
