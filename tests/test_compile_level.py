@@ -1,20 +1,29 @@
 """The suite compiles at LLVM -O1 (tests/conftest.py) to save compile time; this checks that the
-programs it tests compute the same bits as the ones users run: logits of the shipped tiny
-targets, and the tokens of sampled speculative, tree and EAGLE decoding, in this process and
-in one at XLA's default level."""
+programs it tests compute the same bits as the ones users run, in this process and in one at
+XLA's default level: logits of the shipped tiny targets (with the CPU kernels and with XLA's
+formulation) and their sampling distributions, weights drawn from seeds, and the tokens of
+sampled speculative, tree and EAGLE decoding. Its negative control was run by hand: at -O0 the
+drawn weights differ in the last bit and this test fails, which is why the suite uses -O1.
+(~30 s; `SPECJAX_TEST_XLA_OPT=default` makes both sides the default level.)"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 
 import specjax
+from specjax import kernels
+from specjax.model.linear import use_kernels
 from specjax.presets import WEIGHTS
+from specjax.sampling.logits import SamplingParams, probs_from_logits
+from specjax.testing.law import build_pair
 
 from tests.conftest import OPT_LEVEL
 
@@ -30,13 +39,26 @@ print(json.dumps(outputs()))
 
 def outputs() -> dict:
     """Logits (as the bytes of their float32 values) and tokens of the runs compared."""
+    # `forward` uses the CPU kernels once they are registered in the process (generate
+    # registers them); register them first, so that both processes compare the same path, and
+    # compare XLA's formulation too.
+    kernels.ensure()
     result = {}
     for name in ("llama-target", "gpt2-target"):
         target = specjax.load(WEIGHTS / name)
         ids = target.tokenizer.encode(PROMPTS[0]).ids
-        logits, _ = specjax.forward(target.params, target.config, np.array([ids]),
-                                    np.arange(len(ids))[None])
-        result[name] = np.asarray(logits, np.float32).tobytes().hex()
+        for path, on in (("kernels", True), ("xla", False)):
+            with use_kernels(on):
+                logits, _ = specjax.forward(target.params, target.config, np.array([ids]),
+                                            np.arange(len(ids))[None])
+            result[f"{name} {path}"] = np.asarray(logits, np.float32).tobytes().hex()
+            probs = probs_from_logits(logits[0], SamplingParams(0.7, top_p=0.9))
+            result[f"{name} {path} probabilities"] = np.asarray(probs).tobytes().hex()
+    # Weights drawn from seeds (jax.random's normal: polynomials XLA compiles), which -O0 changes.
+    pair = build_pair("close")
+    result["drawn weights"] = hashlib.sha256(b"".join(
+        np.asarray(leaf).tobytes() for model in (pair.target, pair.draft)
+        for leaf in jax.tree.leaves(model.params))).hexdigest()
     target, draft = specjax.load(WEIGHTS / "llama-target"), specjax.load(WEIGHTS / "llama-draft")
     drafter = specjax.load(WEIGHTS / "llama-eagle")
     runs = {"speculative": dict(method="speculative", draft=draft, k=3),
