@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 import specjax
 from specjax import kernels
@@ -70,6 +71,7 @@ def outputs() -> dict:
     return result
 
 
+@pytest.mark.slow
 def test_the_suites_compile_level_gives_the_shipped_bits():
     assert OPT_LEVEL in os.environ.get("XLA_FLAGS", "") or os.environ.get(
         "SPECJAX_TEST_XLA_OPT") == "default"
