@@ -7,10 +7,10 @@ import tempfile
 
 # XLA's CPU backend at LLVM -O1 rather than its default -O2: the suite's tiny models spend most
 # of their time compiling, and -O1 compiles them about a fifth faster. It must not change a bit
-# of what the suite checks, and tests/test_compile_level.py holds it to that (logits of both
-# tiny targets and sampled tokens of three methods, against a process at the default level).
-# -O0 was measured too (a third faster) and it does change bits: the weights specjax.testing's
-# pair draws and the tiny targets' logits differ in the last bit, so it is not used.
+# of what the suite checks, and tests/test_compile_level.py holds it to that (logits, sampling
+# distributions, weights drawn from seeds and sampled tokens, against a process at the default
+# level). -O0 was measured too (a third faster) and it does change bits: the weights
+# specjax.testing's pair draws from its seeds differ in the last bit, so it is not used.
 # SPECJAX_TEST_XLA_OPT=default runs the suite at the shipped level (docs/tests.md).
 OPT_LEVEL = "--xla_backend_optimization_level=1"
 
