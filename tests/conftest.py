@@ -5,22 +5,27 @@ import os
 import shutil
 import tempfile
 
-# XLA's CPU backend at LLVM -O1 rather than its default -O2: the suite's tiny models spend most
-# of their time compiling, and -O1 compiles them about a fifth faster. It must not change a bit
-# of what the suite checks, and tests/test_compile_level.py holds it to that (logits, sampling
-# distributions, weights drawn from seeds and sampled tokens, against a process at the default
-# level). -O0 was measured too (a third faster) and it does change bits: the weights
-# specjax.testing's pair draws from its seeds differ in the last bit, so it is not used.
-# SPECJAX_TEST_XLA_OPT=default runs the suite at the shipped level (docs/tests.md).
-OPT_LEVEL = "--xla_backend_optimization_level=1"
+# How the suite compiles: XLA's CPU backend with two settings that only make compiling faster.
+# The suite's tiny models spend most of their time compiling, and these must not change a bit of
+# what it checks: tests/test_compile_level.py holds them to that (logits, sampling
+# distributions, weights drawn from seeds and sampled tokens, against a process at XLA's
+# defaults).
+# - LLVM at -O1 rather than -O2: compiles about a fifth faster. -O0 was measured too (a third
+#   faster) and it does change bits: the weights specjax.testing's pair draws from its seeds
+#   differ in the last bit, so it is not used.
+# - XLA's older loop emitters for elementwise fusions instead of its MLIR fusion emitters:
+#   about a third less compile time again on the suite's programs.
+# SPECJAX_TEST_XLA_OPT=default runs the suite at XLA's defaults (docs/tests.md).
+SUITE_XLA_FLAGS = ("--xla_backend_optimization_level=1", "--xla_cpu_use_fusion_emitters=false")
 
 
 def _compile_fast() -> None:
     if os.environ.get("SPECJAX_TEST_XLA_OPT", "").strip().lower() == "default":
         return
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_backend_optimization_level" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {OPT_LEVEL}".strip()
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    named = {f.split("=")[0] for f in flags}
+    flags += [f for f in SUITE_XLA_FLAGS if f.split("=")[0] not in named]
+    os.environ["XLA_FLAGS"] = " ".join(flags)
 
 
 _compile_fast()      # before JAX starts its backend, and inherited by workers and subprocesses

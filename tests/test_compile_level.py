@@ -26,7 +26,7 @@ from specjax.presets import WEIGHTS
 from specjax.sampling.logits import SamplingParams, probs_from_logits
 from specjax.testing.law import build_pair
 
-from tests.conftest import OPT_LEVEL
+from tests.conftest import SUITE_XLA_FLAGS
 
 PROMPTS = ["def add(a, b):\n    return", "class Stack:\n    def push(self, item):"]
 
@@ -73,10 +73,11 @@ def outputs() -> dict:
 
 @pytest.mark.slow
 def test_the_suites_compile_level_gives_the_shipped_bits():
-    assert OPT_LEVEL in os.environ.get("XLA_FLAGS", "") or os.environ.get(
+    here_flags = os.environ.get("XLA_FLAGS", "").split()
+    assert set(SUITE_XLA_FLAGS) <= set(here_flags) or os.environ.get(
         "SPECJAX_TEST_XLA_OPT") == "default"
     root = str(Path(__file__).resolve().parents[1])
-    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f != OPT_LEVEL)
+    flags = " ".join(f for f in here_flags if f not in SUITE_XLA_FLAGS)
     # (SPECJAX_TEST_XLA_OPT=default: importing this module imports conftest, which would add it)
     env = dict(os.environ, XLA_FLAGS=flags, SPECJAX_COMPILE_CACHE="off",
                SPECJAX_TEST_XLA_OPT="default")
