@@ -23,6 +23,9 @@ from specjax.bench.prompts import SUITE
 from specjax.bench.suite import METRICS, summarize
 from specjax.cli.main import build_parser, main
 
+# One test worker runs test_bench and test_cli (see test_cli's pytestmark).
+pytestmark = pytest.mark.xdist_group("cli")
+
 WEIGHTS = Path(specjax.__file__).resolve().parent.parent / "weights"
 ROW_KEYS = {"prompt_id": str, "category": str, "engine": str, "method": str, "new_tokens": int,
             "tokens_per_second": float, "run_s": float, "speedup": float,

@@ -3,7 +3,8 @@
 Compilation dominates the run time, so the few invocations that decode share one JAX
 persistent compilation cache (SPECJAX_COMPILE_CACHE) and the settings of `bench --quick`
 (-n 16, -k 2, a 17-32 token prompt): later invocations load the compiled programs instead of
-compiling again. The bad-input cases run in parallel and fail before anything is compiled.
+compiling again. The bad-input cases fail before anything is compiled: they run in this process through
+`main`, and a few of them again as subprocesses.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ import pytest
 
 import specjax
 from specjax.cli.generate import TextPrinter
+from specjax.cli.main import main
 from specjax.io.chat import ChatTemplateError, render
+
+# One test worker runs test_cli and test_bench: their session fixtures (the streamed run of all
+# methods, the quick bench) and the compilation cache they share are made once, not per worker.
+pytestmark = pytest.mark.xdist_group("cli")
 
 WEIGHTS = Path(specjax.__file__).resolve().parent.parent / "weights"
 PROMPT = "import os\nimport sys\n\n\ndef read_lines(path):\n    lines = []\n"   # bench --quick's
@@ -190,11 +196,31 @@ def bad_inputs(tiny):
     }
 
 
-def test_bad_inputs_exit_2_with_one_line(tiny, env):
+def run_main(args, capsys):
+    """`specjax.cli.main.main` in this process, as `python -m specjax` runs it: (exit code,
+    stdout, stderr). argparse's own errors exit through SystemExit."""
+    try:
+        code = main(args)
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
+# Bad inputs also run as real subprocesses: argparse's error, a loader's, a check's, fetch's.
+AS_PROCESSES = ("k 0", "corrupt weights", "heads of another target", "fetch unknown")
+
+
+def test_bad_inputs_exit_2_with_one_line(tiny, env, capsys):
+    # In this process (each fails before anything compiles); AS_PROCESSES again as
+    # `python -m specjax`, in parallel, which must print the same line and exit 2.
     cases = {name: ["generate", *args] for name, args in bad_inputs(tiny).items()}
     cases["fetch unknown"] = ["fetch", "no-such-checkpoint"]
+    procs = {name: run_main(args, capsys) for name, args in cases.items()}
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        procs = dict(zip(cases, pool.map(lambda a: specjax_cli(a, env), cases.values())))
+        real = dict(zip(AS_PROCESSES, pool.map(lambda n: specjax_cli(cases[n], env), AS_PROCESSES)))
+    for name, proc in real.items():
+        assert (proc.returncode, proc.stderr) == (2, procs[name].stderr), (name, proc.stderr)
     for name, proc in procs.items():
         lines = proc.stderr.splitlines()
         assert proc.returncode == 2, (name, proc.returncode, proc.stderr)
@@ -302,7 +328,7 @@ def test_chat_template_renders_like_transformers(tiny):
     assert render(model, "hi") == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
-def test_check_prints_the_verdicts_and_exits_by_them(env):
+def test_check_prints_the_verdicts_and_exits_by_them(env, capsys):
     # `python -m specjax check` (docs/conformance.md) on two entries: a bug rejected, an exact
     # scheme accepted, exit 0 because both verdicts are the expected ones.
     listed = specjax_cli(["check", "--list"], env)
@@ -319,8 +345,8 @@ def test_check_prints_the_verdicts_and_exits_by_them(env):
            "samples 0": (["--samples", "0"], "--samples must be >= 1, got 0"),
            "level 2": (["--level", "2"], "--level must be in (0, 1), got 2.0"),
            "seed -1": (["--seed", "-1"], "--seed must be >= 0, got -1")}
-    for name, (args, message) in bad.items():
-        proc = specjax_cli(["check", *args], env)
+    for name, (args, message) in bad.items():          # in this process (test_bad_inputs...)
+        proc = run_main(["check", *args], capsys)
         assert proc.returncode == 2 and proc.stderr.splitlines() == [f"specjax: error: {message}"], (
             name, proc.stderr)
 

@@ -172,7 +172,20 @@ def draw(models, c, seed=0, rows=None, **hooks) -> tuple[np.ndarray, float]:
     return samples, g_test(samples, exact_law(target, c["prompt"], sampling)), result.stats
 
 
-@pytest.mark.parametrize("name", POSITIVE)
+def same_program(cases: dict) -> list:
+    """The case names, each in the test worker group of the compiled program it runs: cases that
+    differ only in sampling settings (data, not part of the program) or in the draft's weights
+    run on one worker, which compiles their program once."""
+    def program(c):
+        tree = getattr(c["tree"], "paths", c["tree"])
+        key = (c["method"], c["k"], tree, c["candidates"], sorted(c["schedule"].items()),
+               c.get("fused_layers"))
+        return "distribution-" + "".join(ch for ch in repr(key) if ch.isalnum() or ch in ",.-_")
+    return [pytest.param(name, marks=pytest.mark.xdist_group(program(c)))
+            for name, c in cases.items()]
+
+
+@pytest.mark.parametrize("name", same_program(POSITIVE))
 def test_method_samples_the_target_distribution(models, name):
     c = POSITIVE[name]
     _, p_value, stats = draw(models, c)
