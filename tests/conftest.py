@@ -1,9 +1,12 @@
-"""Shared pytest setup: how the suite compiles (LLVM at -O1, one compilation cache for the
-whole run), and programs released per module."""
+"""Shared pytest setup: how the suite compiles (XLA settings that compile faster and keep every
+bit, one compilation cache for the whole run), and programs released per module."""
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+from contextlib import contextmanager
 
 # How the suite compiles: XLA's CPU backend with two settings that only make compiling faster.
 # The suite's tiny models spend most of their time compiling, and these must not change a bit of
@@ -13,19 +16,41 @@ import tempfile
 # - LLVM at -O1 rather than -O2: compiles about a fifth faster. -O0 was measured too (a third
 #   faster) and it does change bits: the weights specjax.testing's pair draws from its seeds
 #   differ in the last bit, so it is not used.
-# - XLA's older loop emitters for elementwise fusions instead of its MLIR fusion emitters:
-#   about a third less compile time again on the suite's programs.
-# SPECJAX_TEST_XLA_OPT=default runs the suite at XLA's defaults (docs/tests.md).
+# - XLA's older loop emitters for fusions instead of its MLIR fusion emitters: a third less
+#   compile time again on the tiny models' programs, but twice the time on SmolLM2's 30 layers,
+#   so modules marked `deep_model` compile with the MLIR emitters (`_deep_model_compile`).
+# The flags are tried in a subprocess first: an XLA that no longer knows one aborts at start,
+# and then the suite runs without it. SPECJAX_TEST_XLA_OPT=default runs the suite at XLA's
+# defaults (docs/tests.md).
 SUITE_XLA_FLAGS = ("--xla_backend_optimization_level=1", "--xla_cpu_use_fusion_emitters=false")
+
+
+def _name(flag: str) -> str:
+    return flag.split("=")[0]
+
+
+def _xla_starts_with(flags: list[str]) -> bool:
+    probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
+                           env=dict(os.environ, XLA_FLAGS=" ".join(flags)), capture_output=True)
+    return probe.returncode == 0
 
 
 def _compile_fast() -> None:
     if os.environ.get("SPECJAX_TEST_XLA_OPT", "").strip().lower() == "default":
         return
     flags = os.environ.get("XLA_FLAGS", "").split()
-    named = {f.split("=")[0] for f in flags}
-    flags += [f for f in SUITE_XLA_FLAGS if f.split("=")[0] not in named]
-    os.environ["XLA_FLAGS"] = " ".join(flags)
+    named = {_name(f) for f in flags}
+    extra = [f for f in SUITE_XLA_FLAGS if _name(f) not in named]
+    if not extra:
+        return           # a test worker or a subprocess: the flags came with the environment
+    while extra and not _xla_starts_with(flags + extra):
+        extra.pop()
+    os.environ["XLA_FLAGS"] = " ".join(flags + extra)
+
+
+def suite_xla_flags() -> list[str]:
+    """The flags of SUITE_XLA_FLAGS this run compiles with."""
+    return [f for f in os.environ.get("XLA_FLAGS", "").split() if f in SUITE_XLA_FLAGS]
 
 
 _compile_fast()      # before JAX starts its backend, and inherited by workers and subprocesses
@@ -74,3 +99,36 @@ def _release_compiled_programs():
     _COMPILED.clear()
     loop.programs.cache_clear()
     jax.clear_caches()
+
+
+@contextmanager
+def _compile_options(**options):
+    """Every program compiled inside gets these XLA options, on top of XLA_FLAGS. (JAX's public
+    way is `jax.jit(compiler_options=)` on each program; the suite sets them from outside,
+    through the function JAX builds each compilation's options with.)"""
+    from jax._src import compiler
+    build = getattr(compiler, "get_compile_options", None)
+    if build is None:      # another JAX: compile with XLA_FLAGS alone, which costs only time
+        yield
+        return
+
+    def with_options(*args, env_options_overrides=None, **kwargs):
+        return build(*args, env_options_overrides={**options, **(env_options_overrides or {})},
+                     **kwargs)
+    compiler.get_compile_options = with_options
+    try:
+        yield
+    finally:
+        compiler.get_compile_options = build
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _deep_model_compile(request):
+    """Modules marked `deep_model` (SmolLM2's 30 layers) compile with XLA's MLIR fusion
+    emitters, its default: there the loop emitters double the compile time."""
+    if (request.node.get_closest_marker("deep_model") is None
+            or "--xla_cpu_use_fusion_emitters=false" not in suite_xla_flags()):
+        yield
+        return
+    with _compile_options(xla_cpu_use_fusion_emitters=True):
+        yield

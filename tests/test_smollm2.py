@@ -19,8 +19,9 @@ from specjax.bench.prompts import SUITE
 from specjax.io import chat
 from specjax.io.fetch import fetch
 
-# One test worker runs the module: SmolLM2 and its greedy reference are loaded and computed once.
-pytestmark = pytest.mark.xdist_group("smollm2")
+# One test worker runs the module: SmolLM2 and its greedy reference are loaded and computed once;
+# its programs compile with XLA's default fusion emitters (tests/conftest.py).
+pytestmark = [pytest.mark.xdist_group("smollm2"), pytest.mark.deep_model]
 
 PROMPTS = [
     "def fibonacci(n):",

@@ -14,6 +14,9 @@ import pytest
 import specjax
 from specjax.model.transformer import forward
 
+# SmolLM2's own programs: compiled with XLA's default fusion emitters (tests/conftest.py).
+pytestmark = pytest.mark.deep_model
+
 DRAFT = Path(__file__).resolve().parent.parent / "weights" / "smollm2-draft"
 TOL = 1e-4  # max |diff| relative to the logit scale, as in test_parity and test_weights
 PROMPTS = [
