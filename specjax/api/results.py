@@ -126,14 +126,15 @@ def result(request, state: DecodeState, compile_s: float, run_s: float) -> Gener
     real = request.rows            # rows past these pad the batch on a mesh
     tokens, length, start = (host(a) for a in (state.tokens, state.length,
                                                 request.prompt_length))
-    rows = [tokens[b, start[b]:length[b]].tolist() for b in range(real)]
+    # Whole arrays to Python lists once, then row by row (a distribution test has 100,000 rows).
+    rows = [row[s:n] for row, s, n in zip(tokens[:real].tolist(), start.tolist(), length.tolist())]
     counters = {name: host(getattr(state, name))[:real].astype(int) for name in
                 ("target_calls", "draft_calls", "drafted", "accepted")}
     histograms = (np.zeros((real, 0), int) if state.accepted_histogram is None else
                   host(state.accepted_histogram)[:real].astype(int))
-    row_stats = [RowStats(len(rows[b]), *(int(counters[name][b]) for name in counters),
-                          accepted_histogram=tuple(histograms[b].tolist()))
-                 for b in range(real)]
+    row_stats = [RowStats(len(row), *numbers, accepted_histogram=tuple(histogram))
+                 for row, histogram, *numbers in zip(rows, histograms.tolist(),
+                                                     *(c.tolist() for c in counters.values()))]
     stats = Stats(method=request.spec.method, rows=len(rows),
                   new_tokens=int(sum(len(r) for r in rows)),
                   **{name: int(np.sum(values)) for name, values in counters.items()},
