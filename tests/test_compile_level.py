@@ -1,10 +1,11 @@
-"""The suite compiles at LLVM -O1 (tests/conftest.py) to save compile time; this checks that the
-programs it tests compute the same bits as the ones users run, in this process and in one at
-XLA's default level: logits of the shipped tiny targets (with the CPU kernels and with XLA's
-formulation) and their sampling distributions, weights drawn from seeds, and the tokens of
-sampled speculative, tree and EAGLE decoding. Its negative control was run by hand: at -O0 the
-drawn weights differ in the last bit and this test fails, which is why the suite uses -O1.
-(~30 s; `SPECJAX_TEST_XLA_OPT=default` makes both sides the default level.)"""
+"""The suite compiles with faster settings (tests/conftest.py: LLVM at -O1, XLA's loop emitters
+for fusions) to save compile time; this checks that the programs it tests compute the same bits
+as the ones users run, in this process and in one at XLA's defaults: logits of the shipped tiny
+targets (with the CPU kernels and with XLA's formulation) and their sampling distributions,
+weights drawn from seeds, and the tokens of sampled speculative, tree and EAGLE decoding. Its
+negative control was run by hand: at -O0 the drawn weights differ in the last bit and this test
+fails, which is why the suite uses -O1. (~30 s; `SPECJAX_TEST_XLA_OPT=default` makes both sides
+XLA's defaults.)"""
 
 from __future__ import annotations
 
