@@ -3,8 +3,8 @@
 Compilation dominates the run time, so the few invocations that decode share one JAX
 persistent compilation cache (SPECJAX_COMPILE_CACHE) and the settings of `bench --quick`
 (-n 16, -k 2, a 17-32 token prompt): later invocations load the compiled programs instead of
-compiling again. The bad-input cases fail before anything is compiled: they run in this process through
-`main`, and a few of them again as subprocesses.
+compiling again. The bad-input cases fail before anything is compiled: they run in this process
+through `main`, and a few of them again as subprocesses.
 """
 
 from __future__ import annotations

@@ -89,4 +89,4 @@ def test_the_suites_compile_level_gives_the_shipped_bits():
     here = outputs()
     assert here.keys() == shipped.keys()
     for name in here:
-        assert here[name] == shipped[name], f"{name} differs between the suite's level and the default"
+        assert here[name] == shipped[name], f"{name}: the suite's flags and XLA's defaults differ"

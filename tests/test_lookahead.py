@@ -85,9 +85,10 @@ def test_rows_keep_their_own_heuristic_length(models):
 def test_draft_works_less_where_it_is_unsure():
     # The shipped tiny Llama pair at temperature 0: on a repeated import block the draft's top
     # probability stays above 0.2 (measured 6.5 tokens drafted per step of K = 8), on an
-    # assignment list it rarely does (1.0 on these eleven lines). The tiny draft is well calibrated and seldom
-    # exceeds transformers' 0.4 even on repetition, hence the lower threshold. (The two prompts,
-    # 36 and 46 tokens, take the same buffer sizes: one compiled program for both calls.)
+    # assignment list it rarely does (1.0 on these eleven lines). The tiny draft is well
+    # calibrated and seldom exceeds transformers' 0.4 even on repetition, hence the lower
+    # threshold. (The two prompts, 36 and 46 tokens, take the same buffer sizes: one compiled
+    # program for both calls.)
     target = specjax.load(WEIGHTS / "llama-target")
     draft = specjax.load(WEIGHTS / "llama-draft")
     kwargs = dict(method="speculative", draft=draft, k=8, k_schedule="confidence",

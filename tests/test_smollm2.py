@@ -160,7 +160,7 @@ def test_eagle_with_the_shipped_drafter_gives_the_greedy_output(ours, greedy):
 
 @pytest.mark.slow
 def test_kernels_off_gives_the_same_greedy_output(ours, greedy):
-    # `greedy` ran with the CPU kernels (the default; a batch of 3 rows takes the few-row
+    # `greedy` ran with the CPU kernels (the default; its batch of 4 rows takes the few-row
     # product, and every step the few-query attention); XLA's formulation gives its tokens.
     # (EAGLE's tree verify with the kernels equals this greedy output too, test_eagle_with_...;
     # on and off for trees: tests/test_kernels.py.)
