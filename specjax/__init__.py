@@ -7,6 +7,7 @@
                               k=4, max_new_tokens=64, temperature=0.0)
 """
 
+from specjax.api.drafters import drafter_log_probs
 from specjax.api.explain import explain, format_steps
 from specjax.api.checks import GenerationError
 from specjax.api.generate import generate, stream
@@ -25,6 +26,6 @@ from specjax.sampling.tree import DynamicTree, Tree, TreeError
 __all__ = ["CheckpointError", "ConfigError", "Drafter", "DrafterConfig", "DynamicTree",
            "GenerationError",
            "GenerationResult", "Heads", "HeadsConfig", "MeshError", "Model", "ModelConfig",
-           "SamplingParams", "Stats", "Tree", "TreeError", "explain", "format_steps", "forward",
+           "SamplingParams", "Stats", "Tree", "TreeError", "drafter_log_probs", "explain", "format_steps", "forward",
            "generate", "init_drafter", "init_heads", "init_params", "load", "make_mesh",
            "random_model", "save", "save_drafter", "save_heads", "stream"]

@@ -215,9 +215,9 @@ def check_drafter(drafter, tree, target, k: int, all_greedy: bool = True):
     caller's, else the drafter's own (its sampled default when a row samples and it has one),
     else a chain of k."""
     _check_beside(drafter, Drafter, "an EAGLE drafter", "drafter", "eagle", target)
-    fused = drafter.config.fused_layers
-    if fused and max(fused) > target.config.n_layers:
-        raise GenerationError(f"{drafter.name} fuses the states after {list(fused)} layers, but "
+    taps = drafter.config.taps
+    if taps and max(taps) >= target.config.n_layers:
+        raise GenerationError(f"{drafter.name} reads the states after {list(taps)} layers, but "
                               f"{target.name} has {target.config.n_layers}")
     if tree is not None:
         return tree

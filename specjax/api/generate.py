@@ -109,6 +109,7 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
     all_greedy = not np.any(sampling.temperature)
     if method == "eagle":
         tree = check_drafter(drafter, tree, target, k, all_greedy)
+        drafter = eagle.resolve_taps(drafter, target.config)
     elif drafter is not None:
         raise GenerationError(f"drafter applies to method 'eagle', not {method!r}")
     tree, candidates = check_tree(method, tree, candidates, all_greedy, target)

@@ -66,7 +66,8 @@ def init(spec, weights, prompts, prompt_length):
 def layout(spec, rows, cache) -> Carry:
     """The carry's layout on a device mesh (`decoding.sharding`): the drafter's cache whole on
     each device of a row block (its weights are replicated)."""
-    return Carry(cache(spec.drafter_config.layer, False), rows, rows)
+    config = spec.drafter_config
+    return Carry(cache(config.layer, False, config.first_slot), rows, rows)
 
 
 def prefill_drafter(spec, weights, prompts, prompt_length, slots: int):
@@ -79,12 +80,12 @@ def prefill_drafter(spec, weights, prompts, prompt_length, slots: int):
     config = spec.drafter_config
     target_cache, features = prefill(weights.target, spec.target_config, prompts, prompt_length,
                                      slots, with_hidden="all", shards=spec.data_shards,
-                                     taps=config.fused_layers)
+                                     taps=config.taps)
     features = eagle.from_target(weights.drafter, config, features)            # [B, P, D]
     b, p = prompts.shape
     shifted = jnp.concatenate([jnp.zeros_like(features[:, :1]), features[:, :-1]], axis=1)
     chunk = min(p, prefill_chunk(b))
-    embed = weights.target["embed"]
+    embed = eagle.embedding(weights.drafter, weights.target)
 
     def run_chunk(c, cache):
         start = jnp.minimum(c * chunk, p - chunk)    # a last chunk ends with the prompt
@@ -95,7 +96,8 @@ def prefill_drafter(spec, weights, prompts, prompt_length, slots: int):
         return cache
 
     n_chunks = (jnp.max(prompt_length) + chunk - 1) // chunk
-    draft_cache = lax.fori_loop(0, n_chunks, run_chunk, KVCache.init(config.layer, b, slots))
+    draft_cache = lax.fori_loop(0, n_chunks, run_chunk, KVCache.init(config.layer, b, slots,
+                                                              first=config.first_slot))
     last = jnp.take_along_axis(features, jnp.maximum(prompt_length - 2, 0)[:, None, None], 1)
     last = jnp.where((prompt_length >= 2)[:, None, None], last, 0)
     return target_cache, draft_cache, last
@@ -117,7 +119,8 @@ def catch_up(spec, params, state: DecodeState):
     last pair, the predicted f'_{L-1} [B, 1, D], its cache and whether a NaN was seen."""
     carry = state.carry
     tokens, slots = pending_pairs(state)
-    out, cache = eagle.draft_features(params.drafter, spec.drafter_config, params.target["embed"],
+    out, cache = eagle.draft_features(params.drafter, spec.drafter_config,
+                                      eagle.embedding(params.drafter, params.target),
                                       carry.features, tokens, slots, carry.draft_cache)
     root_feature = jnp.take_along_axis(out, (carry.pending - 1)[:, None, None], axis=1)
     return root_feature, cache, any_nan(out)
@@ -129,7 +132,8 @@ def draft_tree(spec, params, state: DecodeState, keys):
     and whether a NaN was seen. One drafter call to catch up and one per level above the
     deepest: D calls."""
     tree, scheme, vocab = spec.tree, spec.candidates, spec.vocab_size
-    config, weights, embed = spec.drafter_config, params.drafter, params.target["embed"]
+    config, weights = spec.drafter_config, params.drafter
+    embed = eagle.embedding(weights, params.target)
     b, n, depth = state.length.shape[0], tree.size + 1, tree.max_depth
     root = state.length - 1
     level_keys = jax.vmap(lambda key: jax.random.split(key, depth))(keys)       # [B, D]
@@ -147,7 +151,8 @@ def draft_tree(spec, params, state: DecodeState, keys):
                 trees.node_positions(tree, root)[:, parents.start:parents.stop], cache,
                 trees.tree_attention(tree, root, parents.start))
             outs = outs.at[:, parents.start:parents.stop].set(level)
-        sub_logits = eagle.subset_logits(weights, outs[:, parents.start:parents.stop])  # [B,P,S]
+        sub_logits = eagle.draft_logits(weights, config,
+                                        outs[:, parents.start:parents.stop])      # [B, P, S]
         nan = nan | any_nan(sub_logits)
         if scheme == "top":
             best = lax.top_k(sub_logits, tree.max_width)[1]
@@ -184,7 +189,8 @@ def draft_dynamic_tree(spec, params, state: DecodeState):
     """
     shape = spec.tree
     depth, k, total = shape.depth, shape.top_k, shape.total_tokens
-    config, weights, embed = spec.drafter_config, params.drafter, params.target["embed"]
+    config, weights = spec.drafter_config, params.drafter
+    embed = eagle.embedding(weights, params.target)
     b = state.length.shape[0]
     root = state.length - 1
     rows = jnp.arange(b)[:, None]
@@ -196,7 +202,7 @@ def draft_dynamic_tree(spec, params, state: DecodeState):
     outs, scores = root_feature, jnp.zeros((b, 1), jnp.float32)    # the nodes being expanded
     pool_index, fed_index = jnp.full((b, 1), -1), jnp.zeros((b, 1), jnp.int32)
     for d in range(1, depth + 1):
-        logp = jax.nn.log_softmax(eagle.subset_logits(weights, outs), axis=-1)    # [B, E, S]
+        logp = jax.nn.log_softmax(eagle.draft_logits(weights, config, outs), -1)    # [B, E, S]
         nan = nan | any_nan(logp)
         top_logp, top = lax.top_k(logp, k)                                        # [B, E, K]
         cand_scores = (scores[:, :, None] + top_logp).reshape(b, -1)              # [B, E*K]
@@ -280,7 +286,7 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     # Step 3: one target call over the tree, the walk, and the features of the next catch-up.
     new, n_accepted, _, target_cache, target_nan, features = trees.score_and_verify(
         spec, params, state, tokens, valid, probs, k_verify, rule, tree,
-        spec.drafter_config.fused_layers)
+        spec.drafter_config.taps)
     features = eagle.from_target(params.drafter, spec.drafter_config, features)
     # Step 4: commit; finished rows keep their pending pairs.
     active = ~state.done

@@ -34,9 +34,9 @@ def state_shardings(spec: DecodeSpec) -> DecodeState:
     mesh = spec.mesh
     rows, one = meshes.rows(mesh), meshes.replicated(mesh)
 
-    def cache(config, shard):
+    def cache(config, shard, first=0):
         heads = meshes.cache_sharding(config, mesh, shard)
-        return KVCache(k=heads, v=heads, length=rows)
+        return KVCache(k=heads, v=heads, length=rows, first=first)
 
     drafts = spec.method != "autoregressive"
     return DecodeState(

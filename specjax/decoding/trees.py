@@ -70,7 +70,8 @@ def node_positions(tree, root):
 def keep_path(cache: KVCache, root, path, nodes: int) -> KVCache:
     """`cache.keep_path` on every layer."""
     moved = [kv.keep_path(k, v, root, path, nodes) for k, v in zip(cache.k, cache.v)]
-    return KVCache(tuple(k for k, _ in moved), tuple(v for _, v in moved), cache.length)
+    return KVCache(tuple(k for k, _ in moved), tuple(v for _, v in moved), cache.length,
+                   cache.first)
 
 
 def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_probs, keys, rule,

@@ -1,46 +1,48 @@
-"""EAGLE drafters (Li et al. 2024, EAGLE-1): a feature-level draft that reads the target.
+"""EAGLE drafters (Li et al. 2024, 2025): a feature-level draft that reads the target.
 
-The drafter lives beside a frozen target and predicts the target's next *feature* (its
-final-normed hidden state, the vector its LM head reads) rather than the next token. Slot s of
-the drafter's own sequence holds the pair (f_{s-1}, x_s): the target's feature at position
-s - 1 and the token that follows it, which the target has already chosen (Medusa's heads never
-see it). Slot 0 pairs x_0 with a zero feature.
+The drafter lives beside a frozen target and predicts the target's next *feature*, the vector
+its LM head reads, rather than the next token. Pair s of the drafter's own sequence, in slot s
+of its KV cache, is (f_{s-1}, x_s): the target's feature at position s - 1 and the token that
+follows it, which the target has already chosen (Medusa's heads never see it). The drafter's
+output at pair s predicts f_s, whose logits propose x_{s+1}; fed back with a drafted token it
+makes the next pair, and so on down a chain or a token tree (`specjax.decoding.eagle`).
 
-    z_s   = W_fc [f_{s-1} ; E x_s] + b_fc                   fuse (E: the target's embeddings)
-    z_s   = one decoder layer of the target's architecture  its own small KV cache over slots
-    f'_s  = norm(z_s)                                       the predicted feature f_s
-    logits of x_{s+1} = E_S f'_s                           over S, a subset of the vocabulary
+Two published architectures, one code path (`DrafterConfig.kind`):
 
-Drafting runs at the feature level: the predicted f'_s and a drafted token x_{s+1} make the
-pair of slot s + 1, and so on down a chain or a token tree (`specjax.decoding.eagle`).
+EAGLE-1/2 ("eagle1"; the EAGLE repo's `cnets1.py`). f is the target's final-normed hidden state
+(what its LM head reads; the repo passes the base model's `last_hidden_state`, which is after
+the final norm), and the drafter's output goes to the target's own LM head as it is:
 
-The projection E_S is the target's own LM-head rows for S frequency-ranked token ids, read from
-the target when the drafter meets it, as for Medusa heads (`specjax.heads.medusa`): SmolLM2's
-full LM head is a fifth of a target call, which a drafter that runs once per depth cannot pay.
-A token outside S has draft probability 0: a miss, never an error.
+    z_s  = W_fc [E x_s ; f_{s-1}] + b_fc                  E: the target's embeddings
+    f'_s = one Llama decoder layer on z_s, whose attention reads z_s without an input norm
+    logits of x_{s+1} = W_head f'_s                        the target's LM head
 
-Two departures from the paper, both measured choices of this project: features are the
-final-normed hidden states (what the LM head reads, and what the Medusa stage caches), so the
-drafter ends in a norm of its own; and the decoder layer keeps its input norm.
+EAGLE-3 ("eagle3"; the repo's `cnets.py`, SpecForge, vllm-project/speculators). f is three of
+the target's residual streams, after `taps` of its layers ([l ; m ; h], 3D wide), reduced once
+where the target's feature enters; the drafter's own outputs, fed back, are D wide:
 
-EAGLE-3's fused features (Li et al. 2025) are an option (`DrafterConfig.fused_layers`): the
-target's feature is then the residual stream after a low, a middle and a high layer,
-concatenated, [l ; m ; h], and one more projection reduces it to D before the fusion,
+    g_{s-1} = W_fc [l ; m ; h]_{s-1}                       (no bias) only for the target's f
+    a_s  = [norm_e(E x_s) ; norm_h(g_{s-1})]               attention reads 2D: q/k/v are [., 2D]
+    r_s  = g_{s-1} + attention(a_s)                        the residual is the feature itself
+                                                           (norm_h(g) with norm_before_residual)
+    f'_s = r_s + MLP(norm(r_s))
+    logits over its draft vocabulary = W_lm norm(f'_s)     its own head and norm; draft id i is
+                                                           target id i + d2t[i]
 
-    f_{s-1} = W_reduce [l ; m ; h]_{s-1}                    only where the target's feature enters
+Published drafters never see the pair in slot 0 (nothing precedes the first token): their
+cache reads slot 0 only from slot 0 itself (`KVCache.first`).
 
-while the drafter's own predicted features, fed back down a chain or tree, stay D wide.
+specjax's own variants, measured on a CPU, are options of the same code (docs/methods.md):
+- `head="subset"`: logits over S frequency-ranked ids through the target's own LM-head rows for
+  them (`specjax.heads.shared.projection`), as for Medusa heads: SmolLM2's full LM head is a
+  fifth of a target call, which a drafter that runs once per depth cannot pay. A token outside
+  the ids has draft probability 0: a miss, never an error.
+- `style="specjax"` (EAGLE-1 only; the shipped SmolLM2 drafter): the fusion reads
+  [f ; E x], the layer keeps its input norm, and the output goes through a norm of the
+  drafter's own before the head; that normed vector is also what is fed back.
 
-An EAGLE checkpoint is a directory:
-
-    config.json        model_type "eagle", hidden_size, vocab_size, the projection, the target's
-                       identity, the layer's shape (the target's), the default tree (a list of
-                       paths, or {"dynamic": [depth, top_k, total_tokens]} for EAGLE-2's),
-                       fused_layers (EAGLE-3's tapped layer counts; [] or absent: none)
-    model.safetensors  fc.weight [D, 2D] (torch's [out, in]), fc.bias [D], the layer as
-                       layers.0.* in the Llama checkpoint names, norm.weight [D], token_ids [S];
-                       with fused layers, reduce.weight [D, len(fused_layers) * D]
-    README.md          the model card
+An EAGLE checkpoint in specjax's directory layout, or in the published ones, is read and
+written by `specjax.io.eagle`.
 """
 
 from __future__ import annotations
@@ -55,23 +57,37 @@ import numpy as np
 from specjax.heads.shared import full_logits, projection, target_identity
 from specjax.model.cache import KVCache, TreeAttention
 from specjax.model.config import ModelConfig
+from specjax.model.layers import rms_norm
 from specjax.model.transformer import Model, decoder_layers, final_norm, init_params
+from specjax.model.transformer import param_shapes as transformer_param_shapes
 from specjax.sampling.tree import DynamicTree, Tree
 
-__all__ = ["MODEL_TYPE", "Drafter", "DrafterConfig", "draft_features", "from_target",
-           "full_logits", "init_drafter", "runtime_weights", "subset_logits"]
+__all__ = ["HEADS", "KINDS", "MODEL_TYPE", "STYLES", "Drafter", "DrafterConfig",
+           "default_taps", "draft_features", "draft_logits", "embedding", "from_target",
+           "full_logits", "init_drafter", "param_shapes", "resolve_taps", "runtime_weights"]
 
 MODEL_TYPE = "eagle"
+KINDS = ("eagle1", "eagle3")
+HEADS = ("target", "subset", "own")
+STYLES = ("published", "specjax")
 
 
 @dataclasses.dataclass(frozen=True)
 class DrafterConfig:
     """The static shape of a drafter (hashable: part of the compiled spec)."""
-    layer: ModelConfig      # its decoder layer's shape: the target's config with one layer
-    subset_size: int        # S, the token ids it may propose
-    # EAGLE-3: the target's residual stream after these many of its layers, concatenated and
-    # reduced, instead of its final-normed hidden state; () for EAGLE-1's feature.
-    fused_layers: tuple[int, ...] = ()
+    layer: ModelConfig      # its decoder layer: a Llama config with one layer (D its width)
+    subset_size: int        # S, how many token ids it may propose (its logits' width)
+    kind: str = "eagle1"    # "eagle1" (EAGLE-1/2) or "eagle3"
+    head: str = "subset"    # "target": the target's LM head (all V ids); "subset": its rows for
+                            # S ids; "own": the drafter's lm_head over its draft vocabulary
+    style: str = "published"   # EAGLE-1's layout: "published", or "specjax" (module docstring)
+    taps: tuple[int, ...] = ()  # EAGLE-3: the target's layer counts whose outputs it reads
+    feature_size: int = 0       # EAGLE-3: the target's width (0: the drafter's D)
+    norm_before_residual: bool = False   # EAGLE-3, speculators' option
+    own_embeddings: bool = False    # the checkpoint carries embed_tokens (else the target's)
+    # EAGLE-3 whose checkpoint names no taps: the EAGLE repo's default, set when it meets its
+    # target (`resolve_taps`)
+    defer_taps: bool = False
 
     def __post_init__(self):
         if self.layer.n_layers != 1:
@@ -79,28 +95,84 @@ class DrafterConfig:
         if self.layer.arch != "llama":
             raise ValueError(f"EAGLE drafters are implemented for Llama-family targets, "
                              f"not {self.layer.arch!r}")
+        for name, allowed in (("kind", KINDS), ("head", HEADS), ("style", STYLES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         s = self.subset_size
         if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= self.layer.vocab_size:
             raise ValueError(f"subset_size must be an integer in [1, {self.layer.vocab_size}], "
                              f"got {s!r}")
-        f = self.fused_layers
-        if not isinstance(f, tuple) or any(isinstance(n, bool) or not isinstance(n, int)
-                                           for n in f) or list(f) != sorted(set(f)) or \
-                any(n < 1 for n in f):
-            raise ValueError(f"fused_layers must be increasing layer counts >= 1, got {f!r}")
+        if self.head == "target" and s != self.layer.vocab_size:
+            raise ValueError("a drafter on the target's LM head proposes every id: subset_size "
+                             f"must be {self.layer.vocab_size}, got {s}")
+        t = self.taps
+        if not isinstance(t, tuple) or any(isinstance(n, bool) or not isinstance(n, int)
+                                           for n in t) or list(t) != sorted(set(t)) or \
+                any(n < 0 for n in t):
+            raise ValueError(f"taps must be increasing layer counts >= 0, got {t!r}")
+        if self.kind == "eagle3":
+            if not t and not self.defer_taps:
+                raise ValueError("an EAGLE-3 drafter reads the target's states after some of "
+                                 "its layers: taps must not be empty")
+            if self.style != "published" or self.head == "target":
+                raise ValueError("an EAGLE-3 drafter has its own head (head 'own' or "
+                                 "'subset') and the published style")
+        elif t or self.norm_before_residual or self.feature_size or self.defer_taps:
+            raise ValueError("taps, feature_size and norm_before_residual are EAGLE-3's")
+        if self.head == "own" and self.kind != "eagle3":
+            raise ValueError("head 'own' is EAGLE-3's; EAGLE-1 predicts through the target's")
 
     @property
     def hidden_size(self) -> int:
         return self.layer.d_model
 
+    @property
+    def target_width(self) -> int:
+        """The width of one of the target's states this drafter reads."""
+        return self.feature_size or self.hidden_size
+
+    @property
+    def first_slot(self) -> int:
+        """`KVCache.first` of its cache: published drafters never read the pair in slot 0."""
+        return 0 if self.style == "specjax" else 1
+
     @classmethod
-    def for_target(cls, target_config: ModelConfig, subset_size: int,
-                   fused_layers: tuple[int, ...] = ()) -> "DrafterConfig":
-        """The target's layer shape; the drafter's weights are float32 whatever the target's."""
-        if fused_layers and max(fused_layers) > target_config.n_layers:
-            raise ValueError(f"fused_layers {fused_layers} go past the target's "
-                             f"{target_config.n_layers} layers")
-        return cls(layer_config(target_config), subset_size, tuple(fused_layers))
+    def for_target(cls, target_config: ModelConfig, subset_size: int | None = None,
+                   kind: str = "eagle1", head: str | None = None, style: str = "published",
+                   taps: tuple[int, ...] | None = None,
+                   norm_before_residual: bool = False) -> "DrafterConfig":
+        """A drafter of the target's layer shape. EAGLE-3's taps default as the EAGLE repo's
+        (`default_taps`); head defaults to "target" for EAGLE-1 and "own" for EAGLE-3."""
+        if kind == "eagle3":
+            taps = default_taps(target_config.n_layers) if taps is None else tuple(taps)
+            if max(taps) >= target_config.n_layers:
+                raise ValueError(f"taps {taps} reach past the target's "
+                                 f"{target_config.n_layers} layers")
+        head = head or ("own" if kind == "eagle3" else "target")
+        size = target_config.vocab_size if subset_size is None else subset_size
+        return cls(layer_config(target_config), size, kind, head, style, taps or (),
+                   norm_before_residual=norm_before_residual)
+
+
+def default_taps(n_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's taps when a checkpoint names none, as the EAGLE repo and speculators choose
+    them: the inputs of layers 2, L // 2 and L - 3, i.e. the states after that many layers.
+    A target too shallow for three distinct ones is an error (name them instead)."""
+    taps = tuple(sorted({2, n_layers // 2, n_layers - 3}))
+    if len(taps) != 3 or taps[0] < 0 or taps[-1] >= n_layers:
+        raise ValueError(f"a {n_layers}-layer target has no three distinct default EAGLE-3 "
+                         f"taps (2, L // 2, L - 3); name them (eagle_aux_hidden_state_layer_ids)")
+    return taps
+
+
+def resolve_taps(drafter: "Drafter", target_config: ModelConfig) -> "Drafter":
+    """`drafter` with its taps set for its target: the EAGLE repo's default where its
+    checkpoint named none (`default_taps`), unchanged otherwise."""
+    if not drafter.config.defer_taps:
+        return drafter
+    config = dataclasses.replace(drafter.config, taps=default_taps(target_config.n_layers),
+                                 defer_taps=False)
+    return dataclasses.replace(drafter, config=config)
 
 
 def layer_config(config: ModelConfig) -> ModelConfig:
@@ -113,9 +185,11 @@ def layer_config(config: ModelConfig) -> ModelConfig:
 class Drafter:
     """What `specjax.load` returns for an EAGLE directory."""
     config: DrafterConfig
-    params: dict                 # {"fc": {"w": [D, 2D], "b": [D]}, "layers": [layer],
-                                 #  "final_norm": {"scale": [D]}}, + "reduce": {"w": [D, nD]}
-    token_ids: np.ndarray        # [S] int32, most frequent first
+    params: dict                 # "fc" {"w": [D, 2D] (+ "b": [D]), EAGLE-3 [D, nD_t]},
+                                 # "layers": [layer] (EAGLE-3's wq/wk/wv read 2D, + hidden_norm),
+                                 # "final_norm" (specjax style, EAGLE-3), "lm_head" [S, D]
+                                 # (head "own"), "embed" [V, D] (own_embeddings)
+    token_ids: np.ndarray        # [S] int32: the target id of each of its logits
     target: dict                 # the identity of the target it was trained on
     tree: Tree | DynamicTree | None = None   # the tree it was tuned for (method="eagle"'s default)
     path: Path | None = None
@@ -131,58 +205,137 @@ class Drafter:
 
 def init_drafter(target: Model, subset_size: int | None = None, token_ids=None, seed: int = 0,
                  std: float = 0.02, tree: Tree | DynamicTree | None = None,
-                 fused_layers: tuple[int, ...] = ()) -> Drafter:
-    """A new drafter for `target`: normal(0, std) matrices, zero biases, unit norms. The fusion
-    starts as the identity on the feature half plus `std` noise, so that an untrained drafter
-    passes the target's feature through one random layer rather than through noise; with
-    `fused_layers` (EAGLE-3), the reduction starts as the mean of the tapped states plus noise."""
+                 kind: str = "eagle1", head: str | None = None, style: str = "published",
+                 taps: tuple[int, ...] | None = None,
+                 norm_before_residual: bool = False) -> Drafter:
+    """A new drafter for `target`: normal(0, std) matrices, zero biases, unit norms.
+
+    The fusion starts near a pass-through of the target's feature (the identity on its half,
+    or for EAGLE-3 the mean of the taps) plus `std` noise, so an untrained drafter passes the
+    feature through one random layer rather than through noise. `token_ids` (or the first
+    `subset_size` ids) are the ids it may propose: the subset's for head "subset", the draft
+    vocabulary for head "own"; head "target" proposes all."""
+    v = target.config.vocab_size
+    head = head or ("own" if kind == "eagle3" else ("subset" if token_ids is not None
+                                                    or subset_size is not None else "target"))
     if token_ids is None:
-        token_ids = np.arange(subset_size or target.config.vocab_size)
+        token_ids = np.arange(v if head == "target" else subset_size or v)
     token_ids = np.asarray(token_ids, np.int32)
-    config = DrafterConfig.for_target(target.config, int(token_ids.shape[0]), fused_layers)
-    key_fc, key_layer, key_reduce = jax.random.split(jax.random.key(seed), 3)
+    config = DrafterConfig.for_target(target.config, int(token_ids.shape[0]), kind, head,
+                                      style, taps, norm_before_residual)
+    key_fc, key_layer, key_head = jax.random.split(jax.random.key(seed), 3)
     d = config.hidden_size
     base = init_params(config.layer, key_layer, std=std)
-    eye = jnp.concatenate([jnp.eye(d), jnp.zeros((d, d))], axis=1)
-    params = {"fc": {"w": eye + std * jax.random.normal(key_fc, (d, 2 * d)),
-                     "b": jnp.zeros((d,))},
-              "layers": base["layers"], "final_norm": base["final_norm"]}
-    if config.fused_layers:
-        n = len(config.fused_layers)
-        params["reduce"] = {"w": jnp.tile(jnp.eye(d), (1, n)) / n
-                            + std * jax.random.normal(key_reduce, (d, n * d))}
+    layer = dict(base["layers"][0])
+    params = {"layers": [layer]}
+    if kind == "eagle3":
+        n = len(config.taps)
+        params["fc"] = {"w": jnp.tile(jnp.eye(d), (1, n)) / n
+                        + std * jax.random.normal(key_fc, (d, n * d))}
+        k_q, k_k, k_v = jax.random.split(key_layer, 3)
+        for name, key in (("wq", k_q), ("wk", k_k), ("wv", k_v)):
+            heads, h, _ = layer[name].shape
+            layer[name] = std * jax.random.normal(key, (heads, h, 2 * d))
+        layer["hidden_norm"] = {"scale": jnp.ones((d,))}
+        params["final_norm"] = base["final_norm"]
+        if head == "own":
+            params["lm_head"] = std * jax.random.normal(key_head, (len(token_ids), d))
+    else:
+        half = [jnp.eye(d), jnp.zeros((d, d))]
+        eye = jnp.concatenate(half if style == "specjax" else half[::-1], axis=1)
+        params["fc"] = {"w": eye + std * jax.random.normal(key_fc, (d, 2 * d)),
+                        "b": jnp.zeros((d,))}
+        if style == "specjax":
+            params["final_norm"] = base["final_norm"]
+        else:
+            del layer["attn_norm"]
     return Drafter(config, params, token_ids, target_identity(target, token_ids), tree)
 
 
+def param_shapes(config: DrafterConfig) -> dict:
+    """The shape of every parameter of a drafter of `config` (as `Drafter.params` holds them)."""
+    d, v = config.hidden_size, config.layer.vocab_size
+    layer = dict(transformer_param_shapes(config.layer)["layers"][0])
+    if config.kind == "eagle3":
+        for name in ("wq", "wk", "wv"):
+            heads, h, _ = layer[name]
+            layer[name] = (heads, h, 2 * d)
+        layer["hidden_norm"] = {"scale": (d,)}
+        fc = {"w": (d, len(config.taps or (0, 0, 0)) * config.target_width)}
+    else:
+        fc = {"w": (d, 2 * d), "b": (d,)}
+        if config.style == "published":
+            del layer["attn_norm"]
+    shapes = {"fc": fc, "layers": [layer]}
+    if config.kind == "eagle3" or config.style == "specjax":
+        shapes["final_norm"] = {"scale": (d,)}
+    if config.head == "own":
+        shapes["lm_head"] = (config.subset_size, d)
+    if config.own_embeddings:
+        shapes["embed"] = (v, d)
+    return shapes
+
+
+def embedding(weights: dict, target_weights: dict) -> jax.Array:
+    """The embeddings the drafter reads tokens through: its own if it carries them, else the
+    target's [V, D]."""
+    return weights["embed"] if "embed" in weights else target_weights["embed"]
+
+
 def runtime_weights(drafter: Drafter, target: Model) -> dict:
-    """What the compiled step reads: the drafter's weights, the subset's ids and projection
-    rows (the target's), and nothing else (the embeddings come from the target's weights)."""
-    return dict(drafter.params, ids=jnp.asarray(drafter.token_ids),
-                proj=projection(target, drafter.token_ids))
+    """What the compiled step reads: the drafter's weights, the target ids of its logits and
+    the head's rows `proj` [S, D] (the target's LM head, its rows for the subset, or the
+    drafter's own lm_head)."""
+    config = drafter.config
+    if config.head == "own":
+        proj = drafter.params["lm_head"]
+    else:
+        proj = projection(target, drafter.token_ids)
+    weights = {k: v for k, v in drafter.params.items() if k != "lm_head"}
+    return dict(weights, ids=jnp.asarray(drafter.token_ids), proj=proj)
 
 
 def from_target(weights: dict, config: DrafterConfig, features: jax.Array) -> jax.Array:
-    """The target's features as the drafter reads them, [..., D]: its final-normed hidden
-    states as they are, or (EAGLE-3) its tapped states [..., len(fused_layers) * D] reduced."""
-    if not config.fused_layers:
+    """The target's features as the drafter reads them, [..., D]: EAGLE-1's final-normed
+    hidden states as they are, or EAGLE-3's taps [..., n * D_t] reduced by fc."""
+    if config.kind != "eagle3":
         return features
-    return jnp.einsum("...E,DE->...D", features.astype(jnp.float32), weights["reduce"]["w"])
+    w = weights["fc"]["w"]
+    return jnp.einsum("...E,DE->...D", features.astype(w.dtype), w)
 
 
 def draft_features(weights: dict, config: DrafterConfig, embed, features, tokens, positions,
                    cache: KVCache | None = None,
                    tree: TreeAttention | None = None) -> tuple[jax.Array, KVCache | None]:
     """The drafter on pairs: the target's (or its own predicted) features [B, T, D] and the
-    tokens after them [B, T] at drafter slots `positions` [B, T] -> the predicted next features
-    [B, T, D] and the drafter's cache (None: the pairs attend among themselves, causally, as in
-    training). `embed` is the target's embedding matrix [V, D]."""
-    fused = jnp.concatenate([features.astype(embed.dtype), embed[tokens]], axis=-1)
-    x = jnp.einsum("BTE,DE->BTD", fused, weights["fc"]["w"]) + weights["fc"]["b"]
-    x, cache = decoder_layers(weights["layers"], config.layer, x, positions, cache, tree)
-    return final_norm(weights, config.layer, x), cache
+    tokens after them [B, T] at drafter slots `positions` [B, T] -> its outputs [B, T, D] (what
+    `draft_logits` reads and what is fed back) and the drafter's cache (None: the pairs attend
+    among themselves, causally, as in training). `embed`: `embedding(...)`, [V, D]."""
+    layer = weights["layers"][0]
+    eps = config.layer.norm_eps
+    e = embed[tokens]                                                         # [B, T, D]
+    features = features.astype(e.dtype)
+    if config.kind == "eagle3":
+        hidden = rms_norm(features, layer["hidden_norm"]["scale"], eps)
+        attn_input = jnp.concatenate([rms_norm(e, layer["attn_norm"]["scale"], eps), hidden],
+                                     axis=-1)                                 # [B, T, 2D]
+        x = hidden if config.norm_before_residual else features
+    else:
+        pair = [features, e] if config.style == "specjax" else [e, features]
+        x = jnp.einsum("BTE,DE->BTD", jnp.concatenate(pair, axis=-1), weights["fc"]["w"]) \
+            + weights["fc"]["b"]
+        attn_input = None if config.style == "specjax" else x   # published: no input norm
+    x, cache = decoder_layers(weights["layers"], config.layer, x, positions, cache, tree,
+                              attn_input)
+    if config.style == "specjax":
+        x = final_norm(weights, config.layer, x)
+    return x, cache
 
 
-def subset_logits(weights: dict, features: jax.Array) -> jax.Array:
-    """Predicted features [..., D] -> logits over the subset [..., S], float32."""
-    return jnp.einsum("...D,SD->...S", features, weights["proj"],
+def draft_logits(weights: dict, config: DrafterConfig, out: jax.Array) -> jax.Array:
+    """The drafter's outputs [..., D] -> its logits over `weights["ids"]` [..., S], float32
+    (EAGLE-3 normalises first: its norm sits before the head, not on what is fed back)."""
+    if config.kind == "eagle3":
+        out = final_norm(weights, config.layer, out)
+    return jnp.einsum("...D,SD->...S", out, weights["proj"],
                       preferred_element_type=jnp.float32).astype(jnp.float32)

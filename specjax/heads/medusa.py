@@ -4,16 +4,17 @@ Head k (k = 1..K) reads the target's final-normed hidden state h_t at position t
 the token at t + 1 + k, one place further ahead than the target's own LM head:
 
     z = h_t;  z <- z + SiLU(W_kj z + b_kj)  for each of the head's residual blocks j
-    logits_k = E_S z        over S, a frequency-ranked subset of the vocabulary
+    logits_k = W_k z        as published: each head's own full-vocabulary LM head [V, D]
 
-The projection E_S is not a new matrix: it is the rows of the target's own LM head (its tied
-embedding, for SmolLM2) for the S token ids the heads may propose, read from the target when the
-heads meet it. Why: SmolLM2-135M's LM head is 28M of its 135M parameters, so a full-vocabulary
-projection per head would cost about a fifth of a target call; with S = 4,096 a head costs
-2.7M multiply-adds (the block is 0.33M), 2% of a target call. A token outside S has draft
+specjax's own variant (`HeadsConfig.head = "subset"`, the shipped SmolLM2 heads) replaces
+W_k with one matrix E_S shared by all heads: the rows of the target's own LM head (its tied
+embedding, for SmolLM2) for S frequency-ranked token ids, read from the target when the heads
+meet it. Why: SmolLM2-135M's LM head is 28M of its 135M parameters, so a full-vocabulary
+projection per head costs about a fifth of a target call; with S = 4,096 a head costs 2.7M
+multiply-adds (the block is 0.33M), 2% of a target call. A token outside S has draft
 probability 0, which token-tree verification handles exactly (the target's residual covers it).
 
-A heads checkpoint is a directory:
+specjax's heads directory (FasterDecoding's layout is `specjax.io.published`):
 
     config.json        model_type "medusa", num_heads, num_blocks, hidden_size, vocab_size, the
                        projection, the target's identity, and the tree the heads were tuned for
@@ -51,6 +52,7 @@ class HeadsConfig:
     hidden_size: int        # D, the target's
     vocab_size: int         # the target's id space
     subset_size: int        # S, the token ids the heads may propose
+    head: str = "subset"    # "own": each head's LM head (published); "subset": the target's rows
 
     def __post_init__(self):
         for name in ("num_heads", "num_blocks", "hidden_size", "vocab_size", "subset_size"):
@@ -60,13 +62,19 @@ class HeadsConfig:
         if self.subset_size > self.vocab_size:
             raise ValueError(f"subset_size {self.subset_size} exceeds vocab_size "
                              f"{self.vocab_size}")
+        if self.head not in ("own", "subset"):
+            raise ValueError(f"head must be 'own' or 'subset', got {self.head!r}")
+        if self.head == "own" and self.subset_size != self.vocab_size:
+            raise ValueError("heads with their own LM heads propose every id: subset_size must "
+                             "equal vocab_size")
 
 
 @dataclasses.dataclass(frozen=True)
 class Heads:
     """What `specjax.load` returns for a heads directory."""
     config: HeadsConfig
-    params: dict                 # {"blocks": [[{"w": [D, D], "b": [D]}] * blocks] * heads}
+    params: dict                 # {"blocks": [[{"w": [D, D], "b": [D]}] * blocks] * heads},
+                                 # + "lm_heads": [[V, D]] * heads for head "own"
     token_ids: np.ndarray        # [S] int32, most frequent first
     target: dict                 # the identity of the target they were trained on
     tree: Tree | None = None     # the tree they were tuned for (the default of method="medusa")
@@ -83,7 +91,8 @@ def init_heads(config: HeadsConfig, target: Model, token_ids=None, seed: int = 0
                std: float = 0.0, tree: Tree | None = None) -> Heads:
     """New heads for `target`. With std = 0 (Medusa's initialisation) every block is the
     identity, so each head starts as the target's own next-token head on the subset; tests use
-    std > 0 for random heads."""
+    std > 0 for random heads. Heads with their own LM heads (`config.head == "own"`) start
+    from the target's."""
     if token_ids is None:
         token_ids = np.arange(config.subset_size)
     token_ids = np.asarray(token_ids, np.int32)
@@ -95,13 +104,21 @@ def init_heads(config: HeadsConfig, target: Model, token_ids=None, seed: int = 0
     blocks = [[{"w": std * jax.random.normal(next(keys), (d, d)),
                 "b": std * jax.random.normal(next(keys), (d,))}
                for _ in range(config.num_blocks)] for _ in range(config.num_heads)]
-    return Heads(config, {"blocks": blocks}, token_ids, target_identity(target, token_ids), tree)
+    params = {"blocks": blocks}
+    if config.head == "own":
+        head = projection(target, token_ids)
+        params["lm_heads"] = [head + std * jax.random.normal(jax.random.key(seed + 1 + k),
+                                                             head.shape)
+                              for k in range(config.num_heads)]
+    return Heads(config, params, token_ids, target_identity(target, token_ids), tree)
 
 
 def runtime_weights(heads: Heads, target: Model) -> dict:
-    """What the compiled step reads: the blocks, the subset's ids and projection rows."""
-    return {"blocks": heads.params["blocks"], "ids": jnp.asarray(heads.token_ids),
-            "proj": projection(target, heads.token_ids)}
+    """What the compiled step reads: the blocks, the ids of the logits and the head's rows
+    (`proj`: the subset's rows of the target's LM head [S, D], or each head's own [K, V, D])."""
+    proj = (jnp.stack(heads.params["lm_heads"]) if heads.config.head == "own"
+            else projection(target, heads.token_ids))
+    return {"blocks": heads.params["blocks"], "ids": jnp.asarray(heads.token_ids), "proj": proj}
 
 
 def features(weights: dict, hidden: jax.Array, count: int | None = None) -> jax.Array:
@@ -119,5 +136,9 @@ def features(weights: dict, hidden: jax.Array, count: int | None = None) -> jax.
 def subset_logits(weights: dict, hidden: jax.Array, count: int | None = None) -> jax.Array:
     """Hidden states [..., D] -> the first `count` heads' logits over the subset
     [..., count, S], float32 (default all K heads; a tree of depth d needs only d)."""
-    return jnp.einsum("...KD,SD->...KS", features(weights, hidden, count), weights["proj"],
+    z, proj = features(weights, hidden, count), weights["proj"]
+    if proj.ndim == 3:                              # each head its own LM head [K, V, D]
+        return jnp.einsum("...KD,KSD->...KS", z, proj[:z.shape[-2]],
+                          preferred_element_type=jnp.float32).astype(jnp.float32)
+    return jnp.einsum("...KD,SD->...KS", z, proj,
                       preferred_element_type=jnp.float32).astype(jnp.float32)

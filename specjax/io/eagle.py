@@ -1,10 +1,17 @@
-"""EAGLE drafters on disk: the directory `specjax.save_drafter` writes and `specjax.load` reads.
+"""EAGLE drafters on disk: specjax's directory, which `specjax.save_drafter` writes by default,
+and the published layouts (`specjax.io.published`), all read by `specjax.load`.
 
-The layout is described in `specjax.heads.eagle`; the math lives there, the files here, read by
-the loader Medusa heads' files share (`specjax.io.sidecar`). The target's identity is the one
-Medusa heads carry and is checked the same way (`io.sidecar.check_target`): a drafter trained
-for another model is an error naming its file.
-Weights are stored as float16 or float32 and always load as float32.
+The math lives in `specjax.heads.eagle`, the files here, read by the loader Medusa heads' files
+share (`specjax.io.sidecar`). The target's identity is the one Medusa heads carry and is checked
+the same way (`io.sidecar.check_target`): a drafter trained for another model is an error naming
+its file. Weights are stored as float16 or float32 and always load as float32.
+
+specjax's directory: config.json (model_type "eagle", kind, head, style, taps, the layer's
+shape, the target's identity, the default trees) and model.safetensors, whose tensors are the
+drafter's parameters by the names of the published layouts where they have one (fc.weight,
+fc.bias, norm.weight, lm_head.weight, embed_tokens.weight) and `layers.0.{name}[.{part}]` in
+specjax's own names for the layer, plus token_ids [S], the target id of each logit. A
+config.json without "style" is the specjax style with the subset head (the shipped drafters).
 """
 
 from __future__ import annotations
@@ -16,59 +23,77 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import save_file
 
-from specjax.heads.eagle import MODEL_TYPE, Drafter, DrafterConfig, layer_config
+from specjax.heads.eagle import MODEL_TYPE, Drafter, DrafterConfig, layer_config, param_shapes
 from specjax.heads.shared import PROJECTION
+from specjax.io.published import (DRAFTER_FORMATS, is_published_drafter, load_published_drafter,
+                                  save_published_drafter)
 from specjax.io.sidecar import is_sidecar_dir, read_sidecar, tree_from_json, tree_to_json
 from specjax.model.config import ModelConfig
-from specjax.model.transformer import param_shapes
 
 STORAGE = ("float16", "float32")
+_TOP = {"fc": "fc", "final_norm": "norm", "lm_head": "lm_head", "embed": "embed_tokens"}
 
 
 def is_eagle_dir(path: Path) -> bool:
-    return is_sidecar_dir(path, MODEL_TYPE)
+    return is_sidecar_dir(path, MODEL_TYPE) or is_published_drafter(path)
 
 
-def _expected_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
-    d = config.hidden_size
-    shapes = {"fc.weight": (d, 2 * d), "fc.bias": (d,), "norm.weight": (d,),
-              "token_ids": (config.subset_size,)}
-    if config.fused_layers:
-        shapes["reduce.weight"] = (d, len(config.fused_layers) * d)
-    layer = param_shapes(config.layer)["layers"][0]
-    for name, shape in layer.items():
-        if isinstance(shape, dict):            # a norm: {"scale": (D,)}
-            for part, s in shape.items():
-                shapes[f"layers.0.{name}.{part}"] = s
+def _flat(tree: dict) -> dict:
+    """The drafter's parameter tree (or its shapes) by tensor name."""
+    out = {}
+    for key, value in tree.items():
+        if key == "layers":
+            for name, part in value[0].items():
+                if isinstance(part, dict):
+                    out.update({f"layers.0.{name}.{k}": v for k, v in part.items()})
+                else:
+                    out[f"layers.0.{name}"] = part
+        elif isinstance(value, dict):
+            out.update({f"{_TOP[key]}.{'weight' if k in ('w', 'scale') else 'bias'}": v
+                        for k, v in value.items()})
         else:
-            shapes[f"layers.0.{name}"] = shape
-    return shapes
+            out[f"{_TOP[key]}.weight"] = value
+    return out
 
 
-def _tensors(drafter: Drafter) -> dict[str, np.ndarray]:
-    p = drafter.params
-    out = {"fc.weight": p["fc"]["w"], "fc.bias": p["fc"]["b"],
-           "norm.weight": p["final_norm"]["scale"]}
-    if "reduce" in p:
-        out["reduce.weight"] = p["reduce"]["w"]
-    for name, value in p["layers"][0].items():
-        if isinstance(value, dict):
-            for part, v in value.items():
-                out[f"layers.0.{name}.{part}"] = v
+def _unflat(tensors: dict, shapes: dict) -> dict:
+    """`_flat`'s inverse, over the names `shapes` has."""
+    params = {}
+    for key, value in shapes.items():
+        if key == "layers":
+            layer = {}
+            for name, part in value[0].items():
+                if isinstance(part, dict):
+                    layer[name] = {k: tensors[f"layers.0.{name}.{k}"] for k in part}
+                else:
+                    layer[name] = tensors[f"layers.0.{name}"]
+            params["layers"] = [layer]
+        elif isinstance(value, dict):
+            params[key] = {k: tensors[f"{_TOP[key]}.{'weight' if k in ('w', 'scale') else 'bias'}"]
+                           for k in value}
         else:
-            out[f"layers.0.{name}"] = value
-    return {k: np.asarray(v, np.float32) for k, v in out.items()}
+            params[key] = tensors[f"{_TOP[key]}.weight"]
+    return params
 
 
 def save_drafter(drafter: Drafter, directory: str | Path, storage: str = "float32",
-                 extra: dict | None = None) -> Path:
-    """Writes `drafter` as a directory; `storage` "float16" halves the file (the weights load
-    back as float32, rounded)."""
+                 extra: dict | None = None, format: str = "specjax") -> Path:
+    """Writes `drafter` as a directory: specjax's (default; `storage` "float16" halves the
+    file, the weights loading back as float32, rounded), or with `format` "eagle" / "speculators"
+    in the layout the EAGLE repo and SpecForge, or vllm-project/speculators, write (float32),
+    which the engines that serve those drafters load (`specjax.io.published`)."""
+    if format not in DRAFTER_FORMATS:
+        raise ValueError(f"format must be one of {DRAFTER_FORMATS}, got {format!r}")
     if storage not in STORAGE:
         raise ValueError(f"storage must be one of {STORAGE}, got {storage!r}")
     directory = Path(directory)
+    if format != "specjax":
+        if storage != "float32" or extra:
+            raise ValueError("storage and extra apply to format 'specjax'")
+        return save_published_drafter(drafter, directory, format)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {k: np.ascontiguousarray(v.astype(storage)) for k, v in _tensors(drafter).items()}
+    tensors = {k: np.ascontiguousarray(np.asarray(v, np.float32).astype(storage))
+               for k, v in _flat(drafter.params).items()}
     tensors["token_ids"] = np.ascontiguousarray(drafter.token_ids, np.int32)
     weights = directory / "model.safetensors"
     save_file(tensors, str(weights), metadata={"format": "pt"})
@@ -77,26 +102,41 @@ def save_drafter(drafter: Drafter, directory: str | Path, storage: str = "float3
     config = {"model_type": MODEL_TYPE, "hidden_size": c.hidden_size,
               "vocab_size": c.layer.vocab_size,
               "projection": {"type": PROJECTION, "tokens": c.subset_size},
+              "kind": c.kind, "head": c.head, "style": c.style,
+              **({"taps": list(c.taps)} if c.taps else {}),
+              **({"defer_taps": True} if c.defer_taps else {}),
+              **({"feature_size": c.feature_size} if c.feature_size else {}),
+              **({"norm_before_residual": True} if c.norm_before_residual else {}),
+              **({"own_embeddings": True} if c.own_embeddings else {}),
               "layer": c.layer.to_hf(), "storage": storage, "target": drafter.target,
               "tree": tree_to_json(drafter.tree),
               **({"sampled_tree": tree_to_json(drafter.sampled_tree)}
                  if drafter.sampled_tree is not None else {}),
-              **({"fused_layers": list(c.fused_layers)} if c.fused_layers else {}),
               **(extra or {})}
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return directory
 
 
 def load_drafter(path: str | Path) -> Drafter:
-    """Reads an EAGLE directory; every error names the file."""
+    """Reads an EAGLE directory, specjax's or a published layout; every error names the file."""
     path = Path(path).expanduser()
+    if not is_sidecar_dir(path, MODEL_TYPE):
+        return load_published_drafter(path)
 
     def parse(raw):
         layer = layer_config(ModelConfig.from_hf(raw["layer"], source=str(path / "config.json")))
-        fused = raw.get("fused_layers", [])
-        if not isinstance(fused, list):
-            raise ValueError(f"fused_layers must be a list of layer counts, got {fused!r}")
-        config = DrafterConfig(layer, raw["projection"]["tokens"], tuple(fused))
+        if "fused_layers" in raw:
+            raise ValueError("fused_layers was specjax's earlier EAGLE-3 variant, no longer "
+                             "read; EAGLE-3 is the published architecture (kind 'eagle3')")
+        taps = raw.get("taps", [])
+        if not isinstance(taps, list):
+            raise ValueError(f"taps must be a list of layer counts, got {taps!r}")
+        style = raw.get("style", "specjax")
+        config = DrafterConfig(layer, raw["projection"]["tokens"], raw.get("kind", "eagle1"),
+                               raw.get("head", "subset"), style, tuple(taps),
+                               raw.get("feature_size", 0),
+                               raw.get("norm_before_residual", False),
+                               raw.get("own_embeddings", False), raw.get("defer_taps", False))
         if config.hidden_size != raw["hidden_size"] or config.layer.vocab_size != raw["vocab_size"]:
             raise ValueError("hidden_size or vocab_size disagrees with the layer's shape")
         target = raw["target"]
@@ -105,23 +145,12 @@ def load_drafter(path: str | Path) -> Drafter:
         return config, target, (tree_from_json(raw.get("tree")),
                                 tree_from_json(raw.get("sampled_tree")))
 
-    (config, target, (tree, sampled_tree)), tensors = read_sidecar(
-        path, parse, lambda config, *_: (_expected_shapes(config), config.layer.vocab_size))
+    def expected(config, *_):
+        shapes = _flat(param_shapes(config))
+        return dict(shapes, token_ids=(config.subset_size,)), config.layer.vocab_size
 
-    def get(name):
-        return jnp.asarray(tensors[name], jnp.float32)
-
-    layer = {}
-    for name in _expected_shapes(config):
-        if name.startswith("layers.0."):
-            parts = name[len("layers.0."):].split(".")
-            if len(parts) == 2:
-                layer.setdefault(parts[0], {})[parts[1]] = get(name)
-            else:
-                layer[parts[0]] = get(name)
-    params = {"fc": {"w": get("fc.weight"), "b": get("fc.bias")}, "layers": [layer],
-              "final_norm": {"scale": get("norm.weight")}}
-    if config.fused_layers:
-        params["reduce"] = {"w": get("reduce.weight")}
+    (config, target, (tree, sampled_tree)), tensors = read_sidecar(path, parse, expected)
+    params = _unflat({k: jnp.asarray(v, jnp.float32) for k, v in tensors.items()
+                      if k != "token_ids"}, param_shapes(config))
     return Drafter(config, params, tensors["token_ids"].astype(np.int32), target, tree, path,
                    sampled_tree=sampled_tree)

@@ -108,14 +108,22 @@ def check_target(heads, target: Model) -> None:
     expected = heads.target
     trained_on = expected.get("name", "another model")
     config = {f: getattr(target.config, f) for f in TARGET_FIELDS}
-    diff = [f for f in TARGET_FIELDS if expected["config"].get(f) != config[f]]
+    # A published checkpoint knows only some of the fields (`io.published`): check those.
+    diff = [f for f in TARGET_FIELDS if f in expected["config"]
+            and expected["config"][f] != config[f]]
     if diff:
         f = diff[0]
         raise CheckpointError(f"{where}: it was trained on {trained_on}, whose {f} is "
                               f"{expected['config'].get(f)!r}; {target.name} has {config[f]!r}")
-    if heads.config.hidden_size != target.config.d_model:
+    width = getattr(heads.config, "target_width", heads.config.hidden_size)
+    if width != target.config.d_model:
+        raise CheckpointError(f"{where}: it reads states {width} wide, but the target's d_model "
+                              f"is {target.config.d_model}")
+    own_embed = getattr(heads.config, "own_embeddings", False)
+    if heads.config.hidden_size != target.config.d_model and not own_embed:
         raise CheckpointError(f"{where}: hidden_size {heads.config.hidden_size} != the target's "
-                              f"d_model {target.config.d_model}")
+                              f"d_model {target.config.d_model}, and it has no embeddings of "
+                              f"its own")
     digest = tokenizer_digest(target.tokenizer)
     if expected.get("tokenizer_sha256") and digest and digest != expected["tokenizer_sha256"]:
         raise CheckpointError(f"{where}: it was trained on {trained_on}, whose "
@@ -136,7 +144,17 @@ def read_tensors(weights: Path) -> dict[str, np.ndarray]:
     """Every tensor of a drafter's safetensors file; a CheckpointError naming it if it cannot
     be read."""
     try:
-        with safe_open(weights, framework="numpy") as reader:
-            return {name: reader.get_tensor(name) for name in reader.keys()}
+        try:
+            with safe_open(weights, framework="numpy") as reader:
+                return {name: reader.get_tensor(name) for name in reader.keys()}
+        except (TypeError, ValueError) as e:
+            if "bf16" not in str(e) and "bfloat16" not in str(e).lower():
+                raise
+            # numpy has no bfloat16 (published drafters often ship it): read through JAX,
+            # upcast to float32.
+            with safe_open(weights, framework="flax") as reader:
+                return {name: np.asarray(reader.get_tensor(name), np.float32)
+                        if reader.get_slice(name).get_dtype() == "BF16"
+                        else np.asarray(reader.get_tensor(name)) for name in reader.keys()}
     except (SafetensorError, OSError, ValueError, TypeError) as e:
         raise CheckpointError(f"{weights}: corrupt or unreadable safetensors file ({e})") from None

@@ -36,15 +36,20 @@ class KVCache:
     k: tuple[jax.Array, ...]   # L x [B, K, H, S]
     v: tuple[jax.Array, ...]   # L x [B, K, S, H]
     length: jax.Array          # [B] int32: number of valid positions of each row
+    # Slots before `first` are read only by queries in them (static). A published EAGLE
+    # drafter never saw the pair in slot 0 (no feature comes before the first token), so its
+    # cache has first = 1 (`specjax.heads.eagle`); every model's own cache has 0.
+    first: int = dataclasses.field(default=0, metadata=dict(static=True))
 
     @classmethod
-    def init(cls, config: ModelConfig, batch: int, slots: int, dtype=None) -> "KVCache":
+    def init(cls, config: ModelConfig, batch: int, slots: int, dtype=None,
+             first: int = 0) -> "KVCache":
         dtype = dtype or jnp.dtype(config.dtype)
         k_shape = (batch, config.n_kv_heads, config.head_dim, slots)
         v_shape = (batch, config.n_kv_heads, slots, config.head_dim)
         return cls(tuple(jnp.zeros(k_shape, dtype) for _ in range(config.n_layers)),
                    tuple(jnp.zeros(v_shape, dtype) for _ in range(config.n_layers)),
-                   jnp.zeros((batch,), jnp.int32))
+                   jnp.zeros((batch,), jnp.int32), first)
 
     @property
     def slots(self) -> int:
@@ -99,14 +104,18 @@ class TreeAttention:
 
 
 def attention_mask(query_slots: jax.Array, key_slots: jax.Array,
-                   tree: TreeAttention | None = None) -> jax.Array:
+                   tree: TreeAttention | None = None, first: int = 0) -> jax.Array:
     """[B, T] queries x [B, S] keys -> [B, T, S] bool: which cache slots each query reads.
 
     Causal over slots; inside a token tree's slots, only the query node's ancestors. Outside a
     tree, slots are positions, so this is the usual causal mask from absolute positions; a chain
-    is the tree whose ancestor matrix is lower-triangular, so it gets the same mask.
+    is the tree whose ancestor matrix is lower-triangular, so it gets the same mask. Slots
+    before `first` (`KVCache.first`) are seen only by queries in them, so no query's row is
+    empty.
     """
     mask = key_slots[:, None, :] <= query_slots[:, :, None]
+    if first:
+        mask &= (key_slots >= first)[:, None, :] | (query_slots < first)[:, :, None]
     if tree is None:
         return mask
     n = tree.ancestors.shape[-1]

@@ -6,6 +6,7 @@ width, F MLP width, N query heads, K key/value heads, G = N / K, H head size.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -142,7 +143,8 @@ def attend(q, k, v, mask):
 STEP_WINDOW, CHUNK_WINDOW, CHUNK_QUERIES = 1024, 128, 64
 
 
-def attend_cache(q, cache_k, cache_v, query_slots, tree: TreeAttention | None = None):
+def attend_cache(q, cache_k, cache_v, query_slots, tree: TreeAttention | None = None,
+                 first: int = 0):
     """Attention of queries to a layer's cache, reading only the prefix they can see.
 
     A call on few tokens (a decoding step, a verify call) uses the few-query kernel, which
@@ -164,26 +166,28 @@ def attend_cache(q, cache_k, cache_v, query_slots, tree: TreeAttention | None = 
     Args:
       q: [B, T, N, H]; cache_k: [B, K, H, S] and cache_v: [B, K, S, H] with this call's keys
       already written; query_slots: [B, T] (their positions, except in a token tree); tree:
-      the token tree the queries belong to, if any (`cache.attention_mask`).
+      the token tree the queries belong to, if any (`cache.attention_mask`); first: the
+      cache's `KVCache.first`.
     Returns:
       [B, T, N, H]
     """
     if attention_uses_kernel(q, cache_k, cache_v):        # decoding steps and verify calls
         return lax.platform_dependent(q, cache_k, cache_v, query_slots, tree,
-                                      cpu=_attend_in_place, default=_attend_windows)
-    return _attend_windows(q, cache_k, cache_v, query_slots, tree)
+                                      cpu=functools.partial(_attend_in_place, first=first),
+                                      default=functools.partial(_attend_windows, first=first))
+    return _attend_windows(q, cache_k, cache_v, query_slots, tree, first)
 
 
-def _attend_in_place(q, cache_k, cache_v, query_slots, tree):
+def _attend_in_place(q, cache_k, cache_v, query_slots, tree, first=0):
     """`attend_cache` by the few-query kernel: the whole buffer, read up to the slots in use."""
     b, slots = q.shape[0], cache_v.shape[2]
     key_slots = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (b, slots))
     limit = jnp.max(query_slots, axis=1) + 1                                  # [B]
-    return few_query_attention(q, cache_k, cache_v, attention_mask(query_slots, key_slots, tree),
-                               limit)
+    return few_query_attention(q, cache_k, cache_v,
+                               attention_mask(query_slots, key_slots, tree, first), limit)
 
 
-def _attend_windows(q, cache_k, cache_v, query_slots, tree):
+def _attend_windows(q, cache_k, cache_v, query_slots, tree, first=0):
     """`attend_cache` by XLA: the shortest static window of the cache that covers the queries."""
     b, t = q.shape[:2]
     sizes = windows(cache_v.shape[2], CHUNK_WINDOW if t >= CHUNK_QUERIES else STEP_WINDOW)
@@ -192,7 +196,7 @@ def _attend_windows(q, cache_k, cache_v, query_slots, tree):
         def branch(q, cache_k, cache_v, query_slots, tree):
             key_slots = jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32), (b, size))
             return attend(q, cache_k[..., :size], cache_v[:, :, :size],
-                          attention_mask(query_slots, key_slots, tree))
+                          attention_mask(query_slots, key_slots, tree, first))
         return branch
 
     if len(sizes) == 1:

@@ -130,18 +130,20 @@ def tapped_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
         tapped.append(x)
         done = n
     if cache is not None:
-        cache = KVCache(tuple(keys), tuple(values), length)
+        cache = KVCache(tuple(keys), tuple(values), length, cache.first)
     features = jnp.concatenate(tapped[:-1], axis=-1) if taps else None
     return _norm(config, params["final_norm"], x), features, cache
 
 
 def decoder_layers(layers: list, config: ModelConfig, x: jax.Array, positions: jax.Array,
-                   cache: KVCache | None = None,
-                   tree: TreeAttention | None = None) -> tuple[jax.Array, KVCache | None]:
+                   cache: KVCache | None = None, tree: TreeAttention | None = None,
+                   attn_input: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
     """The decoder layers on input vectors x [B, T, D] (embeddings, for the model itself; an
     EAGLE drafter feeds its fused features, `specjax.heads.eagle`): the residual stream after
     the last layer, before the final norm, and the cache (one layer's buffers per layer, in
-    order). Arguments as in `forward`."""
+    order). Arguments as in `forward`; `attn_input` [B, T, E], if given, is what the first
+    layer's attention reads instead of its normed residual (EAGLE drafters: the fused features
+    without a norm, or EAGLE-3's [norm(embedding) ; norm(feature)], E = 2D)."""
     positions = positions.astype(jnp.int32)
     slots = positions if tree is None else tree.slots(x.shape[1])         # [B, T]
     if config.arch == "llama":
@@ -149,7 +151,7 @@ def decoder_layers(layers: list, config: ModelConfig, x: jax.Array, positions: j
 
     new_k, new_v = [], []
     for i, p in enumerate(layers):
-        h = _norm(config, p["attn_norm"], x)
+        h = attn_input if i == 0 and attn_input is not None else _norm(config, p["attn_norm"], x)
         q, k, v = (_project(h, p[name]) for name in ("wq", "wk", "wv"))  # [B, T, heads, H]
         if config.qkv_bias:
             q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
@@ -162,7 +164,7 @@ def decoder_layers(layers: list, config: ModelConfig, x: jax.Array, positions: j
             layer_k, layer_v = kv.write(cache.k[i], cache.v[i], k, v, slots)
             new_k.append(layer_k)
             new_v.append(layer_v)
-            attn = attend_cache(q, layer_k, layer_v, slots, tree)       # [B, T, N, H]
+            attn = attend_cache(q, layer_k, layer_v, slots, tree, cache.first)   # [B, T, N, H]
         # One flat product over (N, H): as a two-axis einsum, XLA on a CPU copied wo every call.
         b, t, n, h_ = attn.shape
         wo = p["wo"].reshape(-1, n * h_)                                # [D, N*H]
@@ -172,7 +174,7 @@ def decoder_layers(layers: list, config: ModelConfig, x: jax.Array, positions: j
         x = x + out
         x = x + _mlp(config, p, _norm(config, p["mlp_norm"], x))
     if cache is not None:
-        cache = KVCache(tuple(new_k), tuple(new_v), slots[:, -1] + 1)
+        cache = KVCache(tuple(new_k), tuple(new_v), slots[:, -1] + 1, cache.first)
     return x, cache
 
 
