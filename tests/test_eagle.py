@@ -1,5 +1,7 @@
 """EAGLE drafters: the checkpoint directory, its errors, the drafter in the loop against its
-training forward, and greedy equality; for EAGLE-1's feature and EAGLE-3's fused ones.
+training forward, and greedy equality; for specjax's style of EAGLE-1 (the shipped drafters)
+and the published EAGLE-1 and EAGLE-3 (`test_published_drafters.py` has their layouts and the
+parity with a PyTorch forward written from the published description).
 
 The distribution tests (`test_distribution.py`, cases eagle-*) check Theorem 1 with random
 drafters and a negative control; `test_smollm2.py` checks the shipped SmolLM2 drafter.
@@ -39,10 +41,13 @@ def target():
     return pair(vocab=V, std=1.0)[0]
 
 
-def random_drafter(target, seed=0, tree=None, subset=12, std=0.3, fused_layers=()):
+def random_drafter(target, seed=0, tree=None, subset=12, std=0.3, **options):
+    """specjax's style with a subset head by default; `kind="eagle3"` (and `taps`) for a
+    published EAGLE-3 drafter whose draft vocabulary is the subset."""
     ids = np.random.default_rng(seed).permutation(target.config.vocab_size)[:subset]
-    return eagle.init_drafter(target, token_ids=ids, seed=seed, std=std, tree=tree,
-                              fused_layers=fused_layers)
+    if options.get("kind") != "eagle3":
+        options.setdefault("style", "specjax")
+    return eagle.init_drafter(target, token_ids=ids, seed=seed, std=std, tree=tree, **options)
 
 
 @pytest.fixture(scope="module")
@@ -87,31 +92,34 @@ def test_a_sampled_default_tree_round_trips_and_serves_sampled_calls(target, tmp
     assert result.stats.tree_size == 2
 
 
-def test_fused_drafter_round_trip_and_its_errors(target, tmp_path):
-    drafter = random_drafter(target, fused_layers=(1, 2), tree=Tree.chain(2))
-    directory = save_drafter(drafter, tmp_path / "fused")
-    assert json.loads((directory / "config.json").read_text())["fused_layers"] == [1, 2]
+def test_eagle3_drafter_round_trip_and_its_errors(target, tmp_path):
+    drafter = random_drafter(target, kind="eagle3", taps=(0, 1), tree=Tree.chain(2))
+    directory = save_drafter(drafter, tmp_path / "eagle3")
+    assert json.loads((directory / "config.json").read_text())["taps"] == [0, 1]
     loaded = specjax.load(directory)
-    assert loaded.config == drafter.config and loaded.config.fused_layers == (1, 2)
-    np.testing.assert_array_equal(loaded.params["reduce"]["w"], drafter.params["reduce"]["w"])
+    assert loaded.config == drafter.config and loaded.config.taps == (0, 1)
+    for a, b in zip(jax.tree.leaves(drafter.params), jax.tree.leaves(loaded.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     d = target.config.d_model
-    assert loaded.params["reduce"]["w"].shape == (d, 2 * d)      # two tapped layers
+    assert loaded.params["fc"]["w"].shape == (d, 2 * d)      # two tapped layers
 
     config = json.loads((directory / "config.json").read_text())
-    for value, words in (([2, 1], "increasing"), ([0], "increasing"), ("1,2", "a list"),
-                         ([1], "'reduce.weight' has shape")):
+    for change, words in (({"taps": [1, 0]}, "increasing"), ({"taps": [-1, 0]}, "increasing"),
+                          ({"taps": "0,1"}, "a list"), ({"taps": [1]}, "'fc.weight' has shape"),
+                          ({"fused_layers": [1, 2]}, "no longer read")):
         broken = tmp_path / f"broken-{len(list(tmp_path.iterdir()))}"
         broken.mkdir()
         (broken / "model.safetensors").write_bytes((directory / "model.safetensors").read_bytes())
-        (broken / "config.json").write_text(json.dumps(dict(config, fused_layers=value)))
+        (broken / "config.json").write_text(json.dumps(dict(config, **change)))
         with pytest.raises(specjax.CheckpointError, match=words):
             specjax.load(broken)
-    deep = dataclasses.replace(drafter, config=dataclasses.replace(drafter.config,
-                                                                   fused_layers=(1, 3)))
-    with pytest.raises(GenerationError, match=r"after \[1, 3\] layers.* has 2"):
+    deep = dataclasses.replace(drafter, config=dataclasses.replace(drafter.config, taps=(1, 2)))
+    with pytest.raises(GenerationError, match=r"after \[1, 2\] layers.* has 2"):
         generate(target, [[1, 2]], method="eagle", drafter=deep, max_new_tokens=2)
     with pytest.raises(ValueError, match="past the target's 2 layers"):
-        eagle.init_drafter(target, fused_layers=(2, 3))
+        eagle.init_drafter(target, kind="eagle3", taps=(1, 2))
+    with pytest.raises(ValueError, match="no three distinct default"):
+        eagle.init_drafter(target, kind="eagle3")
 
 
 def test_drafter_for_another_target_is_refused(target, drafter_dir):
@@ -209,8 +217,15 @@ def test_greedy_eagle_equals_autoregressive(target):
     assert chain.tokens == ar.tokens and chain.stats.tree_size == 3
 
 
-def test_greedy_fused_eagle_equals_autoregressive(target):
-    drafter = random_drafter(target, seed=4, fused_layers=(1, 2))
+PUBLISHED = {"eagle1": dict(style="published", head="target", subset=V),
+             "eagle3": dict(kind="eagle3", taps=(0, 1)),
+             "eagle3-norm-before-residual": dict(kind="eagle3", taps=(0, 1),
+                                                 norm_before_residual=True)}
+
+
+@pytest.mark.parametrize("kind", PUBLISHED)
+def test_greedy_published_eagle_equals_autoregressive(target, kind):
+    drafter = random_drafter(target, seed=4, **PUBLISHED[kind])
     prompts = [[3, 1, 4, 1, 5], [9], [2, 7, 1, 8, 2, 8, 1, 8]]
     ar = generate(target, prompts, max_new_tokens=24, temperature=0.0, eos_ids=(5,))
     for name in ("sparse", "dynamic-4-3-9"):
@@ -250,19 +265,20 @@ def _reference_chain(target, drafter, depth, width):
     def chain(tokens, length):                            # [width] int32, [] int32
         ids = jnp.pad(tokens, (0, depth))[None]           # room for the drafted tokens
         positions = jnp.arange(ids.shape[1])[None]
-        if drafter.config.fused_layers:
+        if drafter.config.taps:
             _, f, _ = tapped_states(target.params, target.config, ids, positions,
-                                    taps=drafter.config.fused_layers)
+                                    taps=drafter.config.taps)
             f = eagle.from_target(weights, drafter.config, f)
         else:
             f, _ = hidden_states(target.params, target.config, ids, positions)
         features = jnp.concatenate([jnp.zeros_like(f[:, :1]), f[:, :-1]], axis=1)
-        drafted = []
+        drafted, first = [], drafter.config.first_slot     # published: no pair in slot 0
         for i in range(depth):
             out, _ = eagle.draft_features(weights, drafter.config, target.params["embed"],
-                                          features, ids, positions)
-            last = out[0, length - 1 + i]                 # the newest pair's output
-            best = weights["ids"][jnp.argmax(eagle.subset_logits(weights, last))]
+                                          features[:, first:], ids[:, first:],
+                                          positions[:, first:])
+            last = out[0, length - 1 + i - first]         # the newest pair's output
+            best = weights["ids"][jnp.argmax(eagle.draft_logits(weights, drafter.config, last))]
             drafted.append(best)
             features = features.at[0, length + i].set(last)
             ids = ids.at[0, length + i].set(best)
@@ -271,20 +287,20 @@ def _reference_chain(target, drafter, depth, width):
     return chain
 
 
-@pytest.mark.parametrize("kind", ["shipped", "fused"])
+@pytest.mark.parametrize("kind", ["shipped", "eagle3"])
 def test_drafter_in_the_loop_matches_its_training_forward(kind, target):
     """Step by step, the chain the decoding loop drafts (catch-up over the pairs the last step
     committed, cached slots, tree attention) equals the from-scratch computation; steps that
     accept 0, 1 and 2 tokens all occur, so the catch-up reads windows of 1, 2 and 3 pairs.
     The shipped tiny drafter accepts often enough for that; a random EAGLE-3 drafter on the
-    small target (its features the states after both layers, reduced) at least 0 and 1."""
+    small target (reading the states after 0 and 1 layers) at least 0 and 1."""
     if kind == "shipped":
         target = specjax.load(WEIGHTS / "llama-target")
         drafter = specjax.load(WEIGHTS / "llama-eagle")
         prompts = [target.tokenizer.encode("def read_lines(path):\n").ids,
                    target.tokenizer.encode("import os\n").ids]
     else:
-        drafter = random_drafter(target, seed=4, fused_layers=(1, 2))
+        drafter = random_drafter(target, seed=4, kind="eagle3", taps=(0, 1))
         prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8, 1, 8]]
     depth = 3
     request = prepare(target, prompts, method="eagle", drafter=drafter, tree=Tree.chain(depth),
@@ -342,7 +358,8 @@ def _reference_dynamic_tree(target, drafter, tokens, shape):
         made = []
         for path, outputs, score, index in frontier:
             out = output(list(path), outputs)
-            logp = np.asarray(jax.nn.log_softmax(eagle.subset_logits(weights, out)))
+            logp = np.asarray(jax.nn.log_softmax(eagle.draft_logits(weights, drafter.config,
+                                                                    out)))
             for j in np.argsort(-logp, kind="stable")[:shape.top_k]:
                 made.append((path + (int(weights["ids"][j]),), outputs + [out],
                              score + float(logp[j]), index))
