@@ -64,12 +64,15 @@ def tree_case(widths_or_paths, candidates="distinct", method="speculative", **kw
                 **kwargs)
 
 
-def eagle_drafter(target, fused_layers=()):
+def eagle_drafter(target, kind="specjax"):
     """A random EAGLE drafter for the tiny target that can propose 5 of the V = 6 tokens
-    (token 4 gets draft probability 0, so the residual alone must supply it); with
-    `fused_layers`, an EAGLE-3 one reading the states after those layers."""
-    return specjax.init_drafter(target, token_ids=[2, 0, 1, 3, 5], seed=3, std=0.5,
-                                fused_layers=fused_layers)
+    (token 4 gets draft probability 0, so the residual alone must supply it): specjax's
+    style, or ("eagle3") a published EAGLE-3 one whose draft vocabulary is those 5, reading the
+    states after 0 and 1 layers; ("eagle1") a published EAGLE-1 one proposes all 6."""
+    if kind == "eagle1":
+        return specjax.init_drafter(target, seed=3, std=0.5)
+    options = dict(kind="eagle3", taps=(0, 1)) if kind == "eagle3" else dict(style="specjax")
+    return specjax.init_drafter(target, token_ids=[2, 0, 1, 3, 5], seed=3, std=0.5, **options)
 
 
 def medusa_heads(target):
@@ -113,14 +116,16 @@ POSITIVE = {
     "medusa-sparse-iid-t0.7-top-p": tree_case(SPARSE_TREE, "iid", method="medusa",
                                               temperature=0.7, top_p=0.9),
     # EAGLE: a random drafter on the target's features fills the tree, sampled and top; one
-    # reads EAGLE-3's fused features (the states after both layers).
+    # is a published EAGLE-3 one, one a published EAGLE-1 one on a dynamic tree.
     "eagle-2x2-distinct": tree_case((2, 2), method="eagle"),
     "eagle3-sparse-iid-t0.7-top-p": dict(tree_case(SPARSE_TREE, "iid", method="eagle",
                                                    temperature=0.7, top_p=0.9),
-                                         fused_layers=(1, 2)),
+                                         drafter="eagle3"),
     "eagle-chain-3-top": tree_case(Tree.chain(3).paths, "top", method="eagle"),
     # EAGLE-2's dynamic tree: each row's own tree, deterministic candidates.
     "eagle-dynamic-3-2-4": dict(case("eagle", candidates=None), tree=DynamicTree(3, 2, 4)),
+    "eagle1-dynamic-3-2-4-t0.7": dict(case("eagle", candidates=None, temperature=0.7),
+                                      tree=DynamicTree(3, 2, 4), drafter="eagle1"),
     "eagle-dynamic-2-3-5-t0.7-top-p": dict(case("eagle", temperature=0.7, top_p=0.9),
                                            tree=DynamicTree(2, 3, 5)),
     # Dynamic lookahead: rows stop drafting at different depths (checked below).
@@ -161,7 +166,7 @@ def draw(models, c, seed=0, rows=None, **hooks) -> tuple[np.ndarray, float]:
     if c["method"] == "medusa":
         hooks["heads"] = medusa_heads(target)
     if c["method"] == "eagle":
-        hooks["drafter"] = eagle_drafter(target, c.get("fused_layers", ()))
+        hooks["drafter"] = eagle_drafter(target, c.get("drafter", "specjax"))
     prompts = np.tile(np.asarray(c["prompt"], np.int32), (rows, 1))    # one row per sample
     result = generate(target, prompts, method=c["method"], draft=draft,
                       k=c["k"], max_new_tokens=L, temperature=c["temperature"], top_k=c["top_k"],
@@ -179,7 +184,7 @@ def same_program(cases: dict) -> list:
     def program(c):
         tree = getattr(c["tree"], "paths", c["tree"])
         key = (c["method"], c["k"], tree, c["candidates"], sorted(c["schedule"].items()),
-               c.get("fused_layers"))
+               c.get("drafter"))
         return "distribution-" + "".join(ch for ch in repr(key) if ch.isalnum() or ch in ",.-_")
     return [pytest.param(name, marks=pytest.mark.xdist_group(program(c)))
             for name, c in cases.items()]
@@ -356,6 +361,9 @@ NEGATIVE = {
         tree_case((2, 2), method="medusa"), dict(rules=Rules(verify_tree=_verified_with_sharpened_p))),
     "eagle-top-tokens-verified-as-sampled": (
         tree_case((2, 2), method="eagle"), dict(rules=Rules(candidates=_top_tokens_as_if_sampled))),
+    "eagle3-top-tokens-verified-as-sampled": (
+        dict(tree_case((2, 2), method="eagle"), drafter="eagle3"),
+        dict(rules=Rules(candidates=_top_tokens_as_if_sampled))),
     "lookahead-stop-peeks-at-the-target": (
         CONFIDENCE["speculative-confidence-t1"],
         dict(rules=Rules(verify=_stop_before_a_likely_rejection))),
