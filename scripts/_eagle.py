@@ -307,7 +307,7 @@ def make_loss(config, unroll: int, decay: float, ce_weight: float, noise: float)
     import jax.numpy as jnp
     import optax
 
-    from specjax.heads.eagle import draft_features, from_target, subset_logits
+    from specjax.heads.eagle import draft_features, draft_logits, from_target
 
     def loss_fn(trainable, frozen, batch, key):
         weights = {**trainable, "proj": frozen["proj"]}
@@ -320,14 +320,14 @@ def make_loss(config, unroll: int, decay: float, ce_weight: float, noise: float)
                                       jnp.ones_like(batch["mask"][:, 1:])], axis=1)
         inputs = inputs + is_feature[..., None] * jax.random.uniform(
             key, inputs.shape, minval=-noise, maxval=noise)
-        soft = jax.nn.softmax(subset_logits(weights, target), axis=-1)        # [B, T, S]
+        soft = jax.nn.softmax(draft_logits(weights, config, target), axis=-1)        # [B, T, S]
         mask = batch["mask"].astype(jnp.float32)
         count = jnp.maximum(mask.sum(), 1.0)
         total, parts = 0.0, []
         for i in range(unroll):
             pred, _ = draft_features(weights, config, frozen["embed"], inputs, batch["tokens"],
                                      batch["positions"])
-            logits = subset_logits(weights, pred)
+            logits = draft_logits(weights, config, pred)
             regression = jnp.sum(optax.huber_loss(pred, target).mean(-1) * mask) / count
             ce = jnp.sum(optax.softmax_cross_entropy(logits, soft) * mask) / count
             agree = jnp.sum((jnp.argmax(logits, -1) == jnp.argmax(soft, -1)) * mask) / count
@@ -457,7 +457,7 @@ def chain_accuracy(drafter, target, docs: Documents, picks: np.ndarray, depth: i
     import jax
     import jax.numpy as jnp
 
-    from specjax.heads.eagle import draft_features, from_target, runtime_weights, subset_logits
+    from specjax.heads.eagle import draft_features, draft_logits, from_target, runtime_weights
     from specjax.model.cache import KVCache
 
     config, embed = drafter.config, target.params["embed"]
@@ -470,7 +470,7 @@ def chain_accuracy(drafter, target, docs: Documents, picks: np.ndarray, depth: i
         inputs = from_target(weights, config, inputs)
         cache = KVCache.init(config.layer, inputs.shape[0], width + depth, jnp.float32)
         pred, cache = draft_features(weights, config, embed, inputs, tokens, positions, cache)
-        return pred, weights["ids"][jnp.argmax(subset_logits(weights, pred), -1)], cache
+        return pred, weights["ids"][jnp.argmax(draft_logits(weights, config, pred), -1)], cache
 
     @jax.jit
     def chain(weights, cache, feature, token, start):         # [R, D], [R], [R]: slot start
@@ -479,7 +479,7 @@ def chain_accuracy(drafter, target, docs: Documents, picks: np.ndarray, depth: i
             feature, cache = draft_features(weights, config, embed, feature[:, None],
                                             token[:, None], (start + j)[:, None], cache)
             feature = feature[:, 0]
-            token = weights["ids"][jnp.argmax(subset_logits(weights, feature), -1)]
+            token = weights["ids"][jnp.argmax(draft_logits(weights, config, feature), -1)]
             drafted.append(token)
         return jnp.stack(drafted, axis=1)                      # [R, depth]
 
@@ -533,6 +533,9 @@ def train_drafter(args) -> tuple[object, dict]:
     target = specjax.load(resolve(args.target))
     data = [Path(d) for d in args.data]
     fused = tuple(args.fused_layers)
+    if fused:
+        raise SystemExit("--fused-layers trained specjax's earlier EAGLE-3 variant, retired for "
+                         "the published EAGLE-3 (specjax.heads.eagle, kind 'eagle3')")
     docs = load_documents(data, args.validation_every, fused)
     train_docs = docs.select(args.kinds, held_out=False)
     # Held-out chains are compared with the documents' tokens: greedy continuations only.
@@ -562,7 +565,7 @@ def train_drafter(args) -> tuple[object, dict]:
           f"probability mass; feature RMS {rms:.3f}", flush=True)
 
     drafter = init_drafter(target, token_ids=ids, seed=args.seed, tree=Tree.chain(args.chain),
-                           fused_layers=fused)
+                           style="specjax")
     weights = runtime_weights(drafter, target)
     frozen = {"proj": weights["proj"], "embed": target.params["embed"]}
     # The drafter's output norm starts as the target's final norm, which made the features it

@@ -203,7 +203,7 @@ def time_drafter(directory, model, repeats, median_time, slots, filled):
         def call(i, total):
             out, _ = eagle.draft_features(weights, config, embed, features + i,
                                           jnp.zeros((1, t), jnp.int32), positions, cache)
-            return total + jnp.max(eagle.subset_logits(weights, out))
+            return total + jnp.max(eagle.draft_logits(weights, config, out))
         return jax.lax.fori_loop(0, repeats, call, jnp.zeros((), jnp.float32))
 
     return {t: median_time(lambda t=t: repeated(t, weights, cache)) / repeats for t in (1, 4, 8)}
