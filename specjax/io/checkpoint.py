@@ -28,6 +28,7 @@ from specjax.io.errors import CheckpointError
 from specjax.io.fetch import cache_root
 from specjax.io.gguf import convert_gguf
 from specjax.io.medusa import is_heads_dir, load_heads
+from specjax.io.sidecar import json_object
 from specjax.model.config import ConfigError, ModelConfig
 from specjax.model.transformer import Model, Params, init_params, param_shapes
 
@@ -142,26 +143,13 @@ def _canonical(name: str, config: ModelConfig) -> str:
 
 # -- Loading ------------------------------------------------------------------------------------
 
-def _json_object(file: Path) -> dict:
-    """The JSON object in `file`; CheckpointError naming the file if it holds none."""
-    try:
-        contents = json.loads(file.read_text())
-    except OSError as e:
-        raise CheckpointError(f"{file}: cannot read ({e.strerror})") from None
-    except (ValueError, RecursionError) as e:   # JSONDecodeError, UnicodeDecodeError, [[[[...
-        raise CheckpointError(f"{file} is not valid JSON ({e})") from None
-    if not isinstance(contents, dict):
-        raise CheckpointError(f"{file} does not hold a JSON object")
-    return contents
-
-
 def _weight_files(directory: Path) -> list[Path]:
     single = directory / "model.safetensors"
     index = directory / "model.safetensors.index.json"
     if single.exists():
         return [single]
     if index.exists():
-        weight_map = _json_object(index).get("weight_map")
+        weight_map = json_object(index).get("weight_map")
         if not (isinstance(weight_map, dict) and all(isinstance(f, str) for f in weight_map.values())):
             raise CheckpointError(f"{index}: not a valid safetensors index (no weight_map of "
                                   f"tensor names to file names)")
@@ -298,7 +286,7 @@ def load(path: str | Path, dtype: str = "float32", mesh=None):
     file = path / "config.json"
     if not file.exists():
         raise CheckpointError(f"missing {file}")
-    hf = _json_object(file)
+    hf = json_object(file)
     try:
         config = ModelConfig.from_hf(hf, source=str(file))
     except ConfigError as e:
@@ -324,7 +312,7 @@ def _with_generation_eos(config: ModelConfig, path: Path) -> ModelConfig:
     gen = path / "generation_config.json"
     if not gen.exists():
         return config
-    contents = _json_object(gen)
+    contents = json_object(gen)
     eos = contents.get("eos_token_id")
     if eos is None:
         return config
@@ -350,7 +338,7 @@ def _chat_template(path: Path) -> str | None:
     file = path / "tokenizer_config.json"
     if not file.exists():
         return None
-    template = _json_object(file).get("chat_template")
+    template = json_object(file).get("chat_template")
     return template if isinstance(template, str) else None
 
 

@@ -37,7 +37,7 @@ from safetensors.numpy import save_file
 from specjax.heads.eagle import Drafter, DrafterConfig, layer_config
 from specjax.heads.medusa import Heads, HeadsConfig
 from specjax.io.errors import CheckpointError
-from specjax.io.sidecar import read_tensors
+from specjax.io.sidecar import json_object, read_tensors
 from specjax.model.config import ConfigError, ModelConfig
 
 __all__ = ["DRAFTER_FORMATS", "HEADS_FORMATS", "is_published_drafter", "is_published_heads",
@@ -92,14 +92,7 @@ def _read_pickle(file: Path) -> dict[str, np.ndarray]:
 
 
 def _config(directory: Path) -> dict:
-    file = directory / "config.json"
-    try:
-        raw = json.loads(file.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{file}: cannot read it as JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{file}: not a JSON object")
-    return raw
+    return json_object(directory / "config.json")
 
 
 def _weight_names(directory: Path) -> set[str]:
@@ -110,8 +103,9 @@ def _weight_names(directory: Path) -> set[str]:
             size = int.from_bytes(f.read(8), "little")
             if not 0 < size < 100_000_000:
                 return set()
-            return set(json.loads(f.read(size))) - {"__metadata__"}
-    except (OSError, ValueError):
+            header = json.loads(f.read(size))
+            return set(header) - {"__metadata__"} if isinstance(header, dict) else set()
+    except (OSError, ValueError, RecursionError):
         return set()
 
 
@@ -121,7 +115,7 @@ def is_published_drafter(directory: Path) -> bool:
     """Whether `directory` holds an EAGLE-1/2 or EAGLE-3 drafter in a published layout."""
     try:
         raw = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     if not isinstance(raw, dict):
         return False
@@ -141,7 +135,7 @@ def is_published_drafter(directory: Path) -> bool:
 def is_published_heads(directory: Path) -> bool:
     try:
         raw = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(raw, dict) and "medusa_num_heads" in raw
 

@@ -19,10 +19,23 @@ from specjax.model.config import ConfigError
 from specjax.model.transformer import Model
 from specjax.sampling.tree import DynamicTree, Tree, TreeError
 
-__all__ = ["check_target", "is_sidecar_dir", "read_sidecar", "read_tensors", "tree_from_json",
-           "tree_to_json"]
+__all__ = ["check_target", "is_sidecar_dir", "json_object", "read_sidecar", "read_tensors",
+           "tree_from_json", "tree_to_json"]
 
 CHECKSUM_RTOL = 1e-3     # float32 vs bfloat16 copies of one target agree to ~1e-5
+
+
+def json_object(file: Path) -> dict:
+    """A JSON object read from `file`; a CheckpointError naming it if it is not one."""
+    try:
+        contents = json.loads(file.read_text())
+    except OSError as e:
+        raise CheckpointError(f"{file}: cannot read ({e.strerror})") from None
+    except (ValueError, RecursionError) as e:   # JSONDecodeError, UnicodeDecodeError, [[[[...
+        raise CheckpointError(f"{file} is not valid JSON ({e})") from None
+    if not isinstance(contents, dict):
+        raise CheckpointError(f"{file} does not hold a JSON object")
+    return contents
 
 
 def is_sidecar_dir(path: Path, model_type: str) -> bool:
