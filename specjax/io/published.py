@@ -75,7 +75,7 @@ def _read_pickle(file: Path) -> dict[str, np.ndarray]:
            f"save_file(torch.load('{file.name}', weights_only=True), "
            f"'{file.stem}.safetensors')\"")
     try:
-        import torch
+        import torch   # lazy: torch is optional, needed only for the pickled (.bin/.pt) layouts
     except ImportError:
         raise CheckpointError(f"{file}: a torch pickle, which specjax never unpickles without "
                               f"torch's weights_only loader (torch is not installed); {how}") \
