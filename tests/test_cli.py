@@ -263,6 +263,36 @@ def test_tree_run_prints_the_greedy_text(generated, env):
     assert result["text"] in generated.stdout            # the same greedy text as every method
 
 
+def test_published_drafters_load_from_the_command_line(generated, tmp_path, capsys):
+    # An EAGLE-3 drafter in the EAGLE repo's layout and Medusa-1 heads in FasterDecoding's,
+    # written for the embedded tiny-llama: --drafter and --heads read them, greedy decoding
+    # prints the target's greedy text (as every method does), and --trace walks the EAGLE-3
+    # tree sibling by sibling. In this process, through `main`.
+    target = specjax.load(WEIGHTS / "llama-target")
+    v, d = target.config.vocab_size, target.config.d_model
+    drafter = specjax.save_drafter(
+        specjax.init_drafter(target, token_ids=list(range(v // 2)), kind="eagle3", taps=(0, 1, 3),
+                             std=0.3),
+        tmp_path / "eagle3", format="eagle")
+    heads = specjax.save_heads(
+        specjax.init_heads(specjax.HeadsConfig(num_heads=2, num_blocks=1, hidden_size=d,
+                                               vocab_size=v, subset_size=v, head="own"),
+                           target, std=0.3), tmp_path / "medusa1", format="medusa")
+    assert (drafter / "config.json").exists() and (heads / "medusa_lm_head.safetensors").exists()
+    greedy = generated.stdout.split("--- autoregressive ---\n", 1)[1].split("[autoregressive]")[0]
+    for method, flag, path in (("eagle", "--drafter", drafter), ("medusa", "--heads", heads)):
+        proc = run_main(["generate", "--method", method, flag, str(path), "--json", *FAST], capsys)
+        assert proc.returncode == 0, proc.stderr
+        (result,) = json.loads(proc.stdout)["results"]
+        assert result["text"] == greedy.rstrip("\n"), method
+    proc = run_main(["generate", "--method", "eagle", "--drafter", str(drafter), "--temperature",
+                     "1", "--trace", "2", *FAST], capsys)
+    assert proc.returncode == 0, proc.stderr
+    blocks = proc.stdout.split("step ")[1:]
+    assert len(blocks) == 2 and all("sibling test(s)" in b and "new tokens:" in b for b in blocks)
+    assert "-> accept" in proc.stdout or "-> reject" in proc.stdout
+
+
 def test_confidence_schedule_run_reports_its_draft_length(generated, env):
     proc = specjax_cli(["generate", "--method", "speculative", *FAST, "-k", "4", "--k-schedule",
                         "confidence", "--confidence-threshold", "0.3"], env)

@@ -102,12 +102,10 @@ def test_corrupt_heads_name_the_file(heads_dir, tmp_path):
 
 def test_bad_medusa_requests_are_errors(target, heads_dir):
     heads = specjax.load(heads_dir)
-    bare = random_heads(target)                         # no tree of its own
     cases = {
         "Medusa heads": dict(method="medusa"),
         "heads applies to method 'medusa'": dict(method="speculative", draft=target, heads=heads),
         "4 deep": dict(method="medusa", heads=heads, tree=Tree.chain(4)),
-        "ships no tree": dict(method="medusa", heads=bare),
         "candidates='iid'": dict(method="medusa", heads=heads, candidates="iid", temperature=0.0),
         "heads must be Medusa heads": dict(method="medusa", heads=target),
         "13 children": dict(method="medusa", heads=heads, tree=Tree.full((13,))),
@@ -124,10 +122,11 @@ def test_greedy_medusa_equals_autoregressive(target):
     prompts = [[3, 1, 4, 1, 5], [9], [2, 7, 1, 8, 2, 8, 1, 8]]
     eos = (5,)
     ar = generate(target, prompts, max_new_tokens=24, temperature=0.0, eos_ids=eos)
-    for name, tree in TREES.items():
+    for name, tree in {**TREES, "none: a chain of one candidate per head": None}.items():
         batch = generate(target, prompts, method="medusa", heads=heads, tree=tree,
                          max_new_tokens=24, temperature=0.0, eos_ids=eos)
         assert batch.tokens == ar.tokens, name
+        assert batch.stats.tree_size == (heads.config.num_heads if tree is None else tree.size)
         assert batch.stats.accepted > 0, name          # the equality is not AR in disguise
     # Alone (the one-token row, whose first step reads a zero hidden state), one shape suffices.
     alone = generate(target, prompts[1:2], method="medusa", heads=heads, tree=TREES["sparse"],

@@ -8,6 +8,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from specjax.sampling import rejection
 
@@ -115,6 +116,82 @@ def test_explain_agrees_with_generate_and_is_stable():
     text = specjax.format_steps(steps[:1])
     assert text.splitlines()[0] == f"step 1: {len(steps[0].drafts)} draft token(s) examined"
     assert SNAPSHOT == text, text
+
+
+
+def _tree_cases():
+    import specjax
+    from specjax.heads import eagle
+    from tests.tiny import close_pair
+
+    target, draft = close_pair(vocab=8, std=0.5, noise=0.3)
+    ids = np.arange(6)
+    heads = specjax.init_heads(
+        specjax.HeadsConfig(num_heads=2, num_blocks=1, hidden_size=target.config.d_model,
+                            vocab_size=8, subset_size=6), target, ids, seed=0, std=0.3)
+    drafter = eagle.init_drafter(target, token_ids=ids, seed=0, std=0.3, kind="eagle3",
+                                 taps=(0, 1))
+    full = specjax.Tree.full((2, 2))
+    return target, {
+        # one case per verification rule: without replacement, i.i.d., deterministic (an
+        # EAGLE-2 dynamic tree: one topology per row, as data)
+        "speculative-distinct": dict(method="speculative", draft=draft, tree=full,
+                                     candidates="distinct"),
+        "medusa-iid": dict(method="medusa", heads=heads, tree=full, candidates="iid"),
+        "eagle3-dynamic": dict(method="eagle", drafter=drafter,
+                               tree=specjax.DynamicTree(3, 2, 5)),
+    }
+
+
+@pytest.mark.parametrize("case", ["speculative-distinct", "medusa-iid", "eagle3-dynamic"])
+def test_explain_walks_trees_as_generate_does(case):
+    # The tiny pair at temperature 1.0, seed 3: a tree step's sibling tests, read back, are the
+    # walk of rejection.verify_tree: the accepted nodes make a path from the root whose tokens
+    # the step appended, each verdict is the accept test on its numbers, at most one child of a
+    # node is accepted and none is tested after it, a rejected token has no mass in the residual
+    # that follows, and the steps append exactly the tokens generate returns.
+    import specjax
+    from specjax.api.explain import TreeStep
+    from specjax.api.generate import generate
+
+    target, cases = _tree_cases()
+    kwargs = dict(cases[case], max_new_tokens=16, temperature=1.0, seed=3, eos_ids=())
+    prompt = [1, 2, 3, 4, 1, 2]
+    steps = specjax.explain(target, prompt, steps=40, **kwargs)
+    assert [t for s in steps for t in s.new_tokens] == generate(target, [prompt],
+                                                                **kwargs).tokens[0]
+    assert all(isinstance(s, TreeStep) for s in steps)
+    rejections = accepts = 0
+    for s in steps:
+        parent_of = {node: parent for node, parent, _ in s.nodes}
+        token_of = {node: token for node, _, token in s.nodes}
+        at, rejected_all = 0, False                 # the walk's node; how it ended
+        for depth in range(1, 1 + max((t.depth for t in s.trials), default=0)):
+            level = [t for t in s.trials if t.depth == depth]
+            assert all(t.parent == at == parent_of[t.node] for t in level)
+            assert [t.rank for t in level] == sorted(t.rank for t in level)
+            verdicts = [t.accepted for t in level]
+            assert verdicts.count(True) <= 1 and verdicts[:-1] == [False] * (len(level) - 1)
+            for t in level:
+                assert t.accepted == (t.u * t.p < t.q) and t.token == token_of[t.node]
+                if not t.accepted:
+                    rejections += 1
+                    assert t.token not in [x for x, _ in t.residual_top]
+                    assert 0 < sum(p for _, p in t.residual_top) <= 1 + 1e-6
+            if not verdicts[-1]:                    # the walk ends here, from the residual
+                assert s.emitted not in [t.token for t in level]
+                rejected_all = True
+                break
+            accepts += 1
+            at = level[-1].node
+        assert s.from_residual == rejected_all      # else the bonus, q at the last node
+        assert [t.node for t in s.trials if t.accepted] == s.path
+        assert s.new_tokens[:len(s.path)] == [token_of[n] for n in s.path]
+        if len(s.new_tokens) == len(s.path) + 1:
+            assert s.new_tokens[-1] == s.emitted
+        lines = specjax.format_steps([s]).splitlines()
+        assert len([x for x in lines if "-> accept" in x or "-> reject" in x]) == len(s.trials)
+    assert rejections > 0 and accepts > 0           # the seed exercises both verdicts
 
 
 SNAPSHOT = """\

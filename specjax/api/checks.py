@@ -201,13 +201,13 @@ def _check_beside(value, kind: type, what: str, keyword: str, method: str, targe
 
 
 def check_heads(heads, tree, target):
-    """Medusa's heads must be heads, trained on this target; returns the tree to use."""
+    """Medusa's heads must be heads, trained on this target; returns the tree to use: the
+    caller's, else the heads' own, else (published heads ship none) a chain of one candidate
+    per head, as vLLM runs them."""
     _check_beside(heads, Heads, "Medusa heads", "heads", "medusa", target)
-    if tree is None:
-        if heads.tree is None:
-            raise GenerationError(f"{heads.name} ships no tree; pass tree=...")
-        return heads.tree
-    return tree
+    if tree is not None:
+        return tree
+    return heads.tree if heads.tree is not None else Tree.chain(heads.config.num_heads)
 
 
 def check_drafter(drafter, tree, target, k: int, all_greedy: bool = True):

@@ -4,11 +4,17 @@
                             k=4, temperature=1.0, seed=0, steps=3)
     print(specjax.format_steps(steps, target.tokenizer))
 
-Each step lists the drafted tokens x_i with p_i(x_i) (the draft) and q_i(x_i) (the target), the
-uniform draw u_i, whether u_i * p_i(x_i) < q_i(x_i) accepted it, the residual's top entries
-after a rejection, and the token the target emitted. It runs the decoding loop's own step
-function (`decoding.loop.step`) with `DecodeSpec.trace`, which makes the step keep the numbers
-`rejection.verify` computes anyway: there is no second implementation, and the tokens are
+A chain step (`Step`: speculative or n-gram decoding without a tree) lists the drafted tokens
+x_i with p_i(x_i) (the draft) and q_i(x_i) (the target), the uniform draw u_i, whether
+u_i * p_i(x_i) < q_i(x_i) accepted it, the residual's top entries after a rejection, and the
+token the target emitted. A tree step (`TreeStep`: any method with a tree, Medusa, EAGLE) lists
+the sibling tests of the walk in the order it made them: at each node, the children in rank
+order, each with p_r(x) (the law the candidate was drawn from given its elder siblings; 1 for
+deterministic candidates), q'(x) (the target's law at the node less the siblings rejected
+before it), u, the verdict, and after a rejection the residual the next sibling is tested
+against. It runs the decoding loop's own step function (`decoding.loop.step`) with
+`DecodeSpec.trace`, which makes the step keep the numbers `rejection.verify` or
+`rejection.verify_tree` compute anyway: there is no second implementation, and the tokens are
 those `generate` returns for the same arguments (tested).
 """
 
@@ -16,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specjax.api.generate import GenerationError, prepare
@@ -41,43 +49,115 @@ class Step:
     new_tokens: list[int]                # what the step appended (fewer at EOS or the limit)
 
 
-def explain(target: Model, prompt, *, steps: int = 4, top: int = 3, **kwargs) -> list[Step]:
-    """The first `steps` verify steps of one prompt, decoded with `generate`'s arguments."""
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One sibling test of a tree walk: is the candidate `token` (node `node`, a child of
+    `parent` at depth `depth`, rank `rank` among its siblings) accepted?"""
+    depth: int
+    rank: int
+    node: int
+    parent: int
+    token: int
+    p: float             # p_r(x): the law x was drawn from given its elder siblings
+    q: float             # q'(x): the target's law at the parent less the siblings rejected
+    u: float             # the uniform draw of the accept test u * p < q
+    accepted: bool
+    residual_top: list[tuple[int, float]]   # after a rejection: q' for the next sibling
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeStep:
+    nodes: list[tuple[int, int, int]]    # the tree as drafted: (node, parent, token), root excluded
+    trials: list[Trial]                  # in the walk's order
+    path: list[int]                      # the accepted nodes, from depth 1
+    residual_top: list[tuple[int, float]]   # after a rejection: the final residual's largest
+    emitted: int                         # the target's token after the accepted path
+    from_residual: bool                  # drawn from the residual (else q at the last node)
+    new_tokens: list[int]                # what the step appended (fewer at EOS or the limit)
+
+
+METHODS = ("speculative", "ngram", "medusa", "eagle")
+
+
+def _top(distribution: np.ndarray, top: int) -> list[tuple[int, float]]:
+    order = np.argsort(-distribution, kind="stable")[:top]
+    return [(int(t), float(distribution[t])) for t in order if distribution[t] > 0]
+
+
+def _chain_step(trace: dict, top: int, new_tokens: list[int]) -> Step:
+    n = int(trace["accepted"])
+    drafts = [Draft(int(trace["tokens"][i]), float(trace["p_x"][i]), float(trace["q_x"][i]),
+                    float(trace["u"][i]), i < n)
+              for i in range(min(int(trace["drafted"]), n + 1))]
+    from_residual = n < int(trace["drafted"])
+    return Step(drafts, _top(trace["residual"], top) if from_residual else [],
+                int(trace["emitted"]), from_residual, new_tokens)
+
+
+def _tree_step(trace: dict, top: int, new_tokens: list[int]) -> TreeStep:
+    tokens, parent = trace["tree_tokens"], trace["parent"]
+    nodes = [(i, int(parent[i]), int(tokens[i])) for i in range(1, len(tokens))
+             if trace["valid"][i]]
+    trials, path = [], []
+    depth, width = trace["node"].shape
+    for d in range(depth):
+        for r in range(width):
+            node = int(trace["node"][d, r])
+            if node < 0:
+                continue
+            accepted = bool(trace["accepted"][d, r])
+            trials.append(Trial(d + 1, r, node, int(parent[node]), int(tokens[node]),
+                                float(trace["p_x"][d, r]), float(trace["q_x"][d, r]),
+                                float(trace["u"][d, r]), accepted,
+                                [] if accepted else _top(trace["residual"][d, r], top)))
+            if accepted:
+                path.append(node)
+    from_residual = bool(trace["from_residual"])
+    return TreeStep(nodes, trials, path, _top(trace["final"], top) if from_residual else [],
+                    int(trace["emitted"]), from_residual, new_tokens)
+
+
+def explain(target: Model, prompt, *, steps: int = 4, top: int = 3,
+            **kwargs) -> list[Step | TreeStep]:
+    """The first `steps` verify steps of one prompt, decoded with `generate`'s arguments:
+    `Step`s for a chain, `TreeStep`s for a tree (Medusa and EAGLE always draft one)."""
     method = kwargs.get("method", "autoregressive")
-    if method not in ("speculative", "ngram") or kwargs.get("tree") is not None:
-        raise GenerationError("explain shows chain verification: method 'speculative' or "
-                              f"'ngram' without a tree, not {method!r}"
-                              + (" with a tree" if kwargs.get("tree") is not None else ""))
+    if method not in METHODS:
+        names = ", ".join(map(repr, METHODS))
+        raise GenerationError(f"explain shows verification: method {names}, not {method!r} "
+                              "(autoregressive decoding verifies nothing)")
     for name, value in (("steps", steps), ("top", top)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise GenerationError(f"{name} must be an integer >= 1, got {value!r}")
     request = prepare(target, [prompt], **kwargs)
     spec = dataclasses.replace(request.spec, trace=True)
     state = loop.init(spec, request.weights, *request.inputs)
+    # A step returns the state with its numbers (`state.trace`); start from zeros of that
+    # structure, so that one program serves every step.
+    shapes = jax.eval_shape(lambda s: loop.step(spec, request.weights, s), state).trace
+    state = state.replace(trace=jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes))
     out = []
     while len(out) < steps and not bool(np.asarray(state.done)[0]):
         before = int(state.length[0])
         state = loop.step(spec, request.weights, state)
         trace = {name: np.asarray(value)[0] for name, value in state.trace.items()}
-        n = int(trace["accepted"])
-        drafts = [Draft(int(trace["tokens"][i]), float(trace["p_x"][i]), float(trace["q_x"][i]),
-                        float(trace["u"][i]), i < n)
-                  for i in range(min(int(trace["drafted"]), n + 1))]
-        from_residual = n < int(trace["drafted"])
-        order = np.argsort(-trace["residual"])[:top] if from_residual else []
-        out.append(Step(drafts, [(int(t), float(trace["residual"][t])) for t in order],
-                        int(trace["emitted"]), from_residual,
-                        np.asarray(state.tokens)[0, before:int(state.length[0])].tolist()))
+        new_tokens = np.asarray(state.tokens)[0, before:int(state.length[0])].tolist()
+        out.append((_tree_step if "tree_tokens" in trace else _chain_step)(trace, top,
+                                                                           new_tokens))
     return out
 
 
-def format_steps(steps: list[Step], tokenizer=None) -> str:
-    """The steps as text: one block per step, one line per drafted token."""
+def format_steps(steps: list[Step | TreeStep], tokenizer=None) -> str:
+    """The steps as text: one block per step, one line per drafted token (a chain) or per
+    sibling test (a tree, indented by depth)."""
     def show(token: int) -> str:
         return repr(tokenizer.decode([token])) if tokenizer is not None else str(token)
 
     lines = []
     for i, step in enumerate(steps, 1):
+        if isinstance(step, TreeStep):
+            lines.extend(_format_tree_step(i, step, show))
+            continue
         lines.append(f"step {i}: {len(step.drafts)} draft token(s) examined")
         for d in step.drafts:
             verdict = "accept" if d.accepted else "reject"
@@ -91,3 +171,35 @@ def format_steps(steps: list[Step], tokenizer=None) -> str:
             lines.append(f"  emitted {show(step.emitted)} from q at the next position")
         lines.append(f"  new tokens: {' '.join(show(t) for t in step.new_tokens)}")
     return "\n".join(lines)
+
+
+def _format_tree_step(i: int, step: TreeStep, show) -> list[str]:
+    depth = max((d for d in _depths(step.nodes).values()), default=0)
+    lines = [f"step {i}: a tree of {len(step.nodes)} node(s), depth {depth}; "
+             f"{len(step.trials)} sibling test(s)"]
+    for t in step.trials:
+        pad = "  " * t.depth
+        verdict = "accept" if t.accepted else "reject"
+        lines.append(f"{pad}node {t.node} (child {t.rank} of {t.parent}): x = {show(t.token):<12}"
+                     f" p = {t.p:.4f}  q' = {t.q:.4f}  u = {t.u:.4f}  u*p = {t.u * t.p:.4f} "
+                     f"{'<' if t.accepted else '>='} q'  -> {verdict}")
+        if not t.accepted:
+            top = ", ".join(f"{show(x)} {p:.4f}" for x, p in t.residual_top)
+            lines.append(f"{pad}  q' <- normalize(max(q' - p_r, 0)), top: {top}")
+    path = " ".join(show(dict((n, x) for n, _, x in step.nodes)[n]) for n in step.path)
+    lines.append(f"  accepted path: {path or '(none)'}")
+    if step.from_residual:
+        top = ", ".join(f"{show(t)} {p:.4f}" for t, p in step.residual_top)
+        lines.append(f"  emitted {show(step.emitted)} from the residual (top: {top})")
+    else:
+        lines.append(f"  emitted {show(step.emitted)} from q at the last accepted node")
+    lines.append(f"  new tokens: {' '.join(show(t) for t in step.new_tokens)}")
+    return lines
+
+
+def _depths(nodes: list[tuple[int, int, int]]) -> dict[int, int]:
+    parent = {node: up for node, up, _ in nodes}
+
+    def depth(node: int) -> int:
+        return 0 if node == 0 else 1 + depth(parent[node])
+    return {node: depth(node) for node in parent}

@@ -122,7 +122,8 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--trace", type=int, metavar="STEPS",
                    help="instead of the text, print the first STEPS verify steps: each drafted "
                         "token with p, q, the uniform draw and the verdict, the residual's top "
-                        "entries and the emitted token (speculative or ngram, no tree)")
+                        "entries and the emitted token; with a tree (any tree, medusa, "
+                        "eagle) each sibling test of the walk")
     parser.set_defaults(run=run_generate)
 
 
@@ -166,7 +167,8 @@ def run_generate(args) -> int:
     if args.trace is not None:
 
         if len(methods) != 1:
-            raise CLIError("--trace explains one method; pick --method speculative or ngram")
+            raise CLIError("--trace explains one method; pick --method speculative, ngram, "
+                           "medusa or eagle")
         steps = explain(target, ids, method=methods[0], draft=draft, steps=args.trace,
                         **options[methods[0]])
         print(format_steps(steps, target.tokenizer))

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.decoding import trees
+from specjax.decoding import trace, trees
 from specjax.decoding.autoregressive import prefill, prefill_chunk
 from specjax.decoding.state import DecodeState, any_nan, commit, step_keys
 from specjax.heads import eagle
@@ -284,9 +284,10 @@ def step(spec, params, state: DecodeState) -> DecodeState:
         tokens, valid, probs, draft_cache, draft_nan = draft_tree(spec, params, state, k_draft)
         tree, rule = spec.tree, trees.SCHEMES[spec.candidates]
     # Step 3: one target call over the tree, the walk, and the features of the next catch-up.
-    new, n_accepted, _, target_cache, target_nan, features = trees.score_and_verify(
+    new, n_accepted, _, target_cache, target_nan, features, details = trees.score_and_verify(
         spec, params, state, tokens, valid, probs, k_verify, rule, tree,
         spec.drafter_config.taps)
+    state = trace.record_tree(spec, state, tree, tokens, valid, new, n_accepted, details)
     features = eagle.from_target(params.drafter, spec.drafter_config, features)
     # Step 4: commit; finished rows keep their pending pairs.
     active = ~state.done

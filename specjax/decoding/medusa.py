@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.decoding import trees
+from specjax.decoding import trace, trees
 from specjax.decoding.autoregressive import prefill
 from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, step_keys
 from specjax.heads import medusa
@@ -89,8 +89,9 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     # Step 1: the heads' candidates, from the hidden state the last call left.
     tokens, valid, probs = candidate_tree(spec, params.heads, state, k_draft)
     # Steps 2 and 3: one target call over the tree, the walk, and the next hidden state.
-    new, n_accepted, _, cache, nan, features = trees.score_and_verify(
+    new, n_accepted, _, cache, nan, features, details = trees.score_and_verify(
         spec, params, state, tokens, valid, probs, k_verify, trees.SCHEMES[spec.candidates])
+    state = trace.record_tree(spec, state, spec.tree, tokens, valid, new, n_accepted, details)
     new_hidden = jnp.take_along_axis(features, n_accepted[:, None, None], axis=1)[:, 0]
     # Step 4: commit; finished rows keep their hidden state.
     active = ~state.done

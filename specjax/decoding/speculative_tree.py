@@ -18,7 +18,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specjax.decoding import trees
+from specjax.decoding import trace, trees
 from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, pad_vocab, step_keys
 from specjax.model.transformer import forward
 from specjax.sampling.logits import probs_from_logits
@@ -78,8 +78,9 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     # Step 1: the tree of candidates, level by level.
     tokens, valid, probs, draft_cache, draft_nan = draft_tree(spec, params, state, k_draft)
     # Steps 2 and 3: one target call over the tree, then the walk.
-    new, n_accepted, path, target_cache, target_nan, _ = trees.score_and_verify(
+    new, n_accepted, path, target_cache, target_nan, _, details = trees.score_and_verify(
         spec, params, state, tokens, valid, probs, k_verify, trees.SCHEMES[spec.candidates])
+    state = trace.record_tree(spec, state, tree, tokens, valid, new, n_accepted, details)
 
     # Step 4: commit. The draft fed the nodes above the deepest level: after moving the
     # accepted ones into place it holds the path up to depth D - 1, and catches up on the rest

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from specjax.decoding import trace
 from specjax.decoding.state import DecodeState, any_nan, last_tokens, pad_vocab
 from specjax.model import cache as kv
 from specjax.model.cache import KVCache, TreeAttention
@@ -90,7 +91,8 @@ def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_prob
       state that produced the path's token j + 1 (entries past n_accepted are stale). Medusa
       heads read entry n_accepted, the state that produced the new last token; an EAGLE
       drafter reads them all; other drafters ignore them. With `taps`, the features are the
-      tapped states instead (`transformer.tapped_states`): an EAGLE-3 drafter's.
+      tapped states instead (`transformer.tapped_states`): an EAGLE-3 drafter's. Last, with
+      `spec.trace`, the walk's numbers (`trace.verify_tree`; else None).
     """
     tree = spec.tree if tree is None else tree
     _, root = last_tokens(state, 1)
@@ -101,8 +103,8 @@ def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_prob
     logits = lm_head(params.target, spec.target_config, x)                  # [B, n, V']
     target_probs = probs_from_logits(pad_vocab(logits, spec.vocab_size),
                                      state.settings.sampling)
-    n_accepted, path, next_token = spec.rules.verify_tree(tree, rule, tokens, valid, draft_probs,
-                                                          target_probs, keys)
+    n_accepted, path, next_token, details = trace.verify_tree(spec, tree, rule, tokens, valid,
+                                                              draft_probs, target_probs, keys)
     new = jnp.take_along_axis(tokens, path, axis=1)                    # [B, D]
     new = jnp.concatenate([new, jnp.zeros_like(new[:, :1])], axis=1)   # [B, D + 1]
     new = new.at[jnp.arange(new.shape[0]), n_accepted].set(next_token)
@@ -110,5 +112,5 @@ def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_prob
     nodes = jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1)   # [B, D + 1]
     features = jnp.take_along_axis(x if tapped is None else tapped, nodes[:, :, None],
                                    axis=1)                                  # [B, D + 1, D']
-    return new, n_accepted, path, cache, any_nan(logits), features
+    return new, n_accepted, path, cache, any_nan(logits), features, details
 

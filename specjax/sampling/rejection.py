@@ -305,6 +305,7 @@ def _verify_tree_row(tree, rule, tokens, valid, draft_probs, target_probs, key):
     u = jax.random.uniform(k_accept, (depth, width), dtype=jnp.float32)
     p, q = _as_float(draft_probs[0], target_probs[0])                   # at the root
     node, walking, path = jnp.zeros((), jnp.int32), jnp.ones((), bool), []
+    trials = []     # each sibling's test, for `specjax.explain` (unused otherwise: XLA drops it)
     for d in range(depth):
         moved = jnp.zeros((), bool)
         for r in range(width):
@@ -315,6 +316,8 @@ def _verify_tree_row(tree, rule, tokens, valid, draft_probs, target_probs, key):
             accept = tried & accepts(u[d, r], p_r[x], q[x])              # Step 1
             p_next, q_next = after_rejection(rule, p, q, x)              # Step 2
             rejected = tried & ~accept
+            trials.append((jnp.where(tried, child, -1), p_r[x], q[x], accept,
+                           jnp.where(rejected, q_next, 0.0)))
             p, q = jnp.where(rejected, p_next, p), jnp.where(rejected, q_next, q)
             node, moved = jnp.where(accept, child, node), moved | accept
         # Step 3: at the accepted child, its own draft and target distributions.
@@ -325,11 +328,17 @@ def _verify_tree_row(tree, rule, tokens, valid, draft_probs, target_probs, key):
     # Step 4: the residual after the last rejections, or q at an accepted leaf (the bonus),
     # drawn for the whole batch by the caller (`sample_rows`).
     n_accepted = jnp.sum(jnp.asarray(tree.depth)[jnp.stack(path)] == jnp.arange(1, depth + 1))
-    return n_accepted.astype(jnp.int32), jnp.stack(path), k_next, q
+    node_of, p_x, q_x, accepted, residual = (jnp.stack(a).reshape(depth, width, *a[0].shape)
+                                             for a in zip(*trials))
+    details = dict(node=node_of, p_x=p_x, q_x=q_x, u=u, accepted=accepted, residual=residual,
+                   final=q,
+                   from_residual=jnp.any(jnp.any(node_of >= 0, axis=1)     # a level tried,
+                                         & ~jnp.any(accepted, axis=1)))   # none accepted
+    return n_accepted.astype(jnp.int32), jnp.stack(path), k_next, q, details
 
 
 def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_probs: jax.Array | None,
-                target_probs: jax.Array, keys: jax.Array):
+                target_probs: jax.Array, keys: jax.Array, with_details: bool = False):
     """Verify a token tree per row (Steps 1-4 above); lossless for the rule's candidate scheme.
 
     Rows are independent, each with its own key. Pure and jittable; the tree is static.
@@ -348,6 +357,13 @@ def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_prob
       n_accepted [B] int32 (the depth reached), path [B, D] int32 (the accepted node at each
       depth; entries past n_accepted repeat the last node) and next_token [B] int32. The row
       emits the tokens of path[:n_accepted] followed by next_token.
+      With `with_details`, also a dict of each sibling test of the walk, indexed [B, D, W] by
+      depth and rank (`node`: the child tested, -1 where none was; `p_x`: p_r(x); `q_x`: q'(x);
+      `u`; `accepted`; `residual` [B, D, W, V]: q' after a rejection, zero elsewhere), the law
+      the next token was drawn from (`final` [B, V]: the residual
+      after the last rejections, or q at the node the walk stopped on) and `from_residual` [B]
+      (whether the walk stopped because every child it tried was rejected): the numbers of one step, for
+      `specjax.explain`.
     """
     if rule not in RULES:
         raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
@@ -360,11 +376,13 @@ def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_prob
             raise ValueError(f"rule {rule!r} needs the draft distributions (draft_probs)")
         draft_probs = jnp.zeros_like(target_probs)      # never read by the deterministic rule
     if isinstance(tree, RowTrees):       # one topology per row (an EAGLE-2 dynamic tree)
-        n_accepted, path, next_keys, next_dists = jax.vmap(
+        n_accepted, path, next_keys, next_dists, details = jax.vmap(
             lambda t, *a: _verify_tree_row(t, rule, *a))(tree, tokens, valid, draft_probs,
                                                        target_probs, keys)
     else:
-        n_accepted, path, next_keys, next_dists = jax.vmap(
+        n_accepted, path, next_keys, next_dists, details = jax.vmap(
             lambda *a: _verify_tree_row(tree, rule, *a))(tokens, valid, draft_probs,
                                                        target_probs, keys)
-    return n_accepted, path, sample_rows(next_keys, next_dists)
+    next_token = sample_rows(next_keys, next_dists)
+    return (n_accepted, path, next_token, details) if with_details else (n_accepted, path,
+                                                                         next_token)
