@@ -433,6 +433,64 @@ def test_fetch_hub_offline_is_a_clear_error(monkeypatch, tmp_path):
         fetch("someone/some-model", cache_dir=tmp_path)
 
 
+def test_fetch_hub_gets_published_drafters(monkeypatch, tmp_path):
+    # No hub is reachable here: a stand-in for huggingface_hub serves two repos from disk, an
+    # EAGLE-1 drafter as the EAGLE repo ships it (config.json and pytorch_model.bin only) and
+    # Medusa-1 heads with both safetensors and a .pt. The pickle is fetched only where there
+    # is no safetensors, and what fetch returns loads as the drafter and the heads.
+    import fnmatch
+
+    import jax
+    import torch
+    from safetensors.numpy import load_file
+
+    import specjax
+
+    hub = pytest.importorskip("huggingface_hub")
+    target = specjax.random_model(specjax.ModelConfig(
+        arch="llama", vocab_size=32, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1,
+        head_dim=8, d_ff=32, max_positions=64, norm_eps=1e-6, activation="silu",
+        tie_embeddings=False), seed=0)
+    original = specjax.init_drafter(target, std=0.3)
+    repos = {"someone/eagle1": specjax.save_drafter(original, tmp_path / "eagle1",
+                                                    format="eagle"),
+             "someone/medusa1": specjax.save_heads(specjax.init_heads(specjax.HeadsConfig(
+                 num_heads=2, num_blocks=1, hidden_size=16, vocab_size=32, subset_size=32,
+                 head="own"), target, std=0.3), tmp_path / "medusa1", format="medusa")}
+    weights = repos["someone/eagle1"] / "model.safetensors"
+    torch.save({k: torch.from_numpy(v.copy()) for k, v in load_file(weights).items()},
+               repos["someone/eagle1"] / "pytorch_model.bin")
+    weights.unlink()
+    heads = repos["someone/medusa1"] / "medusa_lm_head.safetensors"
+    torch.save({k: torch.from_numpy(v.copy()) for k, v in load_file(heads).items()},
+               repos["someone/medusa1"] / "medusa_lm_head.pt")
+    got = {}
+
+    def snapshot_download(repo_id, cache_dir=None, allow_patterns=()):
+        out = tmp_path / "hub" / repo_id
+        out.mkdir(parents=True)
+        for f in repos[repo_id].iterdir():
+            if any(fnmatch.fnmatch(f.name, p) for p in allow_patterns):
+                (out / f.name).write_bytes(f.read_bytes())
+        got[repo_id] = sorted(p.name for p in out.iterdir())
+        return str(out)
+
+    class Api:
+        def list_repo_files(self, repo_id):
+            return sorted(p.name for p in repos[repo_id].iterdir())
+
+    monkeypatch.setattr(hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(hub, "HfApi", Api)
+    drafter = specjax.load(fetch("someone/eagle1", cache_dir=tmp_path / "cache"))
+    heads = specjax.load(fetch("someone/medusa1", cache_dir=tmp_path / "cache"))
+    assert got == {"someone/eagle1": ["config.json", "pytorch_model.bin"],
+                   "someone/medusa1": ["config.json", "medusa_lm_head.safetensors"]}
+    assert isinstance(drafter, specjax.Drafter) and drafter.config.kind == "eagle1"
+    assert isinstance(heads, specjax.Heads) and heads.config.head == "own"
+    for a, b in zip(jax.tree.leaves(drafter.params), jax.tree.leaves(original.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 # ---------------------------------------------------------------------------------------------
 # The real checkpoint: SmolLM2-135M-Instruct (fetched once into the cache)
 # ---------------------------------------------------------------------------------------------

@@ -14,6 +14,12 @@ when nothing else was touched, the config must be the original's).
 A successful load may still bring a different config or tokenizer: a digit changed in
 rope_theta or in a token's text is a different valid file, not a broken one.
 
+The published drafters are fuzzed the same way (written by `save_drafter` / `save_heads` for
+that model): an EAGLE-3 drafter in the EAGLE repo's layout and in speculators', an EAGLE-1
+drafter, and Medusa-1 heads (config.json and one safetensors file each). For them a loaded
+result is compared on its weights and its draft vocabulary (`token_ids`, from `d2t`): a byte
+inside `d2t` may map one draft id elsewhere.
+
 Each test runs EXAMPLES cases (25; SPECJAX_FUZZ_EXAMPLES=2000 for a longer run), the same
 ones on every run (derandomize).
 """
@@ -102,14 +108,36 @@ def checkpoints(work) -> dict[str, Checkpoint]:
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))
     (directory / "model.safetensors").unlink()
 
-    files = {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
-    header_ends = {s: 8 + int.from_bytes(files[s][:8], "little") for s in SHARDS}
     reader = gguf.GGUFReader(work / "tiny.gguf")
-    return {
-        "safetensors": Checkpoint(directory, files, header_ends, specjax.load(directory)),
+    out = {
+        "safetensors": _directory(directory),
         "gguf": Checkpoint(work / "tiny.gguf", {"tiny.gguf": (work / "tiny.gguf").read_bytes()},
                            {"tiny.gguf": reader.data_offset}, specjax.load(work / "tiny.gguf")),
     }
+    # The published drafters of the same model; the EAGLE-3 draft vocabulary is 100 of 267.
+    vocab = model.config.vocab_size
+    draft_ids = np.random.default_rng(0).permutation(vocab)[:100]
+    eagle3 = specjax.init_drafter(model, token_ids=draft_ids, kind="eagle3", taps=(0, 1), std=0.3)
+    eagle1 = specjax.init_drafter(model, kind="eagle1", std=0.3)
+    heads = specjax.init_heads(specjax.HeadsConfig(num_heads=2, num_blocks=1, hidden_size=16,
+                                                   vocab_size=vocab, subset_size=vocab,
+                                                   head="own"), model, std=0.3)
+    for name, saved in (
+            ("eagle3", specjax.save_drafter(eagle3, work / "eagle3", format="eagle")),
+            ("speculators", specjax.save_drafter(eagle3, work / "spec", format="speculators")),
+            ("eagle1", specjax.save_drafter(eagle1, work / "eagle1", format="eagle")),
+            ("medusa1", specjax.save_heads(heads, work / "medusa1", format="medusa"))):
+        out[name] = _directory(saved)
+    return out
+
+
+def _directory(directory: Path) -> Checkpoint:
+    """A checkpoint directory as it is now: its files, where each safetensors file's data
+    begins, and what it loads as."""
+    files = {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+    starts = {n: 8 + int.from_bytes(b[:8], "little") for n, b in files.items()
+              if n.endswith(".safetensors")}
+    return Checkpoint(directory, files, starts, specjax.load(directory))
 
 
 @pytest.fixture(scope="module")
@@ -152,10 +180,14 @@ def time_limit(seconds: float):
     assert time.monotonic() - start < seconds
 
 
-def _weights(model: specjax.Model) -> np.ndarray:
-    """All parameters as one vector of float32 bit patterns (NaN == NaN, -0 != +0)."""
+def _weights(loaded) -> np.ndarray:
+    """All parameters as one vector of float32 bit patterns (NaN == NaN, -0 != +0), and a
+    drafter's or heads' draft vocabulary (`token_ids`) after them."""
+    ids = getattr(loaded, "token_ids", None)
     return np.concatenate([np.asarray(a, np.float32).ravel().view(np.uint32)
-                           for a in jax.tree.leaves(model.params)])
+                           for a in jax.tree.leaves(loaded.params)]
+                          + ([] if ids is None else [np.asarray(ids, np.int64).ravel()
+                                                     .astype(np.uint32)]))
 
 
 def load_damaged(ck: Checkpoint, name: str, damaged: bytes, data_bytes: int = 0,
@@ -192,7 +224,8 @@ def load_damaged(ck: Checkpoint, name: str, damaged: bytes, data_bytes: int = 0,
 
 # -- Strategies -------------------------------------------------------------------------------
 
-FORMATS = ["safetensors", "gguf"]
+DIRECTORIES = ["safetensors", "eagle3", "speculators", "eagle1", "medusa1"]
+FORMATS = ["safetensors", "gguf", *DIRECTORIES[1:]]
 # Mostly any byte, sometimes one that keeps a JSON file valid UTF-8 and close to valid JSON.
 byte_values = st.integers(0, 255) | st.sampled_from(b'0129-.e ":,{}[]')
 
@@ -274,17 +307,20 @@ def test_huge_gguf_header_fields(checkpoints, gguf_int_fields, data):
     load_damaged(ck, "tiny.gguf", bytes(damaged))
 
 
+@pytest.mark.parametrize("fmt", DIRECTORIES)
 @FUZZ
 @given(data=st.data())
-def test_huge_safetensors_numbers(checkpoints, data):
+def test_huge_safetensors_numbers(checkpoints, fmt, data):
     # The 8-byte header length, a shape or data offset in a shard's JSON header, or any integer
-    # in the JSON files (vocab_size, num_hidden_layers, eos ids, token ids in tokenizer.json).
-    ck = checkpoints["safetensors"]
-    names = [n for n in sorted(ck.files) if n in SHARDS or any(_int_paths(json.loads(ck.files[n])))]
+    # in the JSON files (vocab_size, num_hidden_layers, eos ids, token ids in tokenizer.json,
+    # draft_vocab_size, medusa_num_heads, the taps).
+    ck = checkpoints[fmt]
+    names = [n for n in sorted(ck.files)
+             if n in ck.data_start or any(_int_paths(json.loads(ck.files[n])))]
     name = data.draw(st.sampled_from(names))
     original = ck.files[name]
     value = data.draw(st.sampled_from([2**31, 2**53 + 1, 2**63, 2**64 - 1, 10**30]))
-    if name in SHARDS:
+    if name in ck.data_start:
         header_end = ck.data_start[name]
         header = json.loads(original[8:header_end])
         if data.draw(st.booleans()):
@@ -311,10 +347,21 @@ def test_the_fuzzers_see_both_outcomes(checkpoints, fmt):
         assert load_damaged(ck, name, ck.files[name][:10]) is not None, name
     for name, start in ck.data_start.items():
         damaged = bytearray(ck.files[name])
-        damaged[start + 3] ^= 0x40       # the high byte of the first weight: a large change
+        damaged[_first_float(ck, name) + 3] ^= 0x40     # its high byte: a large change
         assert load_damaged(ck, name, bytes(damaged), data_bytes=1, only_data=True) is None
         with pytest.raises(AssertionError, match="other weights"):
             load_damaged(ck, name, bytes(damaged))
+
+
+def _first_float(ck: Checkpoint, name: str) -> int:
+    """Where the first float32 weight of file `name` begins (a drafter's first tensor may be
+    its integer `d2t`)."""
+    start = ck.data_start[name]
+    if not name.endswith(".safetensors"):
+        return start
+    header = json.loads(ck.files[name][8:start])
+    return start + min(v["data_offsets"][0] for k, v in header.items()
+                       if k != "__metadata__" and v["dtype"] == "F32")
 
 
 def _damage_gguf_field(ck: Checkpoint, field: str, part: int, value: int, item_type=None) -> bytes:
@@ -386,3 +433,20 @@ def test_safetensors_shards_stay_in_their_directory(checkpoints):
         index["weight_map"][first] = elsewhere
         error = load_damaged(ck, "model.safetensors.index.json", json.dumps(index).encode())
         assert "outside its directory" in str(error)
+
+
+def test_published_drafter_configs_with_huge_sizes_fail_fast(checkpoints):
+    # Both used to hang: an EAGLE-1 config's vocab_size of 2^31 built its 2^31 draft ids (it
+    # has no tensor of that size to check first), and medusa_num_heads of 2^31 listed the
+    # tensors 2^31 heads need before looking at the file.
+    ck = checkpoints["eagle1"]
+    config = json.loads(ck.files["config.json"])
+    for key, words in (("vocab_size", "vocab_size must be an integer in [1, 16777216]"),
+                       ("num_hidden_layers", "published EAGLE drafters have one layer")):
+        error = load_damaged(ck, "config.json", json.dumps(dict(config, **{key: 2**31})).encode())
+        assert words in str(error), error
+    ck = checkpoints["medusa1"]
+    config = json.loads(ck.files["config.json"])
+    error = load_damaged(ck, "config.json",
+                         json.dumps(dict(config, medusa_num_heads=2**31)).encode())
+    assert "says 2147483648 head(s) of 1 block(s)" in str(error), error

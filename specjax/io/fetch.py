@@ -6,6 +6,11 @@
     fetch("HuggingFaceTB/SmolLM2-360M-Instruct")
                                      a Hugging Face repo, via huggingface_hub (pip install
                                      specjax[hub]); only the files specjax reads
+    fetch("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
+                                     a published drafter repo the same way (EAGLE-1/2, EAGLE-3,
+                                     speculators, Medusa-1: specjax.io.published); a repo
+                                     without safetensors gives its torch weights file, which
+                                     specjax reads only through torch's weights_only loader
 
 The cache is $SPECJAX_CACHE, else ~/.cache/specjax. A finished directory carries a marker
 file, so a second call only reads that marker.
@@ -63,6 +68,8 @@ HUB_FILES = [
     "tokenizer_config.json",
     "generation_config.json",
 ]
+# The published drafters' torch weights, fetched only from a repo that has no safetensors.
+HUB_PICKLES = ["pytorch_model.bin", "medusa_lm_head.pt"]
 
 _MARKER = ".specjax-complete"
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
@@ -209,8 +216,15 @@ def _fetch_hub(repo_id: str, cache_dir: str | Path | None) -> Path:
             f"fetching {repo_id} from the Hugging Face hub needs huggingface_hub: pip install specjax[hub]"
         ) from e
     hub_cache = None if cache_dir is None else Path(cache_dir).expanduser() / "hub"
+    wanted = HUB_FILES
     try:
-        path = Path(snapshot_download(repo_id, cache_dir=hub_cache, allow_patterns=HUB_FILES))
+        from huggingface_hub import HfApi      # lazy with snapshot_download, above
+        if not any(f.endswith(".safetensors") for f in HfApi().list_repo_files(repo_id)):
+            wanted = HUB_FILES + HUB_PICKLES
+    except Exception:   # noqa: BLE001 - offline (a cached snapshot may do) or any hub error:
+        pass            # snapshot_download below says what went wrong
+    try:
+        path = Path(snapshot_download(repo_id, cache_dir=hub_cache, allow_patterns=wanted))
     except Exception as e:  # the hub's errors (offline, unknown repo, gated, ...) share no base class
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise FetchError(f"could not fetch {repo_id} from the Hugging Face hub: {type(e).__name__}: {first}") from e

@@ -206,6 +206,9 @@ def _identity(name, vocab: int, width: int) -> dict:
     return {"name": name, "config": {"vocab_size": vocab, "d_model": width}}
 
 
+MAX_VOCAB = 2**24      # more ids than any tokenizer has (the largest are about 2**18)
+
+
 def load_published_drafter(directory: str | Path) -> Drafter:
     """Reads an EAGLE-1/2 or EAGLE-3 drafter in a published layout (module docstring); every
     error is a CheckpointError naming the file and, where one is at fault, the tensor."""
@@ -224,6 +227,9 @@ def load_published_drafter(directory: str | Path) -> Drafter:
     try:
         if not isinstance(layer_raw, dict):
             raise ConfigError("transformer_layer_config must be an object")
+        if layer_raw.get("num_hidden_layers", 1) != 1:
+            raise ConfigError(f"num_hidden_layers is {layer_raw['num_hidden_layers']!r}; "
+                              f"published EAGLE drafters have one layer")
         hf = dict(layer_raw, num_hidden_layers=1)
         hf.setdefault("model_type", "llama")
         layer = layer_config(ModelConfig.from_hf(hf, source=str(file)))
@@ -236,6 +242,11 @@ def load_published_drafter(directory: str | Path) -> Drafter:
             raise ConfigError(f"eagle_aux_hidden_state_layer_ids must be a list of layer ids, "
                               f"got {taps!r}")
         draft_vocab = raw.get("draft_vocab_size", vocab) if eagle3 else vocab
+        for key, value in (("vocab_size", vocab), ("draft_vocab_size", draft_vocab)):
+            # An EAGLE-1 drafter's vocabulary is read from no tensor before it meets its
+            # target: bound it here, not by allocating its ids.
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_VOCAB:
+                raise ConfigError(f"{key} must be an integer in [1, {MAX_VOCAB}], got {value!r}")
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ConfigError(f"target_hidden_size must be a positive integer, got {width!r}")
         config = DrafterConfig(
@@ -398,6 +409,9 @@ def load_published_heads(directory: str | Path) -> Heads:
         raise CheckpointError(f"{weights}: missing tensor '0.{blocks}.weight' (head 0's LM head "
                               f"after its {blocks} block(s))")
     vocab, d = head.shape
+    if k * (2 * blocks + 1) != len(tensors):       # before listing what k heads would need
+        raise CheckpointError(f"{weights}: holds {len(tensors)} tensors, but {file.name} "
+                              f"says {k} head(s) of {blocks} block(s): {k * (2 * blocks + 1)}")
     for name, value in (("hidden_size", d), ("vocab_size", vocab)):
         if raw.get(name) not in (None, value):
             raise CheckpointError(f"{file}: {name} {raw[name]} disagrees with the weights' "
