@@ -75,10 +75,15 @@ def eagle_drafter(target, kind="specjax"):
     return specjax.init_drafter(target, token_ids=[2, 0, 1, 3, 5], seed=3, std=0.5, **options)
 
 
-def medusa_heads(target):
+def medusa_heads(target, kind="subset"):
     """Random Medusa heads for the tiny target: three heads, one residual block each, that can
     propose 5 of the V = 6 tokens (token 4 gets draft probability 0, so the residual alone
-    must supply it)."""
+    must supply it); ("medusa1") published Medusa-1 heads, each with its own LM head over all
+    6."""
+    if kind == "medusa1":
+        config = specjax.HeadsConfig(num_heads=3, num_blocks=1, hidden_size=target.config.d_model,
+                                     vocab_size=V, subset_size=V, head="own")
+        return specjax.init_heads(config, target, seed=3, std=0.5)
     config = specjax.HeadsConfig(num_heads=3, num_blocks=1, hidden_size=target.config.d_model,
                                  vocab_size=V, subset_size=5)
     return specjax.init_heads(config, target, token_ids=[2, 0, 1, 3, 5], seed=3, std=0.5)
@@ -115,6 +120,9 @@ POSITIVE = {
     "medusa-2x2-distinct": tree_case((2, 2), method="medusa"),
     "medusa-sparse-iid-t0.7-top-p": tree_case(SPARSE_TREE, "iid", method="medusa",
                                               temperature=0.7, top_p=0.9),
+    # Published Medusa-1 heads on their default, a chain of one candidate per head.
+    "medusa1-chain-3-iid-t0.7": dict(tree_case(Tree.chain(3).paths, "iid", method="medusa",
+                                               temperature=0.7), heads="medusa1"),
     # EAGLE: a random drafter on the target's features fills the tree, sampled and top; one
     # is a published EAGLE-3 one, one a published EAGLE-1 one on a dynamic tree.
     "eagle-2x2-distinct": tree_case((2, 2), method="eagle"),
@@ -164,7 +172,7 @@ def draw(models, c, seed=0, rows=None, **hooks) -> tuple[np.ndarray, float]:
     sampling = SamplingParams(c["temperature"], c["top_k"], c["top_p"])
     rows = rows or (N if c["tree"] is None else N_TREE)
     if c["method"] == "medusa":
-        hooks["heads"] = medusa_heads(target)
+        hooks["heads"] = medusa_heads(target, c.get("heads", "subset"))
     if c["method"] == "eagle":
         hooks["drafter"] = eagle_drafter(target, c.get("drafter", "specjax"))
     prompts = np.tile(np.asarray(c["prompt"], np.int32), (rows, 1))    # one row per sample
@@ -184,7 +192,7 @@ def same_program(cases: dict) -> list:
     def program(c):
         tree = getattr(c["tree"], "paths", c["tree"])
         key = (c["method"], c["k"], tree, c["candidates"], sorted(c["schedule"].items()),
-               c.get("drafter"))
+               c.get("drafter"), c.get("heads"))
         return "distribution-" + "".join(ch for ch in repr(key) if ch.isalnum() or ch in ",.-_")
     return [pytest.param(name, marks=pytest.mark.xdist_group(program(c)))
             for name, c in cases.items()]
@@ -359,6 +367,9 @@ NEGATIVE = {
         dict(rules=Rules(verify_tree=_broken_tree_verify(bonus_from_parent=True)))),
     "medusa-verified-with-another-p": (
         tree_case((2, 2), method="medusa"), dict(rules=Rules(verify_tree=_verified_with_sharpened_p))),
+    "medusa1-verified-with-another-p": (
+        dict(tree_case(Tree.chain(3).paths, "iid", method="medusa", temperature=0.7),
+             heads="medusa1"), dict(rules=Rules(verify_tree=_verified_with_sharpened_p))),
     "eagle-top-tokens-verified-as-sampled": (
         tree_case((2, 2), method="eagle"), dict(rules=Rules(candidates=_top_tokens_as_if_sampled))),
     "eagle3-top-tokens-verified-as-sampled": (
