@@ -9,6 +9,7 @@
 
 from specjax.api.drafters import drafter_log_probs
 from specjax.api.explain import explain, format_steps
+from specjax.api.forward import forward
 from specjax.api.checks import GenerationError
 from specjax.api.generate import generate, stream
 from specjax.api.results import GenerationResult, Stats
@@ -19,7 +20,7 @@ from specjax.io.eagle import save_drafter
 from specjax.io.medusa import save_heads
 from specjax.mesh import MeshError, make_mesh
 from specjax.model.config import ConfigError, ModelConfig
-from specjax.model.transformer import forward, init_params
+from specjax.model.transformer import init_params
 from specjax.sampling.logits import SamplingParams
 from specjax.sampling.tree import DynamicTree, Tree, TreeError
 

@@ -123,3 +123,35 @@ def test_the_cli_switch(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         "specjax: error: SPECJAX_KERNELS must be on or off, got 'maybe'"]
+
+
+FORWARD_SCRIPT = """
+import json
+import jax, jax.numpy as jnp, numpy as np
+import specjax
+from specjax import testing
+from specjax.model import linear
+target = testing.pair().target
+tokens, positions = jnp.asarray([[1, 2, 3, 4, 5]], jnp.int32), jnp.arange(5)[None]
+def text(kernels):
+    f = jax.jit(lambda p, x, q: specjax.forward(p, target.config, x, q, kernels=kernels)[0])
+    return f.lower(target.params, tokens, positions).as_text()
+before = np.asarray(specjax.forward(target.params, target.config, tokens, positions)[0])
+on, off = text(None), text(False)
+specjax.generate(target, [[1, 2, 3]], max_new_tokens=2)
+after = np.asarray(specjax.forward(target.params, target.config, tokens, positions)[0])
+print(json.dumps(dict(on=linear.PRODUCT_TARGET in on, off=linear.PRODUCT_TARGET in off,
+                      same_bits=before.tobytes() == after.tobytes())))
+"""
+
+
+def test_forward_uses_the_kernels_before_any_generate():
+    # In a fresh process, `specjax.forward` as its first call takes the kernels as generate
+    # does (it used to take them only once a generate had registered them, so its last bits
+    # changed after one); `kernels=False` leaves them out.
+    if not kernels.ensure():
+        pytest.skip("the kernels cannot be built here (no C++ compiler)")
+    proc = subprocess.run([sys.executable, "-c", FORWARD_SCRIPT], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, SPECJAX_COMPILE_CACHE="off"))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == dict(on=True, off=False, same_bits=True)

@@ -1,0 +1,37 @@
+"""`specjax.forward`: the model's forward pass with the CPU kernels exactly as `generate` uses
+them.
+
+`model.transformer.forward` uses the few-row kernels only once something has registered them
+(`specjax.kernels.ensure`), so called on its own at the start of a process it would give XLA's
+products, and after a first `generate` the kernels' (equal up to float32 rounding, not to the
+bit). The public `forward` settles the switch first, as `generate` does: on (built and
+registered) unless `kernels=False` or $SPECJAX_KERNELS=off, so its bits do not depend on what
+ran before it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from specjax import kernels as specjax_kernels
+from specjax.api.checks import kernels_switch
+from specjax.model import transformer
+from specjax.model.linear import use_kernels
+
+__all__ = ["forward", "kernels_as_generate"]
+
+
+@contextlib.contextmanager
+def kernels_as_generate(kernels: bool | None = None):
+    """Within it, functions traced use the CPU kernels as `generate` would with the same
+    `kernels` argument (None: $SPECJAX_KERNELS, on by default)."""
+    with use_kernels(kernels_switch(kernels) and specjax_kernels.ensure()):
+        yield
+
+
+def forward(params, config, tokens, positions, cache=None, tree=None, *,
+            kernels: bool | None = None):
+    """`specjax.model.transformer.forward` (its docstring has the arguments and results), with
+    the kernels switched as `generate` switches them (`kernels`, else $SPECJAX_KERNELS)."""
+    with kernels_as_generate(kernels):
+        return transformer.forward(params, config, tokens, positions, cache, tree)
