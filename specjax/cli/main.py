@@ -6,6 +6,7 @@
     python -m specjax bench --quick
     python -m specjax fetch smollm2
     python -m specjax check                                      # the lossless check's catalogue
+    python -m specjax train eagle3 --target DIR --prompts FILE --out DIR   # a drafter
 
 Errors a user can cause (paths, weights, tokenizers, numbers, prompts) print one line
 `specjax: error: ...` on stderr and exit with status 2; Ctrl-C exits with status 130.
@@ -27,6 +28,7 @@ import threading
 from specjax import bench
 from specjax.api.checks import KERNELS_ENV
 from specjax.cli import check
+from specjax.cli import train as train_cli
 from specjax.cli.generate import GENERATE_HELP, add_generate_arguments
 from specjax.cli.interrupt import Interrupt
 from specjax.io.fetch import FetchError, fetch
@@ -107,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_arguments(commands.add_parser(
         "check", help="run the lossless check's catalogue of samplers, print the verdicts",
         description=check.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter))
+    train_cli.add_arguments(commands.add_parser(
+        "train", help="train a drafter for a target (needs optax: pip install specjax[train])",
+        description=train_cli.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter))
     fetch = commands.add_parser("fetch", help="download a real checkpoint, print its directory")
     fetch.add_argument("name", help="smollm2, or a Hugging Face repo id org/name")
     fetch.add_argument("--cache-dir", help="default: $SPECJAX_CACHE or ~/.cache/specjax")

@@ -23,13 +23,21 @@ class ChatTemplateError(ValueError):
 
 def render(model: Model, user_message: str, system: str | None = None) -> str:
     """The prompt text for one user turn, ending where the assistant's reply begins."""
-
-    if not model.chat_template:
-        raise ChatTemplateError(f"{model.name} has no chat template (no chat_template in its "
-                                "tokenizer_config.json); drop --chat")
     messages = [{"role": "user", "content": user_message}]
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})
+    return render_messages(model, messages)
+
+
+def render_messages(model: Model, messages: list) -> str:
+    """The prompt text for a conversation ([{"role", "content"}, ...]), ending where the
+    assistant's next reply begins."""
+    if not model.chat_template:
+        raise ChatTemplateError(f"{model.name} has no chat template (no chat_template in its "
+                                "tokenizer_config.json); drop --chat")
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and
+               isinstance(m.get("content"), str) for m in messages):
+        raise ChatTemplateError("messages must be objects with a string role and content")
 
     def raise_exception(message):
         raise ChatTemplateError(f"{model.name}'s chat template refused the messages: {message}")

@@ -1,0 +1,186 @@
+"""`python -m specjax train eagle3`: a published EAGLE-3 drafter for a target, end to end.
+
+    python -m specjax train eagle3 --target DIR --prompts prompts.jsonl --out my-drafter \
+        --work runs/my-drafter --steps 2000
+
+The stages of `specjax.train.eagle3`: the target's continuations of the prompts (kept in
+--work as sequences.npz, reused when the run starts again), its features (recomputed: one
+forward pass), the training (checkpointed in --work every --checkpoint-every steps; a run
+started again on the same --work resumes, and gives the weights an uninterrupted run gives),
+then the drafter written to --out in --format (the EAGLE repo's layout by default) and its
+held-out evaluation: tokens per target call at temperature 0 and 1 on the last --held-out
+prompts, which it never trained on, written to --out/train_log.json.
+
+Prompts: a .jsonl file (each line a JSON string, {"prompt": text} or {"messages": [...]} in the
+target's chat template) or a text file with one prompt per line; --chat wraps plain prompts in
+the chat template.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from specjax.api.generate import generate
+from specjax.io import chat as chat_template
+from specjax.io.eagle import save_drafter
+from specjax.presets import DEFAULT_PRESET, PRESETS, CLIError, load_model, model_paths
+from specjax.train import eagle3
+
+DESCRIPTION = __doc__
+FORMATS = ("eagle", "speculators", "specjax")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    kinds = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
+    p = kinds.add_parser("eagle3", help="a published EAGLE-3 drafter",
+                         description=DESCRIPTION,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = p.add_argument_group("the target")
+    group.add_argument("--preset", choices=sorted(PRESETS),
+                       help=f"a preset's target (default: {DEFAULT_PRESET})")
+    group.add_argument("--target", metavar="DIR|FILE.gguf",
+                       help="the target checkpoint: a Hugging Face directory or a GGUF file")
+    p.add_argument("--prompts", required=True, metavar="FILE",
+                   help=".jsonl (strings, {prompt}, or {messages}) or text, one prompt a line")
+    p.add_argument("--chat", action="store_true", help="wrap plain prompts in the chat template")
+    p.add_argument("--out", required=True, metavar="DIR", help="where the drafter is written")
+    p.add_argument("--work", metavar="DIR",
+                   help="the run's data and checkpoints (default: OUT.work); resumes from it")
+    p.add_argument("--format", default="eagle", choices=FORMATS,
+                   help="the layout written (default: the EAGLE repo's)")
+    p.add_argument("--held-out", type=int, default=8, metavar="N",
+                   help="the last N prompts are not trained on; they evaluate it (default 8)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="continuation length")
+    p.add_argument("--data-temperature", type=float, default=0.0,
+                   help="the continuations' temperature (default 0: greedy)")
+    p.add_argument("--taps", metavar="A,B,C",
+                   help="the target's layer counts to read (default 2, L // 2, L - 3)")
+    defaults = eagle3.TrainConfig()
+    for name, kind in (("steps", int), ("batch", int), ("learning_rate", float),
+                       ("warmup", int), ("unroll", int), ("decay", float), ("clip", float),
+                       ("draft_vocab", int), ("seed", int), ("checkpoint_every", int)):
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(defaults, name),
+                       help=f"default {getattr(defaults, name)}")
+    p.set_defaults(run=run_train, draft=None)
+
+
+def read_prompts(path: Path, target, chat: bool) -> list:
+    """The prompts of a file, each a text or (chat) token ids."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CLIError(f"--prompts {path}: cannot read it ({type(e).__name__})") from None
+    prompts = []
+    if path.suffix == ".jsonl":
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except ValueError:
+                raise CLIError(f"--prompts {path}:{n}: not JSON") from None
+            if isinstance(item, dict) and isinstance(item.get("messages"), list):
+                prompts.append(chat_template.encode(target, chat_template.render_messages(
+                    target, item["messages"])))
+                continue
+            if isinstance(item, dict):
+                item = item.get("prompt")
+            if not isinstance(item, str) or not item:
+                raise CLIError(f"--prompts {path}:{n}: expected a string, {{\"prompt\": text}} "
+                               f"or {{\"messages\": [...]}}")
+            prompts.append(item)
+    else:
+        prompts = [line for line in text.splitlines() if line.strip()]
+    if chat:
+        prompts = [chat_template.encode(target, chat_template.render(target, p))
+                   if isinstance(p, str) else p for p in prompts]
+    return prompts
+
+
+def run_train(args) -> int:
+    config = eagle3.TrainConfig(**{k: getattr(args, k) for k in (
+        "steps", "batch", "learning_rate", "warmup", "unroll", "decay", "clip", "draft_vocab",
+        "seed", "checkpoint_every")})
+    if args.max_new_tokens < 1:
+        raise CLIError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.held_out < 0:
+        raise CLIError(f"--held-out must be >= 0, got {args.held_out}")
+    target_path, _, _ = model_paths(args, want_draft=False)
+    target = load_model(target_path, "float32")
+    taps = None
+    if args.taps:
+        try:
+            taps = tuple(int(t) for t in args.taps.split(","))
+        except ValueError:
+            raise CLIError(f"--taps must be comma-separated layer counts, got {args.taps!r}") \
+                from None
+    prompts = read_prompts(Path(args.prompts), target, args.chat)
+    if len(prompts) <= args.held_out:
+        raise CLIError(f"--prompts {args.prompts} has {len(prompts)} prompt(s); --held-out "
+                       f"{args.held_out} leaves none to train on")
+    train_prompts = prompts[:len(prompts) - args.held_out]
+    held_out = prompts[len(prompts) - args.held_out:]
+    out = Path(args.out)
+    work = Path(args.work) if args.work else out.with_name(out.name + ".work")
+    started = time.time()
+
+    sequences = _sequences(work, target, train_prompts, args)
+    print(f"data: {len(sequences.length)} sequences, "
+          f"{int(np.sum(sequences.length - sequences.prompt_length))} generated tokens",
+          flush=True)
+    data = eagle3.features(target, sequences, taps)
+    print(f"features: taps {list(data.taps)}, {data.tapped.nbytes / 2**20:.0f} MiB", flush=True)
+    every = max(1, config.steps // 20)
+
+    def progress(step, parts):
+        if step % every == 0 or step == config.steps:
+            passes = " ".join(f"{loss:.3f}/{agree:.2f}" for loss, agree in parts)
+            print(f"step {step}/{config.steps}: loss/agreement by pass {passes} "
+                  f"({time.time() - started:.0f} s)", flush=True)
+
+    drafter = eagle3.train(target, data, config, checkpoint=work / "checkpoint",
+                           progress=progress)
+    save_drafter(drafter, out, format=args.format)
+    log = {"target": str(target_path), "format": args.format, "taps": list(data.taps),
+           "draft_vocab": int(len(drafter.token_ids)), "config": vars(config),
+           "train_sequences": int(len(sequences.length)), "held_out_prompts": len(held_out),
+           "seconds": round(time.time() - started, 1)}
+    if held_out:
+        for temperature in (0.0, 1.0):
+            result = generate(target, held_out, method="eagle", drafter=drafter,
+                              max_new_tokens=args.max_new_tokens, temperature=temperature,
+                              seed=args.seed)
+            log[f"tokens_per_target_call_t{temperature:g}"] = round(
+                result.stats.tokens_per_target_call, 3)
+            log[f"acceptance_by_position_t{temperature:g}"] = [
+                round(float(a), 3) for a in result.stats.acceptance_by_position]
+        print(f"held out: {log['tokens_per_target_call_t0']} tokens per target call at "
+              f"temperature 0, {log['tokens_per_target_call_t1']} at 1", flush=True)
+    (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    print(out)
+    return 0
+
+
+def _sequences(work: Path, target, prompts, args) -> eagle3.Sequences:
+    """The continuations, generated once per run and kept in `work`."""
+    key = json.dumps([target.name, [p if isinstance(p, str) else list(map(int, p))
+                                    for p in prompts], args.max_new_tokens,
+                      args.data_temperature, args.seed])
+    file = work / "sequences.npz"
+    if file.exists():
+        with np.load(file) as saved:
+            if str(saved["key"]) == key:
+                return eagle3.Sequences(saved["tokens"], saved["length"], saved["prompt_length"])
+    seqs = eagle3.continuations(target, prompts, max_new_tokens=args.max_new_tokens,
+                                temperature=args.data_temperature, seed=args.seed,
+                                progress=lambda done, total: print(f"data: {done}/{total} "
+                                                                   f"prompts", flush=True))
+    work.mkdir(parents=True, exist_ok=True)
+    np.savez(file, key=np.array(key), tokens=seqs.tokens, length=seqs.length,
+             prompt_length=seqs.prompt_length)
+    return seqs

@@ -1,0 +1,328 @@
+"""A published EAGLE-3 drafter (Li et al. 2025) trained for a target: data, features, training.
+
+The three stages, each a function:
+
+  continuations(target, prompts)   the target's own continuations of the prompts (`Sequences`):
+                                   the drafter learns to predict the text it will verify;
+  features(target, sequences)      one teacher-forced pass of the target over them (`Features`):
+                                   the states after the tapped layers, which the drafter reads,
+                                   and the final-normed states, whose next-token distributions
+                                   are its soft labels;
+  train(target, features, config)  the drafter (`specjax.Drafter`, kind "eagle3", its own head
+                                   over a draft vocabulary of the most frequent generated ids),
+                                   resumable from a checkpoint directory.
+
+The loss. Pair s of a sequence is (g_s, x_s): the drafter's feature input and token s, in slot s
+of its own cache, attending to the pairs before it exactly as in decoding
+(`specjax.drafter_log_probs` computes the same first pass; a published drafter's slot 0 is
+read only by itself, `KVCache.first`). Its output predicts x_{s+1}, scored by the cross-entropy
+of its logits against the target's distribution at s restricted to the draft vocabulary and
+renormalised (soft labels, as EAGLE-3 and SpecForge train), on the positions whose next token
+the target generated.
+
+Training-time test (EAGLE-3's answer to the drafter feeding on its own outputs when it drafts
+more than one token). Pass 0 reads the target's features, g_s = fc(taps_{s-1}) (zeros at s = 0).
+Pass i > 0 reads the previous pass's outputs, g_s = out_{s-1}, and is weighted decay^i. This is
+stricter than drafting, where only the chain's own slots hold the drafter's outputs and the
+context holds the target's features (the EAGLE repo builds a mask for that); it needs no mask
+beyond the causal one, and gradients flow through the fed-back outputs.
+
+Determinism: batch b of a run is drawn by `numpy.random.default_rng([seed, b])`, and XLA on a
+CPU is deterministic, so a run resumed from its checkpoint gives the weights of one that never
+stopped, bit for bit (tested).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.api.checks import encode_prompts
+from specjax.api.generate import generate
+from specjax.heads import eagle
+from specjax.heads.shared import projection, target_identity
+from specjax.io.checkpoint import Model
+from specjax.model.cache import KVCache
+from specjax.model.transformer import tapped_states
+
+__all__ = ["Features", "Sequences", "TrainConfig", "TrainError", "continuations",
+           "draft_vocabulary", "features", "train"]
+
+
+class TrainError(ValueError):
+    """A training request that cannot run: bad settings, data of another target, a checkpoint
+    of another run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sequences:
+    """Token sequences, right-padded: prompt then the target's continuation."""
+    tokens: np.ndarray          # [N, T] int32 (0 past each row's length)
+    length: np.ndarray          # [N] int32
+    prompt_length: np.ndarray   # [N] int32
+
+    def label_mask(self) -> np.ndarray:
+        """[N, T] bool: position s is trained when token s + 1 is a generated one."""
+        s = np.arange(self.tokens.shape[1])[None]
+        return (s + 1 >= self.prompt_length[:, None]) & (s + 1 < self.length[:, None])
+
+
+@dataclasses.dataclass(frozen=True)
+class Features:
+    sequences: Sequences
+    taps: tuple[int, ...]
+    tapped: np.ndarray          # [N, T, len(taps) * D_t] the states after the tapped layers
+    final: np.ndarray           # [N, T, D_t] the final-normed states
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000               # optimizer steps
+    batch: int = 8                  # sequences a step
+    learning_rate: float = 3e-4     # peak, after a linear warmup, then cosine to 10%
+    warmup: int = 50
+    unroll: int = 3                 # training-time-test passes
+    decay: float = 0.8              # the weight of pass i is decay^i (SpecForge's 0.8)
+    clip: float = 0.5               # global gradient norm (the EAGLE repo's)
+    draft_vocab: int = 1024         # S, the most frequent generated ids (at most V)
+    seed: int = 0
+    checkpoint_every: int = 100
+
+    def __post_init__(self):
+        for name in ("steps", "batch", "unroll", "draft_vocab", "checkpoint_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TrainError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("warmup", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise TrainError(f"{name} must be an integer >= 0, got {value!r}")
+        for name, low, high in (("learning_rate", 0.0, 1.0), ("decay", 0.0, 1.0),
+                                ("clip", 0.0, float("inf"))):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not low < value <= high:
+                raise TrainError(f"{name} must be a number in ({low}, {high}], got {value!r}")
+
+
+# -- Data ---------------------------------------------------------------------------------------
+
+def continuations(target: Model, prompts, *, max_new_tokens: int = 64, temperature: float = 0.0,
+                  top_p: float = 1.0, seed: int = 0, batch: int = 64,
+                  progress=None) -> Sequences:
+    """The target's continuations of `prompts` (texts or token-id lists), `batch` at a time,
+    as `generate` decodes them (greedy by default; sampled at `temperature`, `top_p`, each row
+    with its own seed `seed + i`, so the data does not depend on `batch`)."""
+    rows = encode_prompts(target, prompts)
+    out = []
+    for start in range(0, len(rows), batch):
+        part = rows[start:start + batch]
+        result = generate(target, part, max_new_tokens=max_new_tokens, temperature=temperature,
+                          top_p=top_p, seed=[seed + start + i for i in range(len(part))])
+        out += [(p, p + list(new)) for p, new in zip(part, result.tokens)]
+        if progress is not None:
+            progress(min(start + batch, len(rows)), len(rows))
+    width = max(len(full) for _, full in out)
+    tokens = np.zeros((len(out), width), np.int32)
+    for i, (_, full) in enumerate(out):
+        tokens[i, :len(full)] = full
+    return Sequences(tokens, np.array([len(f) for _, f in out], np.int32),
+                     np.array([len(p) for p, _ in out], np.int32))
+
+
+def features(target: Model, sequences: Sequences, taps: tuple[int, ...] | None = None,
+             batch: int = 16) -> Features:
+    """One teacher-forced pass of the target: its states after the `taps` layers (default
+    EAGLE-3's, `eagle.default_taps`) and its final-normed states, at every position."""
+    taps = eagle.default_taps(target.config.n_layers) if taps is None else tuple(taps)
+    if not taps or list(taps) != sorted(set(taps)) or taps[0] < 0 or \
+            taps[-1] >= target.config.n_layers:
+        raise TrainError(f"taps must be increasing layer counts in [0, "
+                         f"{target.config.n_layers}), got {list(taps)}")
+    run = jax.jit(lambda params, tokens, positions: tapped_states(
+        params, target.config, tokens, positions, taps=taps)[:2])
+    n, t = sequences.tokens.shape
+    positions = np.broadcast_to(np.arange(t, dtype=np.int32), (batch, t))
+    tapped, final = [], []
+    for start in range(0, n, batch):
+        part = sequences.tokens[start:start + batch]
+        padded = np.zeros((batch, t), np.int32)
+        padded[:len(part)] = part                      # one program for every batch
+        x, f = run(target.params, padded, positions)
+        final.append(np.asarray(x)[:len(part)])
+        tapped.append(np.asarray(f)[:len(part)])
+    return Features(sequences, taps, np.concatenate(tapped), np.concatenate(final))
+
+
+def draft_vocabulary(sequences: Sequences, size: int, vocab: int) -> np.ndarray:
+    """The `size` ids the target generated most often (ties: the smaller id), ascending, as
+    published drafters order their draft vocabulary (`d2t`). Ids it never generated fill the
+    rest in id order."""
+    if not 1 <= size <= vocab:
+        raise TrainError(f"draft_vocab must be in [1, {vocab}], got {size}")
+    s = np.arange(sequences.tokens.shape[1])[None]
+    generated = (s >= sequences.prompt_length[:, None]) & (s < sequences.length[:, None])
+    counts = np.bincount(sequences.tokens[generated], minlength=vocab)
+    return np.sort(np.argsort(-counts, kind="stable")[:size]).astype(np.int32)
+
+
+# -- The loss and the step ----------------------------------------------------------------------
+
+def _loss(trainable, frozen, batch, config: eagle.DrafterConfig, unroll: int, decay: float):
+    """The weighted cross-entropy of the training-time-test passes (module docstring), and each
+    pass's [loss, top-1 agreement with the target] for the log."""
+    weights = {**trainable, "proj": trainable["lm_head"]}
+    tokens, mask = batch["tokens"], batch["mask"]
+    b, t = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    soft = jax.nn.softmax(jnp.einsum("BTD,SD->BTS", batch["final"], frozen["head"]), axis=-1)
+    g = eagle.from_target(weights, config, batch["tapped"])
+    g = jnp.concatenate([jnp.zeros_like(g[:, :1]), g[:, :-1]], axis=1)      # g_s = f_{s-1}
+    count = jnp.maximum(jnp.sum(mask), 1.0)
+    total, parts = 0.0, []
+    for i in range(unroll):
+        cache = KVCache.init(config.layer, b, t, first=config.first_slot)
+        out, _ = eagle.draft_features(weights, config, frozen["embed"], g, tokens, positions,
+                                      cache)
+        logits = eagle.draft_logits(weights, config, out)
+        ce = -jnp.sum(jnp.sum(soft * jax.nn.log_softmax(logits), -1) * mask) / count
+        agree = jnp.sum((jnp.argmax(logits, -1) == jnp.argmax(soft, -1)) * mask) / count
+        total = total + decay ** i * ce
+        parts.append(jnp.stack([ce, agree]))
+        g = jnp.concatenate([g[:, :1], out[:, :-1]], axis=1)                 # g_s = out_{s-1}
+    return total, jnp.stack(parts)
+
+
+def _optimizer(config: TrainConfig):
+    try:
+        import optax    # lazy: the `train` extra; the rest of specjax runs without it
+    except ImportError:
+        raise TrainError("training needs optax: pip install specjax[train]") from None
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, config.learning_rate, max(config.warmup, 1), max(config.steps, config.warmup + 1),
+        end_value=config.learning_rate / 10)
+    return optax.chain(optax.clip_by_global_norm(config.clip),
+                       optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=0.0))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _step(dc: eagle.DrafterConfig, config: TrainConfig, trainable, opt_state, frozen, batch):
+    """One optimizer step (one program per drafter shape, settings and batch shape: runs that
+    share them, as a resumed one and its original, share it)."""
+    (_, parts), grads = jax.value_and_grad(_loss, has_aux=True)(
+        trainable, frozen, batch, dc, config.unroll, config.decay)
+    updates, opt_state = _optimizer(config).update(grads, opt_state, trainable)
+    return jax.tree.map(jnp.add, trainable, updates), opt_state, parts
+
+
+# -- Training -----------------------------------------------------------------------------------
+
+def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
+          checkpoint: str | Path | None = None, progress=None,
+          stop_after: int | None = None) -> eagle.Drafter:
+    """Trains a published EAGLE-3 drafter for `target` on `data` (`features`).
+
+    With `checkpoint` (a directory), the run's state is written there every
+    `config.checkpoint_every` steps and at the end, and a run started on a directory that holds
+    one resumes from it (it must be the same run: target, data and config). `progress(step,
+    metrics)` is called after each step with the passes' [loss, agreement]. `stop_after` ends
+    the run after that many steps of this call (an interruption, for tests)."""
+    n, t = data.sequences.tokens.shape
+    if data.tapped.shape[:2] != (n, t) or data.final.shape[:2] != (n, t):
+        raise TrainError("features and sequences disagree in shape")
+    if data.final.shape[2] != target.config.d_model or \
+            int(data.sequences.tokens.max(initial=0)) >= target.config.vocab_size:
+        raise TrainError(f"the features were not made by {target.name} (width or vocabulary "
+                         f"differ)")
+    mask_all = data.sequences.label_mask()
+    if not mask_all.any():
+        raise TrainError("no position to train on: the sequences hold no generated tokens")
+    ids = draft_vocabulary(data.sequences, min(config.draft_vocab, target.config.vocab_size),
+                           target.config.vocab_size)
+    start = eagle.init_drafter(target, token_ids=ids, kind="eagle3", taps=data.taps,
+                               seed=config.seed, std=0.02)
+    dc = start.config
+    head = projection(target, ids)
+    # The head starts as the target's rows for the draft vocabulary; the embeddings stay the
+    # target's, frozen (the published drafters read them).
+    trainable = dict(start.params, lm_head=head)
+    frozen = {"embed": target.params["embed"], "head": head}
+    opt_state = _optimizer(config).init(trainable)
+
+    run_key = _run_key(target, data, config)
+    done = 0
+    if checkpoint is not None:
+        checkpoint = Path(checkpoint)
+        trainable, opt_state, done = _resume(checkpoint, run_key, trainable, opt_state)
+    limit = config.steps if stop_after is None else min(config.steps, done + stop_after)
+    for b in range(done, limit):
+        pick = np.random.default_rng([config.seed, b]).choice(n, config.batch,
+                                                              replace=n < config.batch)
+        batch = {"tokens": data.sequences.tokens[pick], "mask": mask_all[pick].astype(np.float32),
+                 "tapped": data.tapped[pick], "final": data.final[pick]}
+        trainable, opt_state, parts = _step(dc, config, trainable, opt_state, frozen, batch)
+        if progress is not None:
+            progress(b + 1, np.asarray(parts))
+        if checkpoint is not None and ((b + 1) % config.checkpoint_every == 0 or
+                                       b + 1 == limit):
+            _save(checkpoint, run_key, trainable, opt_state, b + 1)
+    return dataclasses.replace(start, params=trainable,
+                               target=target_identity(target, ids))
+
+
+def _run_key(target: Model, data: Features, config: TrainConfig) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps([target.name, str(target.config), list(data.taps),
+                         dataclasses.asdict(config)], sort_keys=True).encode())
+    for array in (data.sequences.tokens, data.sequences.length, data.sequences.prompt_length):
+        h.update(np.ascontiguousarray(array).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _save(directory: Path, run_key: str, trainable, opt_state, step: int) -> None:
+    """The run's state, written to a temporary file and renamed: an interruption leaves the
+    previous checkpoint whole."""
+    directory.mkdir(parents=True, exist_ok=True)
+    leaves = jax.tree.leaves((trainable, opt_state))
+    arrays = {f"leaf_{i:04d}": np.asarray(a) for i, a in enumerate(leaves)}
+    partial = directory / "state.npz.partial"
+    with open(partial, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(partial, directory / "state.npz")
+    (directory / "state.json").write_text(json.dumps(
+        {"run": run_key, "step": step, "leaves": len(leaves), "time": time.time()}) + "\n")
+
+
+def _resume(directory: Path, run_key: str, trainable, opt_state):
+    meta_file, state_file = directory / "state.json", directory / "state.npz"
+    if not meta_file.exists() or not state_file.exists():
+        return trainable, opt_state, 0
+    try:
+        meta = json.loads(meta_file.read_text())
+        step, run = int(meta["step"]), meta["run"]
+    except (ValueError, KeyError, TypeError):
+        raise TrainError(f"{meta_file}: not a specjax training checkpoint") from None
+    if run != run_key:
+        raise TrainError(f"{directory} holds a checkpoint of another run (other target, data or "
+                         f"settings); use a new directory or remove it")
+    leaves, treedef = jax.tree.flatten((trainable, opt_state))
+    with np.load(state_file) as saved:
+        if len(saved.files) != len(leaves):
+            raise TrainError(f"{state_file}: {len(saved.files)} arrays, expected {len(leaves)}")
+        restored = [jnp.asarray(saved[f"leaf_{i:04d}"], dtype=a.dtype)
+                    for i, a in enumerate(leaves)]
+    for got, want in zip(restored, leaves):
+        if got.shape != want.shape:
+            raise TrainError(f"{state_file}: an array of shape {got.shape}, expected {want.shape}")
+    trainable, opt_state = jax.tree.unflatten(treedef, restored)
+    return trainable, opt_state, step
+

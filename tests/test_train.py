@@ -1,0 +1,140 @@
+"""`specjax.train.eagle3` and `python -m specjax train eagle3`, end to end on the embedded
+tiny Llama target: its continuations of code prompts, their features, a published EAGLE-3
+drafter trained on them, written in the EAGLE repo's layout, loaded back, and run.
+
+The floor. On the held-out prompts at temperature 0 the drafter as training starts it (the fc
+a mean of the taps, the head the target's own rows: `train(..., stop_after=0)`) makes 1.0
+tokens per target call (measured here, in the test); after 120 steps on 64 continuations of
+32 tokens the trained one made 2.10 (1.46 at temperature 1; 2-core Xeon, 2026-11-26). The test
+asks for at least 1.8, and at least 0.6 above the untrained drafter's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import specjax
+from specjax.cli.main import main
+from specjax.train import eagle3
+
+WEIGHTS = Path(specjax.__file__).resolve().parent.parent / "weights"
+TAPS = (1, 2, 3)
+FLOOR = 1.8
+
+
+def code_prompts(count: int) -> list[str]:
+    """The first two lines of `count` chunks of specjax's own source: Python, which the tiny
+    target was trained on, fixed by the repository."""
+    out = []
+    for path in sorted((WEIGHTS.parent / "specjax").rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for i in range(0, len(lines) - 2, 25):
+            chunk = "\n".join(lines[i:i + 2]) + "\n"
+            if 16 <= len(chunk) <= 100 and chunk.strip():
+                out.append(chunk)
+    np.random.default_rng(0).shuffle(out)
+    assert len(out) >= count
+    return out[:count]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return specjax.load(WEIGHTS / "llama-target")
+
+
+@pytest.fixture(scope="module")
+def trained(target, tmp_path_factory):
+    """One run of the command line: 64 prompts to train on, 8 held out."""
+    root = tmp_path_factory.mktemp("train")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in code_prompts(72)))
+    out = root / "drafter"
+    code = main(["train", "eagle3", "--preset", "tiny-llama", "--prompts", str(prompts),
+                 "--out", str(out), "--taps", ",".join(map(str, TAPS)), "--held-out", "8",
+                 "--max-new-tokens", "32", "--steps", "120", "--batch", "8",
+                 "--learning-rate", "2e-3", "--warmup", "10", "--unroll", "2",
+                 "--checkpoint-every", "60"])
+    assert code == 0
+    return out, code_prompts(72)[64:]
+
+
+def test_the_trained_drafter_loads_and_clears_the_floor(target, trained):
+    out, held_out = trained
+    assert (out / "config.json").exists() and (out / "model.safetensors").exists()
+    drafter = specjax.load(out)
+    assert isinstance(drafter, specjax.Drafter)
+    assert (drafter.config.kind, drafter.config.head, drafter.config.taps) == ("eagle3", "own",
+                                                                                TAPS)
+    log = json.loads((out / "train_log.json").read_text())
+    ar = specjax.generate(target, held_out, max_new_tokens=32, temperature=0.0)
+    got = specjax.generate(target, held_out, method="eagle", drafter=drafter, max_new_tokens=32,
+                           temperature=0.0)
+    assert got.tokens == ar.tokens                                   # exact, batched
+    assert got.stats.tokens_per_target_call == pytest.approx(log["tokens_per_target_call_t0"],
+                                                             abs=1e-3)
+    # The untrained drafter, as training starts it, on the same data and prompts.
+    sequences = eagle3.Sequences(*(np.load(out.with_name("drafter.work") / "sequences.npz")[k]
+                                   for k in ("tokens", "length", "prompt_length")))
+    start = eagle3.train(target, eagle3.features(target, sequences, TAPS),
+                         eagle3.TrainConfig(steps=120, batch=8, learning_rate=2e-3, warmup=10,
+                                            unroll=2), stop_after=0)
+    untrained = specjax.generate(target, held_out, method="eagle", drafter=start,
+                                 max_new_tokens=32, temperature=0.0)
+    assert untrained.tokens == ar.tokens
+    low = untrained.stats.tokens_per_target_call
+    assert got.stats.tokens_per_target_call >= max(FLOOR, low + 0.6), (
+        got.stats.tokens_per_target_call, low)
+    assert log["tokens_per_target_call_t1"] > 1.0
+
+
+def test_a_resumed_run_gives_the_same_weights(target, tmp_path):
+    # Interrupted after 3 steps (the checkpoint written every 2, and at the interruption),
+    # resumed to 6: the weights of a run that never stopped, bit for bit. A checkpoint of
+    # another run is refused.
+    sequences = eagle3.continuations(target, code_prompts(8), max_new_tokens=8)
+    data = eagle3.features(target, sequences, TAPS)
+    config = eagle3.TrainConfig(steps=6, batch=4, draft_vocab=256, checkpoint_every=2)
+    straight = eagle3.train(target, data, config)
+    eagle3.train(target, data, config, checkpoint=tmp_path / "run", stop_after=3)
+    assert json.loads((tmp_path / "run" / "state.json").read_text())["step"] == 3
+    resumed = eagle3.train(target, data, config, checkpoint=tmp_path / "run")
+    for a, b in zip(jax_leaves(straight.params), jax_leaves(resumed.params)):
+        assert a.tobytes() == b.tobytes()
+    assert not all(a.tobytes() == b.tobytes() for a, b in zip(
+        jax_leaves(straight.params), jax_leaves(eagle3.train(target, data, config,
+                                                             stop_after=5).params)))
+    other = eagle3.TrainConfig(steps=6, batch=4, draft_vocab=256, checkpoint_every=2, seed=1)
+    with pytest.raises(eagle3.TrainError, match="a checkpoint of another run"):
+        eagle3.train(target, data, other, checkpoint=tmp_path / "run")
+
+
+def jax_leaves(tree) -> list[np.ndarray]:
+    import jax
+    return [np.asarray(a) for a in jax.tree.leaves(tree)]
+
+
+def test_bad_training_requests_exit_2_with_one_line(tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n{"text": 3}\n')
+    lines = tmp_path / "lines.txt"
+    lines.write_text("def f(x):\n")
+    cases = {
+        "--prompts": ["--prompts", str(prompts)],
+        "leaves none to train on": ["--prompts", str(lines), "--held-out", "1"],
+        "steps must be an integer >= 1": ["--prompts", str(lines), "--held-out", "0",
+                                          "--steps", "0"],
+        "--taps must be": ["--prompts", str(lines), "--held-out", "0", "--taps", "a,b"],
+        "cannot read it": ["--prompts", str(tmp_path / "missing.txt")],
+        "config.json": ["--target", str(tmp_path), "--prompts", str(lines)],
+    }
+    for words, args in cases.items():
+        code = main(["train", "eagle3", "--out", str(tmp_path / "out"), *args])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.splitlines()) == 1 and err.startswith("specjax: error: ")
+        assert words in err, (words, err)
+    with pytest.raises(eagle3.TrainError, match="learning_rate must be a number"):
+        eagle3.TrainConfig(learning_rate=0)
