@@ -138,9 +138,12 @@ def text(kernels):
     return f.lower(target.params, tokens, positions).as_text()
 before = np.asarray(specjax.forward(target.params, target.config, tokens, positions)[0])
 on, off = text(None), text(False)
+with linear.use_kernels(False):           # an enclosing switch holds when kernels=None
+    inside_off = text(None)
 specjax.generate(target, [[1, 2, 3]], max_new_tokens=2)
 after = np.asarray(specjax.forward(target.params, target.config, tokens, positions)[0])
 print(json.dumps(dict(on=linear.PRODUCT_TARGET in on, off=linear.PRODUCT_TARGET in off,
+                      inside_off=linear.PRODUCT_TARGET in inside_off,
                       same_bits=before.tobytes() == after.tobytes())))
 """
 
@@ -148,10 +151,11 @@ print(json.dumps(dict(on=linear.PRODUCT_TARGET in on, off=linear.PRODUCT_TARGET 
 def test_forward_uses_the_kernels_before_any_generate():
     # In a fresh process, `specjax.forward` as its first call takes the kernels as generate
     # does (it used to take them only once a generate had registered them, so its last bits
-    # changed after one); `kernels=False` leaves them out.
+    # changed after one); `kernels=False`, or an enclosing `use_kernels(False)`, leaves them out.
     if not kernels.ensure():
         pytest.skip("the kernels cannot be built here (no C++ compiler)")
     proc = subprocess.run([sys.executable, "-c", FORWARD_SCRIPT], capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, SPECJAX_COMPILE_CACHE="off"))
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout.splitlines()[-1]) == dict(on=True, off=False, same_bits=True)
+    assert json.loads(proc.stdout.splitlines()[-1]) == dict(on=True, off=False, inside_off=False,
+                                                            same_bits=True)

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import kernels as specjax_kernels
-from specjax.api.checks import GenerationError, check_drafter, kernels_switch
+from specjax.api.checks import GenerationError, check_drafter
+from specjax.api.forward import kernels_on
 from specjax.heads import eagle
 from specjax.io.checkpoint import Model
 from specjax.model.cache import KVCache
@@ -47,7 +47,7 @@ def drafter_log_probs(target: Model, drafter: eagle.Drafter, tokens) -> jax.Arra
     if tokens.min() < 0 or tokens.max() >= target.config.vocab_size:
         raise GenerationError(f"tokens must be ids in [0, {target.config.vocab_size})")
     # The kernels as decoding uses them; the switch is part of the program's key.
-    on = kernels_switch(None) and specjax_kernels.ensure()
+    on = kernels_on()
     return _log_probs(drafter.config, target.config, on, eagle.runtime_weights(drafter, target),
                       target.params, jnp.asarray(tokens, jnp.int32))
 

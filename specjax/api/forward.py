@@ -16,22 +16,32 @@ import contextlib
 from specjax import kernels as specjax_kernels
 from specjax.api.checks import kernels_switch
 from specjax.model import transformer
+from specjax.model import linear
 from specjax.model.linear import use_kernels
 
-__all__ = ["forward", "kernels_as_generate"]
+__all__ = ["forward", "kernels_as_generate", "kernels_on"]
+
+
+def kernels_on(kernels: bool | None = None) -> bool:
+    """Whether functions traced now should use the CPU kernels, as `generate` decides with the
+    same `kernels` argument (None: an enclosing `use_kernels(...)` if there is one, else
+    $SPECJAX_KERNELS, on by default); where they should, they are built and registered."""
+    on = kernels_switch(kernels) if kernels is not None or linear.switch() is None \
+        else linear.switch()
+    return bool(on) and specjax_kernels.ensure()
 
 
 @contextlib.contextmanager
 def kernels_as_generate(kernels: bool | None = None):
-    """Within it, functions traced use the CPU kernels as `generate` would with the same
-    `kernels` argument (None: $SPECJAX_KERNELS, on by default)."""
-    with use_kernels(kernels_switch(kernels) and specjax_kernels.ensure()):
+    """Within it, functions traced use the CPU kernels as `kernels_on(kernels)` says."""
+    with use_kernels(kernels_on(kernels)):
         yield
 
 
 def forward(params, config, tokens, positions, cache=None, tree=None, *,
             kernels: bool | None = None):
     """`specjax.model.transformer.forward` (its docstring has the arguments and results), with
-    the kernels switched as `generate` switches them (`kernels`, else $SPECJAX_KERNELS)."""
+    the kernels switched as `generate` switches them (`kernels`, else an enclosing
+    `use_kernels`, else $SPECJAX_KERNELS)."""
     with kernels_as_generate(kernels):
         return transformer.forward(params, config, tokens, positions, cache, tree)

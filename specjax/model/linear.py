@@ -52,7 +52,7 @@ from jax import lax
 
 __all__ = ["ATTENTION_TARGET", "FEW_QUERIES", "FEW_ROWS", "PRODUCT_TARGET",
            "attention_uses_kernel", "few_query_attention", "linear", "mark_registered",
-           "registered", "use_kernels", "xla_products"]
+           "registered", "switch", "use_kernels", "xla_products"]
 
 # The numbers of rows (all leading axes of x together) that the few-row kernel computes.
 FEW_ROWS = range(2, 33)
@@ -75,6 +75,11 @@ def mark_registered() -> None:
 
 def registered() -> bool:
     return _registered
+
+
+def switch() -> bool | None:
+    """The innermost `use_kernels` setting in force, or None outside any."""
+    return _switch
 
 
 @contextlib.contextmanager

@@ -140,9 +140,11 @@ def continuations(target: Model, prompts, *, max_new_tokens: int = 64, temperatu
 
 
 def features(target: Model, sequences: Sequences, taps: tuple[int, ...] | None = None,
-             batch: int = 16) -> Features:
+             batch: int = 16, dtype=np.float32, progress=None) -> Features:
     """One teacher-forced pass of the target: its states after the `taps` layers (default
-    EAGLE-3's, `eagle.default_taps`) and its final-normed states, at every position."""
+    EAGLE-3's, `eagle.default_taps`) and its final-normed states, at every position, kept in
+    `dtype` (float16 halves the memory of a large set). Sequences of similar length run
+    together, each batch padded to a multiple of 64 only (one program per padded length)."""
     taps = eagle.default_taps(target.config.n_layers) if taps is None else tuple(taps)
     if not taps or list(taps) != sorted(set(taps)) or taps[0] < 0 or \
             taps[-1] >= target.config.n_layers:
@@ -151,16 +153,22 @@ def features(target: Model, sequences: Sequences, taps: tuple[int, ...] | None =
     run = jax.jit(lambda params, tokens, positions: tapped_states(
         params, target.config, tokens, positions, taps=taps)[:2])
     n, t = sequences.tokens.shape
-    positions = np.broadcast_to(np.arange(t, dtype=np.int32), (batch, t))
-    tapped, final = [], []
+    d = target.config.d_model
+    tapped = np.zeros((n, t, len(taps) * d), dtype)
+    final = np.zeros((n, t, d), dtype)
+    order = np.argsort(sequences.length, kind="stable")
     for start in range(0, n, batch):
-        part = sequences.tokens[start:start + batch]
-        padded = np.zeros((batch, t), np.int32)
-        padded[:len(part)] = part                      # one program for every batch
+        rows = order[start:start + batch]
+        width = min(t, -(-int(sequences.length[rows].max()) // 64) * 64)
+        padded = np.zeros((batch, width), np.int32)
+        padded[:len(rows)] = sequences.tokens[rows, :width]       # one program per width
+        positions = np.broadcast_to(np.arange(width, dtype=np.int32), (batch, width))
         x, f = run(target.params, padded, positions)
-        final.append(np.asarray(x)[:len(part)])
-        tapped.append(np.asarray(f)[:len(part)])
-    return Features(sequences, taps, np.concatenate(tapped), np.concatenate(final))
+        final[rows, :width] = np.asarray(x)[:len(rows)]
+        tapped[rows, :width] = np.asarray(f)[:len(rows)]
+        if progress is not None:
+            progress(min(start + batch, n), n)
+    return Features(sequences, taps, tapped, final)
 
 
 def draft_vocabulary(sequences: Sequences, size: int, vocab: int) -> np.ndarray:
@@ -267,8 +275,12 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     for b in range(done, limit):
         pick = np.random.default_rng([config.seed, b]).choice(n, config.batch,
                                                               replace=n < config.batch)
-        batch = {"tokens": data.sequences.tokens[pick], "mask": mask_all[pick].astype(np.float32),
-                 "tapped": data.tapped[pick], "final": data.final[pick]}
+        # Padded to a multiple of 64 past the batch's longest: a few programs, little waste.
+        w = min(t, -(-int(data.sequences.length[pick].max()) // 64) * 64)
+        batch = {"tokens": data.sequences.tokens[pick, :w],
+                 "mask": mask_all[pick, :w].astype(np.float32),
+                 "tapped": data.tapped[pick, :w].astype(np.float32),
+                 "final": data.final[pick, :w].astype(np.float32)}
         trainable, opt_state, parts = _step(dc, config, trainable, opt_state, frozen, batch)
         if progress is not None:
             progress(b + 1, np.asarray(parts))
