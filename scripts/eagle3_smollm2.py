@@ -5,8 +5,9 @@ chat template, 64 new tokens, EAGLE-2's dynamic tree of 4 levels of the top 4, 8
 
     python scripts/eagle3_smollm2.py --shards 0 1 2 --steps 600 --out runs/eagle3-smollm2
 
-Stages are kept in --out (the sequences it read, the training checkpoint); running the same
-command again resumes the training. The trained drafter is written to --out/drafter in the
+Stages are kept in --out (the features, memory-mapped, and the training checkpoint); running
+the same command again resumes whichever was interrupted. All 19 shards:
+`--shards $(seq 0 18)` (about 4.4 GB of features in float16 at --max-length 384). The trained drafter is written to --out/drafter in the
 EAGLE repo's layout and the comparison to --out/results.json.
 """
 
@@ -72,7 +73,8 @@ def main() -> None:
     taps = tuple(int(x) for x in args.taps.split(","))
     data = eagle3.features(target, sequences, taps, dtype=np.float16,
                            progress=lambda done, total: done % 160 == 0 and say(
-                               f"features {done}/{total}"))
+                               f"features {done}/{total}"),
+                           directory=out / "features")     # on disk, resumable
     say(f"features: {(data.tapped.nbytes + data.final.nbytes) / 2**30:.2f} GiB")
     config = eagle3.TrainConfig(steps=args.steps, batch=args.batch,
                                 learning_rate=args.learning_rate, warmup=min(50, args.steps),

@@ -112,6 +112,31 @@ def test_a_resumed_run_gives_the_same_weights(target, tmp_path):
         eagle3.train(target, data, other, checkpoint=tmp_path / "run")
 
 
+def test_features_on_disk_resume_and_equal_the_ones_in_memory(target, tmp_path):
+    # Interrupted after its first batch, the pass into a directory resumes and gives the
+    # arrays the in-memory pass gives, bit for bit; a directory of other taps is refused.
+    sequences = eagle3.continuations(target, code_prompts(6), max_new_tokens=8)
+    want = eagle3.features(target, sequences, TAPS, batch=2, dtype=np.float16)
+
+    class Stop(Exception):
+        pass
+
+    def stop(done, total):
+        raise Stop
+
+    with pytest.raises(Stop):
+        eagle3.features(target, sequences, TAPS, batch=2, dtype=np.float16, progress=stop,
+                        directory=tmp_path / "f")
+    assert json.loads((tmp_path / "f" / "features.json").read_text())["batches_done"] == 1
+    got = eagle3.features(target, sequences, TAPS, batch=2, dtype=np.float16,
+                          directory=tmp_path / "f")
+    for name in ("tapped", "final"):
+        assert np.asarray(getattr(got, name)).tobytes() == getattr(want, name).tobytes(), name
+    with pytest.raises(eagle3.TrainError, match="features of other sequences, taps"):
+        eagle3.features(target, sequences, (0, 2, 3), batch=2, dtype=np.float16,
+                        directory=tmp_path / "f")
+
+
 def jax_leaves(tree) -> list[np.ndarray]:
     import jax
     return [np.asarray(a) for a in jax.tree.leaves(tree)]

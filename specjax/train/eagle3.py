@@ -140,11 +140,17 @@ def continuations(target: Model, prompts, *, max_new_tokens: int = 64, temperatu
 
 
 def features(target: Model, sequences: Sequences, taps: tuple[int, ...] | None = None,
-             batch: int = 16, dtype=np.float32, progress=None) -> Features:
+             batch: int = 16, dtype=np.float32, progress=None,
+             directory: str | Path | None = None) -> Features:
     """One teacher-forced pass of the target: its states after the `taps` layers (default
     EAGLE-3's, `eagle.default_taps`) and its final-normed states, at every position, kept in
     `dtype` (float16 halves the memory of a large set). Sequences of similar length run
-    together, each batch padded to a multiple of 64 only (one program per padded length)."""
+    together, each batch padded to a multiple of 64 only (one program per padded length).
+
+    With `directory`, the arrays are files there (`tapped.npy`, `final.npy`, memory-mapped:
+    a set larger than memory), and the pass resumes where an interrupted one stopped (the
+    batches done are recorded in `features.json` after each is written); a directory holding
+    the features of other sequences, taps, dtype or batch is refused."""
     taps = eagle.default_taps(target.config.n_layers) if taps is None else tuple(taps)
     if not taps or list(taps) != sorted(set(taps)) or taps[0] < 0 or \
             taps[-1] >= target.config.n_layers:
@@ -154,21 +160,57 @@ def features(target: Model, sequences: Sequences, taps: tuple[int, ...] | None =
         params, target.config, tokens, positions, taps=taps)[:2])
     n, t = sequences.tokens.shape
     d = target.config.d_model
-    tapped = np.zeros((n, t, len(taps) * d), dtype)
-    final = np.zeros((n, t, d), dtype)
+    shapes = {"tapped": (n, t, len(taps) * d), "final": (n, t, d)}
+    done, meta = 0, None
+    if directory is None:
+        arrays = {name: np.zeros(shape, dtype) for name, shape in shapes.items()}
+    else:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        meta_file = directory / "features.json"
+        key = _features_key(target, sequences, taps, dtype, batch)
+        if meta_file.exists():
+            try:
+                meta = json.loads(meta_file.read_text())
+                done = int(meta["batches_done"]) if meta["key"] == key else -1
+            except (ValueError, KeyError, TypeError):
+                done = -1
+            if done < 0:
+                raise TrainError(f"{directory} holds features of other sequences, taps, dtype "
+                                 f"or batch; use a new directory or remove it")
+        mode = "r+" if done else "w+"
+        arrays = {name: np.lib.format.open_memmap(directory / f"{name}.npy", mode=mode,
+                                                  dtype=dtype, shape=shape)
+                  for name, shape in shapes.items()}
+        meta = {"key": key, "batch": batch, "batches_done": done}
     order = np.argsort(sequences.length, kind="stable")
-    for start in range(0, n, batch):
+    for number, start in enumerate(range(0, n, batch)):
+        if number < done:
+            continue
         rows = order[start:start + batch]
         width = min(t, -(-int(sequences.length[rows].max()) // 64) * 64)
         padded = np.zeros((batch, width), np.int32)
         padded[:len(rows)] = sequences.tokens[rows, :width]       # one program per width
         positions = np.broadcast_to(np.arange(width, dtype=np.int32), (batch, width))
         x, f = run(target.params, padded, positions)
-        final[rows, :width] = np.asarray(x)[:len(rows)]
-        tapped[rows, :width] = np.asarray(f)[:len(rows)]
+        arrays["final"][rows, :width] = np.asarray(x)[:len(rows)]
+        arrays["tapped"][rows, :width] = np.asarray(f)[:len(rows)]
+        if directory is not None:
+            for array in arrays.values():
+                array.flush()
+            meta["batches_done"] = number + 1
+            (directory / "features.json").write_text(json.dumps(meta) + "\n")
         if progress is not None:
             progress(min(start + batch, n), n)
-    return Features(sequences, taps, tapped, final)
+    return Features(sequences, taps, arrays["tapped"], arrays["final"])
+
+
+def _features_key(target: Model, sequences: Sequences, taps, dtype, batch: int) -> str:
+    h = hashlib.sha256(json.dumps([target.name, str(target.config), list(taps),
+                                   np.dtype(dtype).name, batch]).encode())
+    for array in (sequences.tokens, sequences.length, sequences.prompt_length):
+        h.update(np.ascontiguousarray(array).tobytes())
+    return h.hexdigest()[:16]
 
 
 def draft_vocabulary(sequences: Sequences, size: int, vocab: int) -> np.ndarray:
