@@ -26,19 +26,16 @@ TAPS = (1, 2, 3)
 FLOOR = 1.8
 
 
+PROMPTS = Path(__file__).with_name("train_prompts.jsonl")
+
+
 def code_prompts(count: int) -> list[str]:
-    """The first two lines of `count` chunks of specjax's own source: Python, which the tiny
-    target was trained on, fixed by the repository."""
-    out = []
-    for path in sorted((WEIGHTS.parent / "specjax").rglob("*.py")):
-        lines = path.read_text().splitlines()
-        for i in range(0, len(lines) - 2, 25):
-            chunk = "\n".join(lines[i:i + 2]) + "\n"
-            if 16 <= len(chunk) <= 100 and chunk.strip():
-                out.append(chunk)
-    np.random.default_rng(0).shuffle(out)
-    assert len(out) >= count
-    return out[:count]
+    """The first `count` of 72 prompts of two lines of Python (lines of specjax's own source
+    as of 2026-11-26, kept in tests/train_prompts.jsonl so that editing the code does not move
+    the test's numbers); the tiny target was trained on Python."""
+    prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()]
+    assert len(prompts) >= count
+    return prompts[:count]
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +47,8 @@ def target():
 def trained(target, tmp_path_factory):
     """One run of the command line: 64 prompts to train on, 8 held out."""
     root = tmp_path_factory.mktemp("train")
-    prompts = root / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in code_prompts(72)))
     out = root / "drafter"
-    code = main(["train", "eagle3", "--preset", "tiny-llama", "--prompts", str(prompts),
+    code = main(["train", "eagle3", "--preset", "tiny-llama", "--prompts", str(PROMPTS),
                  "--out", str(out), "--taps", ",".join(map(str, TAPS)), "--held-out", "8",
                  "--max-new-tokens", "32", "--steps", "120", "--batch", "8",
                  "--learning-rate", "2e-3", "--warmup", "10", "--unroll", "2",
