@@ -142,14 +142,23 @@ def test_bad_training_requests_exit_2_with_one_line(tmp_path, capsys):
     prompts.write_text('{"prompt": "def f(x):"}\n{"text": 3}\n')
     lines = tmp_path / "lines.txt"
     lines.write_text("def f(x):\n")
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"messages": [{"role": "user", "content": 3}]}\n')
     cases = {
-        "--prompts": ["--prompts", str(prompts)],
-        "leaves none to train on": ["--prompts", str(lines), "--held-out", "1"],
+        "--prompts": ["--prompts", str(prompts), "--taps", "1,2,3"],
+        "leaves none to train on": ["--prompts", str(lines), "--held-out", "1", "--taps",
+                                    "1,2,3"],
         "steps must be an integer >= 1": ["--prompts", str(lines), "--held-out", "0",
                                           "--steps", "0"],
         "--taps must be": ["--prompts", str(lines), "--held-out", "0", "--taps", "a,b"],
-        "cannot read it": ["--prompts", str(tmp_path / "missing.txt")],
+        "cannot read it": ["--prompts", str(tmp_path / "missing.txt"), "--taps", "1,2,3"],
         "config.json": ["--target", str(tmp_path), "--prompts", str(lines)],
+        "a gpt2 model": ["--preset", "tiny-gpt2", "--prompts", str(lines)],
+        "no three distinct default EAGLE-3 taps": ["--prompts", str(lines), "--held-out", "0"],
+        "taps must be increasing layer counts in [0, 4)": ["--prompts", str(lines),
+                                                           "--held-out", "0", "--taps", "1,4"],
+        "messages must be objects": ["--prompts", str(chat), "--held-out", "0", "--taps",
+                                     "1,2,3"],
     }
     for words, args in cases.items():
         code = main(["train", "eagle3", "--out", str(tmp_path / "out"), *args])
@@ -158,3 +167,5 @@ def test_bad_training_requests_exit_2_with_one_line(tmp_path, capsys):
         assert words in err, (words, err)
     with pytest.raises(eagle3.TrainError, match="learning_rate must be a number"):
         eagle3.TrainConfig(learning_rate=0)
+    with pytest.raises(eagle3.TrainError, match="batch must be an integer >= 1, got 0"):
+        eagle3.continuations(specjax.load(WEIGHTS / "llama-target"), ["def f(x):"], batch=0)

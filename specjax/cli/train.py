@@ -112,6 +112,9 @@ def run_train(args) -> int:
         raise CLIError(f"--held-out must be >= 0, got {args.held_out}")
     target_path, _, _ = model_paths(args, want_draft=False)
     target = load_model(target_path, "float32")
+    if target.config.arch != "llama":
+        raise CLIError(f"{target.name} is a {target.config.arch} model; EAGLE drafters are "
+                       f"implemented for Llama-family targets")
     taps = None
     if args.taps:
         try:
@@ -119,6 +122,7 @@ def run_train(args) -> int:
         except ValueError:
             raise CLIError(f"--taps must be comma-separated layer counts, got {args.taps!r}") \
                 from None
+    taps = eagle3.resolve_taps(target, taps)        # before hours of data and features
     prompts = read_prompts(Path(args.prompts), target, args.chat)
     if len(prompts) <= args.held_out:
         raise CLIError(f"--prompts {args.prompts} has {len(prompts)} prompt(s); --held-out "

@@ -32,12 +32,12 @@ def render(model: Model, user_message: str, system: str | None = None) -> str:
 def render_messages(model: Model, messages: list) -> str:
     """The prompt text for a conversation ([{"role", "content"}, ...]), ending where the
     assistant's next reply begins."""
-    if not model.chat_template:
-        raise ChatTemplateError(f"{model.name} has no chat template (no chat_template in its "
-                                "tokenizer_config.json); drop --chat")
     if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and
                isinstance(m.get("content"), str) for m in messages):
         raise ChatTemplateError("messages must be objects with a string role and content")
+    if not model.chat_template:
+        raise ChatTemplateError(f"{model.name} has no chat template (no chat_template in its "
+                                "tokenizer_config.json); drop --chat")
 
     def raise_exception(message):
         raise ChatTemplateError(f"{model.name}'s chat template refused the messages: {message}")

@@ -55,7 +55,7 @@ from specjax.model.cache import KVCache
 from specjax.model.transformer import tapped_states
 
 __all__ = ["Features", "Sequences", "TrainConfig", "TrainError", "continuations",
-           "draft_vocabulary", "features", "train"]
+           "draft_vocabulary", "features", "resolve_taps", "train"]
 
 
 class TrainError(ValueError):
@@ -122,6 +122,7 @@ def continuations(target: Model, prompts, *, max_new_tokens: int = 64, temperatu
     """The target's continuations of `prompts` (texts or token-id lists), `batch` at a time,
     as `generate` decodes them (greedy by default; sampled at `temperature`, `top_p`, each row
     with its own seed `seed + i`, so the data does not depend on `batch`)."""
+    _check_batch(batch)
     rows = encode_prompts(target, prompts)
     out = []
     for start in range(0, len(rows), batch):
@@ -139,6 +140,25 @@ def continuations(target: Model, prompts, *, max_new_tokens: int = 64, temperatu
                      np.array([len(p) for p, _ in out], np.int32))
 
 
+def resolve_taps(target: Model, taps=None) -> tuple[int, ...]:
+    """The taps to read: `taps` checked against the target's layers, or EAGLE-3's default
+    (`eagle.default_taps`, which a target too shallow for three distinct ones has not)."""
+    n = target.config.n_layers
+    try:
+        taps = eagle.default_taps(n) if taps is None else tuple(taps)
+    except ValueError:
+        raise TrainError(f"a {n}-layer target has no three distinct default EAGLE-3 taps "
+                         f"(2, L // 2, L - 3); name them (taps=, or --taps)") from None
+    if not taps or list(taps) != sorted(set(taps)) or taps[0] < 0 or taps[-1] >= n:
+        raise TrainError(f"taps must be increasing layer counts in [0, {n}), got {list(taps)}")
+    return taps
+
+
+def _check_batch(batch) -> None:
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise TrainError(f"batch must be an integer >= 1, got {batch!r}")
+
+
 def features(target: Model, sequences: Sequences, taps: tuple[int, ...] | None = None,
              batch: int = 16, dtype=np.float32, progress=None,
              directory: str | Path | None = None) -> Features:
@@ -151,11 +171,8 @@ def features(target: Model, sequences: Sequences, taps: tuple[int, ...] | None =
     a set larger than memory), and the pass resumes where an interrupted one stopped (the
     batches done are recorded in `features.json` after each is written); a directory holding
     the features of other sequences, taps, dtype or batch is refused."""
-    taps = eagle.default_taps(target.config.n_layers) if taps is None else tuple(taps)
-    if not taps or list(taps) != sorted(set(taps)) or taps[0] < 0 or \
-            taps[-1] >= target.config.n_layers:
-        raise TrainError(f"taps must be increasing layer counts in [0, "
-                         f"{target.config.n_layers}), got {list(taps)}")
+    taps = resolve_taps(target, taps)
+    _check_batch(batch)
     run = jax.jit(lambda params, tokens, positions: tapped_states(
         params, target.config, tokens, positions, taps=taps)[:2])
     n, t = sequences.tokens.shape
