@@ -41,6 +41,8 @@ from specjax.model.transformer import count_params, forward
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="a checkpoint directory (default: a random Llama)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the weights' and the cache's dtype")
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--d-model", type=int, default=768)
     parser.add_argument("--heads", type=int, default=12)
@@ -58,7 +60,7 @@ def main():
         parser.error("--medusa and --eagle need --model, the target they were trained on")
 
     if args.model:
-        model = specjax.load(args.model)
+        model = specjax.load(args.model, dtype=args.dtype)
         config, params = model.config, model.params
     else:
         d = args.d_model
@@ -66,7 +68,8 @@ def main():
                                      n_layers=args.layers, n_heads=args.heads,
                                      n_kv_heads=args.kv_heads, head_dim=d // args.heads,
                                      d_ff=int(8 * d / 3) // 64 * 64, max_positions=args.context,
-                                     norm_eps=1e-5, activation="silu", tie_embeddings=False)
+                                     norm_eps=1e-5, activation="silu", tie_embeddings=False,
+                                     dtype=args.dtype)
         params = specjax.init_params(config, jax.random.key(0))
     step = jax.jit(forward, static_argnums=1)
     cache = KVCache.init(config, 1, args.context)
@@ -112,12 +115,12 @@ def main():
     def timed(t):
         return median_time(compiled(t)) / repeats
 
-    weight_bytes = 4 * count_params(params)
+    weight_bytes = jnp.dtype(args.dtype).itemsize * count_params(params)
     decode, verify = timed(1), timed(args.k + 1)
     numpy_time = median_time(numpy_matvecs(params, config))
     print(f"config: {config.n_layers} layers, D={config.d_model}, N={config.n_heads}, "
           f"K={config.n_kv_heads}, V={config.vocab_size}, {count_params(params) / 1e6:.1f}M params "
-          f"(float32), cache {args.context} slots, {half} filled; {jax.devices()[0].device_kind}")
+          f"({args.dtype}), cache {args.context} slots, {half} filled; {jax.devices()[0].device_kind}")
     for name, seconds in (("decode step (1 token)", decode),
                           (f"verify call ({args.k + 1} tokens)", verify),
                           ("numpy mat-vecs, same weights", numpy_time)):

@@ -82,11 +82,33 @@ def test_linear_picks_the_kernel_for_few_rows_only():
     assert [formulation(rows) for rows in (1, 2, 5, 32, 33, 256)] == \
         ["xla", "kernel", "kernel", "kernel", "xla", "xla"]
     assert (FEW_ROWS.start, FEW_ROWS.stop) == (2, 33)
-    assert formulation(5, jnp.bfloat16) == "xla"                          # float32 only
-    assert formulation(5, jnp.bfloat16, out_dtype=jnp.float32) == "xla"
+    # bfloat16 weights: one row too (XLA's bfloat16 mat-vec is the slow one), not past 32.
+    assert [formulation(rows, jnp.bfloat16) for rows in (1, 5, 32, 33)] == \
+        ["kernel", "kernel", "kernel", "xla"]
+    assert formulation(5, jnp.bfloat16, out_dtype=jnp.float32) == "kernel"
+    assert formulation(5, jnp.float16) == "xla"                           # no float16 kernel
     with xla_products():
         assert formulation(5) == "xla"
     assert formulation(5) == "kernel"                                     # the context ended
+
+
+def test_bfloat16_weights_give_the_float32_kernels_bits_on_the_widened_weights():
+    # The bfloat16 kernel widens each weight exactly and sums in the float32 kernel's order, so
+    # its products are the float32 kernel's on w.astype(float32), bit for bit, at every width;
+    # I = 577 leaves a tail in every row. And linear() casts in and out around it.
+    x = random((32, 577), 8)
+    w = jnp.asarray(random((300, 577), 9), jnp.bfloat16)
+    product = jax.jit(formulations.product)
+    for rows in (1, 2, 5, 17, 32):
+        ours = np.asarray(product(x[:rows], w))
+        np.testing.assert_array_equal(ours, np.asarray(product(x[:rows], w.astype(jnp.float32))))
+        exact = x[:rows].astype(np.float64) @ np.asarray(w, np.float64).T
+        np.testing.assert_allclose(ours, exact, rtol=1e-4, atol=1e-4)
+    xb = jnp.asarray(x[:5], jnp.bfloat16)
+    y = jax.jit(linear)(xb, w)
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(
+        product(xb.astype(jnp.float32), w).astype(jnp.bfloat16)))
 
 
 def test_gradients_through_the_kernel_equal_xlas():
@@ -152,6 +174,22 @@ def test_attention_equals_xlas_and_reads_no_slot_past_the_limit(b, t, kv_heads, 
     np.testing.assert_allclose(ours, expected, rtol=2e-5, atol=2e-5)
 
 
+def test_attention_to_a_bfloat16_cache_is_the_float32_kernels_on_the_widened_cache():
+    q, keys, values = cache_and_queries(2, 9, 3, 3, 64, 700, seed=11)
+    keys, values = jnp.asarray(keys, jnp.bfloat16), jnp.asarray(values, jnp.bfloat16)
+    query_slots = np.array([[300], [650]]) - 8 + np.arange(9)
+    mask = attention_mask(jnp.asarray(query_slots), jnp.broadcast_to(jnp.arange(700), (2, 700)))
+    limit = query_slots.max(axis=1) + 1
+    attend_kernel = jax.jit(formulations.few_query_attention)
+    ours = attend_kernel(jnp.asarray(q, jnp.bfloat16), keys, values, mask, limit)
+    assert ours.dtype == jnp.bfloat16                      # the cache's dtype, as attend gives
+    widened = attend_kernel(jnp.asarray(q, jnp.bfloat16).astype(jnp.float32),
+                            keys.astype(jnp.float32), values.astype(jnp.float32), mask, limit)
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(widened.astype(jnp.bfloat16)))
+    expected = attend(q, keys.astype(jnp.float32), values.astype(jnp.float32), mask)
+    np.testing.assert_allclose(np.asarray(ours, np.float32), expected, rtol=2e-2, atol=2e-2)
+
+
 def test_attention_in_a_token_tree_sees_ancestors_only():
     # A sparse tree's mask (cache.attention_mask with TreeAttention), one tree per row.
     from specjax.model.cache import TreeAttention
@@ -179,6 +217,6 @@ def test_attention_uses_the_kernel_for_few_queries_only():
         return formulations.ATTENTION_TARGET in text
 
     assert [uses(t) for t in (1, 5, 32, 33, 64)] == [True, True, True, False, False]
-    assert not uses(5, jnp.bfloat16)
+    assert uses(5, jnp.bfloat16) and not uses(5, jnp.float16)
     with xla_products():
         assert not uses(5)

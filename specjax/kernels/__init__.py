@@ -98,7 +98,7 @@ def load(cache_dir: Path | None = None) -> bool:
         return False
     try:
         library = ctypes.cdll.LoadLibrary(str(build(cache_dir)))
-        for target in (linear.PRODUCT_TARGET, linear.ATTENTION_TARGET):
+        for target in linear.TARGETS:
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)),
                                         platform="cpu")
     except (BuildError, OSError) as error:

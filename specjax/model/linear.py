@@ -7,7 +7,7 @@ depends on how many rows x has, which is static under `jit`:
 
 | rows   | who calls                                     | formulation                          |
 |--------|-----------------------------------------------|--------------------------------------|
-| 1      | a decoding step                               | XLA's dot (its mat-vec)              |
+| 1      | a decoding step                               | XLA's dot (its mat-vec); bfloat16 weights: the kernel |
 | 2-32   | verify calls (a chain or tree of drafts)      | the few-row kernel                   |
 | more   | prefill, training, large batches              | XLA's dot (a GEMM)                   |
 
@@ -17,6 +17,12 @@ that for 2-32 rows; the kernel reads each weight once whatever the rows
 (`specjax/kernels/few_rows.cc`). One row stays XLA's mat-vec, which streams faster than the
 kernel's one-row case; past 32 rows the product is compute-bound and XLA's GEMM, which packs
 and tiles for that, is the better one.
+
+bfloat16 weights halve the bytes a step reads, but XLA's CPU products on them run far below the
+memory's speed (its bf16 mat-vec is slower than its float32 one over twice the bytes), so with
+bfloat16 weights the kernel takes one-row calls too. It widens each weight to float32 as it
+loads it and sums in float32; x is cast to float32 first and the result to the output dtype
+(`FEW_ROWS`).
 
 Attention to the KV cache (`layers.attend_cache`) of a call on at most 32 tokens (`FEW_QUERIES`:
 decoding steps and verify calls, one token included) uses the few-query attention kernel,
@@ -34,11 +40,12 @@ kernel is used only when all of these hold while a function is traced:
   default once registered. `specjax.generate(kernels=...)`, `SPECJAX_KERNELS=off` and
   `--no-kernels` set it; `decoding.loop` traces each program inside `use_kernels(spec.kernels)`,
   so the switch is part of a compiled program's key and the caches cannot disagree with it;
-- the operands are float32 and the program is lowered for a CPU (`lax.platform_dependent`: a
-  program lowered for a GPU or a TPU never contains them).
+- the operands are float32 or bfloat16 and the program is lowered for a CPU
+  (`lax.platform_dependent`: a program lowered for a GPU or a TPU never contains them, and
+  there XLA's own bfloat16 products run).
 
 Otherwise XLA's formulation runs; the two give the same results up to float32 rounding
-(summation order). A device mesh turns them off: XLA cannot split a custom call across devices.
+(summation order), and for bfloat16 up to where XLA rounds to bfloat16 in between. A device mesh turns them off: XLA cannot split a custom call across devices.
 """
 
 from __future__ import annotations
@@ -50,18 +57,24 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["ATTENTION_TARGET", "FEW_QUERIES", "FEW_ROWS", "PRODUCT_TARGET",
-           "attention_uses_kernel", "few_query_attention", "linear", "mark_registered",
-           "registered", "switch", "use_kernels", "xla_products"]
+__all__ = ["ATTENTION_TARGET", "FEW_QUERIES", "FEW_ROWS", "KERNEL_DTYPES", "PRODUCT_TARGET",
+           "TARGETS", "attention_uses_kernel", "few_query_attention", "few_rows", "linear",
+           "mark_registered", "registered", "switch", "use_kernels", "xla_products"]
 
-# The numbers of rows (all leading axes of x together) that the few-row kernel computes.
+# The numbers of rows (all leading axes of x together) that the few-row kernel computes, for
+# float32 weights; for bfloat16 weights one row too (`few_rows`).
 FEW_ROWS = range(2, 33)
 # The numbers of tokens per row of a call whose attention to the cache is the kernel's.
 FEW_QUERIES = range(1, 33)
 
-# The kernels' XLA FFI targets (specjax/kernels/few_rows.cc).
+# The dtypes of weights and caches the kernels read; activations of either are cast to float32.
+KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+
+# The kernels' XLA FFI targets (specjax/kernels/few_rows.cc), the float32 ones and their
+# bfloat16 twins (the target's name plus "_bf16").
 PRODUCT_TARGET = "specjax_few_rows"
 ATTENTION_TARGET = "specjax_few_query_attention"
+TARGETS = (PRODUCT_TARGET, PRODUCT_TARGET + "_bf16", ATTENTION_TARGET, ATTENTION_TARGET + "_bf16")
 
 _registered = False
 _switch: bool | None = None       # None: on once registered
@@ -101,11 +114,18 @@ def xla_products():
     return use_kernels(False)
 
 
+def few_rows(weight_dtype) -> range:
+    """The numbers of rows the few-row kernel computes for weights of this dtype."""
+    return range(1, 33) if jnp.dtype(weight_dtype) == jnp.bfloat16 else FEW_ROWS
+
+
 def linear(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
     """x [..., I] times w [O, I] over I -> [..., O] (in out_dtype, else x's dtype)."""
-    if math.prod(x.shape[:-1]) in FEW_ROWS and _kernels_apply(x.dtype, w.dtype,
-                                                              out_dtype or x.dtype):
-        return lax.platform_dependent(x, w, cpu=product,
+    if math.prod(x.shape[:-1]) in few_rows(w.dtype) and _kernels_apply(x.dtype, w.dtype,
+                                                                        out_dtype or x.dtype):
+        def kernel(x, w):
+            return product(x.astype(jnp.float32), w).astype(out_dtype or x.dtype)
+        return lax.platform_dependent(x, w, cpu=kernel,
                                       default=lambda x, w: _dot(x, w, out_dtype))
     return _dot(x, w, out_dtype)
 
@@ -113,12 +133,13 @@ def linear(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
 def attention_uses_kernel(q, cache_k, cache_v) -> bool:
     """Whether attention of q [B, T, N, H] to this cache is the few-query kernel's (the caller,
     `layers.attend_cache`, still puts it behind `lax.platform_dependent`)."""
-    return q.shape[1] in FEW_QUERIES and _kernels_apply(q.dtype, cache_k.dtype, cache_v.dtype)
+    return (q.shape[1] in FEW_QUERIES and cache_k.dtype == cache_v.dtype
+            and _kernels_apply(q.dtype, cache_k.dtype))
 
 
 def _kernels_apply(*dtypes) -> bool:
     on = _registered if _switch is None else (_switch and _registered)
-    return on and all(jnp.dtype(d) == jnp.float32 for d in dtypes)
+    return on and all(jnp.dtype(d) in KERNEL_DTYPES for d in dtypes)
 
 
 def _dot(x, w, out_dtype):
@@ -127,26 +148,34 @@ def _dot(x, w, out_dtype):
 
 @jax.custom_jvp
 def product(x: jax.Array, w: jax.Array) -> jax.Array:
-    """The few-row kernel: x [..., I] float32, w [O, I] float32 -> [..., O] float32 (CPU, the
-    target registered). Differentiable: its derivative is XLA's (the kernel has no transpose)."""
+    """The few-row kernel: x [..., I] float32, w [O, I] float32 or bfloat16 -> [..., O] float32
+    (CPU, the targets registered). Differentiable: its derivative is XLA's (the kernel has no
+    transpose)."""
     out = jax.ShapeDtypeStruct((*x.shape[:-1], w.shape[0]), jnp.float32)
-    return jax.ffi.ffi_call(PRODUCT_TARGET, out, vmap_method="sequential")(x, w)
+    return jax.ffi.ffi_call(_target(PRODUCT_TARGET, w.dtype), out,
+                            vmap_method="sequential")(x, w)
+
+
+def _target(name: str, dtype) -> str:
+    return name + "_bf16" if jnp.dtype(dtype) == jnp.bfloat16 else name
 
 
 @product.defjvp
 def _product_jvp(primals, tangents):
     (x, w), (dx, dw) = primals, tangents
-    return product(x, w), (jnp.einsum("...I,OI->...O", dx, w)
-                            + jnp.einsum("...I,OI->...O", x, dw))
+    return product(x, w), (jnp.einsum("...I,OI->...O", dx, w, preferred_element_type=jnp.float32)
+                            + jnp.einsum("...I,OI->...O", x, dw,
+                                         preferred_element_type=jnp.float32))
 
 
 def few_query_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
                         limit: jax.Array) -> jax.Array:
     """The few-query attention kernel: grouped-query attention of q [B, T, N, H] to a cache's
-    keys [B, K, H, S] and values [B, K, S, H] (float32), where mask [B, T, S] says which slots
-    each query reads and no slot at or past limit [B] is read: `layers.attend` on the prefix,
-    without copying it. -> [B, T, N, H] float32. CPU, the target registered; not
-    differentiable (decoding only)."""
+    keys [B, K, H, S] and values [B, K, S, H] (float32 or bfloat16, q cast to float32), where
+    mask [B, T, S] says which slots each query reads and no slot at or past limit [B] is read:
+    `layers.attend` on the prefix, without copying it. -> [B, T, N, H] in the cache's dtype, as
+    `attend` gives. CPU, the targets registered; not differentiable (decoding only)."""
     out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
-    return jax.ffi.ffi_call(ATTENTION_TARGET, out, vmap_method="sequential")(
-        q, keys, values, mask, limit.astype(jnp.int32))
+    target = _target(ATTENTION_TARGET, values.dtype)
+    return jax.ffi.ffi_call(target, out, vmap_method="sequential")(
+        q.astype(jnp.float32), keys, values, mask, limit.astype(jnp.int32)).astype(values.dtype)
