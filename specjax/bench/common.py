@@ -188,7 +188,7 @@ def fmt(value, spec: str = ".2f", suffix: str = "") -> str:
 
 def machine(peers) -> dict:
     """What results.json records of the machine: platform, CPU, cores and usable threads, the
-    versions of Python, jax, jaxlib, numpy, torch and transformers, the JAX device, and the
+    versions of Python, jax, jaxlib, numpy, torch, transformers and xllamacpp, the JAX device, and the
     threads torch was given (`peers`, a specjax.bench.peers.Peers or None)."""
     device = jax.devices()[0]
     return {"platform": platform.platform(), "python": platform.python_version(),
@@ -197,21 +197,34 @@ def machine(peers) -> dict:
             "jax_version": jax.__version__, "jaxlib_version": jaxlib.__version__,
             "numpy_version": numpy.__version__, "torch_version": _version("torch"),
             "transformers_version": _version("transformers"),
+            "xllamacpp_version": _version("xllamacpp"),
             "backend": jax.default_backend(), "device": f"{device.platform} ({device.device_kind})",
             "torch_threads": peers.threads if peers else None}
 
 
 def _cpu_model() -> str:
-    """The CPU's name from /proc/cpuinfo on Linux; what `platform` knows elsewhere."""
+    """The CPU's name from /proc/cpuinfo on Linux, with its family, model and widest vector
+    extension (hosts that print the same name, "AMD EPYC", differ in these); what `platform`
+    knows elsewhere."""
+    fields = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    return value.strip()
+                fields.setdefault(key.strip(), value.strip())
+                if key.strip() == "flags":
+                    break
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    if "model name" not in fields:
+        return platform.processor() or platform.machine()
+    flags = fields.get("flags", "").split()
+    vector = next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"))
+                   if flag in flags), "no AVX2")
+    if "avx512_bf16" in flags:
+        vector += " with BF16"
+    return (f"{fields['model name']} (family {fields.get('cpu family', '?')}, model "
+            f"{fields.get('model', '?')}, {vector})")
 
 
 def _version(package: str) -> str | None:

@@ -32,8 +32,9 @@ def k_label(row: dict) -> str:
 def markdown(results: dict, heading: bool = True) -> str:
     """results.md: the summary, the rows by category, the context sweep and the notes."""
     s, m = results["settings"], results["machine"]
-    versions = ", ".join(f"{name} {m[name + '_version'] or '-'}"
-                         for name in ("jax", "jaxlib", "numpy", "torch", "transformers"))
+    versions = ", ".join(f"{name} {m.get(name + '_version') or '-'}"
+                         for name in ("jax", "jaxlib", "numpy", "torch", "transformers",
+                                      "xllamacpp"))
     lines = ["# specjax bench", ""] if heading else []
     lines += [f"Suite v{results['suite_version']}, {len(results['prompts'])} prompts; target "
               f"`{s['target']}`, draft `{s['draft']}`"
@@ -72,6 +73,16 @@ def markdown(results: dict, heading: bool = True) -> str:
                   "drafter (its sampled default, if it has one, when sampling); ≤K heuristic / confidence: at most K "
                   "drafted per step under that lookahead schedule (no chain theory); "
                   "drafted/call: tokens drafted per target call."]
+    lines += ["", "Prompt and decode apart (medians over prompts; prompt: prompt tokens / prefill "
+                  "time; decode: the tokens after the first / the time after the prefill, for "
+                  "llama.cpp its own prompt and predicted timings):", "",
+              "| engine | method | K | prompt tokens/s | decode tokens/s | end to end tokens/s |",
+              "|---|---|--:|--:|--:|--:|"]
+    for r in results["summary"]:
+        lines.append(f"| {r['engine']} | {r['method']} | {k_label(r)} | "
+                     f"{fmt(r.get('prompt_tokens_per_second'), ',.0f')} | "
+                     f"{fmt(r.get('decode_tokens_per_second'), ',.1f')} | "
+                     f"{fmt(r['tokens_per_second'], ',.1f')} |")
     lines += ["", "By category (speedup / acceptance):", "",
               "| category | engine | method | K | tokens/s | speedup | acceptance | tokens/call | "
               "drafted/call |",

@@ -120,6 +120,7 @@ from specjax.bench.common import (
     timed_runs,
     write_report,
 )
+from specjax.bench.llamacpp import LlamaCpp
 from specjax.bench.peers import Peers
 from specjax.bench.prompts import SUITE
 from specjax.bench.report import k_label, markdown, plots
@@ -131,7 +132,10 @@ from specjax.sampling.tree import DynamicTree, Tree, parse_widths
 SCHEMA = "specjax.bench/1"
 METRICS = ("tokens_per_second", "speedup", "speedup_vs_specjax_autoregressive", "acceptance_rate",
            "tokens_per_target_call", "step_cost", "cost_ratio", "theoretical_speedup",
-           "measured_over_theoretical", "mean_draft_length")
+           "measured_over_theoretical", "mean_draft_length", "prompt_tokens_per_second",
+           "decode_tokens_per_second")
+# Jobs that time something a row needs, not rows themselves.
+HELPER_METHODS = ("draft-autoregressive", "prefill")
 
 
 def run(args, settings: dict) -> int:
@@ -149,8 +153,10 @@ def run(args, settings: dict) -> int:
     prompts = encode_suite(target, draft, SUITE["prompts"], settings, notes)
     contexts = _sweep_prompts(target, settings["contexts"], notes)
     peers = Peers.create(target, draft, settings, args.dtype, notes) if settings["peers"] else None
+    llamacpp = LlamaCpp.create(target, settings, args.dtype, notes) if settings["peers"] else None
 
-    suite_jobs = _jobs(prompts, settings, target, draft, peers, dict(heads=heads, drafter=drafter))
+    suite_jobs = _jobs(prompts, settings, target, draft, peers, dict(heads=heads, drafter=drafter),
+                       llamacpp)
     sweep_jobs = _sweep_jobs(contexts, settings, target, peers)
     progress = Progress(len(suite_jobs) + len(sweep_jobs))
     for job in suite_jobs + sweep_jobs:
@@ -231,9 +237,11 @@ def _sweep_prompts(target, contexts: list[int], notes: list[str]) -> list[dict]:
 
 # -- Measurements -------------------------------------------------------------------------------
 
-def _jobs(prompts, settings, target, draft, peers, beside=None) -> list[dict]:
+def _jobs(prompts, settings, target, draft, peers, beside=None, llamacpp=None) -> list[dict]:
     """One job per (prompt, engine, method, K or tree); `run` returns the timed runs' records.
-    `beside`: the Medusa heads and the EAGLE drafter, {"heads": ..., "drafter": ...}."""
+    `beside`: the Medusa heads and the EAGLE drafter, {"heads": ..., "drafter": ...}. Per prompt
+    and engine also a "prefill" job (specjax, transformers): autoregressive runs that make one
+    token, whose time is the prompt's prefill (llama.cpp reports its own)."""
     beside = beside or {}
     jobs = []
 
@@ -272,6 +280,9 @@ def _jobs(prompts, settings, target, draft, peers, beside=None) -> list[dict]:
             # The draft decoding on its own, for the cost ratio c.
             add(p, "specjax", "draft-autoregressive", None,
                 _specjax_job(p, settings, draft, "autoregressive", None, None))
+        one_token = dict(p, max_new_tokens=1)
+        add(p, "specjax", "prefill", None,
+            _specjax_job(one_token, settings, target, "autoregressive", None, None))
         if peers is not None:
             for method in (m for m in settings["methods"] if m not in ("medusa", "eagle")):
                 for k in ks[method]:
@@ -279,6 +290,11 @@ def _jobs(prompts, settings, target, draft, peers, beside=None) -> list[dict]:
             if "speculative" in settings["methods"]:
                 add(p, "transformers", "speculative-dynamic", None,
                     peers.job(p, "speculative-dynamic", None))
+            add(p, "transformers", "prefill", None, peers.job(one_token, "autoregressive", None))
+        if llamacpp is not None:
+            for method in (m for m in settings["methods"] if m in ("autoregressive", "ngram")):
+                for k in ks[method]:
+                    add(p, "llama.cpp", method, k, llamacpp.job(p, method, k))
     return jobs
 
 
@@ -371,6 +387,7 @@ def _sweep_rows(jobs) -> list[dict]:
 
 def _rows(jobs, settings) -> list[dict]:
     """Per-prompt rows: medians over the timed runs, speedups, cost ratio and theory."""
+    prompt_tokens = {job["prompt"]["id"]: len(job["prompt"]["ids"]) for job in jobs}
     measured = {}
     for job in jobs:
         recs = job["result"]["records"]
@@ -387,12 +404,16 @@ def _rows(jobs, settings) -> list[dict]:
             tokens_per_target_call=median([r["tokens_per_target_call"] for r in recs]),
             mean_draft_length=median([r.get("mean_draft_length") for r in recs]),
             accepted_histogram=_pooled([r.get("accepted_histogram") for r in recs]),
+            prompt_s=median([r.get("prompt_s") for r in recs]),
+            decode_s=median([r.get("decode_s") for r in recs]),
             tokens=recs[0]["tokens"])
     tokens = {key: row.pop("tokens") for key, row in measured.items()}
     rows = []
     for (pid, engine, method, k, tree, schedule), row in measured.items():
-        if method == "draft-autoregressive":
+        if method in HELPER_METHODS:
             continue
+        _prompt_and_decode(row, measured.get((pid, engine, "prefill", None, None, CONSTANT)),
+                           prompt_tokens[pid])
         own_ar = measured[(pid, engine, "autoregressive", None, None, CONSTANT)]
         specjax_ar = measured[(pid, "specjax", "autoregressive", None, None, CONSTANT)]
         row["speedup"] = ratio(row["tokens_per_second"], own_ar["tokens_per_second"])
@@ -404,10 +425,11 @@ def _rows(jobs, settings) -> list[dict]:
             row[key] = [ratio(a, b) for a, b in zip(row["per_run_tokens_per_second"],
                                                     base["per_run_tokens_per_second"])]
         # Greedy decoding with any method is the target's greedy output: a live check.
+        # (llama.cpp's runs report text, not tokens: no check for them.)
+        own_tokens = tokens[(pid, engine, method, k, tree, schedule)]
         row["same_tokens_as_specjax_autoregressive"] = (
-            tokens[(pid, engine, method, k, tree, schedule)]
-            == tokens[(pid, "specjax", "autoregressive", None, None, CONSTANT)]
-            if settings["temperature"] == 0 else None)
+            own_tokens == tokens[(pid, "specjax", "autoregressive", None, None, CONSTANT)]
+            if settings["temperature"] == 0 and own_tokens is not None else None)
         cost = None
         if engine == "specjax" and method == "speculative":
             draft_ar = measured[(pid, "specjax", "draft-autoregressive", None, None, CONSTANT)]
@@ -427,6 +449,22 @@ def _rows(jobs, settings) -> list[dict]:
         row["step_cost"] = ratio(row["tokens_per_target_call"], row["speedup"])
         rows.append(row)
     return rows
+
+
+def _prompt_and_decode(row: dict, prefill: dict | None, prompt_tokens: int) -> None:
+    """The row's prompt speed (prompt tokens / prefill time) and decode speed: from the
+    engine's own timings where it reports them (llama.cpp: its prompt and predicted times),
+    else from its "prefill" job (the tokens after the first over the time after the
+    prefill)."""
+    prompt_s, decode_s = row.pop("prompt_s"), row.pop("decode_s")
+    if prompt_s is None and prefill is not None:
+        prompt_s = prefill["run_s"]
+        rest = row["run_s"] - prompt_s
+        decode = ratio(row["new_tokens"] - 1, rest) if rest > 0 else None
+    else:
+        decode = ratio(row["new_tokens"], decode_s)
+    row["prompt_tokens_per_second"] = ratio(prompt_tokens, prompt_s)
+    row["decode_tokens_per_second"] = decode
 
 
 def summarize(rows: list[dict], category: str) -> list[dict]:

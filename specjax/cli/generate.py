@@ -24,10 +24,13 @@ from specjax.io.checkpoint import load
 from specjax.io.sidecar import tree_to_json
 from specjax.mesh import plan
 from specjax.presets import (
+    GENERATE_DEFAULT_HELP,
+    TINY_NOTE,
     CLIError,
     add_model_arguments,
     drafter_path,
     enable_compile_cache,
+    generate_preset,
     heads_path,
     load_model,
     make_mesh,
@@ -45,13 +48,20 @@ the target accepted are green and tokens the target produced itself (the correct
 token of each step, or every token of autoregressive decoding) are in the default colour.
 
 The summary's tokens/s is measured after streaming, with `specjax.generate` (the whole loop
-compiled as one program): the median run time of up to 3 runs, compile time reported apart.
+compiled as one program): one untimed run (it compiles), then the median of 3 timed runs, compile
+time reported apart. The prompt's prefill is timed the same way (an autoregressive run that makes
+one token), and "decode" is the tokens after the first over the time after the prefill.
+
+With no --preset or --target, generate runs SmolLM2-135M-Instruct with its draft, heads and
+drafter (the "smollm2" preset, fetched on first use; $SPECJAX_PRESET names another preset).
+When it cannot be fetched, or with --preset tiny-llama or tiny-gpt2, it runs a tiny embedded
+pair, with a note that the tiny pair shows correctness, not speed.
 Temperature defaults to 0 (greedy), so a run is reproducible and every method gives the same
 text; with --temperature > 0 each method still samples exactly from the target's distribution.
 
 --json prints one object instead of streaming:
   {"target", "target_path", "draft", "draft_path" (null without speculative), "prompt",
-   "prompt_tokens", "settings": {"method", "k", "max_new_tokens", "temperature", "top_k",
+   "prompt_tokens", "prefill_s", "settings": {"method", "k", "max_new_tokens", "temperature", "top_k",
    "top_p", "min_p", "seed", "max_ngram", "min_ngram", "tree" (a list of paths, {"dynamic": [depth,
    top_k, total_tokens]} or null),
    "candidates", "chat", "dtype"},
@@ -59,7 +69,8 @@ text; with --temperature > 0 each method still samples exactly from the target's
                 "stats": {"method", "rows", "new_tokens", "target_calls", "draft_calls",
                           "drafted", "accepted", "tree_size", "acceptance_rate",
                           "tokens_per_target_call", "accepted_histogram",
-                          "tokens_per_second", "compile_s", "run_s", "timed_runs"},
+                          "tokens_per_second", "compile_s", "run_s", "timed_runs",
+                          "decode_tokens_per_second"},
                 "row_stats": [{"new_tokens", "target_calls", "draft_calls", "drafted",
                                "accepted", "accepted_histogram", "tokens_per_target_call",
                                "acceptance_by_position"}]}]}
@@ -71,7 +82,7 @@ GREEN, RESET, DIM = "\x1b[32m", "\x1b[0m", "\x1b[2m"
 
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser)
+    add_model_arguments(parser, GENERATE_DEFAULT_HELP)
     p = parser.add_argument_group("prompt")
     p.add_argument("--prompt", help="the prompt text (with no prompt and stdin a terminal, a "
                                     "demo prompt; otherwise stdin is read)")
@@ -142,6 +153,9 @@ def run_generate(args) -> int:
     prompt = read_prompt(args)
     enable_compile_cache()
     mesh = make_mesh(mesh_shape)
+    args.preset, note = generate_preset(args)
+    if note is None and args.preset and args.preset.startswith("tiny-"):
+        note = TINY_NOTE
     target, draft, heads, drafter = load_models(args, methods, mesh)
     if mesh is not None:
 
@@ -163,6 +177,8 @@ def run_generate(args) -> int:
     # placed once, then streamed and timed.
     requests = {method: prepare(target, [ids], method=method, draft=draft, **options[method])
                 for method in methods}
+    if note:
+        print(f"specjax: note: {note}", file=sys.stderr)
 
     if args.trace is not None:
 
@@ -181,6 +197,8 @@ def run_generate(args) -> int:
     if show is None:
         show = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     rows = []
+    runs = 3
+    prefill_s = prefill_seconds(target, ids, options[methods[0]], runs)
     for method in methods:
         if len(methods) > 1:
             print(f"{DIM if show else ''}--- {method} ---{RESET if show else ''}", flush=True)
@@ -190,10 +208,11 @@ def run_generate(args) -> int:
             print(f"specjax: warning: {method}: the streamed tokens differ from the compiled "
                   "loop's", file=sys.stderr)
         rows.append((method, result.stats, runs))
-        print(summary_line(result.stats, runs), flush=True)
+        print(summary_line(result.stats, runs, prefill_s), flush=True)
+    print(prefill_line(len(ids), prefill_s, runs))
     if len(methods) > 1:
         print()
-        print(comparison_table(rows))
+        print(comparison_table(rows, prefill_s))
     if show and any(m != "autoregressive" for m in methods):
         print(f"{GREEN}green{RESET}: drafted tokens the target accepted; default colour: tokens "
               "the target produced")
@@ -387,23 +406,45 @@ def stream_text(tokenizer, request, colour: bool) -> list[int]:
     return printer.ids
 
 
-def timed_generate(request, runs: int = 3, budget_s: float = 2.0):
-    """`generate` once (compiling), then again while cheap; the stats carry the median run time.
-    Returns (result, number of timed runs)."""
+def timed_generate(request, runs: int = 3):
+    """`generate` once untimed (it compiles, and pays every one-time cost), then `runs` timed
+    runs; the stats carry the median run time and the first call's compile time. Returns
+    (result, number of timed runs)."""
 
-    result = generate(request)
-    times = [result.stats.run_s]
-    while len(times) < runs and sum(times) < budget_s:
-        times.append(generate(request).stats.run_s)
-    stats = dataclasses.replace(result.stats, run_s=statistics.median(times))
-    return dataclasses.replace(result, stats=stats), len(times)
+    first = generate(request)
+    results = [generate(request) for _ in range(runs)]
+    stats = dataclasses.replace(results[-1].stats, compile_s=first.stats.compile_s,
+                                run_s=statistics.median(r.stats.run_s for r in results))
+    return dataclasses.replace(results[-1], stats=stats), runs
 
 
-def summary_line(stats, runs: int) -> str:
+def prefill_seconds(target, ids: list[int], options: dict, runs: int = 3) -> float:
+    """The median time of an autoregressive run that makes one token: the prompt's prefill (the
+    first token comes from its logits), timed as `timed_generate` times a method."""
+    settings = {k: v for k, v in options.items() if k in ("mesh", "temperature", "seed")}
+    request = prepare(target, [ids], method="autoregressive", max_new_tokens=1, **settings)
+    return timed_generate(request, runs)[0].stats.run_s
+
+
+def decode_rate(stats, prefill_s: float) -> float | None:
+    """Tokens per second after the prefill: the tokens past the first over the run time past
+    the prefill's (None when there is no such time)."""
+    rest = stats.run_s - prefill_s
+    return (stats.new_tokens - 1) / rest if stats.new_tokens > 1 and rest > 0 else None
+
+
+def prefill_line(prompt_tokens: int, prefill_s: float, runs: int) -> str:
+    return (f"prompt: {prompt_tokens} tokens, prefill {prefill_s * 1e3:.1f} ms "
+            f"({prompt_tokens / prefill_s:,.0f} tokens/s), median of {runs} runs")
+
+
+def summary_line(stats, runs: int, prefill_s: float | None = None) -> str:
     acceptance = (f"acceptance {stats.acceptance_rate:.1%} ({stats.accepted}/{stats.drafted})"
                   if stats.method != "autoregressive" else "acceptance n/a")
-    return (f"[{stats.method}] {stats.new_tokens} tokens, {stats.tokens_per_second:,.1f} tokens/s "
-            f"(median run {stats.run_s:.3f} s of {runs}; compile {stats.compile_s:.1f} s), "
+    decode = decode_rate(stats, prefill_s) if prefill_s is not None else None
+    return (f"[{stats.method}] {stats.new_tokens} tokens, {stats.tokens_per_second:,.1f} tokens/s"
+            + (f", decode {decode:,.1f} tokens/s" if decode else "")
+            + f" (median of {runs} runs, {stats.run_s:.3f} s; compile {stats.compile_s:.1f} s), "
             f"{acceptance}, {stats.tokens_per_target_call:.2f} tokens/target call"
             + (f", {stats.mean_draft_length:.2f} drafted/call"
                if stats.method in ("speculative", "ngram") else "")
@@ -412,13 +453,16 @@ def summary_line(stats, runs: int) -> str:
                 map(str, stats.accepted_histogram))) if stats.accepted_histogram else ""))
 
 
-def comparison_table(rows) -> str:
+def comparison_table(rows, prefill_s: float) -> str:
     base = {m: s.tokens_per_second for m, s, _ in rows}.get("autoregressive")
-    lines = [f"{'method':<16}{'tokens/s':>11}{'speedup':>9}{'acceptance':>12}{'tokens/call':>13}"]
+    lines = [f"{'method':<16}{'tokens/s':>11}{'decode/s':>11}{'speedup':>9}{'acceptance':>12}"
+             f"{'tokens/call':>13}"]
     for method, stats, _ in rows:
         speedup = f"{stats.tokens_per_second / base:.2f}x" if base else "-"
         acceptance = f"{stats.acceptance_rate:.1%}" if method != "autoregressive" else "-"
-        lines.append(f"{method:<16}{stats.tokens_per_second:>11,.1f}{speedup:>9}{acceptance:>12}"
+        decode = decode_rate(stats, prefill_s)
+        lines.append(f"{method:<16}{stats.tokens_per_second:>11,.1f}"
+                     f"{f'{decode:,.1f}' if decode else '-':>11}{speedup:>9}{acceptance:>12}"
                      f"{stats.tokens_per_target_call:>13.2f}")
     return "\n".join(lines)
 
@@ -427,10 +471,12 @@ def json_report(target, draft, prompt: str, ids: list[int], requests, options, a
     """`requests`, `options`: each method's prepared request and generate options."""
     results = []
     methods = list(requests)
+    prefill_s = prefill_seconds(target, ids, options[methods[0]])
     for method, request in requests.items():
         result, runs = timed_generate(request)
         stats = result.stats.as_dict()
         stats["timed_runs"] = runs
+        stats["decode_tokens_per_second"] = decode_rate(result.stats, prefill_s)
         results.append({"method": method, "text": (result.texts or [None])[0],
                         "tokens": result.tokens[0], "stats": stats,
                         "row_stats": [row.as_dict() for row in result.row_stats]})
@@ -441,7 +487,7 @@ def json_report(target, draft, prompt: str, ids: list[int], requests, options, a
     return {"target": target.name, "target_path": str(target.path),
             "draft": draft.name if draft is not None and "speculative" in methods else None,
             "draft_path": str(draft.path) if draft is not None and "speculative" in methods else None,
-            "prompt": prompt, "prompt_tokens": len(ids),
+            "prompt": prompt, "prompt_tokens": len(ids), "prefill_s": prefill_s,
             "heads": options["medusa"]["heads"].name if "medusa" in methods else None,
             "drafter": options["eagle"]["drafter"].name if "eagle" in methods else None,
             "settings": dict({k: v for k, v in settings.items()

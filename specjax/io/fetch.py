@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from specjax.io.gguf import convert_gguf
+from specjax.io.gguf import SOURCE_FILE, convert_gguf
 
 
 class FetchError(Exception):
@@ -80,6 +80,21 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
     if cache_dir is None:
         cache_dir = os.environ.get("SPECJAX_CACHE") or Path.home() / ".cache" / "specjax"
     return Path(cache_dir).expanduser()
+
+
+def source_gguf(directory: str | Path) -> Path | None:
+    """The GGUF file a checkpoint directory was converted from, if it still exists: the one
+    `load(FILE.gguf)` or `fetch` (<cache>/downloads) converted; None for any other directory."""
+    directory = Path(directory)
+    try:
+        path = Path(json.loads((directory / SOURCE_FILE).read_text())["gguf"])
+    except (OSError, ValueError, KeyError, TypeError):
+        try:     # converted by an older specjax: the fetch marker names the wheel's member
+            member = json.loads((directory / _MARKER).read_text())["member"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        path = directory.parent / "downloads" / Path(member).name
+    return path if path.is_file() else None
 
 
 def fetch(name_or_repo: str, cache_dir: str | Path | None = None) -> Path:

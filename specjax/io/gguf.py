@@ -375,14 +375,19 @@ def _write_json(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+# Written beside the converted checkpoint: which GGUF file it came from (`io.fetch.source_gguf`).
+SOURCE_FILE = "gguf_source.json"
+
+
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
     """Convert a llama-architecture GGUF file into a Hugging Face checkpoint directory.
 
     Args:
         gguf_path: the .gguf file (any tensor type the gguf package dequantizes).
         out_dir: created if needed; config.json, model.safetensors (float32),
-            generation_config.json, tokenizer.json, tokenizer_config.json and
-            special_tokens_map.json are (over)written there.
+            generation_config.json, tokenizer.json, tokenizer_config.json,
+            special_tokens_map.json and gguf_source.json (the GGUF file's absolute path) are
+            (over)written there.
     Returns:
         out_dir as a Path, loadable by transformers' LlamaForCausalLM and by specjax.
     Raises:
@@ -457,4 +462,5 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
     tokenizer.save(str(out / "tokenizer.json"))
     _write_json(out / "tokenizer_config.json", tokenizer_config)
     _write_json(out / "special_tokens_map.json", {**specials, "additional_special_tokens": additional})
+    _write_json(out / SOURCE_FILE, {"gguf": str(path.resolve())})
     return out

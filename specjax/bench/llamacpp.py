@@ -1,0 +1,170 @@
+"""llama.cpp as a peer in `bench`: the same weights as a GGUF at the bench's precision, run
+by llama.cpp's in-process server (the `xllamacpp` package from PyPI: prebuilt CPU wheels), in
+the same run as specjax and transformers.
+
+What runs and how it is measured:
+- The weights: the GGUF the target came from (the `smollm2` preset's download, or a
+  `--target FILE.gguf`), re-encoded with the `gguf` package at the bench's --dtype: F32 for
+  float32, BF16 for bfloat16. Every tensor is dequantised and written again with the same
+  metadata, so llama.cpp runs the numbers specjax runs (specjax dequantises the same file when
+  it loads it). The re-encoded file is kept in <cache>/gguf/.
+- The methods: `autoregressive` (llama.cpp's plain decoding) and `ngram` (its n-gram
+  speculation, `ngram-map-k`: a match of at most --max-ngram tokens in the context proposes up
+  to K tokens), greedy or at the bench's temperature and top-p (top-k off).
+- The threads: the cores JAX's CPU backend uses, for both prompt and decode.
+- The times: llama.cpp's own `timings` (prompt_ms, predicted_ms) give prompt and decode speed
+  apart; run_s is the wall time of the completion call, as specjax's is of `generate`. Each
+  run starts from an empty cache (`cache_prompt` off), so every run prefills the prompt.
+
+xllamacpp and gguf are optional (the `llamacpp` extra); without them, or without a GGUF for the
+target, the peer is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from specjax.bench.common import ratio, usable_threads
+from specjax.io.fetch import cache_root, source_gguf
+
+__all__ = ["LlamaCpp", "gguf_at", "target_gguf"]
+
+# The GGUF tensor type for each --dtype.
+GGUF_TYPES = {"float32": "F32", "bfloat16": "BF16"}
+
+
+def target_gguf(target) -> Path | None:
+    """The GGUF file the target's weights came from, if any (a `--target FILE.gguf`, or the
+    `smollm2` preset's download): the file its checkpoint directory was converted from."""
+    return source_gguf(target.path)
+
+
+def gguf_at(source: Path, dtype: str, directory: Path | None = None) -> Path:
+    """`source` re-encoded with every tensor as GGUF_TYPES[dtype] and the same metadata, in
+    `directory` (default <cache>/gguf); made once, reused after."""
+    import gguf    # optional: the llamacpp extra (and the test extra)
+
+    kind = GGUF_TYPES[dtype]
+    directory = Path(directory or cache_root() / "gguf")
+    out = directory / f"{source.stem}.{kind}.gguf"
+    if out.is_file() and out.stat().st_mtime >= source.stat().st_mtime:
+        return out
+    directory.mkdir(parents=True, exist_ok=True)
+    reader = gguf.GGUFReader(source)
+    arch = str(reader.fields["general.architecture"].contents())
+    qtype = getattr(gguf.GGMLQuantizationType, kind)
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".tmp-") as scratch:
+        partial = Path(scratch) / out.name
+        writer = gguf.GGUFWriter(partial, arch)
+        for field in reader.fields.values():
+            if field.name.startswith("GGUF.") or field.name == "general.architecture":
+                continue     # the header's own fields; the writer adds the architecture
+            kinds = field.types
+            writer.add_key_value(field.name, field.contents(), kinds[0],
+                                 sub_type=kinds[-1] if kinds[0] == gguf.GGUFValueType.ARRAY
+                                 and len(kinds) > 1 else None)
+        for tensor in reader.tensors:
+            values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+            if kind == "F32":
+                writer.add_tensor(tensor.name, values)
+            else:
+                writer.add_tensor(tensor.name, gguf.quants.quantize(values, qtype),
+                                  raw_dtype=qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(partial, out)
+    return out
+
+
+class LlamaCpp:
+    """llama.cpp's server in this process, on the target's GGUF at the bench's dtype."""
+
+    def __init__(self, xllamacpp, path: Path, settings: dict, threads: int):
+        self.xllamacpp, self.path, self.settings, self.threads = xllamacpp, path, settings, threads
+        self.servers: dict[int | None, object] = {}     # by K (None: no speculation)
+
+    @classmethod
+    def create(cls, target, settings: dict, dtype: str, notes: list[str]) -> "LlamaCpp | None":
+        source = target_gguf(target)
+        if source is None:
+            notes.append(f"llama.cpp peer skipped: {target.name} was not loaded from a GGUF "
+                         "(use --preset smollm2 or --target FILE.gguf)")
+            return None
+        try:
+            # Optional dependencies (the llamacpp extra): only when the peer runs.
+            import gguf  # noqa: F401
+            import xllamacpp
+        except ImportError:
+            notes.append("llama.cpp peer skipped: xllamacpp and gguf are not installed "
+                         "(pip install specjax[llamacpp])")
+            return None
+        path = gguf_at(source, dtype)
+        threads = usable_threads()
+        notes.append(f"llama.cpp (xllamacpp {_version(xllamacpp)}): {path.name} "
+                     f"({GGUF_TYPES[dtype]}, re-encoded from {source.name}), {threads} threads; "
+                     "ngram is its ngram-map-k speculation; prompt and decode speeds are its own "
+                     "timings")
+        return cls(xllamacpp, path, settings, threads)
+
+    def _server(self, k: int | None):
+        if k not in self.servers:
+            x, s = self.xllamacpp, self.settings
+            params = x.CommonParams()
+            params.model.path = str(self.path)
+            params.n_ctx = 4096
+            params.n_parallel = 1
+            params.verbosity = -1
+            params.cpuparams.n_threads = self.threads
+            params.cpuparams_batch.n_threads = self.threads
+            if k is not None:
+                params.speculative.types = [x.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K]
+                params.speculative.ngram_map_k.size_n = s["max_ngram"]
+                params.speculative.ngram_map_k.size_m = k
+            self.servers[k] = x.Server(params)
+        return self.servers[k]
+
+    def job(self, prompt, method: str, k: int | None):
+        """A suite job: max(1, --warmup) untimed and --reps timed completions of one method."""
+        s = self.settings
+        request = {"prompt": list(prompt["ids"]), "n_predict": prompt["max_new_tokens"],
+                   "cache_prompt": False, "top_k": 0, "top_p": s["top_p"], "min_p": 0.0,
+                   "temperature": s["temperature"]}
+
+        def run_job() -> dict:
+            server = self._server(k if method == "ngram" else None)
+            records = []
+            warmup = max(1, s["warmup"])
+            for i in range(warmup + s["reps"]):
+                seed = s["seed"] + max(0, i - warmup)
+                start = time.perf_counter()
+                reply = server.handle_completions(dict(request, seed=seed))
+                run_s = time.perf_counter() - start
+                if isinstance(reply, str):
+                    reply = json.loads(reply)
+                if "error" in reply:
+                    raise RuntimeError(f"llama.cpp: {reply['error']}")
+                timings = reply["timings"]
+                if i >= warmup:
+                    drafted = timings.get("draft_n") or 0
+                    records.append(dict(
+                        new_tokens=timings["predicted_n"], run_s=run_s,
+                        prompt_s=timings["prompt_ms"] / 1e3,
+                        decode_s=timings["predicted_ms"] / 1e3,
+                        acceptance_rate=ratio(timings.get("draft_n_accepted"), drafted)
+                        if drafted else None,
+                        tokens_per_target_call=None, tokens=None,
+                        text=reply["choices"][0]["text"]))
+            return dict(records=records, compile_s=None)
+        return run_job
+
+
+def _version(module) -> str:
+    return getattr(module, "__version__", "?")
