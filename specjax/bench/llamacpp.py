@@ -5,9 +5,10 @@ the same run as specjax and transformers.
 What runs and how it is measured:
 - The weights: the GGUF the target came from (the `smollm2` preset's download, or a
   `--target FILE.gguf`), re-encoded with the `gguf` package at the bench's --dtype: F32 for
-  float32, BF16 for bfloat16. Every tensor is dequantised and written again with the same
-  metadata, so llama.cpp runs the numbers specjax runs (specjax dequantises the same file when
-  it loads it). The re-encoded file is kept in <cache>/gguf/.
+  float32, BF16 for bfloat16 (the norms, vectors, stay F32, as llama.cpp's converter writes
+  them). Every tensor is dequantised and written again with the same metadata, so llama.cpp
+  runs the numbers specjax runs (specjax dequantises the same file when it loads it). The
+  re-encoded file is kept in <cache>/gguf/.
 - The methods: `autoregressive` (llama.cpp's plain decoding) and `ngram` (its n-gram
   speculation, `ngram-map-k`: a match of at most --max-ngram tokens in the context proposes up
   to K tokens), greedy or at the bench's temperature and top-p (top-k off).
@@ -46,8 +47,8 @@ def target_gguf(target) -> Path | None:
 
 
 def gguf_at(source: Path, dtype: str, directory: Path | None = None) -> Path:
-    """`source` re-encoded with every tensor as GGUF_TYPES[dtype] and the same metadata, in
-    `directory` (default <cache>/gguf); made once, reused after."""
+    """`source` re-encoded with every matrix as GGUF_TYPES[dtype] (vectors as F32) and the same
+    metadata, in `directory` (default <cache>/gguf); made once, reused after."""
     import gguf    # optional: the llamacpp extra (and the test extra)
 
     kind = GGUF_TYPES[dtype]
@@ -71,7 +72,9 @@ def gguf_at(source: Path, dtype: str, directory: Path | None = None) -> Path:
                                  and len(kinds) > 1 else None)
         for tensor in reader.tensors:
             values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-            if kind == "F32":
+            # Vectors (the norms) stay float32, as llama.cpp's converter writes them: its CPU
+            # backend has no float32-by-bfloat16 elementwise product (it aborts on one).
+            if kind == "F32" or values.ndim == 1:
                 writer.add_tensor(tensor.name, values)
             else:
                 writer.add_tensor(tensor.name, gguf.quants.quantize(values, qtype),

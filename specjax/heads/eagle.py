@@ -57,7 +57,7 @@ import numpy as np
 from specjax.heads.shared import full_logits, projection, target_identity
 from specjax.model.cache import KVCache, TreeAttention
 from specjax.model.config import ModelConfig
-from specjax.model.layers import rms_norm
+from specjax.model.layers import lookup, rms_norm
 from specjax.model.transformer import Model, decoder_layers, final_norm, init_params
 from specjax.model.transformer import param_shapes as transformer_param_shapes
 from specjax.sampling.tree import DynamicTree, Tree
@@ -313,7 +313,7 @@ def draft_features(weights: dict, config: DrafterConfig, embed, features, tokens
     among themselves, causally, as in training). `embed`: `embedding(...)`, [V, D]."""
     layer = weights["layers"][0]
     eps = config.layer.norm_eps
-    e = embed[tokens]                                                         # [B, T, D]
+    e = lookup(embed, tokens)                                                 # [B, T, D]
     features = features.astype(e.dtype)
     if config.kind == "eagle3":
         hidden = rms_norm(features, layer["hidden_norm"]["scale"], eps)

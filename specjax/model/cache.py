@@ -74,14 +74,26 @@ def write(cache_k: jax.Array, cache_v: jax.Array, k: jax.Array, v: jax.Array,
     """
     def write_keys(buffer, new, start):      # [K, H, S] <- [T, K, H] at start
         new = jnp.transpose(new, (1, 2, 0)).astype(buffer.dtype)          # [K, H, T]
-        return lax.dynamic_update_slice(buffer, new, (0, 0, start))
+        return _update_slice(buffer, new, (0, 0, start))
 
     def write_values(buffer, new, start):    # [K, S, H] <- [T, K, H] at start
         new = jnp.swapaxes(new, 0, 1).astype(buffer.dtype)                # [K, T, H]
-        return lax.dynamic_update_slice(buffer, new, (0, start, 0))
+        return _update_slice(buffer, new, (0, start, 0))
 
     starts = slots[:, 0]
     return jax.vmap(write_keys)(cache_k, k, starts), jax.vmap(write_values)(cache_v, v, starts)
+
+
+def _update_slice(buffer: jax.Array, new: jax.Array, start) -> jax.Array:
+    """`lax.dynamic_update_slice`, on the bits of a 16-bit float buffer: XLA's CPU backend has
+    no bfloat16 update, so it converted the whole buffer to float32 and back at every write
+    (SmolLM2, a bfloat16 cache of 512 slots: 2.8 ms of a 25 ms step); as integers, the write
+    touches only the new slots. The bits, and so the values, are the same."""
+    if jnp.dtype(buffer.dtype).itemsize != 2 or not jnp.issubdtype(buffer.dtype, jnp.floating):
+        return lax.dynamic_update_slice(buffer, new, start)
+    bits = lax.dynamic_update_slice(lax.bitcast_convert_type(buffer, jnp.uint16),
+                                    lax.bitcast_convert_type(new, jnp.uint16), start)
+    return lax.bitcast_convert_type(bits, buffer.dtype)
 
 
 @jax.tree_util.register_dataclass

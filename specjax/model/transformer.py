@@ -47,6 +47,7 @@ from specjax.model.layers import (
     attend,
     attend_cache,
     layer_norm,
+    lookup,
     rms_norm,
     rope_frequencies,
     rope_tables,
@@ -102,9 +103,9 @@ def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
     (SmolLM2-135M: 28M of its 135M parameters), so prefill stops here.
     """
     positions = positions.astype(jnp.int32)
-    x = params["embed"][tokens]                                         # [B, T, D]
+    x = lookup(params["embed"], tokens)                                 # [B, T, D]
     if config.arch == "gpt2":
-        x = x + params["pos_embed"][positions]
+        x = x + lookup(params["pos_embed"], positions)
     x, cache = decoder_layers(params["layers"], config, x, positions, cache, tree)
     return _norm(config, params["final_norm"], x), cache
 
@@ -116,9 +117,9 @@ def tapped_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
     `taps`, concatenated: [B, T, len(taps) * D] (EAGLE-3's low, middle and high features,
     `specjax.heads.eagle`). Returns (final-normed states, tapped states, cache)."""
     positions = positions.astype(jnp.int32)
-    x = params["embed"][tokens]                                         # [B, T, D]
+    x = lookup(params["embed"], tokens)                                 # [B, T, D]
     if config.arch == "gpt2":
-        x = x + params["pos_embed"][positions]
+        x = x + lookup(params["pos_embed"], positions)
     tapped, keys, values, done = [], [], [], 0
     for n in (*taps, config.n_layers):
         if n > done:            # layers done .. n - 1, with their part of the cache
