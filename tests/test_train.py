@@ -169,3 +169,65 @@ def test_bad_training_requests_exit_2_with_one_line(tmp_path, capsys):
         eagle3.TrainConfig(learning_rate=0)
     with pytest.raises(eagle3.TrainError, match="batch must be an integer >= 1, got 0"):
         eagle3.continuations(specjax.load(WEIGHTS / "llama-target"), ["def f(x):"], batch=0)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_data_shards_resume_exactly_and_eagle3_trains_from_them(target, tmp_path, capsys):
+    # `train data`: 8 prompts continued (sampled, top-p) in shards of 3, 2 held out. A run
+    # interrupted after its first shard and run again gives the shards, bit for bit, of an
+    # uninterrupted run; the command line's gives them too; `train eagle3 --data` trains from
+    # them and evaluates on the held-out prompts.
+    from specjax.train import data
+
+    prompts = code_prompts(10)
+    settings = dict(max_new_tokens=8, temperature=1.0, top_p=0.9, seed=3, shard_size=3,
+                    held_out=2)
+
+    class StopAfterOne(data.Progress):
+        def update(self, done, tokens, first=0):
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        data.write(target, prompts, tmp_path / "resumed", progress=StopAfterOne(8), **settings)
+    assert len(json.loads((tmp_path / "resumed" / "data.json").read_text())["shards"]) == 1
+    with pytest.raises(eagle3.TrainError, match="shards hold 3 of 8 prompts"):
+        data.read(tmp_path / "resumed")
+    data.write(target, prompts, tmp_path / "resumed", **settings)
+    data.write(target, prompts, tmp_path / "whole", batch=8, **settings)
+    file = tmp_path / "prompts.jsonl"
+    file.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    assert main(["train", "data", "--preset", "tiny-llama", "--prompts", str(file), "--out",
+                 str(tmp_path / "cli"), "--max-new-tokens", "8", "--temperature", "1",
+                 "--top-p", "0.9", "--seed", "3", "--shard-size", "3", "--held-out", "2"]) == 0
+    assert "data: 8/8 prompts" in capsys.readouterr().err
+    runs = [data.read(tmp_path / name) for name in ("resumed", "whole", "cli")]
+    for sequences, held_out in runs[1:]:
+        for field in ("tokens", "length", "prompt_length"):
+            np.testing.assert_array_equal(getattr(sequences, field), getattr(runs[0][0], field))
+        assert held_out == runs[0][1]
+    sequences, held_out = runs[0]
+    assert len(sequences.length) == 8 and len(held_out) == 2
+    assert np.all(sequences.length - sequences.prompt_length == 8)
+
+    out = tmp_path / "drafter"
+    assert main(["train", "eagle3", "--preset", "tiny-llama", "--data", str(tmp_path / "cli"),
+                 "--out", str(out), "--taps", ",".join(map(str, TAPS)), "--steps", "2",
+                 "--batch", "4", "--warmup", "1", "--max-new-tokens", "8"]) == 0
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["train_sequences"] == 8 and log["held_out_prompts"] == 2
+    assert log["tokens_per_target_call_t0"] >= 1.0
+
+    # Another request into the same directory, and data that is not there, are refused.
+    for args, words in (
+            (["train", "data", "--preset", "tiny-llama", "--prompts", str(file), "--out",
+              str(tmp_path / "cli"), "--max-new-tokens", "9", "--temperature", "1",
+              "--top-p", "0.9", "--seed", "3", "--shard-size", "3", "--held-out", "2"],
+             "(it differs in settings)"),
+            (["train", "eagle3", "--preset", "tiny-llama", "--data", str(tmp_path / "none"),
+              "--out", str(out), "--taps", "1,2,3"], "no data.json")):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and words in err, err

@@ -3,6 +3,12 @@
     python -m specjax train eagle3 --target DIR --prompts prompts.jsonl --out my-drafter \
         --work runs/my-drafter --steps 2000
 
+or from data made first (resumable shards, `specjax.train.data`):
+
+    python -m specjax train data --target DIR --prompts prompts.jsonl --out runs/data \
+        --max-new-tokens 256 --temperature 1 --top-p 0.9 --held-out 8
+    python -m specjax train eagle3 --target DIR --data runs/data --out my-drafter
+
 The stages of `specjax.train.eagle3`: the target's continuations of the prompts (kept in
 --work as sequences.npz, reused when the run starts again), its features (recomputed: one
 forward pass), the training (checkpointed in --work every --checkpoint-every steps; a run
@@ -29,24 +35,53 @@ from specjax.api.generate import generate
 from specjax.io import chat as chat_template
 from specjax.io.eagle import save_drafter
 from specjax.presets import DEFAULT_PRESET, PRESETS, CLIError, load_model, model_paths
-from specjax.train import eagle3
+from specjax.sampling.logits import SamplingParams
+from specjax.train import data, eagle3
 
 DESCRIPTION = __doc__
 FORMATS = ("eagle", "speculators", "specjax")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    kinds = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
-    p = kinds.add_parser("eagle3", help="a published EAGLE-3 drafter",
-                         description=DESCRIPTION,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+def _target_arguments(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("the target")
     group.add_argument("--preset", choices=sorted(PRESETS),
                        help=f"a preset's target (default: {DEFAULT_PRESET})")
     group.add_argument("--target", metavar="DIR|FILE.gguf",
                        help="the target checkpoint: a Hugging Face directory or a GGUF file")
-    p.add_argument("--prompts", required=True, metavar="FILE",
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    kinds = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
+    d = kinds.add_parser("data", help="the target's continuations of a prompt set, in shards",
+                         description=DESCRIPTION,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    _target_arguments(d)
+    d.add_argument("--prompts", required=True, metavar="FILE",
                    help=".jsonl (strings, {prompt}, or {messages}) or text, one prompt a line")
+    d.add_argument("--chat", action="store_true", help="wrap plain prompts in the chat template")
+    d.add_argument("--out", required=True, metavar="DIR",
+                   help="the shards and data.json; a run started again resumes")
+    d.add_argument("--max-new-tokens", type=int, default=64, help="continuation length")
+    d.add_argument("--temperature", type=float, default=0.0, help="default 0: greedy")
+    d.add_argument("--top-p", type=float, default=1.0, help="default 1: off")
+    d.add_argument("--seed", type=int, default=0, help="row i samples with seed + i")
+    d.add_argument("--shard-size", type=int, default=256, metavar="N", help="prompts a shard")
+    d.add_argument("--batch", type=int, default=64, help="rows decoded together")
+    d.add_argument("--held-out", type=int, default=8, metavar="N",
+                   help="the last N prompts are kept for evaluation, not continued (default 8)")
+    d.set_defaults(run=run_data, draft=None)
+
+    p = kinds.add_parser("eagle3", help="a published EAGLE-3 drafter",
+                         description=DESCRIPTION,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    _target_arguments(p)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompts", metavar="FILE",
+                        help=".jsonl (strings, {prompt}, or {messages}) or text, one prompt a "
+                             "line")
+    source.add_argument("--data", metavar="DIR",
+                        help="continuations made by `train data` (its held-out prompts "
+                             "evaluate the drafter)")
     p.add_argument("--chat", action="store_true", help="wrap plain prompts in the chat template")
     p.add_argument("--out", required=True, metavar="DIR", help="where the drafter is written")
     p.add_argument("--work", metavar="DIR",
@@ -102,6 +137,22 @@ def read_prompts(path: Path, target, chat: bool) -> list:
     return prompts
 
 
+def run_data(args) -> int:
+    target_path, _, _ = model_paths(args, want_draft=False)
+    target = load_model(target_path, "float32")
+    prompts = read_prompts(Path(args.prompts), target, args.chat)
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p)
+    sampling.validate()
+    try:
+        out = data.write(target, prompts, args.out, max_new_tokens=args.max_new_tokens,
+                         temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                         shard_size=args.shard_size, batch=args.batch, held_out=args.held_out)
+    except eagle3.TrainError as e:
+        raise CLIError(str(e)) from None
+    print(out)
+    return 0
+
+
 def run_train(args) -> int:
     config = eagle3.TrainConfig(**{k: getattr(args, k) for k in (
         "steps", "batch", "learning_rate", "warmup", "unroll", "decay", "clip", "draft_vocab",
@@ -123,22 +174,28 @@ def run_train(args) -> int:
             raise CLIError(f"--taps must be comma-separated layer counts, got {args.taps!r}") \
                 from None
     taps = eagle3.resolve_taps(target, taps)        # before hours of data and features
-    prompts = read_prompts(Path(args.prompts), target, args.chat)
-    if len(prompts) <= args.held_out:
-        raise CLIError(f"--prompts {args.prompts} has {len(prompts)} prompt(s); --held-out "
-                       f"{args.held_out} leaves none to train on")
-    train_prompts = prompts[:len(prompts) - args.held_out]
-    held_out = prompts[len(prompts) - args.held_out:]
     out = Path(args.out)
     work = Path(args.work) if args.work else out.with_name(out.name + ".work")
     started = time.time()
-
-    sequences = _sequences(work, target, train_prompts, args)
+    if args.data:
+        try:
+            sequences, held_out = data.read(args.data, target)
+        except eagle3.TrainError as e:
+            raise CLIError(str(e)) from None
+    else:
+        prompts = read_prompts(Path(args.prompts), target, args.chat)
+        if len(prompts) <= args.held_out:
+            raise CLIError(f"--prompts {args.prompts} has {len(prompts)} prompt(s); --held-out "
+                           f"{args.held_out} leaves none to train on")
+        train_prompts = prompts[:len(prompts) - args.held_out]
+        held_out = prompts[len(prompts) - args.held_out:]
+        sequences = _sequences(work, target, train_prompts, args)
     print(f"data: {len(sequences.length)} sequences, "
           f"{int(np.sum(sequences.length - sequences.prompt_length))} generated tokens",
           flush=True)
-    data = eagle3.features(target, sequences, taps)
-    print(f"features: taps {list(data.taps)}, {data.tapped.nbytes / 2**20:.0f} MiB", flush=True)
+    features = eagle3.features(target, sequences, taps)
+    print(f"features: taps {list(features.taps)}, "
+          f"{features.tapped.nbytes / 2**20:.0f} MiB", flush=True)
     every = max(1, config.steps // 20)
 
     def progress(step, parts):
@@ -147,10 +204,10 @@ def run_train(args) -> int:
             print(f"step {step}/{config.steps}: loss/agreement by pass {passes} "
                   f"({time.time() - started:.0f} s)", flush=True)
 
-    drafter = eagle3.train(target, data, config, checkpoint=work / "checkpoint",
+    drafter = eagle3.train(target, features, config, checkpoint=work / "checkpoint",
                            progress=progress)
     save_drafter(drafter, out, format=args.format)
-    log = {"target": str(target_path), "format": args.format, "taps": list(data.taps),
+    log = {"target": str(target_path), "format": args.format, "taps": list(features.taps),
            "draft_vocab": int(len(drafter.token_ids)), "config": vars(config),
            "train_sequences": int(len(sequences.length)), "held_out_prompts": len(held_out),
            "seconds": round(time.time() - started, 1)}
@@ -162,7 +219,8 @@ def run_train(args) -> int:
             log[f"tokens_per_target_call_t{temperature:g}"] = round(
                 result.stats.tokens_per_target_call, 3)
             log[f"acceptance_by_position_t{temperature:g}"] = [
-                round(float(a), 3) for a in result.stats.acceptance_by_position]
+                None if a is None else round(float(a), 3)     # a depth never reached
+                for a in result.stats.acceptance_by_position]
         print(f"held out: {log['tokens_per_target_call_t0']} tokens per target call at "
               f"temperature 0, {log['tokens_per_target_call_t1']} at 1", flush=True)
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")

@@ -1,0 +1,190 @@
+"""A target's own continuations of a prompt set, written as resumable shards with their
+provenance: the data a drafter trains on (`python -m specjax train data`).
+
+    from specjax.train import data
+    data.write(target, prompts, "runs/data", max_new_tokens=256, temperature=1.0, top_p=0.9,
+               shard_size=256, held_out=8)
+    sequences, held_out = data.read("runs/data")     # eagle3.Sequences, held-out prompts
+
+The directory holds `data.json` (what made it: the target, the prompts' digest, the settings,
+the held-out prompts as token ids, and each finished shard's prompt range and token count) and
+`shard-NNNNN.npz` (an `eagle3.Sequences` each). A shard is written under a temporary name and
+renamed, then recorded in data.json, so an interrupted run leaves only finished shards; running
+the same request again skips them and makes the rest. A request that differs (another target,
+other prompts or settings) into a directory that holds shards is refused. Rows are sampled
+each with its own seed (`seed` + the prompt's index), so the shards do not depend on the batch
+size or on where a run was interrupted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from specjax.api.checks import encode_prompts
+from specjax.io.checkpoint import Model
+from specjax.train.eagle3 import Sequences, TrainError, continuations
+
+__all__ = ["FORMAT", "Progress", "read", "write"]
+
+FORMAT = "specjax.train.data/1"
+
+
+class Progress:
+    """Prompts and tokens done, tokens per second and the time left: a line rewritten in place
+    on a terminal, a plain line per update otherwise (a log)."""
+
+    def __init__(self, total: int, stream=None):
+        self.total, self.stream = total, stream or sys.stderr
+        self.started, self.tty = time.time(), self.stream.isatty()
+
+    def update(self, done: int, tokens: int, first: int = 0) -> None:
+        """`done` prompts of `total` finished, `tokens` generated, `first` of them finished
+        before this run started (they take no time here)."""
+        elapsed = max(time.time() - self.started, 1e-9)
+        rate = tokens / elapsed
+        left = (self.total - done) * elapsed / (done - first) if done > first else 0.0
+        line = (f"data: {done}/{self.total} prompts, {tokens:,} tokens, {rate:,.0f} tokens/s, "
+                f"{_duration(left)} left")
+        if self.tty:
+            self.stream.write("\r" + line + ("\n" if done == self.total else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+
+
+def write(target: Model, prompts, directory, *, max_new_tokens: int = 64,
+          temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, shard_size: int = 256,
+          batch: int = 64, held_out: int = 0, progress: Progress | None = None) -> Path:
+    """The target's continuations of all but the last `held_out` of `prompts` (texts or token
+    ids), in shards of `shard_size` prompts under `directory`; the held-out prompts are kept
+    (as token ids) in data.json for evaluation. Resumes an interrupted run of the same request.
+    Returns the directory."""
+    for name, value in (("shard_size", shard_size), ("max_new_tokens", max_new_tokens)):
+        if not isinstance(value, int) or value < 1:
+            raise TrainError(f"{name} must be an integer >= 1, got {value!r}")
+    if not isinstance(held_out, int) or not 0 <= held_out < len(prompts):
+        raise TrainError(f"held_out must be in [0, {len(prompts)}) for {len(prompts)} prompts, "
+                         f"got {held_out!r}")
+    rows = encode_prompts(target, list(prompts))
+    train, kept = rows[:len(rows) - held_out], rows[len(rows) - held_out:]
+    directory = Path(directory)
+    settings = dict(max_new_tokens=max_new_tokens, temperature=float(temperature),
+                    top_p=float(top_p), seed=seed, shard_size=shard_size)
+    request = {"format": FORMAT, "target": target.name,
+               "prompts_sha256": hashlib.sha256(json.dumps(rows).encode()).hexdigest(),
+               "prompts": len(train), "settings": settings, "held_out": kept}
+    record = _start(directory, request)
+    done = {s["file"] for s in record["shards"]}
+    progress = progress or Progress(len(train))
+    first = sum(s["prompts"][1] - s["prompts"][0] for s in record["shards"])
+    tokens = sum(s["tokens"] for s in record["shards"])
+    for index, start in enumerate(range(0, len(train), shard_size)):
+        name = f"shard-{index:05d}.npz"
+        if name in done:
+            continue
+        part = train[start:start + shard_size]
+        sequences = continuations(target, part, max_new_tokens=max_new_tokens,
+                                  temperature=temperature, top_p=top_p, seed=seed + start,
+                                  batch=batch)
+        generated = int(np.sum(sequences.length - sequences.prompt_length))
+        _save(directory / name, sequences)
+        record["shards"].append({"file": name, "prompts": [start, start + len(part)],
+                                 "tokens": generated})
+        _write_json(directory / "data.json", record)
+        tokens += generated
+        progress.update(start + len(part), tokens, first)
+    return directory
+
+
+def read(directory, target: Model | None = None) -> tuple[Sequences, list[list[int]]]:
+    """The shards of a `write` directory as one `Sequences` (in prompt order, padded to the
+    longest), and its held-out prompts as token ids. With `target`, the data must be that
+    target's."""
+    directory = Path(directory)
+    record = _record(directory)
+    if record is None:
+        raise TrainError(f"{directory}: no data.json of {FORMAT} (made by `train data`)")
+    if target is not None and record["target"] != target.name:
+        raise TrainError(f"{directory} holds continuations of {record['target']!r}, not of "
+                         f"the target {target.name!r}")
+    parts = []
+    for shard in sorted(record["shards"], key=lambda s: s["prompts"][0]):
+        try:
+            with np.load(directory / shard["file"]) as saved:
+                parts.append(Sequences(saved["tokens"], saved["length"], saved["prompt_length"]))
+        except (OSError, KeyError, ValueError) as e:
+            raise TrainError(f"{directory / shard['file']}: cannot read it ({e})") from None
+    covered = sum(len(p.length) for p in parts)
+    if covered != record["prompts"]:
+        raise TrainError(f"{directory}: its shards hold {covered} of {record['prompts']} "
+                         f"prompts; run `train data` again with the same request to finish it")
+    width = max(p.tokens.shape[1] for p in parts)
+    tokens = np.concatenate([np.pad(p.tokens, ((0, 0), (0, width - p.tokens.shape[1])))
+                             for p in parts])
+    return (Sequences(tokens, np.concatenate([p.length for p in parts]),
+                      np.concatenate([p.prompt_length for p in parts])),
+            [list(map(int, p)) for p in record["held_out"]])
+
+
+def _start(directory: Path, request: dict) -> dict:
+    """data.json for `request`: the one in `directory` if it is the same request (its shards
+    are kept), a new one if there is none; another request's is refused."""
+    record = _record(directory)
+    if record is not None:
+        mine = {k: v for k, v in record.items() if k != "shards"}
+        if mine != json.loads(json.dumps(request)):
+            changed = sorted(k for k in request if mine.get(k) != json.loads(json.dumps(
+                request[k])))
+            raise TrainError(f"{directory} holds data of another request (it differs in "
+                             f"{', '.join(changed)}); use another directory")
+        return record
+    directory.mkdir(parents=True, exist_ok=True)
+    record = dict(request, shards=[])
+    _write_json(directory / "data.json", record)
+    return record
+
+
+def _record(directory: Path) -> dict | None:
+    try:
+        record = json.loads((directory / "data.json").read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise TrainError(f"{directory / 'data.json'}: cannot read it ({e})") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise TrainError(f"{directory / 'data.json'}: not {FORMAT}")
+    return record
+
+
+def _save(path: Path, sequences: Sequences) -> None:
+    """Written under a temporary name and renamed: a shard on disk is a whole one."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as handle:
+            np.savez(handle, tokens=sequences.tokens, length=sequences.length,
+                     prompt_length=sequences.prompt_length)
+        os.replace(handle.name, path)
+    except OSError as e:       # a full disk, a directory that went away
+        raise TrainError(f"{path}: cannot write it ({e.strerror or e})") from None
+
+
+def _write_json(path: Path, value: dict) -> None:
+    partial = path.with_suffix(".json.tmp")
+    try:
+        partial.write_text(json.dumps(value, indent=1) + "\n")
+        os.replace(partial, path)
+    except OSError as e:
+        raise TrainError(f"{path}: cannot write it ({e.strerror or e})") from None
