@@ -128,7 +128,8 @@ class LlamaCpp:
             params.cpuparams.n_threads = self.threads
             params.cpuparams_batch.n_threads = self.threads
             if k is not None:
-                params.speculative.types = [x.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K]
+                kinds = x.common_speculative_type
+                params.speculative.types = [kinds.COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K]
                 params.speculative.ngram_map_k.size_n = s["max_ngram"]
                 params.speculative.ngram_map_k.size_m = k
             self.servers[k] = x.Server(params)

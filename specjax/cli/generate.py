@@ -150,6 +150,9 @@ def run_generate(args) -> int:
     mesh_shape = parse_mesh(args.mesh)
     if args.trace is not None and args.trace < 1:
         raise CLIError(f"--trace must be an integer >= 1, got {args.trace}")
+    if args.trace is not None and len(methods) != 1:
+        raise CLIError("--trace explains one method; pick --method speculative, ngram, "
+                       "medusa or eagle")
     prompt = read_prompt(args)
     enable_compile_cache()
     mesh = make_mesh(mesh_shape)
@@ -181,10 +184,6 @@ def run_generate(args) -> int:
         print(f"specjax: note: {note}", file=sys.stderr)
 
     if args.trace is not None:
-
-        if len(methods) != 1:
-            raise CLIError("--trace explains one method; pick --method speculative, ngram, "
-                           "medusa or eagle")
         steps = explain(target, ids, method=methods[0], draft=draft, steps=args.trace,
                         **options[methods[0]])
         print(format_steps(steps, target.tokenizer))

@@ -5,11 +5,11 @@ The model multiplies activations x [..., I] by weights w [O, I] (stored [out, in
 `specjax.model.transformer` explains): `linear(x, w)`. How that product is best computed
 depends on how many rows x has, which is static under `jit`:
 
-| rows   | who calls                                     | formulation                          |
-|--------|-----------------------------------------------|--------------------------------------|
-| 1      | a decoding step                               | XLA's dot (its mat-vec); bfloat16 weights: the kernel |
-| 2-32   | verify calls (a chain or tree of drafts)      | the few-row kernel                   |
-| more   | prefill, training, large batches              | XLA's dot (a GEMM)                   |
+| rows | who calls                                | formulation                                 |
+|------|------------------------------------------|---------------------------------------------|
+| 1    | a decoding step                          | XLA's mat-vec (bfloat16 weights: the kernel) |
+| 2-32 | verify calls (a chain or tree of drafts) | the few-row kernel                          |
+| more | prefill, training, large batches         | XLA's dot (a GEMM)                          |
 
 Decoding a small batch is bound by reading the weights, and a verify call reads the same
 weights as a one-token step, so it should cost about one step. XLA's CPU dot costs about twice
@@ -45,7 +45,8 @@ kernel is used only when all of these hold while a function is traced:
   there XLA's own bfloat16 products run).
 
 Otherwise XLA's formulation runs; the two give the same results up to float32 rounding
-(summation order), and for bfloat16 up to where XLA rounds to bfloat16 in between. A device mesh turns them off: XLA cannot split a custom call across devices.
+(summation order), and for bfloat16 up to where XLA rounds to bfloat16 in between. A device
+mesh turns them off: XLA cannot split a custom call across devices.
 """
 
 from __future__ import annotations
@@ -163,9 +164,9 @@ def _target(name: str, dtype) -> str:
 @product.defjvp
 def _product_jvp(primals, tangents):
     (x, w), (dx, dw) = primals, tangents
-    return product(x, w), (jnp.einsum("...I,OI->...O", dx, w, preferred_element_type=jnp.float32)
-                            + jnp.einsum("...I,OI->...O", x, dw,
-                                         preferred_element_type=jnp.float32))
+    f32 = jnp.float32
+    return product(x, w), (jnp.einsum("...I,OI->...O", dx, w, preferred_element_type=f32)
+                            + jnp.einsum("...I,OI->...O", x, dw, preferred_element_type=f32))
 
 
 def few_query_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
