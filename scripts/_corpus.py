@@ -140,106 +140,26 @@ def corpus(tokenizer_path: Path) -> dict:
 # no template produces them and their topics appear in no list, so the acceptance rates
 # measured on them are those of unseen questions.
 
-_CONCEPTS = [
-    "photosynthesis", "the water cycle", "inflation", "compound interest", "machine learning",
-    "a black hole", "DNA replication", "the French Revolution", "supply and demand",
-    "climate change", "the immune system", "blockchain", "quantum computing",
-    "the theory of evolution", "plate tectonics", "the stock market", "recursion in programming",
-    "object-oriented programming", "the Pythagorean theorem", "gravity", "the internet",
-    "vaccines", "renewable energy", "the greenhouse effect", "democracy", "the Roman Empire",
-    "the scientific method", "probability", "neural networks", "encryption", "cloud computing",
-    "the human heart", "sleep", "meditation", "the Renaissance", "the Industrial Revolution",
-    "nuclear fusion", "electric cars", "the phases of the moon", "ocean tides", "rainbows",
-    "volcanoes", "earthquakes", "antibiotics", "the solar system", "a hash table",
-    "version control with git", "an API", "a database index", "the speed of light", "entropy",
-    "opportunity cost", "the Big Bang", "the printing press", "artificial intelligence",
-]
-_CONCEPT_TEMPLATES = [
-    "What is {}?", "Explain {} in simple terms.", "Can you explain {} to a ten-year-old?",
-    "Why is {} important?", "Give me three facts about {}.", "Write a short paragraph about {}.",
-    "What are common misconceptions about {}?",
-]
-_TASKS = [
-    "reverses a string", "checks whether a number is prime", "computes the factorial of n",
-    "returns the n-th Fibonacci number", "counts the vowels in a string",
-    "merges two sorted lists", "removes duplicates from a list",
-    "finds the largest element in a list", "checks whether a string is a palindrome",
-    "converts Celsius to Fahrenheit", "reads a text file and counts its words",
-    "flattens a nested list", "computes the average of a list of numbers",
-    "sorts a list of dictionaries by a key", "returns the common elements of two lists",
-    "validates an email address", "computes the greatest common divisor of two numbers",
-    "generates a random password", "capitalizes every word in a sentence",
-    "checks whether two strings are anagrams", "sums the digits of an integer",
-    "finds the second largest number in a list", "counts word frequencies in a text",
-    "converts a binary string to an integer", "transposes a matrix", "implements binary search",
-    "implements bubble sort", "parses a line of CSV into fields",
-    "returns the squares of the even numbers in a list", "checks whether a year is a leap year",
-]
-_TASK_TEMPLATES = ["Write a Python function that {}.", "How do I write a Python function that {}?",
-                   "Show me Python code that {}."]
-_ACTIVITIES = [
-    "learning a new language", "working from home", "improving my sleep", "saving money",
-    "studying for exams", "writing an essay", "public speaking", "starting a vegetable garden",
-    "training for a marathon", "cooking healthy meals on a budget", "managing stress",
-    "learning to program", "preparing for a job interview", "traveling on a budget",
-    "keeping houseplants alive", "taking better photos", "reading more books",
-    "making friends in a new city", "writing clean code", "staying motivated to exercise",
-]
-_ACTIVITY_TEMPLATES = ["Give me five tips for {}.", "What is the best way to get started with {}?",
-                       "What are common mistakes people make when {}?"]
-_THINGS = ["the ocean", "autumn", "a cat", "friendship", "a city at night", "a robot", "coffee",
-           "the mountains", "rain", "the stars", "a lighthouse", "time", "a library", "winter",
-           "a dragon"]
-_THING_TEMPLATES = ["Write a short poem about {}.", "Write a haiku about {}.",
-                    "Write a short story about {}.", "Describe {} in three sentences."]
-_COUNTRIES = ["France", "Japan", "Brazil", "Canada", "Australia", "Egypt", "India", "Germany",
-              "Mexico", "Kenya", "Italy", "Spain", "Argentina", "Norway", "Thailand", "Peru",
-              "Turkey", "Poland", "Vietnam", "Morocco"]
-_SENTENCES = ["Where is the train station?", "I would like a cup of coffee.",
-              "The weather is nice today.", "How much does this cost?", "Thank you very much.",
-              "My name is Anna and I live in London.", "Can you help me, please?",
-              "I am learning to cook."]
-_LANGUAGES = ["French", "Spanish", "German"]
-_PAIRS = [("Python", "JavaScript"), ("cats", "dogs"), ("tea", "coffee"), ("renting", "buying a home"),
-          ("TCP", "UDP"), ("lists", "tuples in Python"), ("SQL", "NoSQL databases"),
-          ("solar power", "wind power"), ("viruses", "bacteria"), ("running", "swimming")]
+# The questions, their topics and EVAL_QUESTIONS live in the package now (`specjax.train.prompts`,
+# `train data --prompts builtin:chat`); the names below are this module's, as before.
+from specjax.train.prompts import EVAL_QUESTIONS, chat_questions  # noqa: E402,F401
+from specjax.train import prompts as _prompts  # noqa: E402
 
-EVAL_QUESTIONS = [
-    "What are the main differences between a violin and a viola?",
-    "Write a Python function that returns the median of a list of numbers.",
-    "How does a refrigerator keep food cold?",
-    "Give me a simple recipe for pancakes.",
-    "Why do leaves change color in the fall?",
-    "Explain what a linked list is and when to use one.",
-    "Write a limerick about a forgetful wizard.",
-    "What should I consider when choosing a laptop for college?",
-    "How do bees make honey?",
-    "Describe the main causes of World War I.",
-]
+_CONCEPTS = _prompts.CONCEPTS
+_CONCEPT_TEMPLATES = _prompts.CONCEPT_TEMPLATES
+_TASKS = _prompts.TASKS
+_TASK_TEMPLATES = _prompts.TASK_TEMPLATES
+_ACTIVITIES = _prompts.ACTIVITIES
+_ACTIVITY_TEMPLATES = _prompts.ACTIVITY_TEMPLATES
+_THINGS = _prompts.THINGS
+_THING_TEMPLATES = _prompts.THING_TEMPLATES
+_COUNTRIES = _prompts.COUNTRIES
+_SENTENCES = _prompts.SENTENCES
+_LANGUAGES = _prompts.LANGUAGES
+_PAIRS = _prompts.PAIRS
 
 # The default system turn of SmolLM2's chat template (added when a conversation has none).
 SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-
-
-def chat_questions() -> list[str]:
-    """Every training question the templates make, in a fixed order (several hundred)."""
-    import random
-
-    questions = [t.format(c) for c in _CONCEPTS for t in _CONCEPT_TEMPLATES]
-    questions += [t.format(c) for c in _TASKS for t in _TASK_TEMPLATES]
-    questions += [t.format(c) for c in _ACTIVITIES for t in _ACTIVITY_TEMPLATES]
-    questions += [t.format(c) for c in _THINGS for t in _THING_TEMPLATES]
-    questions += [f"What is the capital of {c}?" for c in _COUNTRIES]
-    questions += [f"Tell me about the history of {c}." for c in _COUNTRIES]
-    questions += [f"Translate '{s}' into {lang}." for s in _SENTENCES for lang in _LANGUAGES]
-    questions += [f"Compare {a} and {b}." for a, b in _PAIRS]
-    questions += [f"What are the pros and cons of {a} versus {b}?" for a, b in _PAIRS]
-    numbers = random.Random(0)
-    for _ in range(30):
-        a, b = numbers.randint(2, 99), numbers.randint(2, 99)
-        questions.append(f"What is {a} {numbers.choice('+-*')} {b}? Explain your steps.")
-    assert not set(questions) & set(EVAL_QUESTIONS)
-    return questions
 
 
 def chatml(question: str, system: str | None = None) -> str:

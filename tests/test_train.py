@@ -231,3 +231,30 @@ def test_data_shards_resume_exactly_and_eagle3_trains_from_them(target, tmp_path
         assert main(args) == 2
         err = capsys.readouterr().err
         assert len(err.splitlines()) == 1 and words in err, err
+
+
+def test_builtin_chat_prompts_in_the_targets_template(target, capsys):
+    # `--prompts builtin:chat`: the 709 questions the shipped drafters' data was made from, then
+    # the 10 held-out ones their cards report, each rendered in the target's chat template.
+    import dataclasses
+
+    from specjax.cli.train import read_prompts
+    from specjax.io import chat
+    from specjax.train import prompts
+
+    chatml = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+              "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+              "{% if add_generation_prompt %}{{'<|im_start|>assistant\\n'}}{% endif %}")
+    target = dataclasses.replace(target, chat_template=chatml)
+    rows = read_prompts(Path("builtin:chat"), target, chat=False)
+    questions = prompts.builtin("chat")
+    assert len(rows) == len(questions) == 719 and questions[-10:] == prompts.EVAL_QUESTIONS
+    assert not set(questions[:-10]) & set(prompts.EVAL_QUESTIONS)
+    assert rows[-1] == chat.encode(target, chat.render(target, prompts.EVAL_QUESTIONS[-1]))
+    assert "<|im_start|>assistant" in target.tokenizer.decode(rows[-1])
+    for name, words in (("nope", "unknown built-in prompt set 'nope'"),
+                        ("chat", "llama-target has no chat template")):   # the shipped one
+        assert main(["train", "data", "--preset", "tiny-llama", "--prompts", f"builtin:{name}",
+                     "--out", "unused"]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and words in err, err

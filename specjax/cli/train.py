@@ -19,7 +19,9 @@ prompts, which it never trained on, written to --out/train_log.json.
 
 Prompts: a .jsonl file (each line a JSON string, {"prompt": text} or {"messages": [...]} in the
 target's chat template) or a text file with one prompt per line; --chat wraps plain prompts in
-the chat template.
+the chat template. --prompts builtin:chat is a built-in set: 709 chat questions made from
+templates, then the 10 held-out questions the shipped drafters' cards report (--held-out 10),
+in the target's chat template.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from specjax.io.eagle import save_drafter
 from specjax.presets import DEFAULT_PRESET, PRESETS, CLIError, load_model, model_paths
 from specjax.sampling.logits import SamplingParams
 from specjax.train import data, eagle3
+from specjax.train import prompts as prompt_sets
 
 DESCRIPTION = __doc__
+BUILTIN_PREFIX = "builtin:"
 FORMATS = ("eagle", "speculators", "specjax")
 
 
@@ -56,8 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          description=DESCRIPTION,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     _target_arguments(d)
-    d.add_argument("--prompts", required=True, metavar="FILE",
-                   help=".jsonl (strings, {prompt}, or {messages}) or text, one prompt a line")
+    d.add_argument("--prompts", required=True, metavar="FILE|builtin:chat",
+                   help=".jsonl (strings, {prompt}, or {messages}) or text, one prompt a line; "
+                        "or a built-in set")
     d.add_argument("--chat", action="store_true", help="wrap plain prompts in the chat template")
     d.add_argument("--out", required=True, metavar="DIR",
                    help="the shards and data.json; a run started again resumes")
@@ -105,7 +110,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def read_prompts(path: Path, target, chat: bool) -> list:
-    """The prompts of a file, each a text or (chat) token ids."""
+    """The prompts of a file, each a text or (chat) token ids; "builtin:NAME" names a built-in
+    set (`specjax.train.prompts`), whose questions are rendered in the target's chat
+    template."""
+    if str(path).startswith(BUILTIN_PREFIX):
+        try:
+            questions = prompt_sets.builtin(str(path)[len(BUILTIN_PREFIX):])
+        except ValueError as e:
+            raise CLIError(f"--prompts {path}: {e}") from None
+        return [chat_template.encode(target, chat_template.render(target, q))
+                for q in questions]
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
