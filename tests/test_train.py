@@ -175,7 +175,8 @@ class Interrupted(Exception):
     pass
 
 
-def test_data_shards_resume_exactly_and_eagle3_trains_from_them(target, tmp_path, capsys):
+def test_data_shards_resume_exactly_and_eagle3_trains_from_them(target, tmp_path, capsys,
+                                                                 monkeypatch):
     # `train data`: 8 prompts continued (sampled, top-p) in shards of 3, 2 held out. A run
     # interrupted after its first shard and run again gives the shards, bit for bit, of an
     # uninterrupted run; the command line's gives them too; `train eagle3 --data` trains from
@@ -212,13 +213,30 @@ def test_data_shards_resume_exactly_and_eagle3_trains_from_them(target, tmp_path
     assert len(sequences.length) == 8 and len(held_out) == 2
     assert np.all(sequences.length - sequences.prompt_length == 8)
 
-    out = tmp_path / "drafter"
-    assert main(["train", "eagle3", "--preset", "tiny-llama", "--data", str(tmp_path / "cli"),
-                 "--out", str(out), "--taps", ",".join(map(str, TAPS)), "--steps", "2",
-                 "--batch", "4", "--warmup", "1", "--max-new-tokens", "8"]) == 0
+    out, features = tmp_path / "drafter", tmp_path / "features"
+    args = ["train", "eagle3", "--preset", "tiny-llama", "--data", str(tmp_path / "cli"),
+            "--out", str(out), "--taps", ",".join(map(str, TAPS)), "--steps", "2",
+            "--batch", "4", "--warmup", "1", "--max-new-tokens", "8",
+            "--features", str(features), "--features-dtype", "float16"]
+    assert main(args) == 0
     log = json.loads((out / "train_log.json").read_text())
     assert log["train_sequences"] == 8 and log["held_out_prompts"] == 2
     assert log["tokens_per_target_call_t0"] >= 1.0
+    # The features' size is said before the pass, and they are the files on disk.
+    said = next(line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("features: 8 sequences"))
+    on_disk = sum(f.stat().st_size for f in features.glob("*.npy"))
+    assert f"taps {list(TAPS)}" in said and "in float16 in" in said
+    assert abs(float(said.split(" GiB")[0].rsplit(" ", 1)[1]) - on_disk / 2**30) < 0.01
+
+    # A disk without room for the features is refused before the pass starts.
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1, 1, 0))
+    assert main([*args[:-4], "--features", str(tmp_path / "more")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "the disk has 0.00 GiB free" in err, err
+    monkeypatch.undo()
 
     # Another request into the same directory, and data that is not there, are refused.
     for args, words in (

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -100,6 +101,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="the continuations' temperature (default 0: greedy)")
     p.add_argument("--taps", metavar="A,B,C",
                    help="the target's layer counts to read (default 2, L // 2, L - 3)")
+    p.add_argument("--features", metavar="DIR",
+                   help="keep the features on disk there, memory-mapped (sets larger than "
+                        "memory), and resume an interrupted pass (default: in memory)")
+    p.add_argument("--features-dtype", choices=("float32", "float16"), default="float32",
+                   help="the features' dtype (float16 halves them)")
     defaults = eagle3.TrainConfig()
     for name, kind in (("steps", int), ("batch", int), ("learning_rate", float),
                        ("warmup", int), ("unroll", int), ("decay", float), ("clip", float),
@@ -207,9 +213,7 @@ def run_train(args) -> int:
     print(f"data: {len(sequences.length)} sequences, "
           f"{int(np.sum(sequences.length - sequences.prompt_length))} generated tokens",
           flush=True)
-    features = eagle3.features(target, sequences, taps)
-    print(f"features: taps {list(features.taps)}, "
-          f"{features.tapped.nbytes / 2**20:.0f} MiB", flush=True)
+    features = _features(target, sequences, taps, args)
     every = max(1, config.steps // 20)
 
     def progress(step, parts):
@@ -240,6 +244,34 @@ def run_train(args) -> int:
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     print(out)
     return 0
+
+
+def _features(target, sequences, taps, args) -> eagle3.Features:
+    """The features, in memory or in --features; their size said before the pass starts, and
+    a disk without room for them refused before it starts."""
+    dtype = np.dtype(args.features_dtype)
+    n, t = sequences.tokens.shape
+    size = n * t * (len(taps) + 1) * target.config.d_model * dtype.itemsize
+    where = f"in {args.features}" if args.features else "in memory"
+    print(f"features: {n} sequences of up to {t} tokens, taps {list(taps)}, "
+          f"{size / 2**30:.2f} GiB in {dtype.name} {where}", flush=True)
+    if args.features:
+        directory = Path(args.features)
+        directory.mkdir(parents=True, exist_ok=True)
+        written = sum(f.stat().st_size for f in directory.glob("*.npy"))
+        free = shutil.disk_usage(directory).free
+        if size - written > free:
+            raise CLIError(f"--features {directory}: the features need "
+                           f"{(size - written) / 2**30:.2f} GiB more and the disk has "
+                           f"{free / 2**30:.2f} GiB free")
+    every = max(1, -(-n // 16) // 10)
+
+    def progress(done, total):
+        if done == total or (done // 16) % every == 0:
+            print(f"features: {done}/{total} sequences", flush=True)
+
+    return eagle3.features(target, sequences, taps, dtype=dtype, progress=progress,
+                           directory=args.features)
 
 
 def _sequences(work: Path, target, prompts, args) -> eagle3.Sequences:
