@@ -266,3 +266,21 @@ def test_bfloat16_greedy_equality_for_every_method_batched_and_alone():
         assert generate(target, PROMPTS, method=method, **extra, **kwargs).tokens == want, method
     alone = generate(target, PROMPTS[:1], method="speculative", draft=draft, k=3, **kwargs)
     assert alone.tokens == want[:1]
+
+
+def test_bfloat16_greedy_equality_for_medusa_and_eagle_batched_and_alone():
+    # The embedded target in bfloat16 with its shipped Medusa heads and EAGLE drafter (kept in
+    # float32): their verify calls score every token as the bfloat16 autoregressive step does.
+    from pathlib import Path
+
+    weights = Path(specjax.__file__).resolve().parent.parent / "weights"
+    target = specjax.load(weights / "llama-target", dtype="bfloat16")
+    heads, drafter = specjax.load(weights / "llama-medusa"), specjax.load(weights / "llama-eagle")
+    prompts = ["def add(a, b):", "class Stack:\n    def"]
+    kwargs = dict(max_new_tokens=16, temperature=0.0)
+    want = generate(target, prompts, **kwargs).tokens
+    for method, extra in (("medusa", dict(heads=heads)),
+                          ("eagle", dict(drafter=drafter, tree=specjax.DynamicTree(3, 2, 4)))):
+        result = generate(target, prompts, method=method, **extra, **kwargs)
+        assert result.tokens == want and result.stats.tokens_per_target_call > 1.5, method
+        assert generate(target, prompts[1:], method=method, **extra, **kwargs).tokens == want[1:]
