@@ -140,23 +140,9 @@ def corpus(tokenizer_path: Path) -> dict:
 # no template produces them and their topics appear in no list, so the acceptance rates
 # measured on them are those of unseen questions.
 
-# The questions, their topics and EVAL_QUESTIONS live in the package now (`specjax.train.prompts`,
-# `train data --prompts builtin:chat`); the names below are this module's, as before.
+# The questions, their topics and EVAL_QUESTIONS live in the package now
+# (`specjax.train.prompts`, `train data --prompts builtin:chat`).
 from specjax.train.prompts import EVAL_QUESTIONS, chat_questions  # noqa: E402,F401
-from specjax.train import prompts as _prompts  # noqa: E402
-
-_CONCEPTS = _prompts.CONCEPTS
-_CONCEPT_TEMPLATES = _prompts.CONCEPT_TEMPLATES
-_TASKS = _prompts.TASKS
-_TASK_TEMPLATES = _prompts.TASK_TEMPLATES
-_ACTIVITIES = _prompts.ACTIVITIES
-_ACTIVITY_TEMPLATES = _prompts.ACTIVITY_TEMPLATES
-_THINGS = _prompts.THINGS
-_THING_TEMPLATES = _prompts.THING_TEMPLATES
-_COUNTRIES = _prompts.COUNTRIES
-_SENTENCES = _prompts.SENTENCES
-_LANGUAGES = _prompts.LANGUAGES
-_PAIRS = _prompts.PAIRS
 
 # The default system turn of SmolLM2's chat template (added when a conversation has none).
 SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"

@@ -30,6 +30,7 @@ import random
 import re
 
 import _corpus
+from specjax.train import prompts
 
 # Words naming the topics of _corpus.EVAL_QUESTIONS; a question made here may not contain one
 # (as a whole word, any case), so that those questions' topics stay out of the training data.
@@ -186,7 +187,7 @@ def more_chat_questions() -> list[str]:
     questions = [t.format(c) for c in _TOPICS for t in _TOPIC_TEMPLATES]
     # _corpus's templates too, but for "What is {}?" and "Why is {} important?", which many of
     # these topics (plurals) would make ungrammatical.
-    questions += [t.format(c) for c in _TOPICS for t in _corpus._CONCEPT_TEMPLATES
+    questions += [t.format(c) for c in _TOPICS for t in prompts.CONCEPT_TEMPLATES
                   if t not in ("What is {}?", "Why is {} important?")]
     questions += [t.format(lang=lang, task=task) for task in _CODE_TASKS
                   for lang in _LANGUAGES for t in _CODE_TEMPLATES]
@@ -226,7 +227,7 @@ _ESSAYS = ["cities should have more trees", "everyone should learn a second lang
 def prose_prompts(rng: random.Random) -> list[str]:
     """Openings of plain text for the target to continue, in a fixed order (`rng` fills in the
     dates). Topics are _TOPICS and _corpus's concepts; none names an EVAL_QUESTIONS topic."""
-    concepts = _TOPICS + _corpus._CONCEPTS
+    concepts = _TOPICS + prompts.CONCEPTS
     out = [f"An introduction to {c}\n\n" for c in concepts]
     out += [f"{c[0].upper() + c[1:]} is one of the most" for c in concepts]
     out += [f"In this essay I will argue that {e}. " for e in _ESSAYS]
@@ -239,8 +240,8 @@ def prose_prompts(rng: random.Random) -> list[str]:
             for name in ("Sam", "Grandma", "Professor Lee", "Ms. Okafor", "Tom and Priya")]
     out += [f"{rng.choice(_MONTHS)} {rng.randint(1, 28)}\n\nDear diary, today I finally"
             for _ in range(12)]
-    out += [f"A traveller's guide to {c}\n\n{c} is" for c in _corpus._COUNTRIES + _CITIES]
-    out += [f"Five things I learned from {a}\n\n1." for a in _corpus._ACTIVITIES]
+    out += [f"A traveller's guide to {c}\n\n{c} is" for c in prompts.COUNTRIES + _CITIES]
+    out += [f"Five things I learned from {a}\n\n1." for a in prompts.ACTIVITIES]
     out += [f"Chapter One\n\nThe first thing {who} noticed" for who in _CHARACTERS]
     return out
 

@@ -61,8 +61,8 @@ text; with --temperature > 0 each method still samples exactly from the target's
 
 --json prints one object instead of streaming:
   {"target", "target_path", "draft", "draft_path" (null without speculative), "prompt",
-   "prompt_tokens", "prefill_s", "settings": {"method", "k", "max_new_tokens", "temperature", "top_k",
-   "top_p", "min_p", "seed", "max_ngram", "min_ngram", "tree" (a list of paths, {"dynamic": [depth,
+   "prompt_tokens", "prefill_s", "settings": {"method", "k", "max_new_tokens", "temperature",
+   "top_k", "top_p", "min_p", "seed", "max_ngram", "min_ngram", "tree" (a list of paths, {"dynamic": [depth,
    top_k, total_tokens]} or null),
    "candidates", "chat", "dtype"},
    "results": [{"method", "text", "tokens", "speedup_vs_autoregressive",
