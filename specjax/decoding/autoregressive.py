@@ -142,7 +142,7 @@ def _prefill_rows(params, config, prompts, prompt_length, slots, chunk, with_hid
 
     width = config.d_model * max(1, len(taps))
     shape = (b, p, width) if with_hidden == "all" else (b, width)
-    hidden = jnp.zeros(shape, jnp.dtype(config.dtype)) if with_hidden else None
+    hidden = jnp.zeros(shape, jnp.dtype(config.compute_dtype)) if with_hidden else None
     cache, hidden = lax.fori_loop(0, n_chunks, run_chunk,
                                   (KVCache.init(config, b, slots), hidden))
     cache = cache.with_length(prompt_length - 1)

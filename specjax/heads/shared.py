@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.model.quant import rows
 from specjax.model.transformer import Model
 
 __all__ = ["PROJECTION", "TARGET_FIELDS", "full_logits", "projection", "target_identity",
@@ -38,11 +39,10 @@ def tokenizer_digest(tokenizer) -> str | None:
 
 
 def projection(target: Model, token_ids) -> jax.Array:
-    """The target's LM-head rows for `token_ids`: [S, D]."""
+    """The target's LM-head rows for `token_ids`: [S, D] (float32 for an 8-bit target: its
+    rows dequantised)."""
     ids = jnp.asarray(token_ids)
-    if target.config.tie_embeddings:
-        return target.params["embed"][ids]
-    return target.params["lm_head"][ids]
+    return rows(target.params["embed" if target.config.tie_embeddings else "lm_head"], ids)
 
 
 def target_identity(target: Model, token_ids) -> dict:

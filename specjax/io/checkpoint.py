@@ -26,10 +26,11 @@ from specjax import mesh as meshes
 from specjax.io.eagle import is_eagle_dir, load_drafter
 from specjax.io.errors import CheckpointError
 from specjax.io.fetch import cache_root
-from specjax.io.gguf import convert_gguf
+from specjax.io.gguf import convert_gguf, q8_0_matrices
 from specjax.io.medusa import is_heads_dir, load_heads
 from specjax.io.sidecar import json_object
 from specjax.model.config import ConfigError, ModelConfig
+from specjax.model.quant import Int8Weight, dequantize, quantize_params
 from specjax.model.transformer import Model, Params, init_params, param_shapes
 
 # -- Name tables --------------------------------------------------------------------------------
@@ -232,7 +233,7 @@ def load_params(directory: Path, config: ModelConfig, mesh=None) -> Params:
         file = tensors[unexpected[0]][1]
         raise CheckpointError(f"{file}: unexpected tensor(s) {unexpected[:5]} "
                               f"for a {config.model_type or config.arch} model")
-    dtype = jnp.dtype(config.dtype)
+    dtype = jnp.dtype(config.compute_dtype)
     shardings = meshes.param_shardings(config, mesh) if mesh is not None else None
     params: Params = {"layers": [{} for _ in range(config.n_layers)]}
     for path, array in leaves.items():
@@ -241,7 +242,9 @@ def load_params(directory: Path, config: ModelConfig, mesh=None) -> Params:
             node = node[key] if isinstance(key, int) else node.setdefault(key, {})
         node[path[-1]] = (jnp.asarray(array, dtype) if mesh is None
                           else meshes.place(array, _leaf(shardings, path), dtype))
-    return params
+    # 8-bit weights are quantised from the float32 ones here, as ggml's Q8_0 quantiser does
+    # (a Q8_0 GGUF is read as it is instead: `load`).
+    return quantize_params(params) if config.dtype == "int8" else params
 
 
 def _ignorable(name: str, config: ModelConfig) -> bool:
@@ -263,7 +266,9 @@ def load(path: str | Path, dtype: str = "float32", mesh=None):
 
     Args:
       path: a directory with config.json, safetensors weights and (optionally) tokenizer.json.
-      dtype: "float32" (default) or "bfloat16" for parameters and compute.
+      dtype: "float32" (default) or "bfloat16" for parameters and compute, or "int8": every
+        matrix in 8 bits (`specjax.model.quant`), quantised at load as ggml's Q8_0 does, or,
+        from a GGUF file, its Q8_0 tensors as they are stored; activations in float32.
       mesh: a "data" x "model" device mesh (`specjax.make_mesh`): each weight goes from the
         host straight to its shards (`specjax.mesh`), never whole onto one device. Medusa heads
         ignore it (they are replicated when `generate` runs on a mesh).
@@ -273,8 +278,9 @@ def load(path: str | Path, dtype: str = "float32", mesh=None):
         the tensor.
     """
     path = Path(path).expanduser()
+    gguf_file = None
     if path.is_file() and path.suffix == ".gguf":
-        path = convert_gguf(path, cache_root() / "gguf" / path.stem)
+        gguf_file, path = path, convert_gguf(path, cache_root() / "gguf" / path.stem)
     if not path.exists():
         raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist")
     if not path.is_dir():
@@ -296,16 +302,38 @@ def load(path: str | Path, dtype: str = "float32", mesh=None):
     config = _with_generation_eos(config, path)
     config = config.replace(dtype=dtype)
     if mesh is not None:
+        if dtype == "int8":
+            raise CheckpointError("int8 weights do not run on a device mesh: load them without "
+                                  "one, or as float32 or bfloat16")
         try:
             meshes.check_mesh(mesh)
         except meshes.MeshError as e:
             raise CheckpointError(str(e)) from None
     params = load_params(path, config, mesh)
+    if gguf_file is not None and dtype == "int8":
+        params = _stored_q8_0(params, config, q8_0_matrices(gguf_file))
     tokenizer = load_tokenizer(path)
     if tokenizer is not None and tokenizer.get_vocab_size(with_added_tokens=True) > config.vocab_size:
         raise CheckpointError(f"{path}: tokenizer.json has {tokenizer.get_vocab_size()} tokens but "
                               f"the model's vocab_size is {config.vocab_size}")
     return Model(config, params, tokenizer, path, _chat_template(path))
+
+
+def _stored_q8_0(params: Params, config: ModelConfig, stored: dict) -> Params:
+    """params with each matrix that a GGUF file stores as Q8_0 (`q8_0_matrices`, by Hugging
+    Face name) taken as it is stored, instead of quantised again from its dequantised values."""
+    for entry in name_table(config):
+        for i in range(config.n_layers if "{i}" in entry.hf_name else 1):
+            name = entry.hf_name.format(i=i)
+            if name not in stored:
+                continue
+            path = ("layers", i, *entry.path[1:]) if "{i}" in entry.hf_name else entry.path
+            node = _leaf(params, path[:-1])
+            quantized = node[path[-1]]
+            values, scales = stored[name]
+            node[path[-1]] = Int8Weight(jnp.asarray(values.reshape(quantized.values.shape)),
+                                        jnp.asarray(scales.reshape(quantized.scales.shape)))
+    return params
 
 
 def _with_generation_eos(config: ModelConfig, path: Path) -> ModelConfig:
@@ -359,7 +387,11 @@ def save(model: Model, directory: str | Path, dtype: str = "float32") -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = model.config
-    params = jax.tree.map(lambda a: np.asarray(a, np.float32), model.params)
+    # 8-bit matrices are written as the float32 numbers they stand for (and the config says
+    # float32): Hugging Face's layout has no Q8_0.
+    params = jax.tree.map(lambda a: np.asarray(dequantize(a) if isinstance(a, Int8Weight) else a,
+                                               np.float32),
+                          model.params, is_leaf=lambda a: isinstance(a, Int8Weight))
     tensors: dict[str, np.ndarray] = {}
     for entry in name_table(config):
         if entry.to_hf is None:

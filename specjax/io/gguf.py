@@ -285,6 +285,41 @@ def _tensors(reader, hp: _Hparams, path: Path) -> dict[str, np.ndarray]:
     return out
 
 
+def q8_0_matrices(gguf_path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The file's Q8_0 tensors as they are stored, nothing dequantised, under Hugging Face
+    names: int8 values [O, I] and float16 scales [O, I / 32] (`specjax.model.quant`'s layout;
+    q and k rows in Hugging Face order, `unpermute_rope_rows`). Other tensor types are left
+    out. Raises CheckpointError as `convert_gguf` does."""
+    gguf = _import_gguf()
+    path = Path(gguf_path)
+    reader = _open(path)
+    hp = _hparams(_metadata(reader, path), path)
+    table = _name_table(hp)
+    out = {}
+    for t in reader.tensors:
+        if t.tensor_type != gguf.GGMLQuantizationType.Q8_0:
+            continue
+        if t.name not in table:
+            raise CheckpointError(f"{path}: unknown tensor {t.name!r}")
+        hf_name, shape = table[t.name]
+        if len(shape) != 2 or shape[1] % 32:
+            raise CheckpointError(f"{path}: tensor {t.name!r} cannot be Q8_0 with shape {shape}")
+        rows, blocks = shape[0], shape[1] // 32
+        raw = np.asarray(t.data)
+        if raw.dtype != np.uint8 or raw.size != rows * blocks * 34:
+            raise CheckpointError(f"{path}: tensor {t.name!r} holds {raw.size} bytes, expected "
+                                  f"{rows * blocks * 34} for Q8_0 {shape}")
+        # A Q8_0 block is 34 bytes: its float16 scale, then 32 int8 values.
+        raw = raw.reshape(rows, blocks, 34)
+        scales = np.ascontiguousarray(raw[..., :2]).view(np.float16).reshape(rows, blocks)
+        values = np.ascontiguousarray(raw[..., 2:]).view(np.int8).reshape(rows, blocks * 32)
+        heads = {"attn_q.weight": hp.N, "attn_k.weight": hp.K}.get(t.name.split(".", 2)[-1])
+        if heads is not None:
+            values, scales = unpermute_rope_rows(values, heads), unpermute_rope_rows(scales, heads)
+        out[hf_name] = (values, scales)
+    return out
+
+
 def _pre_tokenizer(pre: str, path: Path):
 
     # GPT-2's regex split plus the byte -> printable-unicode mapping that every byte-level BPE

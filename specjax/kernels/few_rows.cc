@@ -4,12 +4,17 @@
 //
 //   specjax_few_rows             y[T, O] = x[T, I] . w[O, I]^T (float32), below;
 //   specjax_few_query_attention  attention to a layer's KV cache, read in place (at the end);
-//   ..._bf16                     the same two with w, or the cache, in bfloat16.
+//   ..._bf16                     the same two with w, or the cache, in bfloat16;
+//   specjax_few_rows_q8          the product with w in 8 bits: int8 values, a float16 scale
+//                                per block of consecutive inputs (GGUF's Q8_0 for blocks of 32).
 //
 // bfloat16 operands are widened to float32 as they are loaded (a bfloat16 is the top half of a
 // float32, so the widening is exact) and every sum is a float32 sum in the same order as the
 // float32 kernel's: a bfloat16 model reads half the bytes a step, and its products get the
-// float32 kernel's bits on the widened weights. x, q and the outputs stay float32 (they are
+// float32 kernel's bits on the widened weights. 8-bit weights are dequantised as they are
+// loaded, value times its block's scale in float32, which is exact too (an int8 times a
+// float16 needs 8 + 11 bits of the 24 a float32 has): the float32 kernel's bits on the
+// dequantised weights, at a quarter of the bytes. x, q and the outputs stay float32 (they are
 // small; the caller casts them).
 //
 // The product. Why: with 2 to 32 rows, XLA's and OpenBLAS's matrix products on a CPU cost 2 to
@@ -166,9 +171,87 @@ static void block(const float* x, const W* w, float* y, int64_t n_in, int64_t n_
     }
 }
 
-// The last `left` rows of x (fewer than TB) against `rows` rows of w: block<rows, left>.
+// 8-bit weights: int8 values [O, I] row-major and a float16 scale per `block` consecutive
+// values of a row [O, I / block], the block a multiple of VW (GGUF's Q8_0: blocks of 32).
+struct Q8Rows {
+  const int8_t* q;
+  const uint16_t* d;     // float16 bits
+  int64_t block;
+  friend Q8Rows operator+(Q8Rows w, int64_t values) {
+    return {w.q + values, w.d + values / w.block, w.block};
+  }
+};
+
+// A float16 (its bits) as a float32, exactly.
+static inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16, exponent = (h >> 10) & 0x1f,
+                 mantissa = h & 0x3ffu;
+  if (exponent == 0) {                                  // zero or subnormal: mantissa * 2^-24
+    const float f = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign ? -f : f;
+  }
+  const uint32_t bits = sign | (exponent == 31 ? 0x7f800000u | mantissa << 13
+                                               : (exponent + 112) << 23 | mantissa << 13);
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+
+// VW int8 values as float32, times their block's scale: the dequantised weights, exactly.
+static inline Vec load(const int8_t* p, Vec scale) {
+#if defined(__AVX512F__)
+  const __m512 v = _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  return reinterpret_cast<Vec>(v) * scale;
+#elif defined(__AVX2__)
+  const __m256 v = _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  return reinterpret_cast<Vec>(v) * scale;
+#else
+  typedef int8_t BVec __attribute__((vector_size(VW)));
+  BVec b;
+  std::memcpy(&b, p, sizeof b);
+  return __builtin_convertvector(b, Vec) * scale;
+#endif
+}
+
+// block() for 8-bit weights: the same sums over the dequantised values, block by block of the
+// scales (the blocks are whole vectors, so there is no tail).
+template <int rows, int cols>
+static void block(const float* x, Q8Rows w, float* y, int64_t n_in, int64_t n_out) {
+  Vec acc[rows][cols];
+  for (int r = 0; r < rows; ++r)
+    for (int t = 0; t < cols; ++t) acc[r][t] = Vec{};
+  const int64_t blocks = n_in / w.block;
+  for (int64_t b = 0; b < blocks; ++b) {
+    Vec scale[rows];
+    for (int r = 0; r < rows; ++r) scale[r] = Vec{} + half_to_float(w.d[r * blocks + b]);
+    for (int64_t i = b * w.block; i < (b + 1) * w.block; i += VW) {
+      Vec wv[rows];
+      for (int r = 0; r < rows; ++r) {
+        wv[r] = load(w.q + r * n_in + i, scale[r]);
+        __builtin_prefetch(w.q + r * n_in + i + kPrefetch<int8_t>);
+      }
+      for (int t = 0; t < cols; ++t) {
+        Vec xv = load(x + t * n_in + i);
+        keep_in_register(xv);
+        for (int r = 0; r < rows; ++r) acc[r][t] += wv[r] * xv;
+      }
+    }
+  }
+  for (int r = 0; r < rows; ++r)
+    for (int t = 0; t < cols; ++t) y[t * n_out + r] = sum_lanes(acc[r][t]);
+}
+
+// The last `left` rows of x (fewer than TB) against `rows` rows of w: block<rows, left>. Here and
+// below W is how the rows of w are reached: a pointer to float32 or bfloat16 values, or Q8Rows;
+// `w + k` is w from its k-th value on (k a whole number of rows).
 template <int rows, int cols = TB - 1, typename W>
-static void block_rest(int64_t left, const float* x, const W* w, float* y, int64_t n_in,
+static void block_rest(int64_t left, const float* x, W w, float* y, int64_t n_in,
                        int64_t n_out) {
   if constexpr (cols > 0) {
     if (left == cols) return block<rows, cols>(x, w, y, n_in, n_out);
@@ -178,7 +261,7 @@ static void block_rest(int64_t left, const float* x, const W* w, float* y, int64
 
 // Every row of x (T of them) against `rows` rows of w, TB rows of x at a time.
 template <int rows, typename W>
-static void block_all_x(const float* x, const W* w, float* y, int64_t T, int64_t n_in,
+static void block_all_x(const float* x, W w, float* y, int64_t T, int64_t n_in,
                         int64_t n_out) {
   int64_t t = 0;
   for (; t + TB <= T; t += TB) block<rows, TB>(x + t * n_in, w, y + t * n_out, n_in, n_out);
@@ -187,7 +270,7 @@ static void block_all_x(const float* x, const W* w, float* y, int64_t T, int64_t
 
 // Outputs [o0, o1) of every row.
 template <typename W>
-static void span(const float* x, const W* w, float* y, int64_t T, int64_t n_in,
+static void span(const float* x, W w, float* y, int64_t T, int64_t n_in,
                  int64_t n_out, int64_t o0, int64_t o1) {
   int64_t o = o0;
   for (; o + R <= o1; o += R) block_all_x<R>(x, w + o * n_in, y + o, T, n_in, n_out);
@@ -280,6 +363,39 @@ static ffi::Error FewRows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
 
 SPECJAX_FEW_ROWS(specjax_few_rows, float)
 SPECJAX_FEW_ROWS(specjax_few_rows_bf16, bf16)
+
+// The product with 8-bit weights: values [O, I] int8, scales [O, I / block] float16.
+static ffi::Error FewRowsQ8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                            ffi::Buffer<ffi::S8> values, ffi::Buffer<ffi::F16> scales,
+                            ffi::ResultBuffer<ffi::F32> y) {
+  auto w_dims = values.dimensions(), s_dims = scales.dimensions();
+  if (w_dims.size() != 2 || s_dims.size() != 2 || s_dims[0] != w_dims[0] || s_dims[1] == 0)
+    return ffi::Error::InvalidArgument("values must be [O, I] and scales [O, I / block]");
+  const int64_t n_out = w_dims[0], n_in = w_dims[1], block = n_in / s_dims[1];
+  if (block * s_dims[1] != n_in || block % VW != 0)
+    return ffi::Error::InvalidArgument("the scales' blocks must split I into whole vectors");
+  if (x.element_count() % n_in != 0)
+    return ffi::Error::InvalidArgument("x's last axis must be w's I");
+  const float* xd = x.typed_data();
+  const Q8Rows wd{static_cast<const int8_t*>(values.untyped_data()),
+                  static_cast<const uint16_t*>(scales.untyped_data()), block};
+  float* yd = y->typed_data();
+  const int64_t T = x.element_count() / n_in;
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t chunk = std::max<int64_t>(4 * R, (n_out / (8 * threads) + R - 1) / R * R);
+  parallel_for(pool, (n_out + chunk - 1) / chunk, n_out * n_in, [=](int64_t c) {
+    span(xd, wd, yd, T, n_in, n_out, c * chunk, std::min(n_out, (c + 1) * chunk));
+  });
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_few_rows_q8, FewRowsQ8,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   /* x [..., I] */
+                                  .Arg<ffi::Buffer<ffi::S8>>()    /* values [O, I] */
+                                  .Arg<ffi::Buffer<ffi::F16>>()   /* scales [O, I / block] */
+                                  .Ret<ffi::Buffer<ffi::F32>>()); /* y [..., O] */
 
 // ---------------------------------------------------------------------------------------------
 // Attention of a few queries to a layer's KV cache, reading only the slots in use.

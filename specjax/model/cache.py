@@ -44,7 +44,7 @@ class KVCache:
     @classmethod
     def init(cls, config: ModelConfig, batch: int, slots: int, dtype=None,
              first: int = 0) -> "KVCache":
-        dtype = dtype or jnp.dtype(config.dtype)
+        dtype = dtype or jnp.dtype(config.compute_dtype)
         k_shape = (batch, config.n_kv_heads, config.head_dim, slots)
         v_shape = (batch, config.n_kv_heads, slots, config.head_dim)
         return cls(tuple(jnp.zeros(k_shape, dtype) for _ in range(config.n_layers)),

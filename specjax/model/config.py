@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 ARCHITECTURES = ("gpt2", "llama")
+DTYPES = ("float32", "bfloat16", "int8")
 _LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
                 "gelu": "gelu", "silu": "silu", "swish": "silu"}
@@ -52,7 +53,9 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     model_type: str = ""           # the original Hugging Face model_type
-    dtype: str = "float32"         # parameter and compute dtype: "float32" or "bfloat16"
+    # The weights' dtype: "float32", "bfloat16" (also the activations' and the cache's), or
+    # "int8" (8-bit matrices, `specjax.model.quant`; activations and cache float32).
+    dtype: str = "float32"
 
     def __post_init__(self):
         if self.arch not in ARCHITECTURES:
@@ -66,8 +69,13 @@ class ModelConfig:
             raise ConfigError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if self.arch == "llama" and self.head_dim % 2:
             raise ConfigError(f"RoPE needs an even head_dim, got {self.head_dim}")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ConfigError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+
+    @property
+    def compute_dtype(self) -> str:
+        """The activations' and the KV cache's dtype: the weights' own, float32 for int8."""
+        return "float32" if self.dtype == "int8" else self.dtype
 
     @property
     def n_groups(self) -> int:

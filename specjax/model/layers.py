@@ -17,6 +17,7 @@ from jax import lax
 from specjax.model.cache import TreeAttention, attention_mask, windows
 from specjax.model.config import ModelConfig
 from specjax.model.linear import attention_uses_kernel, few_query_attention
+from specjax.model.quant import Int8Weight, rows
 
 
 def lookup(table: jax.Array, ids: jax.Array) -> jax.Array:
@@ -24,7 +25,10 @@ def lookup(table: jax.Array, ids: jax.Array) -> jax.Array:
     bits: XLA's CPU backend has no bfloat16 gather, so it converted the whole table to float32
     first, and in a decoding loop it hoists that out, making one float32 copy of the table per
     call (SmolLM2's 49,152 x 576 embeddings: 3.3 ms). The bits, and so the values, are the
-    same."""
+    same. An 8-bit table (`specjax.model.quant.Int8Weight`) gives its rows dequantised to
+    float32."""
+    if isinstance(table, Int8Weight):
+        return rows(table, ids)
     if jnp.dtype(table.dtype).itemsize != 2 or not jnp.issubdtype(table.dtype, jnp.floating):
         return table[ids]
     return lax.bitcast_convert_type(lax.bitcast_convert_type(table, jnp.uint16)[ids],

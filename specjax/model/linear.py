@@ -7,7 +7,7 @@ depends on how many rows x has, which is static under `jit`:
 
 | rows | who calls                                | formulation                                 |
 |------|------------------------------------------|---------------------------------------------|
-| 1    | a decoding step                          | XLA's mat-vec (bfloat16 weights: the kernel) |
+| 1    | a decoding step                          | XLA's mat-vec (bf16, int8 weights: the kernel) |
 | 2-32 | verify calls (a chain or tree of drafts) | the few-row kernel                          |
 | more | prefill, training, large batches         | XLA's dot (a GEMM)                          |
 
@@ -23,6 +23,11 @@ memory's speed (its bf16 mat-vec is slower than its float32 one over twice the b
 bfloat16 weights the kernel takes one-row calls too. It widens each weight to float32 as it
 loads it and sums in float32; x is cast to float32 first and the result to the output dtype
 (`FEW_ROWS`).
+
+8-bit weights (`specjax.model.quant.Int8Weight`: int8 values, a float16 scale per block of 32
+inputs) read a quarter of float32's bytes. The kernel takes them for 1-32 rows
+(`INT8_ROWS`), dequantising each value as it loads it; XLA has no such product, so past 32
+rows, and wherever the kernel does not run, XLA's dot multiplies the dequantised weights.
 
 Attention to the KV cache (`layers.attend_cache`) of a call on at most 32 tokens (`FEW_QUERIES`:
 decoding steps and verify calls, one token included) uses the few-query attention kernel,
@@ -58,9 +63,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["ATTENTION_TARGET", "FEW_QUERIES", "FEW_ROWS", "KERNEL_DTYPES", "PRODUCT_TARGET",
-           "TARGETS", "attention_uses_kernel", "few_query_attention", "few_rows", "linear",
-           "mark_registered", "registered", "switch", "use_kernels", "xla_products"]
+from specjax.model.quant import Int8Weight, dequantize
+
+__all__ = ["ATTENTION_TARGET", "FEW_QUERIES", "FEW_ROWS", "INT8_ROWS", "INT8_TARGET",
+           "KERNEL_BLOCK", "KERNEL_DTYPES", "PRODUCT_TARGET", "TARGETS", "attention_uses_kernel",
+           "few_query_attention", "few_rows", "linear", "mark_registered", "product_int8",
+           "registered", "switch", "use_kernels", "xla_products"]
 
 # The numbers of rows (all leading axes of x together) that the few-row kernel computes, for
 # float32 weights; for bfloat16 weights one row too (`few_rows`).
@@ -75,7 +83,14 @@ KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 # bfloat16 twins (the target's name plus "_bf16").
 PRODUCT_TARGET = "specjax_few_rows"
 ATTENTION_TARGET = "specjax_few_query_attention"
-TARGETS = (PRODUCT_TARGET, PRODUCT_TARGET + "_bf16", ATTENTION_TARGET, ATTENTION_TARGET + "_bf16")
+INT8_TARGET = PRODUCT_TARGET + "_q8"
+TARGETS = (PRODUCT_TARGET, PRODUCT_TARGET + "_bf16", INT8_TARGET, ATTENTION_TARGET,
+           ATTENTION_TARGET + "_bf16")
+
+# 8-bit weights take the kernel for one row too (XLA would read a float32 copy), and their
+# blocks must be whole vectors of the widest kernel (16 floats, AVX-512).
+INT8_ROWS = range(1, 33)
+KERNEL_BLOCK = 16
 
 _registered = False
 _switch: bool | None = None       # None: on once registered
@@ -120,8 +135,11 @@ def few_rows(weight_dtype) -> range:
     return range(1, 33) if jnp.dtype(weight_dtype) == jnp.bfloat16 else FEW_ROWS
 
 
-def linear(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
-    """x [..., I] times w [O, I] over I -> [..., O] (in out_dtype, else x's dtype)."""
+def linear(x: jax.Array, w: jax.Array | Int8Weight, out_dtype=None) -> jax.Array:
+    """x [..., I] times w [O, I] over I -> [..., O] (in out_dtype, else x's dtype). w may be
+    an `Int8Weight` (`specjax.model.quant`): its dequantised weights."""
+    if isinstance(w, Int8Weight):
+        return _linear_int8(x, w, out_dtype)
     if math.prod(x.shape[:-1]) in few_rows(w.dtype) and _kernels_apply(x.dtype, w.dtype,
                                                                         out_dtype or x.dtype):
         def kernel(x, w):
@@ -129,6 +147,32 @@ def linear(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
         return lax.platform_dependent(x, w, cpu=kernel,
                                       default=lambda x, w: _dot(x, w, out_dtype))
     return _dot(x, w, out_dtype)
+
+
+def _linear_int8(x, w: Int8Weight, out_dtype):
+    """`linear` with 8-bit weights: the few-row kernel for 1-32 rows (it dequantises as it
+    reads, a quarter of float32's bytes), else XLA's dot on the dequantised weights (prefill,
+    which is compute-bound; and every width without the kernels, where a step pays for writing
+    and reading the float32 copy)."""
+    dtype = out_dtype or x.dtype
+    if (math.prod(x.shape[:-1]) in INT8_ROWS and w.block % KERNEL_BLOCK == 0
+            and _kernels_apply(x.dtype, dtype)):
+        def kernel(x, values, scales):
+            return product_int8(x.astype(jnp.float32), values, scales).astype(dtype)
+
+        def default(x, values, scales):
+            return _dot(x, dequantize(Int8Weight(values, scales)), out_dtype)
+        return lax.platform_dependent(x, w.values, w.scales, cpu=kernel, default=default)
+    return _dot(x, dequantize(w), out_dtype)
+
+
+def product_int8(x: jax.Array, values: jax.Array, scales: jax.Array) -> jax.Array:
+    """The few-row kernel on 8-bit weights: x [..., I] float32, values [O, I] int8, scales
+    [O, I / B] float16 (B a multiple of `KERNEL_BLOCK`) -> [..., O] float32, the float32
+    kernel's bits on the dequantised weights (CPU, the targets registered; not
+    differentiable: 8-bit weights are for inference)."""
+    out = jax.ShapeDtypeStruct((*x.shape[:-1], values.shape[0]), jnp.float32)
+    return jax.ffi.ffi_call(INT8_TARGET, out, vmap_method="sequential")(x, values, scales)
 
 
 def attention_uses_kernel(q, cache_k, cache_v) -> bool:

@@ -53,6 +53,7 @@ from specjax.model.layers import (
     rope_tables,
 )
 from specjax.model.linear import linear
+from specjax.model.quant import quantize_params
 
 Params = dict
 
@@ -282,7 +283,7 @@ def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> Param
                                     is_leaf=is_shape)
     leaves, treedef = jax.tree.flatten_with_path(shapes, is_leaf=is_shape)
     keys = jax.random.split(key, len(leaves))
-    dtype = jnp.dtype(config.dtype)
+    dtype = jnp.dtype(config.compute_dtype)
 
     def init(path, shape, k):
         name = jax.tree_util.keystr(path)
@@ -293,7 +294,8 @@ def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> Param
         return (std * draw_normal(path[-1].key, shape, k)).astype(dtype)
 
     params = jax.tree.unflatten(treedef, [init(p, s, k) for (p, s), k in zip(leaves, keys)])
-    return dict(params, layers=unstack_layers(params["layers"], config.n_layers))
+    params = dict(params, layers=unstack_layers(params["layers"], config.n_layers))
+    return quantize_params(params) if config.dtype == "int8" else params
 
 
 # Matrices are drawn in the [in, out] layout specjax stored before it stored them [out, in], and
@@ -323,6 +325,9 @@ def unstack_layers(stacked: dict, n_layers: int) -> list[dict]:
 
 
 def cast_params(params: Params, dtype) -> Params:
+    """Every parameter in `dtype` ("int8": the matrices quantised, `specjax.model.quant`)."""
+    if jnp.dtype(dtype) == jnp.int8:
+        return quantize_params(params)
     return jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
 
 
