@@ -35,14 +35,15 @@ import specjax
 from specjax import kernels
 from specjax.model.cache import KVCache
 from specjax.model.linear import use_kernels
+from specjax.model.quant import Int8Weight, dequantize
 from specjax.model.transformer import count_params, forward
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="a checkpoint directory (default: a random Llama)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                        help="the weights' and the cache's dtype")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "int8"), default="float32",
+                        help="the weights' dtype (and the cache's, but for int8: float32)")
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--d-model", type=int, default=768)
     parser.add_argument("--heads", type=int, default=12)
@@ -115,7 +116,9 @@ def main():
     def timed(t):
         return median_time(compiled(t)) / repeats
 
-    weight_bytes = jnp.dtype(args.dtype).itemsize * count_params(params)
+    # What a step reads: every parameter's bytes (int8: values and scales), the embeddings
+    # counted once (a tied head reads them; an untied one is its own).
+    weight_bytes = sum(a.nbytes for a in jax.tree.leaves(params))
     decode, verify = timed(1), timed(args.k + 1)
     numpy_time = median_time(numpy_matvecs(params, config))
     print(f"config: {config.n_layers} layers, D={config.d_model}, N={config.n_heads}, "
@@ -213,17 +216,18 @@ def time_drafter(directory, model, repeats, median_time, slots, filled):
 
 
 def numpy_matvecs(params, config):
-    """One vector through every weight matrix, as [out, in] float32 numpy arrays, and through
-    the LM head (embeddings are a lookup, so the head is their only mat-vec)."""
+    """One vector through every weight matrix, as [out, in] float32 numpy arrays (8-bit ones
+    dequantised), and through the LM head (embeddings are a lookup, so the head is their only
+    mat-vec)."""
     def as_matrix(name, a):      # [out, in]: wq/wk/wv are [heads, H, D], wo is [D, N, H]
-        a = np.asarray(a, np.float32)
+        a = np.asarray(dequantize(a) if isinstance(a, Int8Weight) else a, np.float32)
         return a.reshape(-1, a.shape[-1]) if name in ("wq", "wk", "wv") else a.reshape(a.shape[0], -1)
 
     matrices = [as_matrix(name, a) for layer in params["layers"]
                 for name, a in sorted(layer.items()) if name.startswith("w")]
     inputs = [np.ones(w.shape[1], np.float32) for w in matrices]
-    head = np.asarray(params["embed"] if config.tie_embeddings else params["lm_head"],
-                      np.float32)                                               # [V, D]
+    head = as_matrix("head", params["embed"] if config.tie_embeddings
+                     else params["lm_head"])                                    # [V, D]
     x = np.ones(config.d_model, np.float32)
 
     def run():

@@ -111,6 +111,46 @@ def test_bfloat16_weights_give_the_float32_kernels_bits_on_the_widened_weights()
         product(xb.astype(jnp.float32), w).astype(jnp.bfloat16)))
 
 
+def test_int8_weights_give_the_float32_kernels_bits_on_the_dequantized_weights():
+    # The 8-bit kernel dequantises each value exactly (an int8 times a float16 scale) and sums
+    # in the float32 kernel's order: its products are the float32 kernel's on dequantize(w), bit
+    # for bit, at every width. Blocks of 32 (Q8_0) and a scale per row (I = 48, not a multiple
+    # of 32); I = 1,536 in blocks of 32 as SmolLM2's down projection.
+    from specjax.model.quant import dequantize, quantize
+
+    product = jax.jit(formulations.product)
+    product_int8 = jax.jit(formulations.product_int8)
+    for n_in, n_out, block in ((1536, 100, 32), (48, 37, 48), (64, 300, 32)):
+        x, w = random((32, n_in), 10), quantize(random((n_out, n_in), 11))
+        assert w.block == block and w.scales.dtype == jnp.float16
+        dense = dequantize(w)
+        for rows in (1, 2, 5, 17, 32):
+            ours = np.asarray(product_int8(x[:rows], w.values, w.scales))
+            np.testing.assert_array_equal(ours, np.asarray(product(x[:rows], dense)))
+        # linear() takes the kernel for 1-32 rows and XLA's product of the dequantised weights
+        # past them; the two agree to float32 rounding.
+        np.testing.assert_array_equal(np.asarray(jax.jit(linear)(x[:1], w)),
+                                      np.asarray(product(x[:1], dense)))
+        with xla_products():
+            xla = np.asarray(jax.jit(linear)(x, w))
+        np.testing.assert_allclose(np.asarray(jax.jit(linear)(x, w)), xla, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_picks_the_int8_kernel_for_up_to_32_rows():
+    from specjax.model.quant import quantize
+
+    def formulation_int8(rows, n_in=32):
+        x, w = jnp.ones((1, rows, n_in)), quantize(np.ones((40, n_in), np.float32))
+        text = str(jax.make_jaxpr(lambda x, w: linear(x, w))(x, w))
+        return "kernel" if formulations.INT8_TARGET in text else "xla"
+
+    assert [formulation_int8(rows) for rows in (1, 5, 32, 33)] == \
+        ["kernel", "kernel", "kernel", "xla"]
+    assert formulation_int8(5, n_in=24) == "xla"     # a block of 24: not whole vectors
+    with xla_products():
+        assert formulation_int8(5) == "xla"
+
+
 def test_gradients_through_the_kernel_equal_xlas():
     x, w = random((5, 48), 4), random((20, 48), 5)
     loss = lambda x, w: jnp.sum(jnp.sin(linear(x, w)))   # noqa: E731

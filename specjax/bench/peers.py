@@ -44,7 +44,8 @@ class Peers:
         transformers.logging.disable_progress_bar()
         threads = usable_threads()
         torch.set_num_threads(threads)
-        torch_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
+        # transformers has no 8-bit CPU path without further packages: with int8 it runs float32.
+        torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
         dtype_arg = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
 
         def hf_load(model):
@@ -52,7 +53,8 @@ class Peers:
                 model.path, **{dtype_arg: torch_dtype}).eval()
         notes.append(f"transformers {transformers.__version__} / torch {torch.__version__}: "
                      f"torch.set_num_threads({threads}), the {threads} cores JAX's CPU backend "
-                     "uses; peer speedups are over transformers' own generate")
+                     "uses; peer speedups are over transformers' own generate"
+                     + ("; int8: transformers runs float32" if dtype == "int8" else ""))
         if draft is not None and importlib.util.find_spec("sklearn") is None:
             notes.append("transformers speculative-dynamic: scikit-learn is not installed, so "
                          "assistant_confidence_threshold stays at 0.4 instead of being re-fitted")

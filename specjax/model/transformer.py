@@ -53,7 +53,7 @@ from specjax.model.layers import (
     rope_tables,
 )
 from specjax.model.linear import linear
-from specjax.model.quant import quantize_params
+from specjax.model.quant import Int8Weight, quantize_params
 
 Params = dict
 
@@ -332,4 +332,6 @@ def cast_params(params: Params, dtype) -> Params:
 
 
 def count_params(params: Params) -> int:
-    return int(sum(np.prod(a.shape) for a in jax.tree.leaves(params)))
+    """The number of weights (an 8-bit matrix's values; its scales are not weights)."""
+    leaves = jax.tree.leaves(params, is_leaf=lambda a: isinstance(a, Int8Weight))
+    return int(sum(np.prod(a.shape) for a in leaves))
