@@ -243,21 +243,22 @@ def test_each_method_owns_its_state(models):
     assert len(set(map(str, shared.values()))) == 1, shared
 
 
-def test_bfloat16_greedy_equality_for_every_method_batched_and_alone():
-    # In bfloat16 every call of up to 32 tokens, the one-token step included, runs on the
-    # kernels, whose rows get the same bits at every width: so a verify call scores each token
-    # exactly as the autoregressive step does, and greedy speculation must reproduce
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_low_precision_greedy_equality_for_every_method_batched_and_alone(dtype):
+    # In bfloat16 and int8 every call of up to 32 tokens, the one-token step included, runs on
+    # the kernels, whose rows get the same bits at every width: so a verify call scores each
+    # token exactly as the autoregressive step does, and greedy speculation must reproduce
     # autoregressive greedy decoding token for token, as in float32.
     import dataclasses
 
     from specjax.testing.law import llama_config
 
     def model(layers, seed):
-        config = dataclasses.replace(llama_config(8, layers=layers), dtype="bfloat16")
+        config = dataclasses.replace(llama_config(8, layers=layers), dtype=dtype)
         return specjax.random_model(config, seed=seed, std=0.5)
 
     target, draft = model(2, 1), model(1, 2)
-    assert target.params["embed"].dtype == jax.numpy.bfloat16
+    assert target.params["embed"].dtype == jax.numpy.dtype(dtype)
     kwargs = dict(max_new_tokens=16, temperature=0.0, eos_ids=())
     want = generate(target, PROMPTS, **kwargs).tokens
     for method, extra in (("speculative", dict(draft=draft, k=3)),
@@ -268,13 +269,14 @@ def test_bfloat16_greedy_equality_for_every_method_batched_and_alone():
     assert alone.tokens == want[:1]
 
 
-def test_bfloat16_greedy_equality_for_medusa_and_eagle_batched_and_alone():
-    # The embedded target in bfloat16 with its shipped Medusa heads and EAGLE drafter (kept in
-    # float32): their verify calls score every token as the bfloat16 autoregressive step does.
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_low_precision_greedy_equality_for_medusa_and_eagle_batched_and_alone(dtype):
+    # The embedded target in bfloat16 or int8 with its shipped Medusa heads and EAGLE drafter
+    # (kept in float32): their verify calls score every token as the autoregressive step does.
     from pathlib import Path
 
     weights = Path(specjax.__file__).resolve().parent.parent / "weights"
-    target = specjax.load(weights / "llama-target", dtype="bfloat16")
+    target = specjax.load(weights / "llama-target", dtype=dtype)
     heads, drafter = specjax.load(weights / "llama-medusa"), specjax.load(weights / "llama-eagle")
     prompts = ["def add(a, b):", "class Stack:\n    def"]
     kwargs = dict(max_new_tokens=16, temperature=0.0)

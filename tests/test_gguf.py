@@ -272,6 +272,78 @@ def test_quantized_tensors_are_dequantized_in_torch_layout(tmp_path):
         assert np.abs(got[name] - sd[name]).max() < tol, name  # quantization error only, rows in HF order
 
 
+def test_q8_0_gguf_loads_as_int8_as_stored_and_other_matrices_are_quantized_as_ggml_does(tmp_path):
+    # Every matrix Q8_0 but one layer's up projection, left float32. load(dtype="int8") takes
+    # the Q8_0 tensors' bytes as they are (q and k rows back in Hugging Face order): their
+    # dequantised weights are exactly what dequantising the file gives, which is what the
+    # float32 load holds. The float32 matrix is quantised at load to the very bytes the gguf
+    # package's Q8_0 quantiser (ggml's reference) writes.
+    import specjax
+    from specjax.model.quant import Int8Weight, dequantize
+
+    model = tiny_llama(num_kv_heads=2, tied=False)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    matrices = [f"blk.{i}.{m}.weight" for i in (0, 1) for m in
+                ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")]
+    quant = {name: q8 for name in (*matrices, "token_embd.weight", "output.weight")
+             if name != "blk.1.ffn_up.weight"}
+    write_gguf(tmp_path / "q8.gguf", model, quant=quant)
+    int8, float32 = (specjax.load(tmp_path / "q8.gguf", dtype=d) for d in ("int8", "float32"))
+    assert int8.config.dtype == "int8" and int8.config.compute_dtype == "float32"
+    pairs = [(int8.params[n], float32.params[n]) for n in ("embed", "lm_head")]
+    pairs += [(a[n], b[n]) for i, (a, b) in enumerate(zip(int8.params["layers"],
+                                                          float32.params["layers"]))
+              for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down") if (i, n) != (1, "w_up")]
+    for ours, dequantized in pairs:
+        assert isinstance(ours, Int8Weight) and ours.block == 32
+        np.testing.assert_array_equal(np.asarray(dequantize(ours)), np.asarray(dequantized))
+    # The embeddings are the file's bytes: the scale (2 bytes) then 32 values, block by block.
+    raw = next(t for t in gguf.GGUFReader(tmp_path / "q8.gguf").tensors
+               if t.name == "token_embd.weight").data.reshape(-1, 34)
+    embed = int8.params["embed"]
+    np.testing.assert_array_equal(np.asarray(embed.scales).reshape(-1), raw[:, :2].copy().view(np.float16)[:, 0])
+    np.testing.assert_array_equal(np.asarray(embed.values).reshape(-1, 32), raw[:, 2:].view(np.int8))
+    up = model.state_dict()["model.layers.1.mlp.up_proj.weight"].numpy()
+    stored = gguf.quants.quantize(up, q8).reshape(-1, 34)
+    ours = int8.params["layers"][1]["w_up"]
+    np.testing.assert_array_equal(np.asarray(ours.scales).reshape(-1), stored[:, :2].copy().view(np.float16)[:, 0])
+    np.testing.assert_array_equal(np.asarray(ours.values).reshape(-1, 32), stored[:, 2:].view(np.int8))
+    # And the int8 model runs the float32 model of its dequantised weights (to float32
+    # rounding: the kernel's sums and XLA's are in different orders).
+    import jax
+
+    dense = jax.tree.map(lambda a: dequantize(a) if isinstance(a, Int8Weight) else a,
+                         int8.params, is_leaf=lambda a: isinstance(a, Int8Weight))
+    ids = np.array([[5, 17, 200, 3, 3, 99]])
+    logits = [np.asarray(specjax.forward(p, c, ids, np.arange(6)[None])[0])
+              for p, c in ((int8.params, int8.config), (dense, float32.config))]
+    np.testing.assert_allclose(*logits, rtol=1e-5, atol=1e-5)
+
+
+def test_int8_quantizer_is_ggmls_q8_0_to_the_bit():
+    # Random rows, a block of zeros, values exactly halfway between two steps (rounded away
+    # from zero, as ggml's roundf does; numpy's round would go to even), and a per-row scale
+    # where the inputs do not split into blocks of 32.
+    from specjax.model.quant import quantize
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 96)).astype(np.float32) * np.float32(3)
+    w[1, 32:64] = 0
+    w[2, :32] = np.arange(32, dtype=np.float32) - 15.5       # scale 16.5/127: halves land on .5
+    w[2, 0] = 127 / 8
+    w[2, 1:32] = (np.arange(1, 32, dtype=np.float32) + 0.5) / 8
+    stored = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0).reshape(-1, 34)
+    ours = quantize(w)
+    np.testing.assert_array_equal(np.asarray(ours.values).reshape(-1, 32), stored[:, 2:].view(np.int8))
+    np.testing.assert_array_equal(np.asarray(ours.scales).reshape(-1),
+                                  stored[:, :2].copy().view(np.float16)[:, 0])
+    assert np.any(np.abs(np.asarray(ours.values))[2, 1:32] % 2 == 1)   # some halves went up
+    per_row = quantize(w[:, :40])
+    assert per_row.block == 40 and per_row.scales.shape == (6, 1)
+    np.testing.assert_allclose(np.asarray(per_row.scales, np.float32)[:, 0],
+                               np.abs(w[:, :40]).max(axis=1) / 127, rtol=1e-3)
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors name the file
 # ---------------------------------------------------------------------------------------------
