@@ -17,6 +17,10 @@ Negative controls. The same test, same seeds and sample size, must REJECT (p < t
 per-case level) each deliberately broken sampler below; this shows the test has the power to
 see those bugs, which are the ones found in public speculative-sampling code.
 
+Precisions. A chain, a static tree and EAGLE's dynamic tree run again with the pair in bfloat16
+and in int8 (8-bit matrices), each against the exact law of the target in that precision, with
+a negative control of each family in each precision: Theorem 1 is about the model that runs.
+
 Token trees draw N = 30,000 samples per case: a tree call feeds several times the tokens of a
 chain, and at 30,000 every tree negative control below is rejected with p < 1e-100 (measured;
 the weakest, without-replacement draws verified as i.i.d., at p = 5e-134), so a larger sample
@@ -33,6 +37,7 @@ import pytest
 import specjax
 from specjax.api.generate import generate, prepare
 from specjax.decoding import loop
+from specjax.model.transformer import Model, cast_params
 from specjax.sampling import rejection, rules
 from specjax.sampling.logits import SamplingParams, probs_from_logits, sample
 from specjax.sampling.rules import Rules, propose
@@ -141,6 +146,19 @@ POSITIVE = {
     "speculative-heuristic-top-p": case("speculative", k=3, top_p=0.9, k_schedule="heuristic",
                                         k_start=1),
 }
+# Every precision runs the same samplers on the model that runs (DESIGN.md, "Precision is a
+# property of the loaded model"): the pair in bfloat16 and in int8, each sampled against the
+# exact law of its own target (enumerated with that target), for a chain, a static tree and
+# EAGLE's dynamic tree; the negative controls below include the same three families per
+# precision.
+PRECISIONS = ("bfloat16", "int8")
+for _dtype in PRECISIONS:
+    POSITIVE.update({
+        f"speculative-k2-t1-{_dtype}": dict(case("speculative", k=2), dtype=_dtype),
+        f"tree-2x2-distinct-{_dtype}": dict(tree_case((2, 2)), dtype=_dtype),
+        f"eagle-dynamic-3-2-4-{_dtype}": dict(case("eagle", candidates=None),
+                                             tree=DynamicTree(3, 2, 4), dtype=_dtype),
+    })
 FAMILY_ALPHA = 0.01
 ALPHA = FAMILY_ALPHA / len(POSITIVE)
 
@@ -151,6 +169,18 @@ def models():
 
 
 _LAWS: dict = {}
+_CAST: dict = {}
+
+
+def in_dtype(models, dtype):
+    """The pair with its weights in `dtype` (None: as they are), made once per dtype."""
+    if dtype is None:
+        return models
+    key = (id(models[0]), dtype)
+    if key not in _CAST:
+        _CAST[key] = tuple(Model(m.config.replace(dtype=dtype), cast_params(m.params, dtype))
+                           for m in models)
+    return _CAST[key]
 
 
 def exact_law(target, prompt, sampling: SamplingParams) -> np.ndarray:
@@ -167,7 +197,7 @@ def g_test(samples: np.ndarray, law: np.ndarray) -> float:
 
 
 def draw(models, c, seed=0, rows=None, **hooks) -> tuple[np.ndarray, float]:
-    target, draft = models
+    target, draft = in_dtype(models, c.get("dtype"))
     draft = target if c["draft"] == "target" else draft
     sampling = SamplingParams(c["temperature"], c["top_k"], c["top_p"])
     rows = rows or (N if c["tree"] is None else N_TREE)
@@ -192,7 +222,7 @@ def same_program(cases: dict) -> list:
     def program(c):
         tree = getattr(c["tree"], "paths", c["tree"])
         key = (c["method"], c["k"], tree, c["candidates"], sorted(c["schedule"].items()),
-               c.get("drafter"), c.get("heads"))
+               c.get("drafter"), c.get("heads"), c.get("dtype"))
         return "distribution-" + "".join(ch for ch in repr(key) if ch.isalnum() or ch in ",.-_")
     return [pytest.param(name, marks=pytest.mark.xdist_group(program(c)))
             for name, c in cases.items()]
@@ -379,6 +409,16 @@ NEGATIVE = {
         CONFIDENCE["speculative-confidence-t1"],
         dict(rules=Rules(verify=_stop_before_a_likely_rejection))),
 }
+for _dtype in PRECISIONS:
+    NEGATIVE.update({
+        f"always-accept-{_dtype}": (dict(case("speculative", k=2), dtype=_dtype),
+                                    NEGATIVE["always-accept"][1]),
+        f"tree-residual-not-updated-{_dtype}": (dict(tree_case((3, 1)), dtype=_dtype),
+                                                NEGATIVE["tree-residual-not-updated"][1]),
+        f"eagle-top-tokens-verified-as-sampled-{_dtype}": (
+            dict(tree_case((2, 2), method="eagle"), dtype=_dtype),
+            NEGATIVE["eagle-top-tokens-verified-as-sampled"][1]),
+    })
 
 
 @pytest.mark.parametrize("name", NEGATIVE)

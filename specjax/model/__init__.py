@@ -3,7 +3,8 @@
 `config` (ModelConfig, read from a Hugging Face config.json), `layers` (norms, rotary
 embeddings, attention, MLPs), `cache` (the KV cache: fixed buffers, per-row lengths, masks from
 absolute positions), `linear` (every weight product, and the one place that chooses XLA's
-formulation or a CPU kernel of the `specjax.kernels` plug-in, by target name) and `transformer`
+formulation or a CPU kernel of the `specjax.kernels` plug-in, by target name), `quant` (8-bit
+matrices in GGUF Q8_0's layout: `Int8Weight`, the quantiser, dequantising) and `transformer`
 (the parameter tree, `forward`, and `Model`, what `specjax.load` returns).
 
 Layer: the bottom. It imports jax, numpy and the standard library's pure modules (never

@@ -188,7 +188,12 @@ def _kernels_apply(*dtypes) -> bool:
 
 
 def _dot(x, w, out_dtype):
-    return jnp.einsum("...I,OI->...O", x, w, preferred_element_type=out_dtype)
+    """XLA's product, summed in float32 whatever the operands (as the kernels sum): left to
+    itself, XLA's CPU product of bfloat16 operands rounds partial sums to bfloat16 in a way
+    that depends on the shapes, so a row's numbers changed with the batch it ran in (seen by
+    the bfloat16 distribution tests: 100,000 rows drawn at once against the law of 216)."""
+    out = out_dtype or jnp.result_type(x, w)
+    return jnp.einsum("...I,OI->...O", x, w, preferred_element_type=jnp.float32).astype(out)
 
 
 @jax.custom_jvp

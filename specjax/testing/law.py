@@ -20,9 +20,12 @@ import itertools
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from specjax.api.forward import kernels_as_generate
 from specjax.io import checkpoint
+from specjax.model.cache import KVCache
 from specjax.model.config import ModelConfig
 from specjax.model.transformer import Model, cast_params, draw_normal, forward, init_params
 from specjax.sampling.logits import SamplingParams, probs_from_logits
@@ -55,14 +58,31 @@ def close_pair(vocab=6, std=1.0, noise=0.5, seed=1) -> tuple[Model, Model]:
 def exact_law(target: Model, prompt, sampling: SamplingParams, length: int) -> np.ndarray:
     """P(continuation) under the target for all V^length continuations of `prompt`, in
     lexicographic order, float64: each is the product of the target's next-token probabilities
-    (`probs_from_logits`, the distribution every sampler is exact for) along it."""
-    vocab = target.config.vocab_size
+    (`probs_from_logits`, the distribution every sampler is exact for) along it.
+
+    The probabilities are computed as decoding computes them: the prompt into a KV cache, then
+    one token at a time, with the CPU kernels switched as `generate` switches them. In float32
+    any formulation gives the same law to float32 rounding; in bfloat16 the model that runs is
+    also how its attention is computed (XLA's full-sequence attention rounds the scores to
+    bfloat16, the kernel that decoding reads the cache with sums them in float32), and the law
+    must be that model's."""
+    config = target.config
+    vocab = config.vocab_size
     continuations = np.array(list(itertools.product(range(vocab), repeat=length)), np.int32)
     seqs = np.concatenate([np.tile(np.array(prompt, np.int32), (len(continuations), 1)),
                            continuations], axis=1)                     # [V^length, P + length]
     positions = np.broadcast_to(np.arange(seqs.shape[1]), seqs.shape)
-    logits, _ = forward(target.params, target.config, seqs, positions)
-    probs = np.asarray(probs_from_logits(logits[:, len(prompt) - 1:-1], sampling), np.float64)
+    cache = KVCache.init(config, len(seqs), seqs.shape[1])
+    step = jax.jit(functools.partial(forward, config=config))
+    logits = []
+    with kernels_as_generate():
+        for start, stop in [(0, len(prompt))] + [(t, t + 1) for t in
+                                                  range(len(prompt), seqs.shape[1] - 1)]:
+            out, cache = step(target.params, tokens=seqs[:, start:stop],
+                              positions=positions[:, start:stop], cache=cache)
+            logits.append(out[:, -1])
+    logits = jnp.stack(logits, axis=1)                                  # [V^length, length, V]
+    probs = np.asarray(probs_from_logits(logits, sampling), np.float64)
     picked = np.take_along_axis(probs, continuations[..., None], axis=-1)[..., 0]
     law = picked.prod(axis=1)
     assert abs(law.sum() - 1) < 1e-5
