@@ -10,6 +10,7 @@ docs/gpu.md says how to run on a GPU and what to expect."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import jax
 import pytest
@@ -19,7 +20,7 @@ from specjax.api.generate import prepare
 from specjax.decoding import loop
 from specjax.sampling.tree import DynamicTree, Tree
 from specjax import testing
-from tests.test_distribution import NGRAM_PROMPT, eagle_drafter, medusa_heads
+from tests.test_distribution import NGRAM_PROMPT, eagle_drafter, in_dtype, medusa_heads
 
 METHODS = {
     "autoregressive": dict(method="autoregressive"),
@@ -33,8 +34,11 @@ METHODS = {
 }
 
 
-def request(options):
+def request(options, dtype="float32"):
     pair = testing.pair()
+    if dtype != "float32":
+        pair = in_dtype((pair.target, pair.draft), dtype)
+        pair = SimpleNamespace(target=pair[0], draft=pair[1])
     options = dict(options)
     if options["method"] == "speculative":
         options["draft"] = pair.draft
@@ -72,6 +76,20 @@ def test_decoding_loop_exports_for_gpu_and_tpu(name):
     assert not any(c.startswith("specjax_") for c in custom_calls(text)), custom_calls(text)
     # What a GPU or TPU host would load: the serialised program round-trips.
     assert export.deserialize(exported.serialize()).platforms == ("cuda", "tpu")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_low_precision_programs_export_for_gpu_and_tpu(dtype):
+    # bfloat16 and int8 weights: XLA's products there (int8: of the dequantised weights), no
+    # CPU kernel in the exported module; the CPU program does call the kernels.
+    req = request(METHODS["speculative-chain"], dtype)
+    program, leaves = flat_program(req)
+    text = export.export(program, platforms=("cuda", "tpu"))(*leaves).mlir_module()
+    assert "while" in text
+    assert not any(c.startswith("specjax_") for c in custom_calls(text)), custom_calls(text)
+    cpu = loop.programs(req.spec)[2].lower(req.weights, *req.inputs).as_text()
+    kernel = "specjax_few_rows_q8" if dtype == "int8" else "specjax_few_rows_bf16"
+    assert kernel in custom_calls(cpu)
 
 
 def test_the_cpu_program_calls_the_kernels_and_cannot_be_exported():

@@ -17,7 +17,7 @@ from specjax import kernels, testing
 from specjax.api.generate import GenerationError, prepare
 from specjax.decoding import loop
 from specjax.model import linear
-from tests.test_distribution import NGRAM_PROMPT, eagle_drafter
+from tests.test_distribution import NGRAM_PROMPT, eagle_drafter, in_dtype
 
 PROMPTS = [list(NGRAM_PROMPT), list(NGRAM_PROMPT[:5]), [3, 1]]
 
@@ -45,6 +45,21 @@ def test_greedy_tokens_are_the_same_with_the_kernels_on_and_off(method):
     name = method.split("-")[0]
     on, off = (specjax.generate(target, PROMPTS, method=name, max_new_tokens=12,
                                 temperature=0.0, eos_ids=(), kernels=k, **options(method))
+               for k in (True, False))
+    assert on.tokens == off.tokens
+    assert on.stats.target_calls == off.stats.target_calls
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_low_precision_greedy_tokens_are_the_same_with_the_kernels_on_and_off(dtype):
+    # The kernels' path per dtype (int8: the 8-bit kernel; off: XLA's product of the
+    # dequantised weights) against XLA's, through a chain's verify calls.
+    if not kernels.ensure():
+        pytest.skip("the kernels cannot be built here (no C++ compiler)")
+    pair = testing.pair()
+    target, draft = in_dtype((pair.target, pair.draft), dtype)
+    on, off = (specjax.generate(target, PROMPTS, method="speculative", draft=draft, k=3,
+                                max_new_tokens=12, temperature=0.0, eos_ids=(), kernels=k)
                for k in (True, False))
     assert on.tokens == off.tokens
     assert on.stats.target_calls == off.stats.target_calls
