@@ -860,6 +860,12 @@ def test_llama_cpp_peer_greedy_text_equals_specjax_on_the_same_weights(quantized
     rows = {(r["engine"], r["method"]): r for r in suite._rows(jobs, settings)}
     for engine in ("specjax", "llama.cpp"):
         row = rows[engine, "autoregressive"]
-        assert row["prompt_tokens_per_second"] > 0 and row["decode_tokens_per_second"] > 0
+        assert row["prompt_tokens_per_second"] > 0
+    # llama.cpp's decode speed is its own timing; specjax's is the run's time past its separate
+    # prefill job's, which on a loaded machine (the suite's other worker) can be none at all on
+    # 12 tiny tokens: then it is reported as unknown, never as a wrong number.
+    assert rows["llama.cpp", "autoregressive"]["decode_tokens_per_second"] > 0
+    decode = rows["specjax", "autoregressive"]["decode_tokens_per_second"]
+    assert decode is None or decode > 0
     assert rows["llama.cpp", "ngram"]["same_tokens_as_specjax_autoregressive"] is None
     assert rows["specjax", "ngram"]["same_tokens_as_specjax_autoregressive"] is True

@@ -39,7 +39,9 @@ from specjax.io import chat as chat_template
 from specjax.io.eagle import save_drafter
 from specjax.presets import DEFAULT_PRESET, PRESETS, CLIError, load_model, model_paths
 from specjax.sampling.logits import SamplingParams
-from specjax.train import data, eagle3
+from specjax.io.medusa import save_heads
+from specjax.io.published import HEADS_FORMATS
+from specjax.train import data, eagle3, medusa
 from specjax.train import prompts as prompt_sets
 
 DESCRIPTION = __doc__
@@ -81,24 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          description=DESCRIPTION,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     _target_arguments(p)
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompts", metavar="FILE",
-                        help=".jsonl (strings, {prompt}, or {messages}) or text, one prompt a "
-                             "line")
-    source.add_argument("--data", metavar="DIR",
-                        help="continuations made by `train data` (its held-out prompts "
-                             "evaluate the drafter)")
-    p.add_argument("--chat", action="store_true", help="wrap plain prompts in the chat template")
-    p.add_argument("--out", required=True, metavar="DIR", help="where the drafter is written")
-    p.add_argument("--work", metavar="DIR",
-                   help="the run's data and checkpoints (default: OUT.work); resumes from it")
+    _data_arguments(p)
     p.add_argument("--format", default="eagle", choices=FORMATS,
                    help="the layout written (default: the EAGLE repo's)")
-    p.add_argument("--held-out", type=int, default=8, metavar="N",
-                   help="the last N prompts are not trained on; they evaluate it (default 8)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="continuation length")
-    p.add_argument("--data-temperature", type=float, default=0.0,
-                   help="the continuations' temperature (default 0: greedy)")
     p.add_argument("--taps", metavar="A,B,C",
                    help="the target's layer counts to read (default 2, L // 2, L - 3)")
     p.add_argument("--features", metavar="DIR",
@@ -113,6 +100,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(defaults, name),
                        help=f"default {getattr(defaults, name)}")
     p.set_defaults(run=run_train, draft=None)
+
+    m = kinds.add_parser("medusa", help="published Medusa-1 heads (FasterDecoding's layout)",
+                         description=DESCRIPTION,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    _target_arguments(m)
+    _data_arguments(m)
+    m.add_argument("--format", default="medusa", choices=HEADS_FORMATS,
+                   help="the layout written (default: FasterDecoding's; head subset needs "
+                        "specjax's)")
+    defaults = medusa.TrainConfig()
+    for name, kind in (("steps", int), ("batch", int), ("learning_rate", float),
+                       ("warmup", int), ("heads", int), ("blocks", int), ("decay", float),
+                       ("clip", float), ("subset", int), ("seed", int),
+                       ("checkpoint_every", int)):
+        m.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(defaults, name),
+                       help=f"default {getattr(defaults, name)}")
+    m.add_argument("--head", choices=("own", "subset"), default=defaults.head,
+                   help="own: each head its own LM head (Medusa-1, default); subset: the "
+                        "target's LM-head rows for the --subset most frequent ids")
+    m.set_defaults(run=run_medusa, draft=None)
+
+
+def _data_arguments(p: argparse.ArgumentParser) -> None:
+    """Where a trainer's data comes from, where it writes, and how it evaluates."""
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompts", metavar="FILE",
+                        help=".jsonl (strings, {prompt}, or {messages}) or text, one prompt a "
+                             "line")
+    source.add_argument("--data", metavar="DIR",
+                        help="continuations made by `train data` (its held-out prompts "
+                             "evaluate the result)")
+    p.add_argument("--chat", action="store_true", help="wrap plain prompts in the chat template")
+    p.add_argument("--out", required=True, metavar="DIR", help="where the result is written")
+    p.add_argument("--work", metavar="DIR",
+                   help="the run's data and checkpoints (default: OUT.work); resumes from it")
+    p.add_argument("--held-out", type=int, default=8, metavar="N",
+                   help="the last N prompts are not trained on; they evaluate it (default 8)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="continuation length")
+    p.add_argument("--data-temperature", type=float, default=0.0,
+                   help="the continuations' temperature (default 0: greedy)")
 
 
 def read_prompts(path: Path, target, chat: bool) -> list:
@@ -177,10 +204,7 @@ def run_train(args) -> int:
     config = eagle3.TrainConfig(**{k: getattr(args, k) for k in (
         "steps", "batch", "learning_rate", "warmup", "unroll", "decay", "clip", "draft_vocab",
         "seed", "checkpoint_every")})
-    if args.max_new_tokens < 1:
-        raise CLIError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.held_out < 0:
-        raise CLIError(f"--held-out must be >= 0, got {args.held_out}")
+    _check_data_arguments(args)
     target_path, _, _ = model_paths(args, want_draft=False)
     target = load_model(target_path, "float32")
     if target.config.arch != "llama":
@@ -194,25 +218,9 @@ def run_train(args) -> int:
             raise CLIError(f"--taps must be comma-separated layer counts, got {args.taps!r}") \
                 from None
     taps = eagle3.resolve_taps(target, taps)        # before hours of data and features
-    out = Path(args.out)
-    work = Path(args.work) if args.work else out.with_name(out.name + ".work")
+    out, work = _out_and_work(args)
     started = time.time()
-    if args.data:
-        try:
-            sequences, held_out = data.read(args.data, target)
-        except eagle3.TrainError as e:
-            raise CLIError(str(e)) from None
-    else:
-        prompts = read_prompts(Path(args.prompts), target, args.chat)
-        if len(prompts) <= args.held_out:
-            raise CLIError(f"--prompts {args.prompts} has {len(prompts)} prompt(s); --held-out "
-                           f"{args.held_out} leaves none to train on")
-        train_prompts = prompts[:len(prompts) - args.held_out]
-        held_out = prompts[len(prompts) - args.held_out:]
-        sequences = _sequences(work, target, train_prompts, args)
-    print(f"data: {len(sequences.length)} sequences, "
-          f"{int(np.sum(sequences.length - sequences.prompt_length))} generated tokens",
-          flush=True)
+    sequences, held_out = _training_data(args, target, work)
     features = _features(target, sequences, taps, args)
     every = max(1, config.steps // 20)
 
@@ -244,6 +252,91 @@ def run_train(args) -> int:
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     print(out)
     return 0
+
+
+def run_medusa(args) -> int:
+    config = medusa.TrainConfig(**{k: getattr(args, k) for k in (
+        "steps", "batch", "learning_rate", "warmup", "heads", "blocks", "head", "subset",
+        "decay", "clip", "seed", "checkpoint_every")})
+    if config.head == "subset" and args.format == "medusa":
+        raise CLIError("--format medusa (FasterDecoding's) holds heads with their own LM heads; "
+                       "--head subset needs --format specjax")
+    _check_data_arguments(args)
+    target_path, _, _ = model_paths(args, want_draft=False)
+    target = load_model(target_path, "float32")
+    out, work = _out_and_work(args)
+    started = time.time()
+    sequences, held_out = _training_data(args, target, work)
+    # The heads read only the final-normed states; the one tap (the embeddings) is the
+    # cheapest `features` computes.
+    args.features, args.features_dtype = None, "float32"
+    states = _features(target, sequences, (0,), args)
+    every = max(1, config.steps // 20)
+
+    def progress(step, parts):
+        if step % every == 0 or step == config.steps:
+            by_head = " ".join(f"{loss:.3f}/{accuracy:.2f}" for loss, accuracy in parts)
+            print(f"step {step}/{config.steps}: loss/accuracy by head {by_head} "
+                  f"({time.time() - started:.0f} s)", flush=True)
+
+    try:
+        heads = medusa.train(target, states, config, checkpoint=work / "checkpoint",
+                             progress=progress)
+    except eagle3.TrainError as e:
+        raise CLIError(str(e)) from None
+    save_heads(heads, out, format=args.format)
+    log = {"target": str(target_path), "format": args.format, "config": vars(config),
+           "train_sequences": int(len(sequences.length)), "held_out_prompts": len(held_out),
+           "seconds": round(time.time() - started, 1)}
+    if held_out:
+        for temperature in (0.0, 1.0):
+            result = generate(target, held_out, method="medusa", heads=heads,
+                              max_new_tokens=args.max_new_tokens, temperature=temperature,
+                              seed=args.seed)
+            log[f"tokens_per_target_call_t{temperature:g}"] = round(
+                result.stats.tokens_per_target_call, 3)
+            log[f"acceptance_by_position_t{temperature:g}"] = [
+                None if a is None else round(float(a), 3)     # a depth never reached
+                for a in result.stats.acceptance_by_position]
+        print(f"held out: {log['tokens_per_target_call_t0']} tokens per target call at "
+              f"temperature 0, {log['tokens_per_target_call_t1']} at 1", flush=True)
+    (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    print(out)
+    return 0
+
+
+def _check_data_arguments(args) -> None:
+    if args.max_new_tokens < 1:
+        raise CLIError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.held_out < 0:
+        raise CLIError(f"--held-out must be >= 0, got {args.held_out}")
+
+
+def _out_and_work(args) -> tuple[Path, Path]:
+    out = Path(args.out)
+    return out, Path(args.work) if args.work else out.with_name(out.name + ".work")
+
+
+def _training_data(args, target, work: Path):
+    """(the sequences to train on, the held-out prompts): `train data`'s shards (--data), or
+    the continuations of --prompts made here, kept in `work`."""
+    if args.data:
+        try:
+            sequences, held_out = data.read(args.data, target)
+        except eagle3.TrainError as e:
+            raise CLIError(str(e)) from None
+    else:
+        prompts = read_prompts(Path(args.prompts), target, args.chat)
+        if len(prompts) <= args.held_out:
+            raise CLIError(f"--prompts {args.prompts} has {len(prompts)} prompt(s); --held-out "
+                           f"{args.held_out} leaves none to train on")
+        train_prompts = prompts[:len(prompts) - args.held_out]
+        held_out = prompts[len(prompts) - args.held_out:]
+        sequences = _sequences(work, target, train_prompts, args)
+    print(f"data: {len(sequences.length)} sequences, "
+          f"{int(np.sum(sequences.length - sequences.prompt_length))} generated tokens",
+          flush=True)
+    return sequences, held_out
 
 
 def _features(target, sequences, taps, args) -> eagle3.Features:

@@ -8,5 +8,10 @@ specjax[train]`).
     drafter = eagle3.train(target, data, eagle3.TrainConfig(steps=2000), checkpoint="run/")
     specjax.save_drafter(drafter, "out", format="eagle")     # the EAGLE repo's layout
 
-`python -m specjax train eagle3` runs the same stages from the command line (docs/training.md).
+    from specjax.train import medusa                          # Medusa-1 heads, same features
+    heads = medusa.train(target, data, medusa.TrainConfig(steps=500), checkpoint="run2/")
+    specjax.save_heads(heads, "out2", format="medusa")       # FasterDecoding's layout
+
+`python -m specjax train data | eagle3 | medusa` runs the same stages from the command line
+(docs/training.md).
 """

@@ -38,8 +38,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
-import time
 from pathlib import Path
 
 import jax
@@ -53,14 +51,10 @@ from specjax.heads.shared import projection, target_identity
 from specjax.io.checkpoint import Model
 from specjax.model.cache import KVCache
 from specjax.model.transformer import tapped_states
+from specjax.train.state import TrainError, optimizer, resume_state, save_state
 
 __all__ = ["Features", "Sequences", "TrainConfig", "TrainError", "continuations",
            "draft_vocabulary", "features", "resolve_taps", "train"]
-
-
-class TrainError(ValueError):
-    """A training request that cannot run: bad settings, data of another target, a checkpoint
-    of another run."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,25 +263,13 @@ def _loss(trainable, frozen, batch, config: eagle.DrafterConfig, unroll: int, de
     return total, jnp.stack(parts)
 
 
-def _optimizer(config: TrainConfig):
-    try:
-        import optax    # lazy: the `train` extra; the rest of specjax runs without it
-    except ImportError:
-        raise TrainError("training needs optax: pip install specjax[train]") from None
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, config.learning_rate, max(config.warmup, 1), max(config.steps, config.warmup + 1),
-        end_value=config.learning_rate / 10)
-    return optax.chain(optax.clip_by_global_norm(config.clip),
-                       optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=0.0))
-
-
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _step(dc: eagle.DrafterConfig, config: TrainConfig, trainable, opt_state, frozen, batch):
     """One optimizer step (one program per drafter shape, settings and batch shape: runs that
     share them, as a resumed one and its original, share it)."""
     (_, parts), grads = jax.value_and_grad(_loss, has_aux=True)(
         trainable, frozen, batch, dc, config.unroll, config.decay)
-    updates, opt_state = _optimizer(config).update(grads, opt_state, trainable)
+    updates, opt_state = optimizer(config).update(grads, opt_state, trainable)
     return jax.tree.map(jnp.add, trainable, updates), opt_state, parts
 
 
@@ -323,13 +305,13 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     # target's, frozen (the published drafters read them).
     trainable = dict(start.params, lm_head=head)
     frozen = {"embed": target.params["embed"], "head": head}
-    opt_state = _optimizer(config).init(trainable)
+    opt_state = optimizer(config).init(trainable)
 
     run_key = _run_key(target, data, config)
     done = 0
     if checkpoint is not None:
         checkpoint = Path(checkpoint)
-        trainable, opt_state, done = _resume(checkpoint, run_key, trainable, opt_state)
+        trainable, opt_state, done = resume_state(checkpoint, run_key, trainable, opt_state)
     limit = config.steps if stop_after is None else min(config.steps, done + stop_after)
     for b in range(done, limit):
         pick = np.random.default_rng([config.seed, b]).choice(n, config.batch,
@@ -345,7 +327,7 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
             progress(b + 1, np.asarray(parts))
         if checkpoint is not None and ((b + 1) % config.checkpoint_every == 0 or
                                        b + 1 == limit):
-            _save(checkpoint, run_key, trainable, opt_state, b + 1)
+            save_state(checkpoint, run_key, trainable, opt_state, b + 1)
     return dataclasses.replace(start, params=trainable,
                                target=target_identity(target, ids))
 
@@ -357,43 +339,3 @@ def _run_key(target: Model, data: Features, config: TrainConfig) -> str:
     for array in (data.sequences.tokens, data.sequences.length, data.sequences.prompt_length):
         h.update(np.ascontiguousarray(array).tobytes())
     return h.hexdigest()[:16]
-
-
-def _save(directory: Path, run_key: str, trainable, opt_state, step: int) -> None:
-    """The run's state, written to a temporary file and renamed: an interruption leaves the
-    previous checkpoint whole."""
-    directory.mkdir(parents=True, exist_ok=True)
-    leaves = jax.tree.leaves((trainable, opt_state))
-    arrays = {f"leaf_{i:04d}": np.asarray(a) for i, a in enumerate(leaves)}
-    partial = directory / "state.npz.partial"
-    with open(partial, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(partial, directory / "state.npz")
-    (directory / "state.json").write_text(json.dumps(
-        {"run": run_key, "step": step, "leaves": len(leaves), "time": time.time()}) + "\n")
-
-
-def _resume(directory: Path, run_key: str, trainable, opt_state):
-    meta_file, state_file = directory / "state.json", directory / "state.npz"
-    if not meta_file.exists() or not state_file.exists():
-        return trainable, opt_state, 0
-    try:
-        meta = json.loads(meta_file.read_text())
-        step, run = int(meta["step"]), meta["run"]
-    except (ValueError, KeyError, TypeError):
-        raise TrainError(f"{meta_file}: not a specjax training checkpoint") from None
-    if run != run_key:
-        raise TrainError(f"{directory} holds a checkpoint of another run (other target, data or "
-                         f"settings); use a new directory or remove it")
-    leaves, treedef = jax.tree.flatten((trainable, opt_state))
-    with np.load(state_file) as saved:
-        if len(saved.files) != len(leaves):
-            raise TrainError(f"{state_file}: {len(saved.files)} arrays, expected {len(leaves)}")
-        restored = [jnp.asarray(saved[f"leaf_{i:04d}"], dtype=a.dtype)
-                    for i, a in enumerate(leaves)]
-    for got, want in zip(restored, leaves):
-        if got.shape != want.shape:
-            raise TrainError(f"{state_file}: an array of shape {got.shape}, expected {want.shape}")
-    trainable, opt_state = jax.tree.unflatten(treedef, restored)
-    return trainable, opt_state, step
-

@@ -1,0 +1,195 @@
+"""Medusa-1 heads (Cai et al. 2024) trained for a frozen target, written in FasterDecoding's
+layout.
+
+    from specjax.train import data, eagle3, medusa
+    sequences, held_out = data.read("runs/data", target)        # `train data`'s shards
+    states = eagle3.features(target, sequences)                 # one pass of the target
+    heads = medusa.train(target, states, medusa.TrainConfig(steps=500), checkpoint="run/")
+    specjax.save_heads(heads, "out", format="medusa")           # FasterDecoding's layout
+
+The data. The sequences are the target's own continuations of a prompt set (self-distillation,
+as Medusa-2's recipe and the shipped heads do: the labels are the tokens the target's decoding
+will check), and the heads read the target's final-normed hidden states h_s from one
+teacher-forced pass (`eagle3.features`, `Features.final`). Training never runs the target
+again.
+
+The loss. Head k (0-based) reads h_s and predicts token s + 2 + k, one place past the target's
+own next-token head for each k (`specjax.heads.medusa`). Its cross-entropy is taken on the
+positions where that token is a generated one, and head k's is weighted decay^k (the paper's
+lambda_k = 0.8^k). Heads with their own LM heads (`head="own"`, the published layout) start as
+the target's LM head with identity blocks (Medusa's initialisation: each head starts as the
+target's next-token predictor); subset heads (`head="subset"`, specjax's variant) read the
+target's LM-head rows for the `subset` ids the target generated most often, frozen, and a label
+outside them is not trained on.
+
+Determinism: batch b of a run is drawn by `numpy.random.default_rng([seed, b])` and XLA on a
+CPU is deterministic, so a run resumed from its checkpoint gives the weights of one that never
+stopped, bit for bit (tested).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.heads import medusa as heads_math
+from specjax.heads.shared import projection, target_identity
+from specjax.io.checkpoint import Model
+from specjax.train.eagle3 import Features, draft_vocabulary
+from specjax.train.state import TrainError, optimizer, resume_state, save_state
+
+__all__ = ["TrainConfig", "train"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 500                # optimizer steps
+    batch: int = 8                  # sequences a step
+    learning_rate: float = 1e-3     # peak, after a linear warmup, then cosine to 10%
+    warmup: int = 20
+    heads: int = 3                  # K
+    blocks: int = 1                 # residual blocks per head
+    head: str = "own"               # "own": each head's LM head (Medusa-1); "subset"
+    subset: int = 1024              # S, for head "subset": the most frequent generated ids
+    decay: float = 0.8              # head k's loss weight is decay^k (Medusa's lambda_k)
+    clip: float = 1.0               # global gradient norm
+    seed: int = 0
+    checkpoint_every: int = 100
+
+    def __post_init__(self):
+        for name in ("steps", "batch", "heads", "blocks", "subset", "checkpoint_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TrainError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("warmup", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise TrainError(f"{name} must be an integer >= 0, got {value!r}")
+        for name, low, high in (("learning_rate", 0.0, 1.0), ("decay", 0.0, 1.0),
+                                ("clip", 0.0, float("inf"))):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not low < value <= high:
+                raise TrainError(f"{name} must be a number in ({low}, {high}], got {value!r}")
+        if self.head not in ("own", "subset"):
+            raise TrainError(f"head must be 'own' or 'subset', got {self.head!r}")
+
+
+def labels(features: Features, heads: int, index: np.ndarray) -> np.ndarray:
+    """[N, T, K] int32: for position s and head k, the index (in `index`, token id -> index or
+    -1) of token s + 2 + k where it is a generated token the heads can propose, else -1."""
+    seqs = features.sequences
+    n, t = seqs.tokens.shape
+    out = np.full((n, t, heads), -1, np.int32)
+    for k in range(heads):
+        ahead = 2 + k
+        if ahead >= t:
+            break
+        token = seqs.tokens[:, ahead:]                                     # [N, T - ahead]
+        position = np.arange(ahead, t)[None]
+        generated = (position >= seqs.prompt_length[:, None]) & (position < seqs.length[:, None])
+        out[:, :t - ahead, k] = np.where(generated, index[token], -1)
+    return out
+
+
+def _loss(trainable, frozen, batch, config: heads_math.HeadsConfig, decay: float):
+    """The heads' weighted cross-entropy and, per head, [loss, top-1 accuracy] for the log."""
+    proj = jnp.stack(trainable["lm_heads"]) if config.head == "own" else frozen["proj"]
+    logits = heads_math.subset_logits({"blocks": trainable["blocks"], "proj": proj},
+                                      batch["final"])                          # [B, T, K, S]
+    target = batch["labels"]                                                   # [B, T, K]
+    mask = (target >= 0).astype(jnp.float32)
+    picked = jnp.take_along_axis(jax.nn.log_softmax(logits),
+                                 jnp.maximum(target, 0)[..., None], axis=-1)[..., 0]
+    count = jnp.maximum(jnp.sum(mask, axis=(0, 1)), 1.0)                       # [K]
+    ce = -jnp.sum(picked * mask, axis=(0, 1)) / count
+    accuracy = jnp.sum((jnp.argmax(logits, -1) == target) * mask, axis=(0, 1)) / count
+    total = jnp.sum(decay ** jnp.arange(config.num_heads) * ce)
+    return total, jnp.stack([ce, accuracy], axis=-1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _step(hc: heads_math.HeadsConfig, config: TrainConfig, trainable, opt_state, frozen, batch):
+    (_, parts), grads = jax.value_and_grad(_loss, has_aux=True)(trainable, frozen, batch, hc,
+                                                                config.decay)
+    updates, opt_state = optimizer(config).update(grads, opt_state, trainable)
+    return jax.tree.map(jnp.add, trainable, updates), opt_state, parts
+
+
+def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
+          checkpoint: str | Path | None = None, progress=None,
+          stop_after: int | None = None) -> heads_math.Heads:
+    """Trains Medusa-1 heads for `target` on `data` (`eagle3.features`: its final-normed
+    states are what the heads read).
+
+    With `checkpoint` (a directory), the run's state is written there every
+    `config.checkpoint_every` steps and at the end, and a run started on a directory that holds
+    one resumes from it (it must be the same run: target, data and config). `progress(step,
+    metrics)` is called after each step with the heads' [loss, accuracy]. `stop_after` ends the
+    run after that many steps of this call (an interruption, for tests)."""
+    n, t = data.sequences.tokens.shape
+    vocab = target.config.vocab_size
+    if data.final.shape[:2] != (n, t):
+        raise TrainError("features and sequences disagree in shape")
+    if data.final.shape[2] != target.config.d_model or \
+            int(data.sequences.tokens.max(initial=0)) >= vocab:
+        raise TrainError(f"the features were not made by {target.name} (width or vocabulary "
+                         f"differ)")
+    own = config.head == "own"
+    if not own and config.subset > vocab:
+        raise TrainError(f"subset must be in [1, {vocab}], got {config.subset}")
+    ids = (np.arange(vocab, dtype=np.int32) if own
+           else draft_vocabulary(data.sequences, config.subset, vocab))
+    index = np.full(vocab, -1, np.int32)
+    index[ids] = np.arange(len(ids), dtype=np.int32)
+    targets = labels(data, config.heads, index)
+    if not (targets >= 0).any():
+        raise TrainError(f"no position to train on: no sequence has {config.heads + 1} "
+                         f"generated tokens after a position")
+    hc = heads_math.HeadsConfig(num_heads=config.heads, num_blocks=config.blocks,
+                                hidden_size=target.config.d_model, vocab_size=vocab,
+                                subset_size=len(ids), head=config.head)
+    start = heads_math.init_heads(hc, target, token_ids=ids, seed=config.seed)
+    trainable = {"blocks": start.params["blocks"]}
+    if own:
+        trainable["lm_heads"] = start.params["lm_heads"]
+    frozen = {} if own else {"proj": projection(target, ids)}
+    opt_state = optimizer(config).init(trainable)
+
+    run_key = _run_key(target, data, config)
+    done = 0
+    if checkpoint is not None:
+        checkpoint = Path(checkpoint)
+        trainable, opt_state, done = resume_state(checkpoint, run_key, trainable, opt_state)
+    limit = config.steps if stop_after is None else min(config.steps, done + stop_after)
+    for b in range(done, limit):
+        pick = np.random.default_rng([config.seed, b]).choice(n, config.batch,
+                                                              replace=n < config.batch)
+        # Padded to a multiple of 64 past the batch's longest: a few programs, little waste.
+        w = min(t, -(-int(data.sequences.length[pick].max()) // 64) * 64)
+        batch = {"final": np.asarray(data.final[pick, :w], np.float32),
+                 "labels": targets[pick, :w]}
+        trainable, opt_state, parts = _step(hc, config, trainable, opt_state, frozen, batch)
+        if progress is not None:
+            progress(b + 1, np.asarray(parts))
+        if checkpoint is not None and ((b + 1) % config.checkpoint_every == 0 or
+                                       b + 1 == limit):
+            save_state(checkpoint, run_key, trainable, opt_state, b + 1)
+    return dataclasses.replace(start, params=dict(start.params, **trainable),
+                               target=target_identity(target, ids))
+
+
+def _run_key(target: Model, data: Features, config: TrainConfig) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps(["medusa", target.name, str(target.config), dataclasses.asdict(config)],
+                        sort_keys=True).encode())
+    for array in (data.sequences.tokens, data.sequences.length, data.sequences.prompt_length):
+        h.update(np.ascontiguousarray(array).tobytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,81 @@
+"""What every trainer in `specjax.train` shares: its error, its optimizer, and its checkpoints.
+
+A checkpoint is a directory holding the run's trainable parameters and optimizer state
+(state.npz, the pytree's leaves in order) and state.json (the run's key and the steps done). It
+is written to a temporary file and renamed, so an interruption leaves the previous checkpoint
+whole; a run resumes from it only if its key (target, data and settings, hashed by the trainer)
+is the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["TrainError", "optimizer", "resume_state", "save_state"]
+
+
+class TrainError(ValueError):
+    """A training request that cannot run: bad settings, data of another target, a checkpoint
+    of another run."""
+
+
+def optimizer(config):
+    """AdamW (b1 0.9, b2 0.95) with the global gradient norm clipped to `config.clip`, at a
+    learning rate warmed up linearly over `config.warmup` steps to `config.learning_rate`, then
+    cosine-decayed to a tenth of it at `config.steps`."""
+    try:
+        import optax    # lazy: the `train` extra; the rest of specjax runs without it
+    except ImportError:
+        raise TrainError("training needs optax: pip install specjax[train]") from None
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, config.learning_rate, max(config.warmup, 1), max(config.steps, config.warmup + 1),
+        end_value=config.learning_rate / 10)
+    return optax.chain(optax.clip_by_global_norm(config.clip),
+                       optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=0.0))
+
+
+def save_state(directory: Path, run_key: str, trainable, opt_state, step: int) -> None:
+    """The run's state after `step` steps, into `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    leaves = jax.tree.leaves((trainable, opt_state))
+    arrays = {f"leaf_{i:04d}": np.asarray(a) for i, a in enumerate(leaves)}
+    partial = directory / "state.npz.partial"
+    with open(partial, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(partial, directory / "state.npz")
+    (directory / "state.json").write_text(json.dumps(
+        {"run": run_key, "step": step, "leaves": len(leaves), "time": time.time()}) + "\n")
+
+
+def resume_state(directory: Path, run_key: str, trainable, opt_state):
+    """(trainable, opt_state, steps done) from `directory`'s checkpoint of this run, or the
+    given ones and 0 when it holds none; a checkpoint of another run is a TrainError."""
+    meta_file, state_file = directory / "state.json", directory / "state.npz"
+    if not meta_file.exists() or not state_file.exists():
+        return trainable, opt_state, 0
+    try:
+        meta = json.loads(meta_file.read_text())
+        step, run = int(meta["step"]), meta["run"]
+    except (ValueError, KeyError, TypeError):
+        raise TrainError(f"{meta_file}: not a specjax training checkpoint") from None
+    if run != run_key:
+        raise TrainError(f"{directory} holds a checkpoint of another run (other target, data or "
+                         f"settings); use a new directory or remove it")
+    leaves, treedef = jax.tree.flatten((trainable, opt_state))
+    with np.load(state_file) as saved:
+        if len(saved.files) != len(leaves):
+            raise TrainError(f"{state_file}: {len(saved.files)} arrays, expected {len(leaves)}")
+        restored = [jnp.asarray(saved[f"leaf_{i:04d}"], dtype=a.dtype)
+                    for i, a in enumerate(leaves)]
+    for got, want in zip(restored, leaves):
+        if got.shape != want.shape:
+            raise TrainError(f"{state_file}: an array of shape {got.shape}, expected {want.shape}")
+    trainable, opt_state = jax.tree.unflatten(treedef, restored)
+    return trainable, opt_state, step
