@@ -14,6 +14,9 @@ What runs and how it is measured:
   speculation, `ngram-map-k`: a match of at most --max-ngram tokens in the context proposes up
   to K tokens), greedy or at the bench's temperature and top-p (top-k off).
 - The threads: the cores JAX's CPU backend uses, for both prompt and decode.
+- The process: each job (a prompt and a method) runs llama.cpp in a child process, away from
+  torch's OpenMP runtime, which halved llama.cpp's speed when the two shared this one
+  (`LlamaCpp`).
 - The times: llama.cpp's own `timings` (prompt_ms, predicted_ms) give prompt and decode speed
   apart; run_s is the wall time of the completion call, as specjax's is of `generate`. Each
   run starts from an empty cache (`cache_prompt` off), so every run prefills the prompt.
@@ -26,6 +29,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -89,11 +94,17 @@ def gguf_at(source: Path, dtype: str, directory: Path | None = None) -> Path:
 
 
 class LlamaCpp:
-    """llama.cpp's server in this process, on the target's GGUF at the bench's dtype."""
+    """llama.cpp on the target's GGUF at the bench's dtype, each job in a process of its own.
 
-    def __init__(self, xllamacpp, path: Path, settings: dict, threads: int):
-        self.xllamacpp, self.path, self.settings, self.threads = xllamacpp, path, settings, threads
-        self.servers: dict[int | None, object] = {}     # by K (None: no speculation)
+    Why not in this process: xllamacpp's llama.cpp and torch each bring an OpenMP runtime, and
+    once transformers had run here, llama.cpp's decode ran at half its speed for the rest of
+    the process (SmolLM2 BF16, 16 tokens, 2-core Zen 4 host: 76.8 tokens/s before a
+    transformers generate, 38.7 after, 43.2 a second later; in a child process of the same
+    parent, 83.2 before and 87.2 after). A job's process loads the GGUF and runs its
+    completions; the timings are llama.cpp's own, as before."""
+
+    def __init__(self, path: Path, settings: dict, threads: int):
+        self.path, self.settings, self.threads = path, settings, threads
 
     @classmethod
     def create(cls, target, settings: dict, dtype: str, notes: list[str]) -> "LlamaCpp | None":
@@ -113,63 +124,77 @@ class LlamaCpp:
         path = gguf_at(source, dtype)
         threads = usable_threads()
         notes.append(f"llama.cpp (xllamacpp {_version(xllamacpp)}): {path.name} "
-                     f"({GGUF_TYPES[dtype]}, re-encoded from {source.name}), {threads} threads; "
-                     "ngram is its ngram-map-k speculation; prompt and decode speeds are its own "
-                     "timings")
-        return cls(xllamacpp, path, settings, threads)
-
-    def _server(self, k: int | None):
-        if k not in self.servers:
-            x, s = self.xllamacpp, self.settings
-            params = x.CommonParams()
-            params.model.path = str(self.path)
-            params.n_ctx = 4096
-            params.n_parallel = 1
-            params.verbosity = -1
-            params.cpuparams.n_threads = self.threads
-            params.cpuparams_batch.n_threads = self.threads
-            if k is not None:
-                kinds = x.common_speculative_type
-                params.speculative.types = [kinds.COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K]
-                params.speculative.ngram_map_k.size_n = s["max_ngram"]
-                params.speculative.ngram_map_k.size_m = k
-            self.servers[k] = x.Server(params)
-        return self.servers[k]
+                     f"({GGUF_TYPES[dtype]}, re-encoded from {source.name}), {threads} threads, "
+                     "each job in a process of its own; ngram is its ngram-map-k speculation; "
+                     "prompt and decode speeds are its own timings")
+        return cls(path, settings, threads)
 
     def job(self, prompt, method: str, k: int | None):
-        """A suite job: max(1, --warmup) untimed and --reps timed completions of one method."""
+        """A suite job: max(1, --warmup) untimed and --reps timed completions of one method,
+        in a child process (`_serve`)."""
         s = self.settings
-        request = {"prompt": list(prompt["ids"]), "n_predict": prompt["max_new_tokens"],
-                   "cache_prompt": False, "top_k": 0, "top_p": s["top_p"], "min_p": 0.0,
-                   "temperature": s["temperature"]}
+        order = {"path": str(self.path), "threads": self.threads,
+                 "ngram": [s["max_ngram"], k] if method == "ngram" else None,
+                 "warmup": max(1, s["warmup"]), "reps": s["reps"], "seed": s["seed"],
+                 "request": {"prompt": list(map(int, prompt["ids"])),
+                             "n_predict": prompt["max_new_tokens"], "cache_prompt": False,
+                             "top_k": 0, "top_p": s["top_p"], "min_p": 0.0,
+                             "temperature": s["temperature"]}}
 
         def run_job() -> dict:
-            server = self._server(k if method == "ngram" else None)
-            records = []
-            warmup = max(1, s["warmup"])
-            for i in range(warmup + s["reps"]):
-                seed = s["seed"] + max(0, i - warmup)
-                start = time.perf_counter()
-                reply = server.handle_completions(dict(request, seed=seed))
-                run_s = time.perf_counter() - start
-                if isinstance(reply, str):
-                    reply = json.loads(reply)
-                if "error" in reply:
-                    raise RuntimeError(f"llama.cpp: {reply['error']}")
-                timings = reply["timings"]
-                if i >= warmup:
-                    drafted = timings.get("draft_n") or 0
-                    records.append(dict(
-                        new_tokens=timings["predicted_n"], run_s=run_s,
-                        prompt_s=timings["prompt_ms"] / 1e3,
-                        decode_s=timings["predicted_ms"] / 1e3,
-                        acceptance_rate=ratio(timings.get("draft_n_accepted"), drafted)
-                        if drafted else None,
-                        tokens_per_target_call=None, tokens=None,
-                        text=reply["choices"][0]["text"]))
-            return dict(records=records, compile_s=None)
+            done = subprocess.run([sys.executable, "-m", "specjax.bench.llamacpp"],
+                                  input=json.dumps(order), capture_output=True, text=True)
+            lines = done.stdout.strip().splitlines()
+            if done.returncode != 0 or not lines:
+                raise RuntimeError(f"llama.cpp: its process failed: {done.stderr[-1000:]}")
+            reply = json.loads(lines[-1])
+            if "error" in reply:
+                raise RuntimeError(f"llama.cpp: {reply['error']}")
+            return dict(records=reply["records"], compile_s=None)
         return run_job
+
+
+def _serve(order: dict) -> dict:
+    """In the child process: llama.cpp's server on the GGUF, and the job's completions."""
+    import xllamacpp as x
+
+    params = x.CommonParams()
+    params.model.path = order["path"]
+    params.n_ctx = 4096
+    params.n_parallel = 1
+    params.verbosity = -1
+    params.cpuparams.n_threads = order["threads"]
+    params.cpuparams_batch.n_threads = order["threads"]
+    if order["ngram"] is not None:
+        params.speculative.types = [x.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K]
+        params.speculative.ngram_map_k.size_n, params.speculative.ngram_map_k.size_m = \
+            order["ngram"]
+    server = x.Server(params)
+    records, warmup = [], order["warmup"]
+    for i in range(warmup + order["reps"]):
+        seed = order["seed"] + max(0, i - warmup)
+        start = time.perf_counter()
+        reply = server.handle_completions(dict(order["request"], seed=seed))
+        run_s = time.perf_counter() - start
+        if isinstance(reply, str):
+            reply = json.loads(reply)
+        if "error" in reply:
+            return {"error": reply["error"]}
+        timings = reply["timings"]
+        if i >= warmup:
+            drafted = timings.get("draft_n") or 0
+            records.append(dict(
+                new_tokens=timings["predicted_n"], run_s=run_s,
+                prompt_s=timings["prompt_ms"] / 1e3, decode_s=timings["predicted_ms"] / 1e3,
+                acceptance_rate=ratio(timings.get("draft_n_accepted"), drafted)
+                if drafted else None,
+                tokens_per_target_call=None, tokens=None, text=reply["choices"][0]["text"]))
+    return {"records": records}
 
 
 def _version(module) -> str:
     return getattr(module, "__version__", "?")
+
+
+if __name__ == "__main__":      # a job's process (LlamaCpp.job)
+    print(json.dumps(_serve(json.loads(sys.stdin.read()))))
