@@ -237,20 +237,7 @@ def run_train(args) -> int:
            "draft_vocab": int(len(drafter.token_ids)), "config": vars(config),
            "train_sequences": int(len(sequences.length)), "held_out_prompts": len(held_out),
            "seconds": round(time.time() - started, 1)}
-    if held_out:
-        for temperature in (0.0, 1.0):
-            result = generate(target, held_out, method="eagle", drafter=drafter,
-                              max_new_tokens=args.max_new_tokens, temperature=temperature,
-                              seed=args.seed)
-            log[f"tokens_per_target_call_t{temperature:g}"] = round(
-                result.stats.tokens_per_target_call, 3)
-            log[f"acceptance_by_position_t{temperature:g}"] = [
-                None if a is None else round(float(a), 3)     # a depth never reached
-                for a in result.stats.acceptance_by_position]
-        print(f"held out: {log['tokens_per_target_call_t0']} tokens per target call at "
-              f"temperature 0, {log['tokens_per_target_call_t1']} at 1", flush=True)
-    (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
-    print(out)
+    _finish(out, log, target, held_out, args, method="eagle", drafter=drafter)
     return 0
 
 
@@ -288,11 +275,17 @@ def run_medusa(args) -> int:
     log = {"target": str(target_path), "format": args.format, "config": vars(config),
            "train_sequences": int(len(sequences.length)), "held_out_prompts": len(held_out),
            "seconds": round(time.time() - started, 1)}
+    _finish(out, log, target, held_out, args, method="medusa", heads=heads)
+    return 0
+
+
+def _finish(out: Path, log: dict, target, held_out, args, **method) -> None:
+    """The held-out evaluation (tokens per target call and acceptance by depth at temperature
+    0 and 1, on prompts never trained on) into the log, and the log into out/train_log.json."""
     if held_out:
         for temperature in (0.0, 1.0):
-            result = generate(target, held_out, method="medusa", heads=heads,
-                              max_new_tokens=args.max_new_tokens, temperature=temperature,
-                              seed=args.seed)
+            result = generate(target, held_out, **method, max_new_tokens=args.max_new_tokens,
+                              temperature=temperature, seed=args.seed)
             log[f"tokens_per_target_call_t{temperature:g}"] = round(
                 result.stats.tokens_per_target_call, 3)
             log[f"acceptance_by_position_t{temperature:g}"] = [
@@ -302,7 +295,6 @@ def run_medusa(args) -> int:
               f"temperature 0, {log['tokens_per_target_call_t1']} at 1", flush=True)
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     print(out)
-    return 0
 
 
 def _check_data_arguments(args) -> None:

@@ -51,7 +51,7 @@ from specjax.heads.shared import projection, target_identity
 from specjax.io.checkpoint import Model
 from specjax.model.cache import KVCache
 from specjax.model.transformer import tapped_states
-from specjax.train.state import TrainError, optimizer, resume_state, save_state
+from specjax.train.state import TrainError, check_settings, optimizer, run_steps
 
 __all__ = ["Features", "Sequences", "TrainConfig", "TrainError", "continuations",
            "draft_vocabulary", "features", "resolve_taps", "train"]
@@ -92,20 +92,10 @@ class TrainConfig:
     checkpoint_every: int = 100
 
     def __post_init__(self):
-        for name in ("steps", "batch", "unroll", "draft_vocab", "checkpoint_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise TrainError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("warmup", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise TrainError(f"{name} must be an integer >= 0, got {value!r}")
-        for name, low, high in (("learning_rate", 0.0, 1.0), ("decay", 0.0, 1.0),
-                                ("clip", 0.0, float("inf"))):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                    not low < value <= high:
-                raise TrainError(f"{name} must be a number in ({low}, {high}], got {value!r}")
+        check_settings(self, positive=("steps", "batch", "unroll", "draft_vocab",
+                                       "checkpoint_every"),
+                       non_negative=("warmup", "seed"), fractions=("learning_rate", "decay"),
+                       at_most_inf=("clip",))
 
 
 # -- Data ---------------------------------------------------------------------------------------
@@ -264,7 +254,7 @@ def _loss(trainable, frozen, batch, config: eagle.DrafterConfig, unroll: int, de
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _step(dc: eagle.DrafterConfig, config: TrainConfig, trainable, opt_state, frozen, batch):
+def _step(dc: eagle.DrafterConfig, config: TrainConfig, trainable, opt_state, batch, frozen):
     """One optimizer step (one program per drafter shape, settings and batch shape: runs that
     share them, as a resumed one and its original, share it)."""
     (_, parts), grads = jax.value_and_grad(_loss, has_aux=True)(
@@ -305,29 +295,16 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     # target's, frozen (the published drafters read them).
     trainable = dict(start.params, lm_head=head)
     frozen = {"embed": target.params["embed"], "head": head}
-    opt_state = optimizer(config).init(trainable)
 
-    run_key = _run_key(target, data, config)
-    done = 0
-    if checkpoint is not None:
-        checkpoint = Path(checkpoint)
-        trainable, opt_state, done = resume_state(checkpoint, run_key, trainable, opt_state)
-    limit = config.steps if stop_after is None else min(config.steps, done + stop_after)
-    for b in range(done, limit):
-        pick = np.random.default_rng([config.seed, b]).choice(n, config.batch,
-                                                              replace=n < config.batch)
-        # Padded to a multiple of 64 past the batch's longest: a few programs, little waste.
-        w = min(t, -(-int(data.sequences.length[pick].max()) // 64) * 64)
-        batch = {"tokens": data.sequences.tokens[pick, :w],
-                 "mask": mask_all[pick, :w].astype(np.float32),
-                 "tapped": data.tapped[pick, :w].astype(np.float32),
-                 "final": data.final[pick, :w].astype(np.float32)}
-        trainable, opt_state, parts = _step(dc, config, trainable, opt_state, frozen, batch)
-        if progress is not None:
-            progress(b + 1, np.asarray(parts))
-        if checkpoint is not None and ((b + 1) % config.checkpoint_every == 0 or
-                                       b + 1 == limit):
-            save_state(checkpoint, run_key, trainable, opt_state, b + 1)
+    def batch_of(rows, w):
+        return {"tokens": data.sequences.tokens[rows, :w],
+                "mask": mask_all[rows, :w].astype(np.float32),
+                "tapped": data.tapped[rows, :w].astype(np.float32),
+                "final": data.final[rows, :w].astype(np.float32)}
+
+    trainable = run_steps(config, data.sequences.length, t, batch_of,
+                          functools.partial(_step, dc, config, frozen=frozen), trainable,
+                          _run_key(target, data, config), checkpoint, progress, stop_after)
     return dataclasses.replace(start, params=trainable,
                                target=target_identity(target, ids))
 

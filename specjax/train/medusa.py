@@ -43,7 +43,7 @@ from specjax.heads import medusa as heads_math
 from specjax.heads.shared import projection, target_identity
 from specjax.io.checkpoint import Model
 from specjax.train.eagle3 import Features, draft_vocabulary
-from specjax.train.state import TrainError, optimizer, resume_state, save_state
+from specjax.train.state import TrainError, check_settings, optimizer, run_steps
 
 __all__ = ["TrainConfig", "train"]
 
@@ -64,20 +64,10 @@ class TrainConfig:
     checkpoint_every: int = 100
 
     def __post_init__(self):
-        for name in ("steps", "batch", "heads", "blocks", "subset", "checkpoint_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise TrainError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("warmup", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise TrainError(f"{name} must be an integer >= 0, got {value!r}")
-        for name, low, high in (("learning_rate", 0.0, 1.0), ("decay", 0.0, 1.0),
-                                ("clip", 0.0, float("inf"))):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                    not low < value <= high:
-                raise TrainError(f"{name} must be a number in ({low}, {high}], got {value!r}")
+        check_settings(self, positive=("steps", "batch", "heads", "blocks", "subset",
+                                       "checkpoint_every"),
+                       non_negative=("warmup", "seed"), fractions=("learning_rate", "decay"),
+                       at_most_inf=("clip",))
         if self.head not in ("own", "subset"):
             raise TrainError(f"head must be 'own' or 'subset', got {self.head!r}")
 
@@ -116,7 +106,7 @@ def _loss(trainable, frozen, batch, config: heads_math.HeadsConfig, decay: float
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _step(hc: heads_math.HeadsConfig, config: TrainConfig, trainable, opt_state, frozen, batch):
+def _step(hc: heads_math.HeadsConfig, config: TrainConfig, trainable, opt_state, batch, frozen):
     (_, parts), grads = jax.value_and_grad(_loss, has_aux=True)(trainable, frozen, batch, hc,
                                                                 config.decay)
     updates, opt_state = optimizer(config).update(grads, opt_state, trainable)
@@ -161,27 +151,14 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     if own:
         trainable["lm_heads"] = start.params["lm_heads"]
     frozen = {} if own else {"proj": projection(target, ids)}
-    opt_state = optimizer(config).init(trainable)
 
-    run_key = _run_key(target, data, config)
-    done = 0
-    if checkpoint is not None:
-        checkpoint = Path(checkpoint)
-        trainable, opt_state, done = resume_state(checkpoint, run_key, trainable, opt_state)
-    limit = config.steps if stop_after is None else min(config.steps, done + stop_after)
-    for b in range(done, limit):
-        pick = np.random.default_rng([config.seed, b]).choice(n, config.batch,
-                                                              replace=n < config.batch)
-        # Padded to a multiple of 64 past the batch's longest: a few programs, little waste.
-        w = min(t, -(-int(data.sequences.length[pick].max()) // 64) * 64)
-        batch = {"final": np.asarray(data.final[pick, :w], np.float32),
-                 "labels": targets[pick, :w]}
-        trainable, opt_state, parts = _step(hc, config, trainable, opt_state, frozen, batch)
-        if progress is not None:
-            progress(b + 1, np.asarray(parts))
-        if checkpoint is not None and ((b + 1) % config.checkpoint_every == 0 or
-                                       b + 1 == limit):
-            save_state(checkpoint, run_key, trainable, opt_state, b + 1)
+    def batch_of(rows, w):
+        return {"final": np.asarray(data.final[rows, :w], np.float32),
+                "labels": targets[rows, :w]}
+
+    trainable = run_steps(config, data.sequences.length, t, batch_of,
+                          functools.partial(_step, hc, config, frozen=frozen), trainable,
+                          _run_key(target, data, config), checkpoint, progress, stop_after)
     return dataclasses.replace(start, params=dict(start.params, **trainable),
                                target=target_identity(target, ids))
 

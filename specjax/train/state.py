@@ -18,12 +18,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["TrainError", "optimizer", "resume_state", "save_state"]
+__all__ = ["TrainError", "check_settings", "optimizer", "resume_state", "run_steps",
+           "save_state"]
 
 
 class TrainError(ValueError):
     """A training request that cannot run: bad settings, data of another target, a checkpoint
     of another run."""
+
+
+def check_settings(config, positive=(), non_negative=(), fractions=(), at_most_inf=()) -> None:
+    """A trainer's settings checked where they enter: the fields named in `positive` are
+    integers >= 1, in `non_negative` integers >= 0, in `fractions` numbers in (0, 1], in
+    `at_most_inf` numbers > 0. A TrainError names the first that is not."""
+    for names, low in ((positive, 1), (non_negative, 0)):
+        for name in names:
+            value = getattr(config, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise TrainError(f"{name} must be an integer >= {low}, got {value!r}")
+    for names, high in ((fractions, 1.0), (at_most_inf, float("inf"))):
+        for name in names:
+            value = getattr(config, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not 0.0 < value <= high:
+                raise TrainError(f"{name} must be a number in (0.0, {high}], got {value!r}")
 
 
 def optimizer(config):
@@ -39,6 +57,37 @@ def optimizer(config):
         end_value=config.learning_rate / 10)
     return optax.chain(optax.clip_by_global_norm(config.clip),
                        optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=0.0))
+
+
+def run_steps(config, lengths: np.ndarray, width: int, batch_of, step, trainable, run_key: str,
+              checkpoint=None, progress=None, stop_after: int | None = None):
+    """The training loop every trainer shares; returns the trainable parameters.
+
+    Step b draws `config.batch` of the N sequences (their `lengths` [N], stored `width` wide)
+    with `numpy.random.default_rng([config.seed, b])`, takes them to a multiple of 64 past the
+    longest (a few programs, little waste), and calls `step(trainable, opt_state,
+    batch_of(rows, width))` -> (trainable, opt_state, metrics). With `checkpoint` (a
+    directory) the state is saved every `config.checkpoint_every` steps and at the end, and a
+    run started on a checkpoint of the same `run_key` resumes from it; `progress(step,
+    metrics)` follows each step; `stop_after` ends this call after that many steps."""
+    opt_state = optimizer(config).init(trainable)
+    done = 0
+    if checkpoint is not None:
+        checkpoint = Path(checkpoint)
+        trainable, opt_state, done = resume_state(checkpoint, run_key, trainable, opt_state)
+    n = len(lengths)
+    limit = config.steps if stop_after is None else min(config.steps, done + stop_after)
+    for b in range(done, limit):
+        rows = np.random.default_rng([config.seed, b]).choice(n, config.batch,
+                                                              replace=n < config.batch)
+        w = min(width, -(-int(lengths[rows].max()) // 64) * 64)
+        trainable, opt_state, metrics = step(trainable, opt_state, batch_of(rows, w))
+        if progress is not None:
+            progress(b + 1, np.asarray(metrics))
+        if checkpoint is not None and ((b + 1) % config.checkpoint_every == 0 or
+                                       b + 1 == limit):
+            save_state(checkpoint, run_key, trainable, opt_state, b + 1)
+    return trainable
 
 
 def save_state(directory: Path, run_key: str, trainable, opt_state, step: int) -> None:
