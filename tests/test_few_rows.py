@@ -260,3 +260,52 @@ def test_attention_uses_the_kernel_for_few_queries_only():
     assert uses(5, jnp.bfloat16) and not uses(5, jnp.float16)
     with xla_products():
         assert not uses(5)
+
+
+AVX2_SCRIPT = """
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from specjax import kernels
+kernels.FLAGS = kernels.FLAGS + ("-mno-avx512f",)
+assert kernels.load(cache_dir=sys.argv[1])
+from specjax.model import linear as L
+from specjax.model.quant import dequantize, quantize
+rng = np.random.default_rng(0)
+bad = []
+for O, I in ((37, 64), (5, 577), (64, 48), (3, 24)):
+    x = rng.standard_normal((32, I)).astype(np.float32)
+    w = rng.standard_normal((O, I)).astype(np.float32)
+    wb, q = jnp.asarray(w, jnp.bfloat16), quantize(w)
+    forms = {"f32": (L.product, (w,)), "bf16": (L.product, (wb,))}
+    if I % 16 == 0:
+        forms["int8"] = (L.product_int8, (q.values, q.scales))
+    full = {k: np.asarray(jax.jit(f)(x, *a)) for k, (f, a) in forms.items()}
+    for rows in (1, 2, 3, 5, 6, 9, 17):
+        for k, (f, a) in forms.items():
+            if not np.array_equal(np.asarray(jax.jit(f)(x[:rows], *a)), full[k][:rows]):
+                bad.append(["width", k, O, I, rows])
+        same = {"bf16": wb.astype(jnp.float32)}
+        if "int8" in forms:
+            same["int8"] = dequantize(q)
+        for k, dense in same.items():
+            if not np.array_equal(full[k][:rows], np.asarray(jax.jit(L.product)(x[:rows], dense))[:rows]):
+                bad.append(["dtype", k, O, I, rows])
+print(json.dumps(bad))
+"""
+
+
+def test_an_avx2_build_keeps_the_bits_contracts(tmp_path):
+    # The kernels built without AVX-512 (the AVX2 hosts' code; on an AVX2 host the flag changes
+    # nothing), in a process of its own (its targets have the names of this process's): a row
+    # gets the same bits whatever the width, in every dtype, and the bfloat16 and int8 products
+    # are the float32 kernel's on the widened or dequantised weights. Odd numbers of rows of w
+    # (a one-row block) and of x (6 = 5 + 1) included: there GCC had left `acc += a * b`
+    # unfused for AVX2, until the kernel fused it explicitly.
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", AVX2_SCRIPT, str(tmp_path)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == []

@@ -130,6 +130,25 @@ static inline void keep_in_register(Vec& v) {
 #endif
 }
 
+// acc + a * b, fused, always. Written as `acc += a * b` the compiler fuses it in most of the
+// templates' instances, but GCC built for AVX2 left it unfused in a few (one row of w, one row
+// of x), so a row's bits depended on the call's width there, and a bfloat16 product differed
+// from the float32 one on the widened weights (caught by building the kernels with
+// -mno-avx512f on the AVX-512 host).
+static inline Vec fma(Vec a, Vec b, Vec acc) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<Vec>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a),
+                                               reinterpret_cast<__m512>(b),
+                                               reinterpret_cast<__m512>(acc)));
+#elif defined(__FMA__)
+  return reinterpret_cast<Vec>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a),
+                                               reinterpret_cast<__m256>(b),
+                                               reinterpret_cast<__m256>(acc)));
+#else
+  return acc + a * b;
+#endif
+}
+
 static inline float sum_lanes(Vec v) {
   float lane[VW];
   std::memcpy(lane, &v, sizeof v);
@@ -157,7 +176,7 @@ static void block(const float* x, const W* w, float* y, int64_t n_in, int64_t n_
       // Keep xv in a register: left alone, the compiler folds the load into every product
       // below, which makes the loop load-bound (measured: 1.8x slower for 5 rows in cache).
       keep_in_register(xv);
-      for (int r = 0; r < rows; ++r) acc[r][t] += wv[r] * xv;
+      for (int r = 0; r < rows; ++r) acc[r][t] = fma(wv[r], xv, acc[r][t]);
     }
   }
   for (int r = 0; r < rows; ++r)
@@ -239,7 +258,7 @@ static void block(const float* x, Q8Rows w, float* y, int64_t n_in, int64_t n_ou
       for (int t = 0; t < cols; ++t) {
         Vec xv = load(x + t * n_in + i);
         keep_in_register(xv);
-        for (int r = 0; r < rows; ++r) acc[r][t] += wv[r] * xv;
+        for (int r = 0; r < rows; ++r) acc[r][t] = fma(wv[r], xv, acc[r][t]);
       }
     }
   }
