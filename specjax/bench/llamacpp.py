@@ -156,7 +156,7 @@ class LlamaCpp:
 
 def _serve(order: dict) -> dict:
     """In the child process: llama.cpp's server on the GGUF, and the job's completions."""
-    import xllamacpp as x
+    import xllamacpp as x     # optional: the llamacpp extra (checked by `LlamaCpp.create`)
 
     params = x.CommonParams()
     params.model.path = order["path"]

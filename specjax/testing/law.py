@@ -26,6 +26,7 @@ import numpy as np
 from specjax.api.forward import kernels_as_generate
 from specjax.io import checkpoint
 from specjax.model.cache import KVCache
+from specjax.model.linear import switch
 from specjax.model.config import ModelConfig
 from specjax.model.transformer import Model, cast_params, draw_normal, forward, init_params
 from specjax.sampling.logits import SamplingParams, probs_from_logits
@@ -55,6 +56,14 @@ def close_pair(vocab=6, std=1.0, noise=0.5, seed=1) -> tuple[Model, Model]:
     return target, Model(target.config, jax.tree.unflatten(treedef, noisy))
 
 
+@functools.lru_cache(maxsize=None)
+def _decode_call(kernels: bool):
+    """`forward` jitted, one per setting of the kernels' switch (it acts when a function is
+    traced, so it is part of the key, as in `decoding.loop`): one compiled program per model
+    shape and call width, shared by every law computed."""
+    return jax.jit(forward, static_argnums=1)
+
+
 def exact_law(target: Model, prompt, sampling: SamplingParams, length: int) -> np.ndarray:
     """P(continuation) under the target for all V^length continuations of `prompt`, in
     lexicographic order, float64: each is the product of the target's next-token probabilities
@@ -73,13 +82,12 @@ def exact_law(target: Model, prompt, sampling: SamplingParams, length: int) -> n
                            continuations], axis=1)                     # [V^length, P + length]
     positions = np.broadcast_to(np.arange(seqs.shape[1]), seqs.shape)
     cache = KVCache.init(config, len(seqs), seqs.shape[1])
-    step = jax.jit(functools.partial(forward, config=config))
     logits = []
     with kernels_as_generate():
         for start, stop in [(0, len(prompt))] + [(t, t + 1) for t in
                                                   range(len(prompt), seqs.shape[1] - 1)]:
-            out, cache = step(target.params, tokens=seqs[:, start:stop],
-                              positions=positions[:, start:stop], cache=cache)
+            out, cache = _decode_call(switch())(target.params, config, seqs[:, start:stop],
+                                                positions[:, start:stop], cache)
             logits.append(out[:, -1])
     logits = jnp.stack(logits, axis=1)                                  # [V^length, length, V]
     probs = np.asarray(probs_from_logits(logits, sampling), np.float64)
