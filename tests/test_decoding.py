@@ -286,3 +286,16 @@ def test_low_precision_greedy_equality_for_medusa_and_eagle_batched_and_alone(dt
         result = generate(target, prompts, method=method, **extra, **kwargs)
         assert result.tokens == want and result.stats.tokens_per_target_call > 1.5, method
         assert generate(target, prompts[1:], method=method, **extra, **kwargs).tokens == want[1:]
+
+
+def test_int8_weights_on_a_device_mesh_are_a_named_error():
+    # 8-bit matrices have no sharding table: generate refuses them on a mesh, naming the
+    # model, rather than failing inside the placement.
+    import dataclasses
+
+    from specjax.testing.law import llama_config
+
+    config = dataclasses.replace(llama_config(8, layers=1), dtype="int8")
+    target = specjax.random_model(config, seed=1, std=0.5)
+    with pytest.raises(GenerationError, match="the target has int8 weights"):
+        generate(target, PROMPTS, max_new_tokens=2, mesh=specjax.make_mesh(data=1, model=1))

@@ -166,6 +166,11 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Mo
             meshes.check_mesh(mesh)
         except meshes.MeshError as e:
             raise GenerationError(str(e)) from None
+        # 8-bit matrices have no sharding table (their scales are a second array per matrix).
+        for name, model in (("target", target), ("draft", draft)):
+            if getattr(getattr(model, "config", None), "dtype", None) == "int8":
+                raise GenerationError(f"the {name} has int8 weights, which do not run on a "
+                                      f"device mesh: load it as float32 or bfloat16")
     if not isinstance(shard_draft, bool):
         raise GenerationError(f"shard_draft must be True or False, got {shard_draft!r}")
     if shard_draft and (mesh is None or method != "speculative"):
