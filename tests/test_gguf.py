@@ -869,3 +869,46 @@ def test_llama_cpp_peer_greedy_text_equals_specjax_on_the_same_weights(quantized
     assert decode is None or decode > 0
     assert rows["llama.cpp", "ngram"]["same_tokens_as_specjax_autoregressive"] is None
     assert rows["specjax", "ngram"]["same_tokens_as_specjax_autoregressive"] is True
+
+
+def test_a_damaged_q8_0_gguf_loaded_as_int8_is_one_named_error_or_its_float32_load(tmp_path):
+    # The int8 path reads the Q8_0 bytes itself (`q8_0_matrices`) after the conversion has read
+    # them: a damaged file (overwritten, truncated; fixed seed, 24 damages) is either one
+    # CheckpointError naming it, or loads as int8 with exactly the weights its float32 load has.
+    import jax
+
+    import specjax
+    from specjax.io.errors import CheckpointError
+    from specjax.model.quant import Int8Weight, dequantize
+
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    model = tiny_llama(num_kv_heads=2, tied=True)
+    quant = {f"blk.{i}.{m}.weight": q8 for i in (0, 1) for m in ("attn_q", "attn_k", "ffn_down")}
+    write_gguf(tmp_path / "good.gguf", model, quant={**quant, "token_embd.weight": q8})
+    good = (tmp_path / "good.gguf").read_bytes()
+    rng = np.random.default_rng(0)
+    outcomes = set()
+    for case in range(24):
+        damaged = bytearray(good)
+        if case % 3 == 2:
+            damaged = damaged[:int(rng.integers(len(good) // 2, len(good)))]
+        else:
+            at = int(rng.integers(0, len(good) - 8))
+            damaged[at:at + 8] = rng.integers(0, 256, 8, dtype=np.uint8).tobytes()
+        path = tmp_path / f"damaged{case}.gguf"
+        path.write_bytes(bytes(damaged))
+        try:
+            int8 = specjax.load(path, dtype="int8")
+        except CheckpointError as e:
+            assert str(path) in str(e), e
+            outcomes.add("error")
+            continue
+        float32 = specjax.load(path)
+        dense = jax.tree.map(lambda a: dequantize(a) if isinstance(a, Int8Weight) else a,
+                             int8.params, is_leaf=lambda a: isinstance(a, Int8Weight))
+        for name in ("wq", "wk", "w_down"):
+            for a, b in zip(dense["layers"], float32.params["layers"]):
+                np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]))
+        np.testing.assert_array_equal(np.asarray(dense["embed"]), np.asarray(float32.params["embed"]))
+        outcomes.add("loaded")
+    assert outcomes == {"error", "loaded"}, outcomes
