@@ -231,6 +231,19 @@ def test_rows_ending_in_each_head_keep_the_nucleus(three_widths):
     assert sizes[0] <= heads[0] < sizes[1] <= heads[1] < sizes[2], sizes
 
 
+
+@pytest.mark.parametrize("mix", [[0] * 14 + [1, 2], [0] * 13 + [1, 1, 2], [2] + [0] * 15])
+def test_rows_looked_up_again_gathered_or_all_keep_their_own_nucleus(three_widths, mix):
+    # 16 rows: up to two (an eighth) not sure in the best 256 are looked up again alone, then
+    # put back; three are looked up with the whole batch. Each way, every row's distribution
+    # is the one it has alone, bit for bit.
+    sampling = rows_sampling([dict(top_p=0.9)] * len(mix))
+    batched = np.asarray(probs_from_logits(jnp.asarray(three_widths[mix]), sampling))
+    alone = np.asarray(probs_from_logits(jnp.asarray(three_widths), rows_sampling(
+        [dict(top_p=0.9)] * 3)))
+    np.testing.assert_array_equal(batched, alone[mix])
+
+
 # --- robustness -------------------------------------------------------------------------------
 
 
