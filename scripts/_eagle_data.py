@@ -4,8 +4,8 @@
     python scripts/train.py eagle-features --sequences data/eagle2/smollm2 --target smollm2 \
         --out runs/eagle2/smollm2-features
 
-`eagle-data` continues every prompt of a fixed prompt set (scripts/_eagle_prompts.py: chat
-questions in the chat template, code, prose) once in each sampling setting of SETTINGS: greedy,
+`eagle-data` continues every prompt of a fixed prompt set (`specjax.train.prompts`:
+chat questions in the chat template, code, prose) once in each sampling setting of SETTINGS: greedy,
 temperature 0.7 with top-p 0.9, and temperature 1. A drafter that is to be accepted when the
 target samples must see what the target samples, not only its argmax.
 
@@ -36,10 +36,11 @@ import time
 from pathlib import Path
 
 import _corpus
-import _eagle_prompts
 import numpy as np
 from _training import command_line
 from _training import resolve_checkpoint as resolve
+
+from specjax.train import prompts as prompt_sets
 
 # name -> (temperature, top_p); greedy rows draw nothing, so their seed does not matter.
 SETTINGS = {"greedy": (0.0, 1.0), "t0.7-p0.9": (0.7, 0.9), "t1": (1.0, 1.0)}
@@ -61,17 +62,22 @@ def prompt_set(args, target, directory: Path) -> list[dict]:
     """The prompts, shuffled with --seed: {kind, ids, text} each (text None for text windows)."""
     rng = random.Random(args.seed)
     encode = lambda text: target.tokenizer.encode(text).ids  # noqa: E731
-    made_here = _eagle_prompts.more_chat_questions()
+    made_here = prompt_sets.more_chat_questions()
     questions = list(dict.fromkeys(_corpus.chat_questions() + made_here))
     questions = rng.sample(questions, args.chat_prompts)
     prompts = [{"kind": "chat", "text": _corpus.chatml(q, _corpus.SMOLLM2_SYSTEM if i % 2 else None)}
                for i, q in enumerate(questions)]
     prompts += [{"kind": kind, "text": text}
                 for kind, text in _corpus.code_prompts(args.code_prompts, args.seed)]
-    prose = rng.sample(_eagle_prompts.prose_prompts(random.Random(args.seed)), args.prose_prompts)
+    prose = rng.sample(prompt_sets.prose_prompts(random.Random(args.seed)), args.prose_prompts)
     made_here += prose
     prompts += [{"kind": "prose", "text": text} for text in prose]
-    _eagle_prompts.check_excluded([p["text"] for p in prompts], questions, made_here)
+    from specjax.bench.prompts import PROMPTS
+    try:
+        prompt_sets.check_excluded([p["text"] for p in prompts], questions, made_here,
+                                   [p["prompt"] for p in PROMPTS])
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     for p in prompts:
         p["ids"] = encode(p["text"])
     if args.text_windows:

@@ -265,13 +265,16 @@ def test_builtin_chat_prompts_in_the_targets_template(target, capsys):
     chatml = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
               "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
               "{% if add_generation_prompt %}{{'<|im_start|>assistant\\n'}}{% endif %}")
-    target = dataclasses.replace(target, chat_template=chatml)
+    plain_target, target = target, dataclasses.replace(target, chat_template=chatml)
     rows = read_prompts(Path("builtin:chat"), target, chat=False)
     questions = prompts.builtin("chat")
     assert len(rows) == len(questions) == 719 and questions[-10:] == prompts.EVAL_QUESTIONS
     assert not set(questions[:-10]) & set(prompts.EVAL_QUESTIONS)
     assert rows[-1] == chat.encode(target, chat.render(target, prompts.EVAL_QUESTIONS[-1]))
     assert "<|im_start|>assistant" in target.tokenizer.decode(rows[-1])
+    # Plain sets are continued as they are, on a target without a chat template too.
+    assert read_prompts(Path("builtin:prose"), plain_target, chat=False) == prompts.builtin(
+        "prose")
     for name, words in (("nope", "unknown built-in prompt set 'nope'"),
                         ("chat", "llama-target has no chat template")):   # the shipped one
         assert main(["train", "data", "--preset", "tiny-llama", "--prompts", f"builtin:{name}",
@@ -279,6 +282,36 @@ def test_builtin_chat_prompts_in_the_targets_template(target, capsys):
         err = capsys.readouterr().err
         assert len(err.splitlines()) == 1 and words in err, err
 
+
+
+def test_builtin_sets_keep_the_held_out_questions_and_bench_prompts_out():
+    # Every built-in set against the held-out rules: no held-out question among the questions,
+    # no held-out topic word in the wider set's questions or the prose openings, no bench
+    # prompt inside any prompt. The check itself catches each kind of leak (negative controls).
+    import random
+
+    from specjax.train import prompts, stdlib
+
+    sets = {name: prompts.builtin(name) for name in prompts.BUILTIN}
+    assert [len(sets[n]) for n in ("chat", "chat-wide", "code", "prose")] == [719, 3127, 600,
+                                                                              523]
+    assert sets["chat-wide"][:709] == sets["chat"][:709]
+    assert sets["chat-wide"][-10:] == prompts.EVAL_QUESTIONS
+    wider = prompts.more_chat_questions() + prompts.prose_prompts(random.Random(0))
+    everything = [text for texts in sets.values() for text in texts]
+    from specjax.bench.prompts import PROMPTS
+    bench = [p["prompt"] for p in PROMPTS]
+    prompts.check_excluded(everything, sets["chat-wide"][:-10], wider, bench)
+    # Code prompts come from the standard library's training files only.
+    train, validation, _ = stdlib.documents()
+    assert validation and not any(stdlib.is_validation(path) for path, _ in train)
+    # The check catches each kind of leak.
+    with pytest.raises(ValueError, match="a held-out question is in"):
+        prompts.check_excluded([], [prompts.EVAL_QUESTIONS[3]], [])
+    with pytest.raises(ValueError, match="names a held-out question's topic"):
+        prompts.check_excluded([], [], ["How do bees dance?"])
+    with pytest.raises(ValueError, match="contains the kept-out text"):
+        prompts.check_excluded(["Please: " + bench[0]], [], [], bench)
 
 # -- Medusa heads -------------------------------------------------------------------------------
 #

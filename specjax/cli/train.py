@@ -19,9 +19,11 @@ prompts, which it never trained on, written to --out/train_log.json.
 
 Prompts: a .jsonl file (each line a JSON string, {"prompt": text} or {"messages": [...]} in the
 target's chat template) or a text file with one prompt per line; --chat wraps plain prompts in
-the chat template. --prompts builtin:chat is a built-in set: 709 chat questions made from
-templates, then the 10 held-out questions the shipped drafters' cards report (--held-out 10),
-in the target's chat template.
+the chat template. --prompts builtin:NAME is a built-in set (specjax/train/prompts.py):
+chat (709 chat questions made from templates, then the 10 held-out questions the shipped
+drafters' cards report, --held-out 10) and chat-wide (3,117 questions, then the same 10), in
+the target's chat template; code (600 prompts cut from this Python's standard library) and
+prose (523 plain-text openings), continued as they are.
 """
 
 from __future__ import annotations
@@ -63,9 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          description=DESCRIPTION,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     _target_arguments(d)
-    d.add_argument("--prompts", required=True, metavar="FILE|builtin:chat",
+    d.add_argument("--prompts", required=True, metavar="FILE|builtin:NAME",
                    help=".jsonl (strings, {prompt}, or {messages}) or text, one prompt a line; "
-                        "or a built-in set")
+                        "or a built-in set: builtin:" + "|".join(prompt_sets.BUILTIN))
     d.add_argument("--chat", action="store_true", help="wrap plain prompts in the chat template")
     d.add_argument("--out", required=True, metavar="DIR",
                    help="the shards and data.json; a run started again resumes")
@@ -144,15 +146,17 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
 
 def read_prompts(path: Path, target, chat: bool) -> list:
     """The prompts of a file, each a text or (chat) token ids; "builtin:NAME" names a built-in
-    set (`specjax.train.prompts`), whose questions are rendered in the target's chat
-    template."""
+    set (`specjax.train.prompts`): its questions are rendered in the target's chat template,
+    its plain texts only with `chat`."""
     if str(path).startswith(BUILTIN_PREFIX):
+        name = str(path)[len(BUILTIN_PREFIX):]
         try:
-            questions = prompt_sets.builtin(str(path)[len(BUILTIN_PREFIX):])
+            texts = prompt_sets.builtin(name)
         except ValueError as e:
             raise CLIError(f"--prompts {path}: {e}") from None
-        return [chat_template.encode(target, chat_template.render(target, q))
-                for q in questions]
+        if not prompt_sets.BUILTIN[name][0] and not chat:
+            return texts                                    # plain text, continued as it is
+        return [chat_template.encode(target, chat_template.render(target, q)) for q in texts]
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
