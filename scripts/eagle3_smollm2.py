@@ -81,7 +81,7 @@ def main() -> None:
                                 unroll=args.unroll, draft_vocab=args.draft_vocab,
                                 checkpoint_every=args.checkpoint_every)
 
-    def progress(step, parts):
+    def progress(step, parts, _):
         if step % 25 == 0 or step == args.steps:
             say(f"step {step}/{args.steps}: " + " ".join(f"{a:.3f}/{b:.2f}" for a, b in parts))
 

@@ -324,11 +324,11 @@ def test_builtin_sets_keep_the_held_out_questions_and_bench_prompts_out():
 MEDUSA_FLOOR = 2.0
 MEDUSA_ARGS = ["--held-out", "8", "--max-new-tokens", "32", "--steps", "150", "--batch", "8",
                "--learning-rate", "3e-3", "--warmup", "10", "--heads", "3",
-               "--checkpoint-every", "75"]
+               "--checkpoint-every", "75", "--eval-every", "75"]
 
 
 def test_trained_medusa_heads_load_in_fasterdecodings_layout_and_clear_the_floor(
-        target, trained, tmp_path):
+        target, trained, tmp_path, capsys):
     from specjax.train import medusa
 
     eagle_out, held_out = trained
@@ -354,6 +354,14 @@ def test_trained_medusa_heads_load_in_fasterdecodings_layout_and_clear_the_floor
     assert got.tokens == ar.tokens                                   # exact, batched
     assert got.stats.tokens_per_target_call == pytest.approx(log["tokens_per_target_call_t0"],
                                                              abs=1e-3)
+    # The progress bar (stderr, not a terminal: a line every 150 // 20 = 7 steps and at each
+    # held-out evaluation, steps 75 and 150), its last evaluation the final heads'.
+    bar = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train:")]
+    steps = sorted({*range(7, 151, 7), 75, 150})
+    assert [line.split(",")[0] for line in bar] == [f"train: step {s}/150" for s in steps]
+    assert ["held out" in line for line in bar] == [s >= 75 for s in steps]
+    assert "loss/accuracy by head" in bar[-1]
+    assert f"held out {log['tokens_per_target_call_t0']:.2f} tokens/call" in bar[-1]
     sequences = eagle3.Sequences(*(np.load(work / "sequences.npz")[k]
                                    for k in ("tokens", "length", "prompt_length")))
     settings = medusa.TrainConfig(steps=150, batch=8, learning_rate=3e-3, warmup=10, heads=3)
@@ -407,3 +415,25 @@ def test_bad_medusa_requests_exit_2_with_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert code == 2 and len(err.splitlines()) == 1 and err.startswith("specjax: error: ")
         assert words in err, (words, err)
+
+
+def test_the_progress_bar_rewrites_one_line_on_a_terminal():
+    import io
+
+    from specjax.train.state import StepProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    seen, screen = [], Terminal()
+    bar = StepProgress(4, "loss/agreement by pass", evaluate=lambda model: seen.append(
+        model) or 2.5, evaluate_every=2, stream=screen)
+    for step in range(1, 5):
+        bar(step, np.array([[1.0 / step, 0.5]]), lambda step=step: f"model {step}")
+    text = screen.getvalue()
+    assert seen == ["model 2", "model 4"]          # evaluated every 2 steps, on the model asked
+    assert text.count("\r\x1b[K") == 4 and text.endswith("\n") and text.count("\n") == 1
+    last = text.split("\r\x1b[K")[-1]
+    assert last.startswith("train: step 4/4, loss/agreement by pass 0.250/0.50, held out 2.50 "
+                           "tokens/call, ") and last.endswith(" left\n")

@@ -45,6 +45,7 @@ from specjax.io.medusa import save_heads
 from specjax.io.published import HEADS_FORMATS
 from specjax.train import data, eagle3, medusa
 from specjax.train import prompts as prompt_sets
+from specjax.train.state import StepProgress
 
 DESCRIPTION = __doc__
 BUILTIN_PREFIX = "builtin:"
@@ -142,6 +143,9 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64, help="continuation length")
     p.add_argument("--data-temperature", type=float, default=0.0,
                    help="the continuations' temperature (default 0: greedy)")
+    p.add_argument("--eval-every", type=int, metavar="N",
+                   help="held-out tokens per target call (T = 0) on the progress bar every N "
+                        "steps (default: 5 times a run; 0: only at the end)")
 
 
 def read_prompts(path: Path, target, chat: bool) -> list:
@@ -226,14 +230,7 @@ def run_train(args) -> int:
     started = time.time()
     sequences, held_out = _training_data(args, target, work)
     features = _features(target, sequences, taps, args)
-    every = max(1, config.steps // 20)
-
-    def progress(step, parts):
-        if step % every == 0 or step == config.steps:
-            passes = " ".join(f"{loss:.3f}/{agree:.2f}" for loss, agree in parts)
-            print(f"step {step}/{config.steps}: loss/agreement by pass {passes} "
-                  f"({time.time() - started:.0f} s)", flush=True)
-
+    progress = _progress(args, config, "loss/agreement by pass", target, held_out, "drafter")
     drafter = eagle3.train(target, features, config, checkpoint=work / "checkpoint",
                            progress=progress)
     save_drafter(drafter, out, format=args.format)
@@ -262,14 +259,7 @@ def run_medusa(args) -> int:
     # cheapest `features` computes.
     args.features, args.features_dtype = None, "float32"
     states = _features(target, sequences, (0,), args)
-    every = max(1, config.steps // 20)
-
-    def progress(step, parts):
-        if step % every == 0 or step == config.steps:
-            by_head = " ".join(f"{loss:.3f}/{accuracy:.2f}" for loss, accuracy in parts)
-            print(f"step {step}/{config.steps}: loss/accuracy by head {by_head} "
-                  f"({time.time() - started:.0f} s)", flush=True)
-
+    progress = _progress(args, config, "loss/accuracy by head", target, held_out, "heads")
     try:
         heads = medusa.train(target, states, config, checkpoint=work / "checkpoint",
                              progress=progress)
@@ -281,6 +271,23 @@ def run_medusa(args) -> int:
            "seconds": round(time.time() - started, 1)}
     _finish(out, log, target, held_out, args, method="medusa", heads=heads)
     return 0
+
+
+def _progress(args, config, label: str, target, held_out, keyword: str) -> StepProgress:
+    """The training's progress bar (on stderr), with the held-out tokens per target call at
+    temperature 0 every --eval-every steps: the model as it stands, passed as `keyword`
+    (drafter, heads or draft) to `generate` with the method that reads it."""
+    method = {"drafter": "eagle", "heads": "medusa", "draft": "speculative"}[keyword]
+    every = args.eval_every if args.eval_every is not None else max(1, config.steps // 5)
+    if every < 0:
+        raise CLIError(f"--eval-every must be >= 0, got {every}")
+
+    def evaluate(model) -> float:
+        result = generate(target, held_out, method=method, **{keyword: model},
+                          max_new_tokens=args.max_new_tokens, temperature=0.0)
+        return result.stats.tokens_per_target_call
+
+    return StepProgress(config.steps, label, evaluate if held_out and every else None, every)
 
 
 def _finish(out: Path, log: dict, target, held_out, args, **method) -> None:

@@ -31,6 +31,7 @@ import numpy as np
 from specjax.api.checks import encode_prompts
 from specjax.io.checkpoint import Model
 from specjax.train.eagle3 import Sequences, TrainError, continuations
+from specjax.train.state import duration
 
 __all__ = ["FORMAT", "Progress", "read", "write"]
 
@@ -52,18 +53,12 @@ class Progress:
         rate = tokens / elapsed
         left = (self.total - done) * elapsed / (done - first) if done > first else 0.0
         line = (f"data: {done}/{self.total} prompts, {tokens:,} tokens, {rate:,.0f} tokens/s, "
-                f"{_duration(left)} left")
+                f"{duration(left)} left")
         if self.tty:
             self.stream.write("\r" + line + ("\n" if done == self.total else ""))
         else:
             self.stream.write(line + "\n")
         self.stream.flush()
-
-
-def _duration(seconds: float) -> str:
-    minutes, seconds = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
 
 
 def write(target: Model, prompts, directory, *, max_new_tokens: int = 64,

@@ -273,7 +273,8 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     With `checkpoint` (a directory), the run's state is written there every
     `config.checkpoint_every` steps and at the end, and a run started on a directory that holds
     one resumes from it (it must be the same run: target, data and config). `progress(step,
-    metrics)` is called after each step with the passes' [loss, agreement]. `stop_after` ends
+    metrics, drafter)` is called after each step with the passes' [loss, agreement] and a
+    function giving the drafter as it stands (`state.StepProgress` is such a progress bar). `stop_after` ends
     the run after that many steps of this call (an interruption, for tests)."""
     n, t = data.sequences.tokens.shape
     if data.tapped.shape[:2] != (n, t) or data.final.shape[:2] != (n, t):
@@ -302,11 +303,13 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
                 "tapped": data.tapped[rows, :w].astype(np.float32),
                 "final": data.final[rows, :w].astype(np.float32)}
 
-    trainable = run_steps(config, data.sequences.length, t, batch_of,
-                          functools.partial(_step, dc, config, frozen=frozen), trainable,
-                          _run_key(target, data, config), checkpoint, progress, stop_after)
-    return dataclasses.replace(start, params=trainable,
-                               target=target_identity(target, ids))
+    def drafter(params):
+        return dataclasses.replace(start, params=params, target=target_identity(target, ids))
+
+    return drafter(run_steps(config, data.sequences.length, t, batch_of,
+                             functools.partial(_step, dc, config, frozen=frozen), trainable,
+                             _run_key(target, data, config), checkpoint, progress, stop_after,
+                             model_of=drafter))
 
 
 def _run_key(target: Model, data: Features, config: TrainConfig) -> str:

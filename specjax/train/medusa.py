@@ -122,7 +122,8 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     With `checkpoint` (a directory), the run's state is written there every
     `config.checkpoint_every` steps and at the end, and a run started on a directory that holds
     one resumes from it (it must be the same run: target, data and config). `progress(step,
-    metrics)` is called after each step with the heads' [loss, accuracy]. `stop_after` ends the
+    metrics, heads)` is called after each step with the heads' [loss, accuracy] and a function
+    giving the heads as they stand. `stop_after` ends the
     run after that many steps of this call (an interruption, for tests)."""
     n, t = data.sequences.tokens.shape
     vocab = target.config.vocab_size
@@ -156,11 +157,14 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
         return {"final": np.asarray(data.final[rows, :w], np.float32),
                 "labels": targets[rows, :w]}
 
-    trainable = run_steps(config, data.sequences.length, t, batch_of,
-                          functools.partial(_step, hc, config, frozen=frozen), trainable,
-                          _run_key(target, data, config), checkpoint, progress, stop_after)
-    return dataclasses.replace(start, params=dict(start.params, **trainable),
-                               target=target_identity(target, ids))
+    def heads(params):
+        return dataclasses.replace(start, params=dict(start.params, **params),
+                                   target=target_identity(target, ids))
+
+    return heads(run_steps(config, data.sequences.length, t, batch_of,
+                           functools.partial(_step, hc, config, frozen=frozen), trainable,
+                           _run_key(target, data, config), checkpoint, progress, stop_after,
+                           model_of=heads))
 
 
 def _run_key(target: Model, data: Features, config: TrainConfig) -> str:

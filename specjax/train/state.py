@@ -1,4 +1,5 @@
-"""What every trainer in `specjax.train` shares: its error, its optimizer, and its checkpoints.
+"""What every trainer in `specjax.train` shares: its error, its optimizer, its checkpoints and
+its progress bar.
 
 A checkpoint is a directory holding the run's trainable parameters and optimizer state
 (state.npz, the pytree's leaves in order) and state.json (the run's key and the steps done). It
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -18,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["TrainError", "check_settings", "optimizer", "resume_state", "run_steps",
-           "save_state"]
+__all__ = ["StepProgress", "TrainError", "check_settings", "optimizer", "resume_state",
+           "run_steps", "save_state"]
 
 
 class TrainError(ValueError):
@@ -60,7 +62,7 @@ def optimizer(config):
 
 
 def run_steps(config, lengths: np.ndarray, width: int, batch_of, step, trainable, run_key: str,
-              checkpoint=None, progress=None, stop_after: int | None = None):
+              checkpoint=None, progress=None, stop_after: int | None = None, model_of=None):
     """The training loop every trainer shares; returns the trainable parameters.
 
     Step b draws `config.batch` of the N sequences (their `lengths` [N], stored `width` wide)
@@ -69,7 +71,8 @@ def run_steps(config, lengths: np.ndarray, width: int, batch_of, step, trainable
     batch_of(rows, width))` -> (trainable, opt_state, metrics). With `checkpoint` (a
     directory) the state is saved every `config.checkpoint_every` steps and at the end, and a
     run started on a checkpoint of the same `run_key` resumes from it; `progress(step,
-    metrics)` follows each step; `stop_after` ends this call after that many steps."""
+    metrics, model)` follows each step, `model()` giving the trained model as it stands
+    (`model_of(trainable)`); `stop_after` ends this call after that many steps."""
     opt_state = optimizer(config).init(trainable)
     done = 0
     if checkpoint is not None:
@@ -83,7 +86,7 @@ def run_steps(config, lengths: np.ndarray, width: int, batch_of, step, trainable
         w = min(width, -(-int(lengths[rows].max()) // 64) * 64)
         trainable, opt_state, metrics = step(trainable, opt_state, batch_of(rows, w))
         if progress is not None:
-            progress(b + 1, np.asarray(metrics))
+            progress(b + 1, np.asarray(metrics), lambda now=trainable: model_of(now))
         if checkpoint is not None and ((b + 1) % config.checkpoint_every == 0 or
                                        b + 1 == limit):
             save_state(checkpoint, run_key, trainable, opt_state, b + 1)
@@ -128,3 +131,47 @@ def resume_state(directory: Path, run_key: str, trainable, opt_state):
             raise TrainError(f"{state_file}: an array of shape {got.shape}, expected {want.shape}")
     trainable, opt_state = jax.tree.unflatten(treedef, restored)
     return trainable, opt_state, step
+
+
+class StepProgress:
+    """A training run's progress bar: the step, the loss and agreement of each pass or head,
+    steps per second and the time left; and every `evaluate_every` steps `evaluate(model)`,
+    the held-out tokens per target call at temperature 0 (deterministic for a seed, as the
+    loss is). A line rewritten in place on a terminal, a plain line every `log_every` steps and
+    at each evaluation otherwise (a log). Called as `progress(step, metrics, model)`."""
+
+    def __init__(self, steps: int, label: str = "loss/agreement", evaluate=None,
+                 evaluate_every: int = 0, stream=None):
+        self.steps, self.label, self.evaluate = steps, label, evaluate
+        self.evaluate_every = evaluate_every if evaluate is not None else 0
+        self.stream = stream or sys.stderr
+        self.tty, self.log_every = self.stream.isatty(), max(1, steps // 20)
+        self.started, self.first, self.held_out = time.time(), None, None
+
+    def __call__(self, step: int, metrics: np.ndarray, model) -> None:
+        if self.first is None:                          # a resumed run starts past 0
+            self.first, self.started = step - 1, time.time()
+        evaluated = self.evaluate_every and (step % self.evaluate_every == 0 or
+                                             step == self.steps)
+        if evaluated:
+            self.held_out = self.evaluate(model())
+        if not (self.tty or evaluated or step % self.log_every == 0 or step == self.steps):
+            return
+        rate = (step - self.first) / max(time.time() - self.started, 1e-9)
+        parts = " ".join(f"{loss:.3f}/{agree:.2f}" for loss, agree in np.asarray(metrics))
+        line = f"train: step {step}/{self.steps}, {self.label} {parts}"
+        if self.held_out is not None:
+            line += f", held out {self.held_out:.2f} tokens/call"
+        line += f", {rate:.2f} steps/s, {duration((self.steps - step) / rate)} left"
+        if self.tty:
+            self.stream.write("\r\x1b[K" + line + ("\n" if step == self.steps else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def duration(seconds: float) -> str:
+    """'4m05s', or '1h04m' past an hour."""
+    minutes, seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
