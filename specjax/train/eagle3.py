@@ -51,7 +51,7 @@ from specjax.heads.shared import projection, target_identity
 from specjax.io.checkpoint import Model
 from specjax.model.cache import KVCache
 from specjax.model.transformer import tapped_states
-from specjax.train.state import TrainError, check_settings, optimizer, run_steps
+from specjax.train.state import TrainError, check_settings, on_mesh, optimizer, run_steps
 
 __all__ = ["Features", "Sequences", "TrainConfig", "TrainError", "continuations",
            "draft_vocabulary", "features", "resolve_taps", "train"]
@@ -267,7 +267,7 @@ def _step(dc: eagle.DrafterConfig, config: TrainConfig, trainable, opt_state, ba
 
 def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
           checkpoint: str | Path | None = None, progress=None,
-          stop_after: int | None = None) -> eagle.Drafter:
+          stop_after: int | None = None, mesh=None) -> eagle.Drafter:
     """Trains a published EAGLE-3 drafter for `target` on `data` (`features`).
 
     With `checkpoint` (a directory), the run's state is written there every
@@ -275,7 +275,8 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     one resumes from it (it must be the same run: target, data and config). `progress(step,
     metrics, drafter)` is called after each step with the passes' [loss, agreement] and a
     function giving the drafter as it stands (`state.StepProgress` is such a progress bar). `stop_after` ends
-    the run after that many steps of this call (an interruption, for tests)."""
+    the run after that many steps of this call (an interruption, for tests). With `mesh` (data=N),
+    each batch is split over its devices (`state.on_mesh`)."""
     n, t = data.sequences.tokens.shape
     if data.tapped.shape[:2] != (n, t) or data.final.shape[:2] != (n, t):
         raise TrainError("features and sequences disagree in shape")
@@ -296,6 +297,7 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     # target's, frozen (the published drafters read them).
     trainable = dict(start.params, lm_head=head)
     frozen = {"embed": target.params["embed"], "head": head}
+    frozen = on_mesh(frozen, mesh, config)
 
     def batch_of(rows, w):
         return {"tokens": data.sequences.tokens[rows, :w],
@@ -309,7 +311,7 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     return drafter(run_steps(config, data.sequences.length, t, batch_of,
                              functools.partial(_step, dc, config, frozen=frozen), trainable,
                              _run_key(target, data, config), checkpoint, progress, stop_after,
-                             model_of=drafter))
+                             model_of=drafter, mesh=mesh))
 
 
 def _run_key(target: Model, data: Features, config: TrainConfig) -> str:

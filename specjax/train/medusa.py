@@ -43,7 +43,7 @@ from specjax.heads import medusa as heads_math
 from specjax.heads.shared import projection, target_identity
 from specjax.io.checkpoint import Model
 from specjax.train.eagle3 import Features, draft_vocabulary
-from specjax.train.state import TrainError, check_settings, optimizer, run_steps
+from specjax.train.state import TrainError, check_settings, on_mesh, optimizer, run_steps
 
 __all__ = ["TrainConfig", "train"]
 
@@ -115,7 +115,7 @@ def _step(hc: heads_math.HeadsConfig, config: TrainConfig, trainable, opt_state,
 
 def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
           checkpoint: str | Path | None = None, progress=None,
-          stop_after: int | None = None) -> heads_math.Heads:
+          stop_after: int | None = None, mesh=None) -> heads_math.Heads:
     """Trains Medusa-1 heads for `target` on `data` (`eagle3.features`: its final-normed
     states are what the heads read).
 
@@ -124,7 +124,8 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     one resumes from it (it must be the same run: target, data and config). `progress(step,
     metrics, heads)` is called after each step with the heads' [loss, accuracy] and a function
     giving the heads as they stand. `stop_after` ends the
-    run after that many steps of this call (an interruption, for tests)."""
+    run after that many steps of this call (an interruption, for tests). With `mesh` (data=N),
+    each batch is split over its devices (`state.on_mesh`)."""
     n, t = data.sequences.tokens.shape
     vocab = target.config.vocab_size
     if data.final.shape[:2] != (n, t):
@@ -152,6 +153,7 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     if own:
         trainable["lm_heads"] = start.params["lm_heads"]
     frozen = {} if own else {"proj": projection(target, ids)}
+    frozen = on_mesh(frozen, mesh, config)
 
     def batch_of(rows, w):
         return {"final": np.asarray(data.final[rows, :w], np.float32),
@@ -164,7 +166,7 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     return heads(run_steps(config, data.sequences.length, t, batch_of,
                            functools.partial(_step, hc, config, frozen=frozen), trainable,
                            _run_key(target, data, config), checkpoint, progress, stop_after,
-                           model_of=heads))
+                           model_of=heads, mesh=mesh))
 
 
 def _run_key(target: Model, data: Features, config: TrainConfig) -> str:

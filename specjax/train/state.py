@@ -20,8 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["StepProgress", "TrainError", "check_settings", "optimizer", "resume_state",
-           "run_steps", "save_state"]
+from specjax.model.linear import use_kernels
+
+__all__ = ["StepProgress", "TrainError", "check_settings", "on_mesh", "optimizer",
+           "resume_state", "run_steps", "save_state"]
 
 
 class TrainError(ValueError):
@@ -61,8 +63,29 @@ def optimizer(config):
                        optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=0.0))
 
 
+def on_mesh(tree, mesh, config=None):
+    """`tree` replicated on every device of `mesh` (None: as it is), for data-parallel
+    training: the trainable parameters, the optimizer's state and the frozen arrays live
+    whole on every device, each step's batch is split by row over "data" (`run_steps`), and
+    XLA sums the gradients across devices. With `config`, the mesh is checked against it."""
+    if mesh is None:
+        return tree
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    if config is not None:
+        data, model = mesh.shape.get("data", 1), mesh.shape.get("model", 1)
+        if model != 1:
+            raise TrainError(f"training runs data-parallel: a mesh of data=N (model=1), "
+                             f"got model={model}")
+        if config.batch % data:
+            raise TrainError(f"batch {config.batch} does not split over the mesh's data="
+                             f"{data} devices; make it a multiple of {data}")
+    return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
+
+
 def run_steps(config, lengths: np.ndarray, width: int, batch_of, step, trainable, run_key: str,
-              checkpoint=None, progress=None, stop_after: int | None = None, model_of=None):
+              checkpoint=None, progress=None, stop_after: int | None = None, model_of=None,
+              mesh=None):
     """The training loop every trainer shares; returns the trainable parameters.
 
     Step b draws `config.batch` of the N sequences (their `lengths` [N], stored `width` wide)
@@ -72,25 +95,43 @@ def run_steps(config, lengths: np.ndarray, width: int, batch_of, step, trainable
     directory) the state is saved every `config.checkpoint_every` steps and at the end, and a
     run started on a checkpoint of the same `run_key` resumes from it; `progress(step,
     metrics, model)` follows each step, `model()` giving the trained model as it stands
-    (`model_of(trainable)`); `stop_after` ends this call after that many steps."""
+    (`model_of(trainable)`); `stop_after` ends this call after that many steps. With `mesh`
+    (data=N), each batch is split by row over its devices (`on_mesh`: the caller places the
+    frozen arrays with it too). The gradients are then sums across devices, in another order
+    than one device's: a run on a mesh resumes bit for bit on the same mesh, and matches a
+    one-device run to float rounding."""
     opt_state = optimizer(config).init(trainable)
     done = 0
     if checkpoint is not None:
         checkpoint = Path(checkpoint)
         trainable, opt_state, done = resume_state(checkpoint, run_key, trainable, opt_state)
+    trainable, opt_state = on_mesh((trainable, opt_state), mesh, config)
+    if mesh is not None:
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        by_row = NamedSharding(mesh, PartitionSpec("data"))
+        batch_of = (lambda of: lambda rows, w: jax.device_put(of(rows, w), by_row))(batch_of)
     n = len(lengths)
     limit = config.steps if stop_after is None else min(config.steps, done + stop_after)
     for b in range(done, limit):
         rows = np.random.default_rng([config.seed, b]).choice(n, config.batch,
                                                               replace=n < config.batch)
         w = min(width, -(-int(lengths[rows].max()) // 64) * 64)
-        trainable, opt_state, metrics = step(trainable, opt_state, batch_of(rows, w))
+        with use_kernels(False):        # the CPU kernels have no derivatives; XLA's do
+            trainable, opt_state, metrics = step(trainable, opt_state, batch_of(rows, w))
         if progress is not None:
-            progress(b + 1, np.asarray(metrics), lambda now=trainable: model_of(now))
+            progress(b + 1, np.asarray(metrics),
+                     lambda now=trainable: model_of(_one_device(now, mesh)))
         if checkpoint is not None and ((b + 1) % config.checkpoint_every == 0 or
                                        b + 1 == limit):
             save_state(checkpoint, run_key, trainable, opt_state, b + 1)
-    return trainable
+    return _one_device(trainable, mesh)
+
+
+def _one_device(tree, mesh):
+    """A tree replicated on `mesh` back on the default device, where the model it goes into
+    decodes (the target's arrays are there)."""
+    return tree if mesh is None else jax.device_put(tree, jax.devices()[0])
 
 
 def save_state(directory: Path, run_key: str, trainable, opt_state, step: int) -> None:
