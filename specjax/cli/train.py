@@ -38,14 +38,17 @@ import numpy as np
 
 from specjax.api.generate import generate
 from specjax.io import chat as chat_template
+from specjax.io.checkpoint import save as save_model
 from specjax.io.eagle import save_drafter
-from specjax.presets import DEFAULT_PRESET, PRESETS, CLIError, load_model, model_paths
+from specjax.presets import (DEFAULT_PRESET, PRESETS, CLIError, load_model, make_mesh,
+                             model_paths, parse_mesh)
 from specjax.sampling.logits import SamplingParams
 from specjax.io.medusa import save_heads
+from specjax.model.transformer import count_params
 from specjax.io.published import HEADS_FORMATS
-from specjax.train import data, eagle3, medusa
+from specjax.train import data, draft, eagle3, medusa
 from specjax.train import prompts as prompt_sets
-from specjax.train.state import StepProgress
+from specjax.train.state import StepProgress, on_mesh
 
 DESCRIPTION = __doc__
 BUILTIN_PREFIX = "builtin:"
@@ -124,6 +127,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "target's LM-head rows for the --subset most frequent ids")
     m.set_defaults(run=run_medusa, draft=None)
 
+    r = kinds.add_parser("draft", help="a draft model: a small Llama LM (Hugging Face layout)",
+                         description=DESCRIPTION,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    _target_arguments(r)
+    _data_arguments(r)
+    defaults = draft.TrainConfig()
+    for name, kind in (("steps", int), ("batch", int), ("learning_rate", float),
+                       ("warmup", int), ("clip", float), ("seed", int),
+                       ("checkpoint_every", int), ("layers", int)):
+        r.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(defaults, name),
+                       help=f"default {getattr(defaults, name)}")
+    for name, default in (("d_model", "half the target's"),
+                          ("heads", "d_model / the target's head size"),
+                          ("kv_heads", "heads"),
+                          ("d_ff", "the target's d_ff / d_model ratio, a multiple of 32")):
+        r.add_argument("--" + name.replace("_", "-"), type=int, help=f"default {default}")
+    r.set_defaults(run=run_draft, draft=None)
+
 
 def _data_arguments(p: argparse.ArgumentParser) -> None:
     """Where a trainer's data comes from, where it writes, and how it evaluates."""
@@ -143,6 +164,9 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64, help="continuation length")
     p.add_argument("--data-temperature", type=float, default=0.0,
                    help="the continuations' temperature (default 0: greedy)")
+    p.add_argument("--mesh", metavar="data=N",
+                   help="train data-parallel on N devices: each batch split by row (a "
+                        "multiple of N), the gradients summed across them")
     p.add_argument("--eval-every", type=int, metavar="N",
                    help="held-out tokens per target call (T = 0) on the progress bar every N "
                         "steps (default: 5 times a run; 0: only at the end)")
@@ -213,6 +237,7 @@ def run_train(args) -> int:
         "steps", "batch", "learning_rate", "warmup", "unroll", "decay", "clip", "draft_vocab",
         "seed", "checkpoint_every")})
     _check_data_arguments(args)
+    mesh = _mesh(args, config)
     target_path, _, _ = model_paths(args, want_draft=False)
     target = load_model(target_path, "float32")
     if target.config.arch != "llama":
@@ -232,7 +257,7 @@ def run_train(args) -> int:
     features = _features(target, sequences, taps, args)
     progress = _progress(args, config, "loss/agreement by pass", target, held_out, "drafter")
     drafter = eagle3.train(target, features, config, checkpoint=work / "checkpoint",
-                           progress=progress)
+                           progress=progress, mesh=mesh)
     save_drafter(drafter, out, format=args.format)
     log = {"target": str(target_path), "format": args.format, "taps": list(features.taps),
            "draft_vocab": int(len(drafter.token_ids)), "config": vars(config),
@@ -250,6 +275,7 @@ def run_medusa(args) -> int:
         raise CLIError("--format medusa (FasterDecoding's) holds heads with their own LM heads; "
                        "--head subset needs --format specjax")
     _check_data_arguments(args)
+    mesh = _mesh(args, config)
     target_path, _, _ = model_paths(args, want_draft=False)
     target = load_model(target_path, "float32")
     out, work = _out_and_work(args)
@@ -262,7 +288,7 @@ def run_medusa(args) -> int:
     progress = _progress(args, config, "loss/accuracy by head", target, held_out, "heads")
     try:
         heads = medusa.train(target, states, config, checkpoint=work / "checkpoint",
-                             progress=progress)
+                             progress=progress, mesh=mesh)
     except eagle3.TrainError as e:
         raise CLIError(str(e)) from None
     save_heads(heads, out, format=args.format)
@@ -271,6 +297,46 @@ def run_medusa(args) -> int:
            "seconds": round(time.time() - started, 1)}
     _finish(out, log, target, held_out, args, method="medusa", heads=heads)
     return 0
+
+
+def run_draft(args) -> int:
+    config = draft.TrainConfig(**{k: getattr(args, k) for k in (
+        "steps", "batch", "learning_rate", "warmup", "clip", "seed", "checkpoint_every",
+        "layers", "d_model", "heads", "kv_heads", "d_ff")})
+    _check_data_arguments(args)
+    mesh = _mesh(args, config)
+    target_path, _, _ = model_paths(args, want_draft=False)
+    target = load_model(target_path, "float32")
+    shape = draft.draft_config(target, config)      # a shape that does not fit, before the data
+    out, work = _out_and_work(args)
+    started = time.time()
+    sequences, held_out = _training_data(args, target, work)
+    # The soft labels need only the final-normed states; the one tap (the embeddings) is the
+    # cheapest `features` computes.
+    args.features, args.features_dtype = None, "float32"
+    states = _features(target, sequences, (0,), args)
+    progress = _progress(args, config, "loss/agreement", target, held_out, "draft")
+    model = draft.train(target, states, config, checkpoint=work / "checkpoint",
+                        progress=progress, mesh=mesh)
+    save_model(model, out)
+    _tokenizer_files(target_path, out)
+    log = {"target": str(target_path), "format": "hf", "config": vars(config),
+           "draft": {"layers": shape.n_layers, "d_model": shape.d_model,
+                     "heads": shape.n_heads, "kv_heads": shape.n_kv_heads, "d_ff": shape.d_ff,
+                     "parameters": count_params(model.params)},
+           "train_sequences": int(len(sequences.length)), "held_out_prompts": len(held_out),
+           "seconds": round(time.time() - started, 1)}
+    _finish(out, log, target, held_out, args, method="speculative", draft=model)
+    return 0
+
+
+def _tokenizer_files(target_path: Path, out: Path) -> None:
+    """The target's tokenizer and generation settings beside the draft's weights (`save` wrote
+    tokenizer.json), so that Hugging Face's loaders find the special tokens and the chat
+    template the target has."""
+    for name in ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+        if target_path.is_dir() and (target_path / name).is_file():
+            shutil.copyfile(target_path / name, out / name)
 
 
 def _progress(args, config, label: str, target, held_out, keyword: str) -> StepProgress:
@@ -306,6 +372,13 @@ def _finish(out: Path, log: dict, target, held_out, args, **method) -> None:
               f"temperature 0, {log['tokens_per_target_call_t1']} at 1", flush=True)
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     print(out)
+
+
+def _mesh(args, config):
+    """--mesh data=N as a mesh, checked against the run's batch before any data is made."""
+    mesh = make_mesh(parse_mesh(args.mesh))
+    on_mesh({}, mesh, config)
+    return mesh
 
 
 def _check_data_arguments(args) -> None:

@@ -1,4 +1,5 @@
-"""A published EAGLE-3 drafter (Li et al. 2025) trained for a target: data, features, training.
+"""A published EAGLE-3 drafter (Li et al. 2025), or EAGLE-1/2 (2024), trained for a target: data,
+features, training.
 
 The three stages, each a function:
 
@@ -19,6 +20,11 @@ read only by itself, `KVCache.first`). Its output predicts x_{s+1}, scored by th
 of its logits against the target's distribution at s restricted to the draft vocabulary and
 renormalised (soft labels, as EAGLE-3 and SpecForge train), on the positions whose next token
 the target generated.
+
+EAGLE-1/2 (`TrainConfig(kind="eagle1")`, `train eagle`): the same passes over the same pairs,
+with g_s the target's final-normed state f_{s-1} and the target's own LM head, frozen; the
+output at s is a predicted feature, so the loss is EAGLE-1's: the SmoothL1 distance of out_s
+to f_s plus a tenth of the cross-entropy (the EAGLE repo's weights).
 
 Training-time test (EAGLE-3's answer to the drafter feeding on its own outputs when it drafts
 more than one token). Pass 0 reads the target's features, g_s = fc(taps_{s-1}) (zeros at s = 0).
@@ -87,15 +93,24 @@ class TrainConfig:
     unroll: int = 3                 # training-time-test passes
     decay: float = 0.8              # the weight of pass i is decay^i (SpecForge's 0.8)
     clip: float = 0.5               # global gradient norm (the EAGLE repo's)
-    draft_vocab: int = 1024         # S, the most frequent generated ids (at most V)
+    draft_vocab: int = 1024         # S, the most frequent generated ids (at most V; EAGLE-3)
     seed: int = 0
     checkpoint_every: int = 100
+    kind: str = "eagle3"            # or "eagle1": an EAGLE-1/2 drafter (`train eagle`)
 
     def __post_init__(self):
         check_settings(self, positive=("steps", "batch", "unroll", "draft_vocab",
                                        "checkpoint_every"),
                        non_negative=("warmup", "seed"), fractions=("learning_rate", "decay"),
                        at_most_inf=("clip",))
+        if self.kind not in KINDS:
+            raise TrainError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+
+
+KINDS = ("eagle3", "eagle1")
+# EAGLE-1's loss (Li et al. 2024, and the EAGLE repo's weights): the features' SmoothL1
+# regression, plus a tenth of the tokens' cross-entropy.
+CLASSIFICATION_WEIGHT = 0.1
 
 
 # -- Data ---------------------------------------------------------------------------------------
@@ -231,7 +246,8 @@ def draft_vocabulary(sequences: Sequences, size: int, vocab: int) -> np.ndarray:
 def _loss(trainable, frozen, batch, config: eagle.DrafterConfig, unroll: int, decay: float):
     """The weighted cross-entropy of the training-time-test passes (module docstring), and each
     pass's [loss, top-1 agreement with the target] for the log."""
-    weights = {**trainable, "proj": trainable["lm_head"]}
+    # EAGLE-3 trains its own head; EAGLE-1/2 reads the target's, frozen.
+    weights = {**trainable, "proj": trainable.get("lm_head", frozen["head"])}
     tokens, mask = batch["tokens"], batch["mask"]
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
@@ -247,7 +263,13 @@ def _loss(trainable, frozen, batch, config: eagle.DrafterConfig, unroll: int, de
         logits = eagle.draft_logits(weights, config, out)
         ce = -jnp.sum(jnp.sum(soft * jax.nn.log_softmax(logits), -1) * mask) / count
         agree = jnp.sum((jnp.argmax(logits, -1) == jnp.argmax(soft, -1)) * mask) / count
-        total = total + decay ** i * ce
+        if config.kind == "eagle3":
+            total = total + decay ** i * ce
+        else:                           # out_s predicts the target's feature f_s itself
+            error = jnp.abs(out - batch["final"])
+            smooth_l1 = jnp.mean(jnp.where(error < 1.0, 0.5 * error ** 2, error - 0.5), -1)
+            regression = jnp.sum(smooth_l1 * mask) / count
+            total = total + decay ** i * (regression + CLASSIFICATION_WEIGHT * ce)
         parts.append(jnp.stack([ce, agree]))
         g = jnp.concatenate([g[:, :1], out[:, :-1]], axis=1)                 # g_s = out_{s-1}
     return total, jnp.stack(parts)
@@ -268,15 +290,16 @@ def _step(dc: eagle.DrafterConfig, config: TrainConfig, trainable, opt_state, ba
 def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
           checkpoint: str | Path | None = None, progress=None,
           stop_after: int | None = None, mesh=None) -> eagle.Drafter:
-    """Trains a published EAGLE-3 drafter for `target` on `data` (`features`).
+    """Trains a published EAGLE-3 drafter for `target` on `data` (`features`), or with
+    `config.kind` "eagle1" a published EAGLE-1/2 one (it reads `data.final` only).
 
     With `checkpoint` (a directory), the run's state is written there every
     `config.checkpoint_every` steps and at the end, and a run started on a directory that holds
     one resumes from it (it must be the same run: target, data and config). `progress(step,
-    metrics, drafter)` is called after each step with the passes' [loss, agreement] and a
-    function giving the drafter as it stands (`state.StepProgress` is such a progress bar). `stop_after` ends
-    the run after that many steps of this call (an interruption, for tests). With `mesh` (data=N),
-    each batch is split over its devices (`state.on_mesh`)."""
+    metrics, drafter)` is called after each step with the passes' [cross-entropy, agreement]
+    and a function giving the drafter as it stands (`state.StepProgress` is such a progress
+    bar). `stop_after` ends the run after that many steps of this call (an interruption, for
+    tests). With `mesh` (data=N), each batch is split over its devices (`state.on_mesh`)."""
     n, t = data.sequences.tokens.shape
     if data.tapped.shape[:2] != (n, t) or data.final.shape[:2] != (n, t):
         raise TrainError("features and sequences disagree in shape")
@@ -287,22 +310,29 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     mask_all = data.sequences.label_mask()
     if not mask_all.any():
         raise TrainError("no position to train on: the sequences hold no generated tokens")
-    ids = draft_vocabulary(data.sequences, min(config.draft_vocab, target.config.vocab_size),
-                           target.config.vocab_size)
-    start = eagle.init_drafter(target, token_ids=ids, kind="eagle3", taps=data.taps,
-                               seed=config.seed, std=0.02)
+    vocab = target.config.vocab_size
+    if config.kind == "eagle3":
+        ids = draft_vocabulary(data.sequences, min(config.draft_vocab, vocab), vocab)
+        start = eagle.init_drafter(target, token_ids=ids, kind="eagle3", taps=data.taps,
+                                   seed=config.seed, std=0.02)
+    else:
+        ids = np.arange(vocab, dtype=np.int32)
+        start = eagle.init_drafter(target, kind="eagle1", head="target", seed=config.seed,
+                                   std=0.02)
     dc = start.config
     head = projection(target, ids)
-    # The head starts as the target's rows for the draft vocabulary; the embeddings stay the
-    # target's, frozen (the published drafters read them).
-    trainable = dict(start.params, lm_head=head)
+    # EAGLE-3's head starts as the target's rows for the draft vocabulary; EAGLE-1/2 reads the
+    # target's whole head, frozen. The embeddings stay the target's, frozen (the published
+    # drafters read them).
+    trainable = dict(start.params, lm_head=head) if config.kind == "eagle3" else start.params
     frozen = {"embed": target.params["embed"], "head": head}
+    source = data.tapped if config.kind == "eagle3" else data.final     # what g_s is made of
     frozen = on_mesh(frozen, mesh, config)
 
     def batch_of(rows, w):
         return {"tokens": data.sequences.tokens[rows, :w],
                 "mask": mask_all[rows, :w].astype(np.float32),
-                "tapped": data.tapped[rows, :w].astype(np.float32),
+                "tapped": source[rows, :w].astype(np.float32),
                 "final": data.final[rows, :w].astype(np.float32)}
 
     def drafter(params):
