@@ -1,21 +1,28 @@
-"""`python -m specjax train eagle3`: a published EAGLE-3 drafter for a target, end to end.
+"""`python -m specjax train`: a drafter for a target, end to end, in the stages of
+`specjax.train`:
 
-    python -m specjax train eagle3 --target DIR --prompts prompts.jsonl --out my-drafter \
-        --work runs/my-drafter --steps 2000
+    train data      the target's continuations of a prompt set, in resumable shards
+    train features  the target's states over them, on disk (optional: the trainers make them)
+    train eagle3    a published EAGLE-3 drafter (the EAGLE repo's, SpecForge's or speculators')
+    train eagle     a published EAGLE-1/2 drafter (the EAGLE repo's layout)
+    train medusa    published Medusa-1 heads (FasterDecoding's layout)
+    train draft     a draft model: a small Llama LM (a Hugging Face checkpoint)
 
-or from data made first (resumable shards, `specjax.train.data`):
+For example:
 
-    python -m specjax train data --target DIR --prompts prompts.jsonl --out runs/data \
-        --max-new-tokens 256 --temperature 1 --top-p 0.9 --held-out 8
-    python -m specjax train eagle3 --target DIR --data runs/data --out my-drafter
+    python -m specjax train data --target DIR --prompts builtin:chat --out runs/data \
+        --max-new-tokens 256 --temperature 1 --top-p 0.9 --held-out 10
+    python -m specjax train eagle3 --target DIR --data runs/data --out my-drafter --steps 2000
 
-The stages of `specjax.train.eagle3`: the target's continuations of the prompts (kept in
---work as sequences.npz, reused when the run starts again), its features (recomputed: one
-forward pass), the training (checkpointed in --work every --checkpoint-every steps; a run
-started again on the same --work resumes, and gives the weights an uninterrupted run gives),
-then the drafter written to --out in --format (the EAGLE repo's layout by default) and its
-held-out evaluation: tokens per target call at temperature 0 and 1 on the last --held-out
-prompts, which it never trained on, written to --out/train_log.json.
+or in one command from --prompts: the continuations are kept in --work as sequences.npz and
+reused when the run starts again. The features are one forward pass of the target (in memory,
+or in --features DIR, resumable, or made first by `train features`). Training checkpoints in
+--work every --checkpoint-every steps; a run started again on the same --work resumes and gives
+the weights an uninterrupted run gives. A progress bar on stderr shows the loss and, every
+--eval-every steps, the held-out tokens per target call. The result is written to --out in
+--format, with its held-out evaluation (tokens per target call and acceptance by depth at
+temperature 0 and 1 on the last --held-out prompts, never trained on) in --out/train_log.json.
+--mesh data=N trains data-parallel on N devices.
 
 Prompts: a .jsonl file (each line a JSON string, {"prompt": text} or {"messages": [...]} in the
 target's chat template) or a text file with one prompt per line; --chat wraps plain prompts in
@@ -85,27 +92,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="the last N prompts are kept for evaluation, not continued (default 8)")
     d.set_defaults(run=run_data, draft=None)
 
-    p = kinds.add_parser("eagle3", help="a published EAGLE-3 drafter",
+    f = kinds.add_parser("features", help="the target's states over `train data`'s "
+                         "continuations, on disk (what eagle3/eagle --features reads)",
                          description=DESCRIPTION,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    _target_arguments(p)
-    _data_arguments(p)
-    p.add_argument("--format", default="eagle", choices=FORMATS,
-                   help="the layout written (default: the EAGLE repo's)")
-    p.add_argument("--taps", metavar="A,B,C",
-                   help="the target's layer counts to read (default 2, L // 2, L - 3)")
-    p.add_argument("--features", metavar="DIR",
-                   help="keep the features on disk there, memory-mapped (sets larger than "
-                        "memory), and resume an interrupted pass (default: in memory)")
-    p.add_argument("--features-dtype", choices=("float32", "float16"), default="float32",
-                   help="the features' dtype (float16 halves them)")
-    defaults = eagle3.TrainConfig()
-    for name, kind in (("steps", int), ("batch", int), ("learning_rate", float),
-                       ("warmup", int), ("unroll", int), ("decay", float), ("clip", float),
-                       ("draft_vocab", int), ("seed", int), ("checkpoint_every", int)):
-        p.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(defaults, name),
-                       help=f"default {getattr(defaults, name)}")
-    p.set_defaults(run=run_train, draft=None)
+    _target_arguments(f)
+    f.add_argument("--data", required=True, metavar="DIR", help="made by `train data`")
+    f.add_argument("--out", required=True, metavar="DIR",
+                   help="the features, memory-mapped; a pass started again resumes")
+    _features_arguments(f, out=False)
+    f.set_defaults(run=run_features, draft=None)
+
+    for name, kind, text in (("eagle3", "eagle3", "a published EAGLE-3 drafter"),
+                             ("eagle", "eagle1", "a published EAGLE-1/2 drafter")):
+        p = kinds.add_parser(name, help=text, description=DESCRIPTION,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        _target_arguments(p)
+        _data_arguments(p)
+        p.add_argument("--format", default="eagle", choices=FORMATS,
+                       help="the layout written (default: the EAGLE repo's)")
+        _features_arguments(p, out=True, taps=kind == "eagle3")
+        defaults = eagle3.TrainConfig()
+        for option, type_ in (("steps", int), ("batch", int), ("learning_rate", float),
+                              ("warmup", int), ("unroll", int), ("decay", float),
+                              ("clip", float), ("seed", int), ("checkpoint_every", int)) + (
+                (("draft_vocab", int),) if kind == "eagle3" else ()):
+            p.add_argument("--" + option.replace("_", "-"), type=type_,
+                           default=getattr(defaults, option),
+                           help=f"default {getattr(defaults, option)}")
+        p.set_defaults(run=run_train, draft=None, drafter_kind=kind,
+                       **({} if kind == "eagle3" else {"draft_vocab": defaults.draft_vocab}))
 
     m = kinds.add_parser("medusa", help="published Medusa-1 heads (FasterDecoding's layout)",
                          description=DESCRIPTION,
@@ -144,6 +160,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           ("d_ff", "the target's d_ff / d_model ratio, a multiple of 32")):
         r.add_argument("--" + name.replace("_", "-"), type=int, help=f"default {default}")
     r.set_defaults(run=run_draft, draft=None)
+
+
+def _features_arguments(p: argparse.ArgumentParser, out: bool, taps: bool = True) -> None:
+    """Which features, in what dtype, and (`out`) where a trainer keeps them."""
+    if taps:
+        p.add_argument("--taps", metavar="A,B,C",
+                       help="the target's layer counts to read (default 2, L // 2, L - 3: "
+                            "EAGLE-3's; `train features` for EAGLE-1/2 or a draft: 0)")
+    if out:
+        p.add_argument("--features", metavar="DIR",
+                       help="keep the features on disk there, memory-mapped (sets larger than "
+                            "memory), and resume an interrupted pass or reuse a finished one "
+                            "(`train features`; default: in memory)")
+    p.add_argument("--features-dtype", choices=("float32", "float16"), default="float32",
+                   help="the features' dtype (float16 halves them)")
 
 
 def _data_arguments(p: argparse.ArgumentParser) -> None:
@@ -232,8 +263,37 @@ def run_data(args) -> int:
     return 0
 
 
+def run_features(args) -> int:
+    target_path, _, _ = model_paths(args, want_draft=False)
+    target = load_model(target_path, "float32")
+    taps = _taps(args, target)
+    try:
+        sequences, _ = data.read(args.data, target)
+    except eagle3.TrainError as e:
+        raise CLIError(str(e)) from None
+    args.features = args.out
+    try:
+        _features(target, sequences, taps, args)
+    except eagle3.TrainError as e:
+        raise CLIError(str(e)) from None
+    print(args.out)
+    return 0
+
+
+def _taps(args, target) -> tuple[int, ...]:
+    """--taps checked against the target (before hours of data and features)."""
+    taps = None
+    if args.taps:
+        try:
+            taps = tuple(int(t) for t in args.taps.split(","))
+        except ValueError:
+            raise CLIError(f"--taps must be comma-separated layer counts, got {args.taps!r}") \
+                from None
+    return eagle3.resolve_taps(target, taps)
+
+
 def run_train(args) -> int:
-    config = eagle3.TrainConfig(**{k: getattr(args, k) for k in (
+    config = eagle3.TrainConfig(kind=args.drafter_kind, **{k: getattr(args, k) for k in (
         "steps", "batch", "learning_rate", "warmup", "unroll", "decay", "clip", "draft_vocab",
         "seed", "checkpoint_every")})
     _check_data_arguments(args)
@@ -243,23 +303,20 @@ def run_train(args) -> int:
     if target.config.arch != "llama":
         raise CLIError(f"{target.name} is a {target.config.arch} model; EAGLE drafters are "
                        f"implemented for Llama-family targets")
-    taps = None
-    if args.taps:
-        try:
-            taps = tuple(int(t) for t in args.taps.split(","))
-        except ValueError:
-            raise CLIError(f"--taps must be comma-separated layer counts, got {args.taps!r}") \
-                from None
-    taps = eagle3.resolve_taps(target, taps)        # before hours of data and features
+    # EAGLE-1/2 reads only the final-normed states; the one tap (the embeddings) is the
+    # cheapest `features` computes.
+    taps = _taps(args, target) if config.kind == "eagle3" else (0,)
     out, work = _out_and_work(args)
     started = time.time()
     sequences, held_out = _training_data(args, target, work)
     features = _features(target, sequences, taps, args)
-    progress = _progress(args, config, "loss/agreement by pass", target, held_out, "drafter")
+    progress = _progress(args, config, "loss/agreement by pass" if config.kind == "eagle3"
+                         else "cross-entropy/agreement by pass", target, held_out, "drafter")
     drafter = eagle3.train(target, features, config, checkpoint=work / "checkpoint",
                            progress=progress, mesh=mesh)
     save_drafter(drafter, out, format=args.format)
-    log = {"target": str(target_path), "format": args.format, "taps": list(features.taps),
+    log = {"target": str(target_path), "format": args.format, "kind": config.kind,
+           "taps": list(features.taps) if config.kind == "eagle3" else None,
            "draft_vocab": int(len(drafter.token_ids)), "config": vars(config),
            "train_sequences": int(len(sequences.length)), "held_out_prompts": len(held_out),
            "seconds": round(time.time() - started, 1)}
