@@ -611,3 +611,41 @@ def test_bad_draft_requests_exit_2_with_one_line(tmp_path, capsys):
         assert code == 2 and len(err.splitlines()) == 1 and err.startswith("specjax: error: ")
         assert words in err, (words, err)
     assert not (tmp_path / "out.work").exists()          # refused before any data was made
+
+
+def test_eagle_data_shards_import_as_train_data(target, tmp_path, capsys):
+    # `train data --import`: the shards of `scripts/train.py eagle-data` (data/eagle2's layout:
+    # documents back to back, their starts, prompt lengths, settings and a held-out flag) as
+    # train data: the held-out documents left out, their greedy prompts the held-out prompts,
+    # documents cut at --max-length. Another tokenizer's shards (data/eagle2, SmolLM2's) and a
+    # directory without shards are refused.
+    from specjax.heads.shared import tokenizer_digest
+    from specjax.train import data
+
+    source = tmp_path / "made"
+    source.mkdir()
+    docs = [([5, 6, 7], [8, 9], 0, False), ([5, 6, 7], [10, 11, 12], 1, False),
+            ([20, 21], [22], 0, True), ([20, 21], [23, 24], 1, True), ([30], [31, 32, 33], 0,
+                                                                        False)]
+    tokens = np.concatenate([p + g for p, g, _, _ in docs]).astype(np.uint16)
+    np.savez(source / "shard-000.npz", tokens=tokens,
+             starts=np.cumsum([0] + [len(p + g) for p, g, _, _ in docs]).astype(np.int32),
+             prompt_length=np.array([len(p) for p, *_ in docs], np.int32),
+             setting=np.array([s for _, _, s, _ in docs], np.uint8),
+             setting_names=np.array(["greedy", "t1"]),
+             held_out=np.array([h for *_, h in docs]))
+    (tmp_path / "made.json").write_text(json.dumps(
+        {"tokenizer_sha256": tokenizer_digest(target.tokenizer)}))
+    assert main(["train", "data", "--preset", "tiny-llama", "--import", str(source), "--out",
+                 str(tmp_path / "data"), "--max-length", "4"]) == 0
+    sequences, held_out = data.read(tmp_path / "data", target)
+    assert sequences.tokens.tolist() == [[5, 6, 7, 8], [5, 6, 7, 10], [30, 31, 32, 33]]
+    assert sequences.prompt_length.tolist() == [3, 3, 1] and held_out == [[20, 21]]
+    capsys.readouterr()
+    for args, words in (([str(WEIGHTS.parent / "data" / "eagle2" / "smollm2")],
+                         "made with another tokenizer than llama-target's"),
+                        ([str(tmp_path)], "no shard-NNN.npz")):
+        assert main(["train", "data", "--preset", "tiny-llama", "--import", *args, "--out",
+                     str(tmp_path / "other")]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and words in err, err

@@ -76,9 +76,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          description=DESCRIPTION,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     _target_arguments(d)
-    d.add_argument("--prompts", required=True, metavar="FILE|builtin:NAME",
-                   help=".jsonl (strings, {prompt}, or {messages}) or text, one prompt a line; "
-                        "or a built-in set: builtin:" + "|".join(prompt_sets.BUILTIN))
+    source = d.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompts", metavar="FILE|builtin:NAME",
+                        help=".jsonl (strings, {prompt}, or {messages}) or text, one prompt a "
+                             "line; or a built-in set: builtin:" + "|".join(prompt_sets.BUILTIN))
+    source.add_argument("--import", dest="import_shards", metavar="DIR",
+                        help="instead, the shards of `scripts/train.py eagle-data` (data/eagle2/"
+                             "smollm2: the shipped EAGLE drafter's data), cut at --max-length")
+    d.add_argument("--max-length", type=int, default=384,
+                   help="with --import: documents are cut at this many tokens (default 384)")
     d.add_argument("--chat", action="store_true", help="wrap plain prompts in the chat template")
     d.add_argument("--out", required=True, metavar="DIR",
                    help="the shards and data.json; a run started again resumes")
@@ -191,7 +197,8 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work", metavar="DIR",
                    help="the run's data and checkpoints (default: OUT.work); resumes from it")
     p.add_argument("--held-out", type=int, default=8, metavar="N",
-                   help="the last N prompts are not trained on; they evaluate it (default 8)")
+                   help="the last N prompts are not trained on; they evaluate it (default 8); "
+                        "with --data, the first N of its held-out prompts")
     p.add_argument("--max-new-tokens", type=int, default=64, help="continuation length")
     p.add_argument("--data-temperature", type=float, default=0.0,
                    help="the continuations' temperature (default 0: greedy)")
@@ -250,6 +257,14 @@ def read_prompts(path: Path, target, chat: bool) -> list:
 def run_data(args) -> int:
     target_path, _, _ = model_paths(args, want_draft=False)
     target = load_model(target_path, "float32")
+    if args.import_shards:
+        try:
+            out = data.import_shards(args.import_shards, target, args.out,
+                                     max_length=args.max_length)
+        except eagle3.TrainError as e:
+            raise CLIError(str(e)) from None
+        print(out)
+        return 0
     prompts = read_prompts(Path(args.prompts), target, args.chat)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p)
     sampling.validate()
@@ -458,6 +473,7 @@ def _training_data(args, target, work: Path):
             sequences, held_out = data.read(args.data, target)
         except eagle3.TrainError as e:
             raise CLIError(str(e)) from None
+        held_out = held_out[:args.held_out]         # the first N of the data's held-out
     else:
         prompts = read_prompts(Path(args.prompts), target, args.chat)
         if len(prompts) <= args.held_out:

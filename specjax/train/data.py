@@ -29,11 +29,12 @@ from pathlib import Path
 import numpy as np
 
 from specjax.api.checks import encode_prompts
+from specjax.heads.shared import tokenizer_digest
 from specjax.io.checkpoint import Model
 from specjax.train.eagle3 import Sequences, TrainError, continuations
 from specjax.train.state import duration
 
-__all__ = ["FORMAT", "Progress", "read", "write"]
+__all__ = ["FORMAT", "Progress", "import_shards", "read", "write"]
 
 FORMAT = "specjax.train.data/1"
 
@@ -102,6 +103,76 @@ def write(target: Model, prompts, directory, *, max_new_tokens: int = 64,
         _write_json(directory / "data.json", record)
         tokens += generated
         progress.update(start + len(part), tokens, first)
+    return directory
+
+
+def import_shards(source, target: Model, directory, *, max_length: int = 384,
+                  held_out_setting: str = "greedy") -> Path:
+    """The continuations of `scripts/train.py eagle-data` (the shards of `data/eagle2/`, the
+    shipped EAGLE drafter's data: tokens, document starts, prompt lengths and a held-out flag
+    per document, beside a provenance file SOURCE.json) as a `write` directory, so that the
+    trainers read them with `--data`. Documents are cut at `max_length` tokens. The held-out
+    documents are left out of the training set; their prompts, once each, from the
+    `held_out_setting` documents, are the held-out prompts. The source's tokenizer digest, when
+    recorded, must be the target's."""
+    source, directory = Path(source), Path(directory)
+    files = sorted(source.glob("shard-[0-9][0-9][0-9].npz"))
+    if not files:
+        raise TrainError(f"{source}: no shard-NNN.npz of `scripts/train.py eagle-data`")
+    provenance = source.with_name(source.name + ".json")
+    recorded = {}
+    if provenance.is_file():
+        try:
+            recorded = json.loads(provenance.read_text())
+        except ValueError as e:
+            raise TrainError(f"{provenance}: cannot read it ({e})") from None
+    digest = recorded.get("tokenizer_sha256")
+    if digest and digest != tokenizer_digest(target.tokenizer):
+        raise TrainError(f"{source} was made with another tokenizer than {target.name}'s "
+                         f"(its {provenance.name} records {digest[:12]}...)")
+    if not isinstance(max_length, int) or max_length < 2:
+        raise TrainError(f"max_length must be an integer >= 2, got {max_length!r}")
+    parts, held, first, contents = [], {}, 0, hashlib.sha256()
+    for file in files:
+        contents.update(file.read_bytes())
+        try:
+            with np.load(file) as shard:
+                tokens, starts = shard["tokens"].astype(np.int32), shard["starts"]
+                prompt_length, out = shard["prompt_length"], shard["held_out"]
+                setting = shard["setting_names"][shard["setting"]]
+        except (OSError, KeyError, ValueError) as e:
+            raise TrainError(f"{file}: not an eagle-data shard ({e})") from None
+        if int(tokens.max(initial=0)) >= target.config.vocab_size:
+            raise TrainError(f"{file} holds token ids past {target.name}'s vocabulary")
+        documents = [tokens[a:b] for a, b in zip(starts[:-1], starts[1:])]
+        for doc, n, gone, name in zip(documents, prompt_length, out, setting):
+            if gone and name == held_out_setting:
+                held.setdefault(tuple(int(t) for t in doc[:n]), None)
+        keep = [i for i in range(len(documents)) if not out[i]]
+        rows = np.zeros((len(keep), max_length), np.int32)
+        length = np.zeros(len(keep), np.int32)
+        for row, i in enumerate(keep):
+            doc = documents[i][:max_length]
+            rows[row, :len(doc)], length[row] = doc, len(doc)
+        parts.append((file.name, Sequences(rows, length, np.minimum(
+            prompt_length[keep], length).astype(np.int32)), first))
+        first += len(keep)
+    request = {"format": FORMAT, "target": target.name,
+               "prompts_sha256": contents.hexdigest(), "prompts": first,
+               "settings": {"imported_from": str(source), "max_length": max_length,
+                            "generated_by": recorded.get("generated_by")},
+               "held_out": [list(p) for p in held]}
+    record = _start(directory, request)
+    done = {s["file"] for s in record["shards"]}
+    for index, (name, sequences, start) in enumerate(parts):
+        shard = f"shard-{index:05d}.npz"
+        if shard in done:
+            continue
+        _save(directory / shard, sequences)
+        record["shards"].append({"file": shard, "prompts": [start, start + len(sequences.length)],
+                                 "tokens": int(np.sum(sequences.length - sequences.prompt_length)),
+                                 "from": name})
+        _write_json(directory / "data.json", record)
     return directory
 
 
