@@ -243,6 +243,19 @@ def test_data_shards_resume_exactly_and_eagle3_trains_from_them(target, tmp_path
     assert f"taps {list(TAPS)}" in said and "in float16 in" in said
     assert abs(float(said.split(" GiB")[0].rsplit(" ", 1)[1]) - on_disk / 2**30) < 0.01
 
+    # specjax's EAGLE-1 variants (the shipped SmolLM2 drafter's kind) from the same data, in
+    # specjax's format only.
+    variant = ["train", "eagle", "--preset", "tiny-llama", "--data", str(tmp_path / "cli"),
+               "--style", "specjax", "--subset", "256", "--steps", "2", "--batch", "4",
+               "--max-new-tokens", "8", "--out", str(tmp_path / "variant")]
+    assert main(variant) == 2
+    assert "add --format specjax" in capsys.readouterr().err
+    assert main([*variant, "--format", "specjax"]) == 0
+    loaded = specjax.load(tmp_path / "variant")
+    assert (loaded.config.kind, loaded.config.style, loaded.config.head,
+            len(loaded.token_ids)) == ("eagle1", "specjax", "subset", 256)
+    capsys.readouterr()
+
     # A disk without room for the features is refused before the pass starts.
     import shutil
 

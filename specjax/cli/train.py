@@ -126,8 +126,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--" + option.replace("_", "-"), type=type_,
                            default=getattr(defaults, option),
                            help=f"default {getattr(defaults, option)}")
-        p.set_defaults(run=run_train, draft=None, drafter_kind=kind,
-                       **({} if kind == "eagle3" else {"draft_vocab": defaults.draft_vocab}))
+        if kind == "eagle1":
+            p.add_argument("--style", choices=("published", "specjax"), default="published",
+                           help="specjax: its own norm before the head, the fusion reading "
+                                "[feature ; embedding] (the shipped SmolLM2 drafter's; needs "
+                                "--format specjax)")
+            p.add_argument("--subset", type=int, default=0, metavar="N",
+                           help="propose from the N ids the target generated most often, "
+                                "through its LM-head rows (default 0: the whole vocabulary; "
+                                "needs --format specjax)")
+        p.set_defaults(run=run_train, draft=None, drafter_kind=kind, **(
+            {} if kind == "eagle3" else {"draft_vocab": defaults.draft_vocab}))
 
     m = kinds.add_parser("medusa", help="published Medusa-1 heads (FasterDecoding's layout)",
                          description=DESCRIPTION,
@@ -308,9 +317,15 @@ def _taps(args, target) -> tuple[int, ...]:
 
 
 def run_train(args) -> int:
-    config = eagle3.TrainConfig(kind=args.drafter_kind, **{k: getattr(args, k) for k in (
-        "steps", "batch", "learning_rate", "warmup", "unroll", "decay", "clip", "draft_vocab",
-        "seed", "checkpoint_every")})
+    variant = ({"style": args.style, "subset": args.subset} if args.drafter_kind == "eagle1"
+               else {})
+    config = eagle3.TrainConfig(kind=args.drafter_kind, **variant, **{
+        k: getattr(args, k) for k in ("steps", "batch", "learning_rate", "warmup", "unroll",
+                                      "decay", "clip", "draft_vocab", "seed",
+                                      "checkpoint_every")})
+    if (config.style != "published" or config.subset) and args.format != "specjax":
+        raise CLIError("--style specjax and --subset are specjax's variants, which no published "
+                       "layout holds: add --format specjax")
     _check_data_arguments(args)
     mesh = _mesh(args, config)
     target_path, _, _ = model_paths(args, want_draft=False)

@@ -97,14 +97,23 @@ class TrainConfig:
     seed: int = 0
     checkpoint_every: int = 100
     kind: str = "eagle3"            # or "eagle1": an EAGLE-1/2 drafter (`train eagle`)
+    # EAGLE-1/2 only, specjax's variants (`heads.eagle`): style "specjax" (its own norm, the
+    # fusion reading [f ; E x]); subset N: logits over the N most frequent generated ids
+    # through the target's LM-head rows for them (0: the target's whole head, as published).
+    style: str = "published"
+    subset: int = 0
 
     def __post_init__(self):
         check_settings(self, positive=("steps", "batch", "unroll", "draft_vocab",
                                        "checkpoint_every"),
-                       non_negative=("warmup", "seed"), fractions=("learning_rate", "decay"),
-                       at_most_inf=("clip",))
+                       non_negative=("warmup", "seed", "subset"),
+                       fractions=("learning_rate", "decay"), at_most_inf=("clip",))
         if self.kind not in KINDS:
             raise TrainError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.style not in ("published", "specjax"):
+            raise TrainError(f"style must be published or specjax, got {self.style!r}")
+        if self.kind == "eagle3" and (self.style != "published" or self.subset):
+            raise TrainError("style and subset are EAGLE-1/2's variants (kind eagle1)")
 
 
 KINDS = ("eagle3", "eagle1")
@@ -315,14 +324,18 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
         ids = draft_vocabulary(data.sequences, min(config.draft_vocab, vocab), vocab)
         start = eagle.init_drafter(target, token_ids=ids, kind="eagle3", taps=data.taps,
                                    seed=config.seed, std=0.02)
+    elif config.subset:
+        ids = draft_vocabulary(data.sequences, min(config.subset, vocab), vocab)
+        start = eagle.init_drafter(target, token_ids=ids, kind="eagle1", head="subset",
+                                   style=config.style, seed=config.seed, std=0.02)
     else:
         ids = np.arange(vocab, dtype=np.int32)
-        start = eagle.init_drafter(target, kind="eagle1", head="target", seed=config.seed,
-                                   std=0.02)
+        start = eagle.init_drafter(target, kind="eagle1", head="target", style=config.style,
+                                   seed=config.seed, std=0.02)
     dc = start.config
     head = projection(target, ids)
     # EAGLE-3's head starts as the target's rows for the draft vocabulary; EAGLE-1/2 reads the
-    # target's whole head, frozen. The embeddings stay the target's, frozen (the published
+    # target's whole head (or its rows for the subset), frozen. The embeddings stay the target's, frozen (the published
     # drafters read them).
     trainable = dict(start.params, lm_head=head) if config.kind == "eagle3" else start.params
     frozen = {"embed": target.params["embed"], "head": head}
