@@ -58,7 +58,7 @@ from specjax.io.checkpoint import Model
 from specjax.model.config import ConfigError, ModelConfig
 from specjax.model.quant import rows
 from specjax.model.transformer import forward, init_params
-from specjax.train.eagle3 import Features
+from specjax.train.eagle3 import Features, check_features
 from specjax.train.state import TrainError, check_settings, on_mesh, optimizer, run_steps
 
 __all__ = ["TrainConfig", "draft_config", "train"]
@@ -185,13 +185,7 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     function giving the draft as it stands (`state.StepProgress` is such a progress bar).
     `stop_after` ends the run after that many steps of this call (an interruption, for
     tests). With `mesh` (data=N), each batch is split over its devices (`state.on_mesh`)."""
-    n, t = data.sequences.tokens.shape
-    if data.final.shape[:2] != (n, t):
-        raise TrainError("features and sequences disagree in shape")
-    if data.final.shape[2] != target.config.d_model or \
-            int(data.sequences.tokens.max(initial=0)) >= target.config.vocab_size:
-        raise TrainError(f"the features were not made by {target.name} (width or vocabulary "
-                         f"differ)")
+    t = check_features(target, data)
     mask_all = data.sequences.label_mask()
     if not mask_all.any():
         raise TrainError("no position to train on: the sequences hold no generated tokens")

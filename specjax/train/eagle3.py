@@ -59,8 +59,8 @@ from specjax.model.cache import KVCache
 from specjax.model.transformer import tapped_states
 from specjax.train.state import TrainError, check_settings, on_mesh, optimizer, run_steps
 
-__all__ = ["Features", "Sequences", "TrainConfig", "TrainError", "continuations",
-           "draft_vocabulary", "features", "resolve_taps", "train"]
+__all__ = ["Features", "Sequences", "TrainConfig", "TrainError", "check_features",
+           "continuations", "draft_vocabulary", "features", "resolve_taps", "train"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,13 +309,7 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     and a function giving the drafter as it stands (`state.StepProgress` is such a progress
     bar). `stop_after` ends the run after that many steps of this call (an interruption, for
     tests). With `mesh` (data=N), each batch is split over its devices (`state.on_mesh`)."""
-    n, t = data.sequences.tokens.shape
-    if data.tapped.shape[:2] != (n, t) or data.final.shape[:2] != (n, t):
-        raise TrainError("features and sequences disagree in shape")
-    if data.final.shape[2] != target.config.d_model or \
-            int(data.sequences.tokens.max(initial=0)) >= target.config.vocab_size:
-        raise TrainError(f"the features were not made by {target.name} (width or vocabulary "
-                         f"differ)")
+    t = check_features(target, data, tapped=True)
     mask_all = data.sequences.label_mask()
     if not mask_all.any():
         raise TrainError("no position to train on: the sequences hold no generated tokens")
@@ -335,8 +329,8 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     dc = start.config
     head = projection(target, ids)
     # EAGLE-3's head starts as the target's rows for the draft vocabulary; EAGLE-1/2 reads the
-    # target's whole head (or its rows for the subset), frozen. The embeddings stay the target's, frozen (the published
-    # drafters read them).
+    # target's whole head (or its rows for the subset), frozen. The embeddings stay the
+    # target's, frozen (the published drafters read them).
     trainable = dict(start.params, lm_head=head) if config.kind == "eagle3" else start.params
     frozen = {"embed": target.params["embed"], "head": head}
     source = data.tapped if config.kind == "eagle3" else data.final     # what g_s is made of
@@ -355,6 +349,19 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
                              functools.partial(_step, dc, config, frozen=frozen), trainable,
                              _run_key(target, data, config), checkpoint, progress, stop_after,
                              model_of=drafter, mesh=mesh))
+
+
+def check_features(target: Model, data: Features, tapped: bool = False) -> int:
+    """A trainer's check that `data` holds `target`'s features of its sequences (and, with
+    `tapped`, their taps too); returns the sequences' stored width."""
+    n, t = data.sequences.tokens.shape
+    if data.final.shape[:2] != (n, t) or (tapped and data.tapped.shape[:2] != (n, t)):
+        raise TrainError("features and sequences disagree in shape")
+    if data.final.shape[2] != target.config.d_model or \
+            int(data.sequences.tokens.max(initial=0)) >= target.config.vocab_size:
+        raise TrainError(f"the features were not made by {target.name} (width or vocabulary "
+                         f"differ)")
+    return t
 
 
 def _run_key(target: Model, data: Features, config: TrainConfig) -> str:

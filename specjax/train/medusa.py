@@ -42,7 +42,7 @@ import numpy as np
 from specjax.heads import medusa as heads_math
 from specjax.heads.shared import projection, target_identity
 from specjax.io.checkpoint import Model
-from specjax.train.eagle3 import Features, draft_vocabulary
+from specjax.train.eagle3 import Features, check_features, draft_vocabulary
 from specjax.train.state import TrainError, check_settings, on_mesh, optimizer, run_steps
 
 __all__ = ["TrainConfig", "train"]
@@ -123,17 +123,11 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     `config.checkpoint_every` steps and at the end, and a run started on a directory that holds
     one resumes from it (it must be the same run: target, data and config). `progress(step,
     metrics, heads)` is called after each step with the heads' [loss, accuracy] and a function
-    giving the heads as they stand. `stop_after` ends the
-    run after that many steps of this call (an interruption, for tests). With `mesh` (data=N),
-    each batch is split over its devices (`state.on_mesh`)."""
-    n, t = data.sequences.tokens.shape
+    giving the heads as they stand. `stop_after` ends the run after that many steps of this
+    call (an interruption, for tests). With `mesh` (data=N), each batch is split over its
+    devices (`state.on_mesh`)."""
+    t = check_features(target, data)
     vocab = target.config.vocab_size
-    if data.final.shape[:2] != (n, t):
-        raise TrainError("features and sequences disagree in shape")
-    if data.final.shape[2] != target.config.d_model or \
-            int(data.sequences.tokens.max(initial=0)) >= vocab:
-        raise TrainError(f"the features were not made by {target.name} (width or vocabulary "
-                         f"differ)")
     own = config.head == "own"
     if not own and config.subset > vocab:
         raise TrainError(f"subset must be in [1, {vocab}], got {config.subset}")

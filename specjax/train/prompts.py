@@ -85,7 +85,8 @@ SENTENCES = ["Where is the train station?", "I would like a cup of coffee.",
               "My name is Anna and I live in London.", "Can you help me, please?",
               "I am learning to cook."]
 LANGUAGES = ["French", "Spanish", "German"]
-PAIRS = [("Python", "JavaScript"), ("cats", "dogs"), ("tea", "coffee"), ("renting", "buying a home"),
+PAIRS = [("Python", "JavaScript"), ("cats", "dogs"), ("tea", "coffee"),
+         ("renting", "buying a home"),
           ("TCP", "UDP"), ("lists", "tuples in Python"), ("SQL", "NoSQL databases"),
           ("solar power", "wind power"), ("viruses", "bacteria"), ("running", "swimming")]
 
@@ -177,7 +178,8 @@ _CODE_TASKS = [  # none is one of the chat set's Python tasks
     "converts kilometres to miles",
 ]
 _LANGUAGES = ["Python", "JavaScript", "Java", "C", "C++", "Go", "Rust", "TypeScript"]
-_CODE_TEMPLATES = ["Write a {lang} function that {task}.", "Show me how to write {lang} code that {task}.",
+_CODE_TEMPLATES = ["Write a {lang} function that {task}.",
+                   "Show me how to write {lang} code that {task}.",
                    "In {lang}, how would I write a function that {task}?"]
 _SQL_TASKS = [
     "selects every customer from Canada", "counts the orders of each customer",
@@ -222,7 +224,8 @@ _GOAL_TEMPLATES = ["How can I {}?", "Make a one-week plan to help me {}.",
 _WORDS = ["serendipity", "ephemeral", "ubiquitous", "meticulous", "resilient", "ambiguous",
           "pragmatic", "eloquent", "nostalgia", "candid", "frugal", "tenacious", "whimsical",
           "benevolent", "cryptic", "diligent", "gregarious", "lucid", "mundane", "paradox"]
-_WORD_TEMPLATES = ["What does the word '{}' mean?", "Use the word '{}' in three different sentences.",
+_WORD_TEMPLATES = ["What does the word '{}' mean?",
+                   "Use the word '{}' in three different sentences.",
                    "What are some synonyms for '{}'?"]
 _TO_EDIT = [
     "me and him goes to the store every day", "their going to be late for the meeting",
@@ -249,7 +252,8 @@ _PEOPLE_TEMPLATES = ["Who was {}?", "What is {} best known for?",
                      "Write a short biography of {}."]
 _ANIMALS = ["an octopus", "a penguin", "a giraffe", "a dolphin", "an owl", "a tortoise",
             "a chameleon", "a wolf", "a camel", "an elephant", "a salmon", "a bat"]
-_ANIMAL_TEMPLATES = ["What are some surprising facts about {}?", "Where does {} live and what does it eat?",
+_ANIMAL_TEMPLATES = ["What are some surprising facts about {}?",
+                     "Where does {} live and what does it eat?",
                      "Write a children's story about {} who makes a new friend."]
 
 
@@ -260,13 +264,15 @@ def _arithmetic_questions(rng: random.Random, n: int) -> list[str]:
                 "What is its average speed?",
         lambda: f"A shirt costs ${rng.randint(15, 90)} and is {rng.choice([10, 15, 20, 25, 30])}% "
                 "off. What is the sale price?",
-        lambda: f"Solve for x: {rng.randint(2, 9)}x + {rng.randint(1, 30)} = {rng.randint(31, 99)}.",
+        lambda: f"Solve for x: {rng.randint(2, 9)}x + {rng.randint(1, 30)} = "
+                f"{rng.randint(31, 99)}.",
         lambda: f"If I save ${rng.randint(5, 50)} a week, how much will I have after "
                 f"{rng.randint(6, 52)} weeks?",
         lambda: f"A rectangle is {rng.randint(3, 40)} cm long and {rng.randint(2, 30)} cm wide. "
                 "What are its area and perimeter?",
         lambda: f"What is {rng.randint(11, 99)}% of {rng.randint(100, 900)}?",
-        lambda: f"Convert {rng.randint(1, 12)} hours and {rng.randint(1, 59)} minutes into minutes.",
+        lambda: f"Convert {rng.randint(1, 12)} hours and {rng.randint(1, 59)} minutes into "
+                "minutes.",
     ]
     return [rng.choice(shapes)() for _ in range(n)]
 
