@@ -22,6 +22,8 @@ from __future__ import annotations
 import random
 import re
 
+from specjax.train import stdlib
+
 __all__ = ["BUILTIN", "EVAL_QUESTIONS", "EVAL_TOPIC_WORDS", "builtin", "chat_questions",
            "check_excluded", "more_chat_questions", "prose_prompts"]
 
@@ -390,8 +392,7 @@ def builtin(name: str) -> list[str]:
     if name == "chat-wide":
         return list(dict.fromkeys(chat_questions() + more_chat_questions())) + EVAL_QUESTIONS
     if name == "code":
-        from specjax.train.stdlib import code_prompts
-        return [text for _, text in code_prompts(CODE_PROMPTS, seed=0)]
+        return [text for _, text in stdlib.code_prompts(CODE_PROMPTS, seed=0)]
     if name == "prose":
         return prose_prompts(random.Random(0))
     raise ValueError(f"unknown built-in prompt set {name!r}: expected one of "

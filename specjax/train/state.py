@@ -19,6 +19,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from specjax.model.linear import use_kernels
 
@@ -70,8 +71,6 @@ def on_mesh(tree, mesh, config=None):
     XLA sums the gradients across devices. With `config`, the mesh is checked against it."""
     if mesh is None:
         return tree
-    from jax.sharding import NamedSharding, PartitionSpec
-
     if config is not None:
         data, model = mesh.shape.get("data", 1), mesh.shape.get("model", 1)
         if model != 1:
@@ -107,8 +106,6 @@ def run_steps(config, lengths: np.ndarray, width: int, batch_of, step, trainable
         trainable, opt_state, done = resume_state(checkpoint, run_key, trainable, opt_state)
     trainable, opt_state = on_mesh((trainable, opt_state), mesh, config)
     if mesh is not None:
-        from jax.sharding import NamedSharding, PartitionSpec
-
         by_row = NamedSharding(mesh, PartitionSpec("data"))
         batch_of = (lambda of: lambda rows, w: jax.device_put(of(rows, w), by_row))(batch_of)
     n = len(lengths)
