@@ -2,16 +2,21 @@
 public API and the heads, and nothing below it reads it). Needs optax (`pip install
 specjax[train]`).
 
-    from specjax.train import eagle3
+    from specjax.train import data, draft, eagle3, medusa
     sequences = eagle3.continuations(target, prompts, max_new_tokens=64)
-    data = eagle3.features(target, sequences)
-    drafter = eagle3.train(target, data, eagle3.TrainConfig(steps=2000), checkpoint="run/")
-    specjax.save_drafter(drafter, "out", format="eagle")     # the EAGLE repo's layout
+    states = eagle3.features(target, sequences)                # the taps and final states
+    drafter = eagle3.train(target, states, eagle3.TrainConfig(steps=2000), checkpoint="run/")
+    specjax.save_drafter(drafter, "out", format="eagle")       # the EAGLE repo's layout
 
-    from specjax.train import medusa                          # Medusa-1 heads, same features
-    heads = medusa.train(target, data, medusa.TrainConfig(steps=500), checkpoint="run2/")
-    specjax.save_heads(heads, "out2", format="medusa")       # FasterDecoding's layout
+    eagle1 = eagle3.train(target, states, eagle3.TrainConfig(kind="eagle1"))   # EAGLE-1/2
+    heads = medusa.train(target, states, medusa.TrainConfig(steps=500))         # Medusa-1
+    specjax.save_heads(heads, "out2", format="medusa")         # FasterDecoding's layout
+    small = draft.train(target, states, draft.TrainConfig(steps=500))           # a draft model
+    specjax.save(small, "out3")                                # a LlamaForCausalLM
 
-`python -m specjax train data | eagle3 | medusa` runs the same stages from the command line
-(docs/training.md).
+`data` writes and reads resumable shards of continuations (`data.import_shards` reads the
+shipped drafter's `data/eagle2`), `prompts` and `stdlib` make the built-in prompt sets, and
+`state` holds what every trainer shares: checkpoints that resume bit for bit, the progress bar,
+data parallelism on a mesh. `python -m specjax train data | features | eagle3 | eagle | medusa
+| draft` runs the same stages from the command line (docs/training.md).
 """
