@@ -10,7 +10,7 @@
 
 For example:
 
-    python -m specjax train data --target DIR --prompts builtin:chat --out runs/data \
+    python -m specjax train data --target DIR --prompts builtin:chat --out runs/data \\
         --max-new-tokens 256 --temperature 1 --top-p 0.9 --held-out 10
     python -m specjax train eagle3 --target DIR --data runs/data --out my-drafter --steps 2000
 
