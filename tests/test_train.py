@@ -158,6 +158,8 @@ def test_bad_training_requests_exit_2_with_one_line(tmp_path, capsys):
         "steps must be an integer >= 1": ["--prompts", str(lines), "--held-out", "0",
                                           "--steps", "0"],
         "--taps must be": ["--prompts", str(lines), "--held-out", "0", "--taps", "a,b"],
+        "--eval-every must be >= 0, got -1": ["--prompts", str(lines), "--eval-every", "-1"],
+        "--mesh data must be an integer >= 1": ["--prompts", str(lines), "--mesh", "data=0"],
         "cannot read it": ["--prompts", str(tmp_path / "missing.txt"), "--taps", "1,2,3"],
         "config.json": ["--target", str(tmp_path), "--prompts", str(lines)],
         "a gpt2 model": ["--preset", "tiny-gpt2", "--prompts", str(lines)],

@@ -432,8 +432,6 @@ def _progress(args, config, label: str, target, held_out, keyword: str) -> StepP
     (drafter, heads or draft) to `generate` with the method that reads it."""
     method = {"drafter": "eagle", "heads": "medusa", "draft": "speculative"}[keyword]
     every = args.eval_every if args.eval_every is not None else max(1, config.steps // 5)
-    if every < 0:
-        raise CLIError(f"--eval-every must be >= 0, got {every}")
 
     def evaluate(model) -> float:
         result = generate(target, held_out, method=method, **{keyword: model},
@@ -473,6 +471,8 @@ def _check_data_arguments(args) -> None:
         raise CLIError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.held_out < 0:
         raise CLIError(f"--held-out must be >= 0, got {args.held_out}")
+    if args.eval_every is not None and args.eval_every < 0:
+        raise CLIError(f"--eval-every must be >= 0, got {args.eval_every}")
 
 
 def _out_and_work(args) -> tuple[Path, Path]:
