@@ -657,9 +657,15 @@ def test_eagle_data_shards_import_as_train_data(target, tmp_path, capsys):
     assert sequences.tokens.tolist() == [[5, 6, 7, 8], [5, 6, 7, 10], [30, 31, 32, 33]]
     assert sequences.prompt_length.tolist() == [3, 3, 1] and held_out == [[20, 21]]
     capsys.readouterr()
+    broken = tmp_path / "broken"             # a setting index past its names, starts too short
+    broken.mkdir()
+    with np.load(source / "shard-000.npz") as shard:
+        np.savez(broken / "shard-000.npz", **dict(shard, setting=np.array([0, 1, 2, 7, 0],
+                                                                           np.uint8)))
     for args, words in (([str(WEIGHTS.parent / "data" / "eagle2" / "smollm2")],
                          "made with another tokenizer than llama-target's"),
-                        ([str(tmp_path)], "no shard-NNN.npz")):
+                        ([str(tmp_path)], "no shard-NNN.npz"),
+                        ([str(broken)], "not an eagle-data shard")):
         assert main(["train", "data", "--preset", "tiny-llama", "--import", *args, "--out",
                      str(tmp_path / "other")]) == 2
         err = capsys.readouterr().err

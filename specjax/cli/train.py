@@ -367,11 +367,7 @@ def run_medusa(args) -> int:
     target = load_model(target_path, "float32")
     out, work = _out_and_work(args)
     started = time.time()
-    sequences, held_out = _training_data(args, target, work)
-    # The heads read only the final-normed states; the one tap (the embeddings) is the
-    # cheapest `features` computes.
-    args.features, args.features_dtype = None, "float32"
-    states = _features(target, sequences, (0,), args)
+    sequences, held_out, states = _final_states(args, target, work)
     progress = _progress(args, config, "loss/accuracy by head", target, held_out, "heads")
     try:
         heads = medusa.train(target, states, config, checkpoint=work / "checkpoint",
@@ -397,11 +393,7 @@ def run_draft(args) -> int:
     shape = draft.draft_config(target, config)      # a shape that does not fit, before the data
     out, work = _out_and_work(args)
     started = time.time()
-    sequences, held_out = _training_data(args, target, work)
-    # The soft labels need only the final-normed states; the one tap (the embeddings) is the
-    # cheapest `features` computes.
-    args.features, args.features_dtype = None, "float32"
-    states = _features(target, sequences, (0,), args)
+    sequences, held_out, states = _final_states(args, target, work)
     progress = _progress(args, config, "loss/agreement", target, held_out, "draft")
     model = draft.train(target, states, config, checkpoint=work / "checkpoint",
                         progress=progress, mesh=mesh)
@@ -501,6 +493,15 @@ def _training_data(args, target, work: Path):
           f"{int(np.sum(sequences.length - sequences.prompt_length))} generated tokens",
           flush=True)
     return sequences, held_out
+
+
+def _final_states(args, target, work: Path):
+    """(sequences, held-out prompts, features) for the trainers that read only the target's
+    final-normed states (Medusa heads, draft models): in memory, through the one tap that is
+    cheapest to compute (the embeddings)."""
+    sequences, held_out = _training_data(args, target, work)
+    args.features, args.features_dtype = None, "float32"
+    return sequences, held_out, _features(target, sequences, (0,), args)
 
 
 def _features(target, sequences, taps, args) -> eagle3.Features:

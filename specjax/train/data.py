@@ -136,11 +136,15 @@ def import_shards(source, target: Model, directory, *, max_length: int = 384,
     for file in files:
         contents.update(file.read_bytes())
         try:
-            with np.load(file) as shard:
+            with np.load(file) as shard:         # never pickles (allow_pickle is off)
                 tokens, starts = shard["tokens"].astype(np.int32), shard["starts"]
-                prompt_length, out = shard["prompt_length"], shard["held_out"]
+                prompt_length, out = shard["prompt_length"], shard["held_out"].astype(bool)
                 setting = shard["setting_names"][shard["setting"]]
-        except (OSError, KeyError, ValueError) as e:
+            if not (len(starts) == len(prompt_length) + 1 == len(out) + 1 == len(setting) + 1
+                    and starts[0] == 0 and starts[-1] == len(tokens)
+                    and np.all(np.diff(starts) >= 0) and np.all(prompt_length >= 0)):
+                raise ValueError("its documents' starts and fields do not agree")
+        except (OSError, KeyError, ValueError, IndexError, TypeError) as e:
             raise TrainError(f"{file}: not an eagle-data shard ({e})") from None
         if int(tokens.max(initial=0)) >= target.config.vocab_size:
             raise TrainError(f"{file} holds token ids past {target.name}'s vocabulary")
