@@ -158,8 +158,10 @@ def _peer_job(peers, rows, settings):
     def run_job() -> dict:
         longest = max(p["prompt_tokens"] for p in rows)
         pad = 0
-        ids = torch.tensor([[pad] * (longest - len(p["ids"])) + p["ids"] for p in rows])
-        mask = torch.tensor([[0] * (longest - len(p["ids"])) + [1] * len(p["ids"]) for p in rows])
+        ids = torch.tensor([[pad] * (longest - len(p["ids"])) + p["ids"] for p in rows],
+                           device=peers.device)
+        mask = torch.tensor([[0] * (longest - len(p["ids"])) + [1] * len(p["ids"]) for p in rows],
+                            device=peers.device)
         kwargs = peers.generate_kwargs(ids, min(p["max_new_tokens"] for p in rows),
                                         settings["temperature"], settings["top_p"])
         kwargs["attention_mask"] = mask
@@ -171,9 +173,9 @@ def _peer_job(peers, rows, settings):
             torch.manual_seed(settings["seed"] + max(0, i - warmup))
             start = time.perf_counter()
             with torch.inference_mode():
-                out = peers.target.generate(ids, **kwargs)
+                out = peers.target.generate(ids, **kwargs).tolist()
             run_s = time.perf_counter() - start
-            tokens = [_until_eos(row[longest:].tolist(), eos) for row in out]
+            tokens = [_until_eos(row[longest:], eos) for row in out]
             if i >= warmup:
                 records.append(dict(new_tokens=sum(map(len, tokens)), run_s=run_s,
                                     target_calls=None, tokens=tokens))

@@ -3,13 +3,16 @@ transformers' users run them (the settings and what they are compared on are des
 specjax.bench.suite's docstring).
 
 torch and transformers are heavy optional dependencies (the `bench` extra): they are imported
-only in `Peers.create`, which notes their absence and returns None.
+only in `Peers.create`, which notes their absence and returns None. They run where JAX runs: on
+the GPU when JAX's backend is one and torch sees CUDA, else on the CPU with JAX's thread count.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import time
+
+import jax
 
 from specjax.bench.common import ratio, sweep_times, usable_threads
 
@@ -18,8 +21,9 @@ class Peers:
     """transformers' `generate` on the same weights, run as its users run it (the settings: in
     specjax.bench.suite's docstring)."""
 
-    def __init__(self, torch, transformers, target, draft, settings, threads):
+    def __init__(self, torch, transformers, target, draft, settings, threads, device="cpu"):
         self.torch, self.settings, self.threads = torch, settings, threads
+        self.device = device   # where the models and every prompt's tensors live
         self.target, self.draft = target, draft
         # What a GenerationConfig holds when nobody sets the schedule ("constant" is applied
         # when it holds None, in transformers 5.23).
@@ -44,27 +48,29 @@ class Peers:
         transformers.logging.disable_progress_bar()
         threads = usable_threads()
         torch.set_num_threads(threads)
+        device = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
         # transformers has no 8-bit CPU path without further packages: with int8 it runs float32.
         torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
         dtype_arg = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
 
         def hf_load(model):
             return transformers.AutoModelForCausalLM.from_pretrained(
-                model.path, **{dtype_arg: torch_dtype}).eval()
+                model.path, **{dtype_arg: torch_dtype}).to(device).eval()
+        where = (f"on the GPU ({torch.cuda.get_device_name()}), as JAX" if device == "cuda" else
+                 f"torch.set_num_threads({threads}), the {threads} cores JAX's CPU backend uses")
         notes.append(f"transformers {transformers.__version__} / torch {torch.__version__}: "
-                     f"torch.set_num_threads({threads}), the {threads} cores JAX's CPU backend "
-                     "uses; peer speedups are over transformers' own generate"
+                     f"{where}; peer speedups are over transformers' own generate"
                      + ("; int8: transformers runs float32" if dtype == "int8" else ""))
         if draft is not None and importlib.util.find_spec("sklearn") is None:
             notes.append("transformers speculative-dynamic: scikit-learn is not installed, so "
                          "assistant_confidence_threshold stays at 0.4 instead of being re-fitted")
         return cls(torch, transformers, hf_load(target),
-                   hf_load(draft) if draft is not None else None, settings, threads)
+                   hf_load(draft) if draft is not None else None, settings, threads, device)
 
     def job(self, prompt, method, k):
         """A suite job: --warmup (at least 1) untimed and --reps timed runs of one method."""
         s = self.settings
-        ids = self.torch.tensor([prompt["ids"]])
+        ids = self.torch.tensor([prompt["ids"]], device=self.device)
         kwargs = self.generate_kwargs(ids, prompt["max_new_tokens"], s["temperature"], s["top_p"])
         assistant = None
         if method == "speculative":           # K tokens every step, as specjax drafts them
@@ -98,7 +104,7 @@ class Peers:
 
     def sweep_job(self, ids: list[int], settings):
         """A context-sweep job: greedy, EOS ignored (min_new_tokens), as specjax's."""
-        ids = self.torch.tensor([ids])
+        ids = self.torch.tensor([ids], device=self.device)
 
         def seconds(new_tokens: int) -> float:
             kwargs = self.generate_kwargs(ids, new_tokens, temperature=0.0)
@@ -120,10 +126,12 @@ class Peers:
         return kwargs
 
     def _timed_generate(self, ids, kwargs: dict) -> tuple[float, list[int]]:
-        """Seconds and new tokens of one `generate` call; self.calls counts its target calls."""
+        """Seconds and new tokens of one `generate` call, up to its tokens on the host (as specjax
+        is timed); self.calls counts its target calls."""
         self.calls = 0
         start = time.perf_counter()
         with self.torch.inference_mode():
             out = self.target.generate(ids, **kwargs)
-        return time.perf_counter() - start, out[0, ids.shape[1]:].tolist()
+        new = out[0, ids.shape[1]:].tolist()
+        return time.perf_counter() - start, new
 

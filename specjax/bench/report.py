@@ -47,8 +47,9 @@ def markdown(results: dict, heading: bool = True) -> str:
               f"after {s['warmup']} warm-up run(s); medians over runs, then over prompts.",
               "",
               f"Machine: {m['cpu_model']}, {m['cpu_count']} cores ({m['threads']} usable), "
-              f"{m['platform']}; Python {m['python']}, {versions}; jax on {m['device']}; "
-              f"{results['created']}.", ""]
+              f"{m['platform']}; Python {m['python']}, {versions}; jax on {m['device']}"
+              + (f", torch on {m['torch_device']}" if m.get("torch_device") else "")
+              + f"; {results['created']}.", ""]
     lines += ["| engine | method | K | tokens/s | speedup | spread | vs specjax AR | spread | "
               "acceptance | tokens/call | step cost | c | theory | measured/theory | "
               "drafted/call |",
