@@ -9,6 +9,11 @@ Stages are kept in --out (the features, memory-mapped, and the training checkpoi
 the same command again resumes whichever was interrupted. All 19 shards:
 `--shards $(seq 0 18)` (about 4.4 GB of features in float16 at --max-length 384). The trained drafter is written to --out/drafter in the
 EAGLE repo's layout and the comparison to --out/results.json.
+
+With --drafter DIR it trains nothing and compares that drafter (one written by
+`python -m specjax train eagle3`, say) with the shipped one:
+
+    python scripts/eagle3_smollm2.py --drafter runs/eagle3-4k --out runs/eagle3-4k-eval
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ def main() -> None:
     parser.add_argument("--draft-vocab", type=int, default=8192)
     parser.add_argument("--checkpoint-every", type=int, default=50)
     parser.add_argument("--out", default=str(ROOT / "runs/eagle3-smollm2"))
+    parser.add_argument("--drafter", help="compare this drafter instead of training one")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -56,6 +62,9 @@ def main() -> None:
         print(f"[{time.time() - started:7.0f} s] {text}", flush=True)
 
     target = specjax.load(fetch("smollm2"))
+    if args.drafter:
+        compare(target, specjax.load(args.drafter), {"drafter": args.drafter}, out, say)
+        return
     raw = load_sequences(Path(args.data), args.shards)
     keep = np.flatnonzero(~raw["held_out"])
     starts, tokens = raw["starts"], raw["tokens"].astype(np.int32)
@@ -89,12 +98,17 @@ def main() -> None:
                            progress=progress)
     specjax.save_drafter(drafter, out / "drafter", format="eagle")
     say("trained; evaluating")
+    compare(target, drafter, {"shards": args.shards, "documents": n, "max_length": t,
+                              "taps": list(taps), "config": vars(config),
+                              "train_s": round(time.time() - started, 1)}, out, say)
 
+
+def compare(target, drafter, results: dict, out: Path, say) -> None:
+    """Tokens per target call and acceptance by depth of `drafter` and of the shipped drafter
+    on EVAL_QUESTIONS, at T = 0 and 1, into results and out/results.json."""
     prompts = [chat.encode(target, chat.render(target, q)) for q in EVAL_QUESTIONS]
     tree = specjax.DynamicTree(depth=4, top_k=4, total_tokens=8)
     shipped = specjax.load(ROOT / "weights/smollm2-eagle")
-    results = {"shards": args.shards, "documents": n, "max_length": t, "taps": list(taps),
-               "config": vars(config), "train_s": round(time.time() - started, 1)}
     for name, d in (("eagle3", drafter), ("shipped", shipped)):
         for temperature in (0.0, 1.0):
             r = specjax.generate(target, prompts, method="eagle", drafter=d, tree=tree,

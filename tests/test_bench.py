@@ -212,6 +212,23 @@ def test_top_p_reaches_the_settings_and_the_peers_sampling():
         (True, 0.7, 0.9, 0)
 
 
+def test_peers_run_where_jax_runs_and_their_greedy_tokens_are_the_targets():
+    """On the CPU backend the transformers peer stays on the CPU with JAX's thread count (on a
+    GPU backend it would go to the card: bench/gpu-h200-first/), and its greedy run of a suite
+    job gives specjax's greedy tokens on the same weights."""
+    target = specjax.load(WEIGHTS / "llama-target")
+    settings = dict(temperature=0.0, top_p=1.0, warmup=0, reps=1, seed=0, max_ngram=3)
+    notes = []
+    peers = Peers.create(target, None, settings, "float32", notes)
+    assert peers.device == "cpu" and next(peers.target.parameters()).device.type == "cpu"
+    assert any("torch.set_num_threads" in note for note in notes)
+    prompt = [5, 17, 99, 4, 250, 31]
+    job = peers.job(dict(ids=prompt, max_new_tokens=12), "autoregressive", None)()
+    ours = specjax.generate(target, [prompt], max_new_tokens=12, temperature=0.0, eos_ids=())
+    assert job["records"][0]["tokens"] == ours.tokens[0][:len(job["records"][0]["tokens"])]
+    assert len(job["records"][0]["tokens"]) >= 1
+
+
 def test_prompt_suite_is_versioned_and_has_one_quick_prompt_per_short_category():
     assert isinstance(SUITE["version"], int)
     prompts = SUITE["prompts"]
