@@ -13,7 +13,10 @@ asks for at least 1.8, and at least 0.6 above the untrained drafter's.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +24,7 @@ import pytest
 
 import specjax
 from specjax.cli.main import main
-from specjax.train import eagle3
+from specjax.train import eagle3, state
 
 WEIGHTS = Path(specjax.__file__).resolve().parent.parent / "weights"
 TAPS = (1, 2, 3)
@@ -137,6 +140,35 @@ def test_features_on_disk_resume_and_equal_the_ones_in_memory(target, tmp_path):
     with pytest.raises(eagle3.TrainError, match="features of other sequences, taps"):
         eagle3.features(target, sequences, (0, 2, 3), batch=2, dtype=np.float16,
                         directory=tmp_path / "f")
+
+
+def test_a_full_disk_is_a_named_error_and_keeps_the_last_checkpoint(target, tmp_path,
+                                                                      monkeypatch):
+    # Features: refused before the first write when the disk cannot take the files (a
+    # memory-mapped write to a full disk would kill the process with SIGBUS, no message).
+    sequences = eagle3.continuations(target, code_prompts(8), max_new_tokens=8)
+    real_usage = shutil.disk_usage
+    monkeypatch.setattr(eagle3.shutil, "disk_usage",
+                        lambda path: real_usage(path)._replace(free=4096))
+    with pytest.raises(eagle3.TrainError, match=r"/f: the features need 0\.\d\d GiB more and "
+                                                r"its disk has 0\.00 GiB free"):
+        eagle3.features(target, sequences, TAPS, directory=tmp_path / "f")
+    assert not (tmp_path / "f" / "tapped.npy").exists()
+    monkeypatch.undo()
+    # Checkpoints: a failed write names the directory and leaves the one before it whole.
+    data = eagle3.features(target, sequences, TAPS)
+    config = eagle3.TrainConfig(steps=4, batch=4, draft_vocab=256, checkpoint_every=2)
+    eagle3.train(target, data, config, checkpoint=tmp_path / "run", stop_after=2)
+    before = (tmp_path / "run" / "state.npz").read_bytes()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(state.np, "savez", full)
+    with pytest.raises(eagle3.TrainError, match=r"/run: cannot write the checkpoint of step 4 "
+                                                r"\(No space left on device\)"):
+        eagle3.train(target, data, config, checkpoint=tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "state.json").read_text())["step"] == 2
+    assert (tmp_path / "run" / "state.npz").read_bytes() == before
 
 
 def jax_leaves(tree) -> list[np.ndarray]:

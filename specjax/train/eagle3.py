@@ -44,6 +44,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import jax
@@ -204,6 +205,8 @@ def features(target: Model, sequences: Sequences, taps: tuple[int, ...] | None =
                 raise TrainError(f"{directory} holds features of other sequences, taps, dtype "
                                  f"or batch; use a new directory or remove it")
         mode = "r+" if done else "w+"
+        _check_room(directory, {f"{name}.npy": int(np.prod(shape)) * np.dtype(dtype).itemsize
+                                for name, shape in shapes.items()})
         arrays = {name: np.lib.format.open_memmap(directory / f"{name}.npy", mode=mode,
                                                   dtype=dtype, shape=shape)
                   for name, shape in shapes.items()}
@@ -228,6 +231,23 @@ def features(target: Model, sequences: Sequences, taps: tuple[int, ...] | None =
         if progress is not None:
             progress(min(start + batch, n), n)
     return Features(sequences, taps, arrays["tapped"], arrays["final"])
+
+
+def _check_room(directory: Path, sizes: dict[str, int]) -> None:
+    """Refuses to start when the disk holding `directory` cannot take the files of `sizes`
+    (name: bytes) beyond what they already hold: a memory-mapped write to a full disk kills the
+    process (SIGBUS) instead of raising an error."""
+    held = 0
+    for name in sizes:
+        try:
+            held += (directory / name).stat().st_blocks * 512
+        except OSError:
+            pass
+    missing = sum(sizes.values()) - held
+    free = shutil.disk_usage(directory).free
+    if missing > free:
+        raise TrainError(f"{directory}: the features need {missing / 2**30:.2f} GiB more and "
+                         f"its disk has {free / 2**30:.2f} GiB free")
 
 
 def _features_key(target: Model, sequences: Sequences, taps, dtype, batch: int) -> str:

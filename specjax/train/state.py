@@ -132,16 +132,23 @@ def _one_device(tree, mesh):
 
 
 def save_state(directory: Path, run_key: str, trainable, opt_state, step: int) -> None:
-    """The run's state after `step` steps, into `directory`."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """The run's state after `step` steps, into `directory`; a write that fails (a full disk)
+    is a TrainError naming it, and leaves the checkpoint before it whole."""
     leaves = jax.tree.leaves((trainable, opt_state))
     arrays = {f"leaf_{i:04d}": np.asarray(a) for i, a in enumerate(leaves)}
-    partial = directory / "state.npz.partial"
-    with open(partial, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(partial, directory / "state.npz")
-    (directory / "state.json").write_text(json.dumps(
-        {"run": run_key, "step": step, "leaves": len(leaves), "time": time.time()}) + "\n")
+    partial, partial_meta = directory / "state.npz.partial", directory / "state.json.partial"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(partial, "wb") as f:
+            np.savez(f, **arrays)
+        partial_meta.write_text(json.dumps(
+            {"run": run_key, "step": step, "leaves": len(leaves), "time": time.time()}) + "\n")
+        # Both written before either replaces the last checkpoint's (a rename takes no room).
+        os.replace(partial, directory / "state.npz")
+        os.replace(partial_meta, directory / "state.json")
+    except OSError as e:
+        raise TrainError(f"{directory}: cannot write the checkpoint of step {step} "
+                         f"({e.strerror or e})") from None
 
 
 def resume_state(directory: Path, run_key: str, trainable, opt_state):
