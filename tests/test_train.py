@@ -151,7 +151,7 @@ def test_a_full_disk_is_a_named_error_and_keeps_the_last_checkpoint(target, tmp_
     monkeypatch.setattr(eagle3.shutil, "disk_usage",
                         lambda path: real_usage(path)._replace(free=4096))
     with pytest.raises(eagle3.TrainError, match=r"/f: the features need 0\.\d\d GiB more and "
-                                                r"its disk has 0\.00 GiB free"):
+                                                r"the disk has 0\.00 GiB free"):
         eagle3.features(target, sequences, TAPS, directory=tmp_path / "f")
     assert not (tmp_path / "f" / "tapped.npy").exists()
     monkeypatch.undo()

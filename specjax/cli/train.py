@@ -505,23 +505,14 @@ def _final_states(args, target, work: Path):
 
 
 def _features(target, sequences, taps, args) -> eagle3.Features:
-    """The features, in memory or in --features; their size said before the pass starts, and
-    a disk without room for them refused before it starts."""
+    """The features, in memory or in --features; their size said before the pass starts (a disk
+    without room for them is refused then, by `eagle3.features`)."""
     dtype = np.dtype(args.features_dtype)
     n, t = sequences.tokens.shape
     size = n * t * (len(taps) + 1) * target.config.d_model * dtype.itemsize
     where = f"in {args.features}" if args.features else "in memory"
     print(f"features: {n} sequences of up to {t} tokens, taps {list(taps)}, "
           f"{size / 2**30:.2f} GiB in {dtype.name} {where}", flush=True)
-    if args.features:
-        directory = Path(args.features)
-        directory.mkdir(parents=True, exist_ok=True)
-        written = sum(f.stat().st_size for f in directory.glob("*.npy"))
-        free = shutil.disk_usage(directory).free
-        if size - written > free:
-            raise CLIError(f"--features {directory}: the features need "
-                           f"{(size - written) / 2**30:.2f} GiB more and the disk has "
-                           f"{free / 2**30:.2f} GiB free")
     every = max(1, -(-n // 16) // 10)
 
     def progress(done, total):

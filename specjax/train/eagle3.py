@@ -247,7 +247,7 @@ def _check_room(directory: Path, sizes: dict[str, int]) -> None:
     free = shutil.disk_usage(directory).free
     if missing > free:
         raise TrainError(f"{directory}: the features need {missing / 2**30:.2f} GiB more and "
-                         f"its disk has {free / 2**30:.2f} GiB free")
+                         f"the disk has {free / 2**30:.2f} GiB free")
 
 
 def _features_key(target: Model, sequences: Sequences, taps, dtype, batch: int) -> str:
