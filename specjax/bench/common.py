@@ -246,7 +246,8 @@ def usable_threads() -> int:
 
 
 class Progress:
-    """A progress bar on stderr when it is a terminal; one line per job otherwise."""
+    """A progress bar on stderr when it is a terminal; one line per job otherwise, each with the
+    seconds since the first job began (a log then says what each job cost)."""
 
     def __init__(self, total: int, stream=sys.stderr, width: int = 24):
         self.total, self.stream, self.width, self.done = total, stream, width, 0
@@ -255,13 +256,13 @@ class Progress:
 
     def update(self, label: str) -> None:
         self.done += 1
+        elapsed = time.perf_counter() - self.start
         if self.tty:
             filled = self.width * (self.done - 1) // max(self.total, 1)
-            elapsed = time.perf_counter() - self.start
             self.stream.write(f"\r\x1b[Kbench [{'#' * filled}{'.' * (self.width - filled)}] "
                               f"{self.done}/{self.total} {elapsed:4.0f}s {label}")
         else:
-            self.stream.write(f"bench {self.done}/{self.total}: {label}\n")
+            self.stream.write(f"bench {self.done}/{self.total} at {elapsed:.0f}s: {label}\n")
         self.stream.flush()
 
     def close(self) -> None:
