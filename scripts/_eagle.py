@@ -34,7 +34,7 @@ from pathlib import Path
 
 import _corpus
 import numpy as np
-from _cards import flops_per_token, render
+from _cards import REPRODUCTIONS, flops_per_token, render
 from _cards import write_index as write_checkpoints_index
 from _eagle_data import load_sequences
 from _medusa_heads import (
@@ -1080,7 +1080,7 @@ def write_card(directory: Path) -> None:
     final = record["final_train"]
     nl = "\n"
     text = render(
-        "eagle.md", name=directory.name,
+        "eagle.md", name=directory.name, reproduction=REPRODUCTIONS.get(directory.name, ""),
         target_name={"smollm2": "SmolLM2-135M-Instruct"}.get(record["target"],
                                                              f"`{record['target']}`"),
         usage=USAGE.get(record["target"], f"python -m specjax generate --target "

@@ -702,3 +702,38 @@ def test_eagle_data_shards_import_as_train_data(target, tmp_path, capsys):
                      str(tmp_path / "other")]) == 2
         err = capsys.readouterr().err
         assert len(err.splitlines()) == 1 and words in err, err
+
+
+def test_a_sequence_set_of_the_scripts_imports_with_their_held_out_rule(target, tmp_path, capsys):
+    # `train data --import FILE.npz`: a sequence set of `scripts/train.py medusa-data` (the tiny
+    # drafters' data, data/eagle/llama.npz) with the scripts' held-out rule: document i when
+    # i % 16 == 15, an original-text document with its generated twin, a repeat dropped.
+    from specjax.train import data
+
+    generated = [[40 + i, 1, 2, 3 + i] for i in range(16)]       # 16 documents, prompts of 2
+    original = [[55, 1, 9, 9], [40, 1, 8, 8]]      # the twins of documents 15 (held out) and 0
+    docs = generated + [generated[3]] + original                  # document 16 repeats 3
+    kinds = [0] * 17 + [1, 1]
+    np.savez(tmp_path / "set.npz", tokens=np.concatenate(docs).astype(np.uint16),
+             starts=np.arange(0, 4 * len(docs) + 1, 4, dtype=np.int32),
+             prompt_length=np.full(len(docs), 2, np.int32), kind=np.array(kinds, np.uint8),
+             kind_names=np.array(["text", "text-original"]))
+    assert main(["train", "data", "--preset", "tiny-llama", "--import", str(tmp_path / "set.npz"),
+                 "--out", str(tmp_path / "data")]) == 0
+    sequences, held_out = data.read(tmp_path / "data", target)
+    assert [row[:n].tolist() for row, n in zip(sequences.tokens, sequences.length)] == \
+        generated[:15] + [original[1]]
+    assert held_out == [[55, 1]]
+    # The real set: the counts the shipped llama-eagle card reports for its training data.
+    assert main(["train", "data", "--preset", "tiny-llama", "--import",
+                 str(WEIGHTS.parent / "data" / "eagle" / "llama.npz"), "--out",
+                 str(tmp_path / "llama"), "--max-length", "256"]) == 0
+    sequences, held_out = data.read(tmp_path / "llama", target)
+    assert (len(sequences.length), int(sequences.length.sum()), len(held_out)) == (1586, 223402, 68)
+    capsys.readouterr()
+    broken = dict(np.load(tmp_path / "set.npz"), kind=np.array(kinds[:-1], np.uint8))
+    np.savez(tmp_path / "broken.npz", **broken)
+    assert main(["train", "data", "--preset", "tiny-llama", "--import",
+                 str(tmp_path / "broken.npz"), "--out", str(tmp_path / "other")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "not a sequence set of" in err, err

@@ -80,9 +80,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--prompts", metavar="FILE|builtin:NAME",
                         help=".jsonl (strings, {prompt}, or {messages}) or text, one prompt a "
                              "line; or a built-in set: builtin:" + "|".join(prompt_sets.BUILTIN))
-    source.add_argument("--import", dest="import_shards", metavar="DIR",
+    source.add_argument("--import", dest="import_shards", metavar="DIR|FILE.npz",
                         help="instead, the shards of `scripts/train.py eagle-data` (data/eagle2/"
-                             "smollm2: the shipped EAGLE drafter's data), cut at --max-length")
+                             "smollm2: the shipped SmolLM2 EAGLE drafter's data) or a sequence "
+                             "set of its medusa-data (data/eagle/llama.npz: the tiny drafters'), "
+                             "cut at --max-length")
     d.add_argument("--max-length", type=int, default=384,
                    help="with --import: documents are cut at this many tokens (default 384)")
     d.add_argument("--chat", action="store_true", help="wrap plain prompts in the chat template")

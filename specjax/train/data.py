@@ -108,18 +108,24 @@ def write(target: Model, prompts, directory, *, max_new_tokens: int = 64,
 
 def import_shards(source, target: Model, directory, *, max_length: int = 384,
                   held_out_setting: str = "greedy") -> Path:
-    """The continuations of `scripts/train.py eagle-data` (the shards of `data/eagle2/`, the
-    shipped EAGLE drafter's data: tokens, document starts, prompt lengths and a held-out flag
-    per document, beside a provenance file SOURCE.json) as a `write` directory, so that the
-    trainers read them with `--data`. Documents are cut at `max_length` tokens. The held-out
-    documents are left out of the training set; their prompts, once each, from the
-    `held_out_setting` documents, are the held-out prompts. The source's tokenizer digest, when
-    recorded, must be the target's."""
+    """Continuations made by `scripts/train.py` as a `write` directory, so that the trainers
+    read them with `--data`: the shards of `eagle-data` (a directory, as `data/eagle2/smollm2`,
+    the shipped SmolLM2 EAGLE drafter's data: tokens, document starts, prompt lengths and a
+    held-out flag per document) or one sequence set of `medusa-data` (a file, as
+    `data/eagle/llama.npz`, the tiny drafters' data), each beside its provenance SOURCE.json.
+    Documents are cut at `max_length` tokens. The held-out documents are left out of the
+    training set; their prompts, once each, from the `held_out_setting` documents, are the
+    held-out prompts. A sequence set holds out the scripts' rule: document i when i % 16 == 15,
+    an original-text document with its generated twin, a repeated document kept once. The
+    source's tokenizer digest, when recorded, must be the target's."""
     source, directory = Path(source), Path(directory)
-    files = sorted(source.glob("shard-[0-9][0-9][0-9].npz"))
+    if source.is_file():
+        files, provenance = [source], source.with_suffix(".json")
+    else:
+        files = sorted(source.glob("shard-[0-9][0-9][0-9].npz"))
+        provenance = source.with_name(source.name + ".json")
     if not files:
         raise TrainError(f"{source}: no shard-NNN.npz of `scripts/train.py eagle-data`")
-    provenance = source.with_name(source.name + ".json")
     recorded = {}
     if provenance.is_file():
         try:
@@ -135,20 +141,10 @@ def import_shards(source, target: Model, directory, *, max_length: int = 384,
     parts, held, first, contents = [], {}, 0, hashlib.sha256()
     for file in files:
         contents.update(file.read_bytes())
-        try:
-            with np.load(file) as shard:         # never pickles (allow_pickle is off)
-                tokens, starts = shard["tokens"].astype(np.int32), shard["starts"]
-                prompt_length, out = shard["prompt_length"], shard["held_out"].astype(bool)
-                setting = shard["setting_names"][shard["setting"]]
-            if not (len(starts) == len(prompt_length) + 1 == len(out) + 1 == len(setting) + 1
-                    and starts[0] == 0 and starts[-1] == len(tokens)
-                    and np.all(np.diff(starts) >= 0) and np.all(prompt_length >= 0)):
-                raise ValueError("its documents' starts and fields do not agree")
-        except (OSError, KeyError, ValueError, IndexError, TypeError) as e:
-            raise TrainError(f"{file}: not an eagle-data shard ({e})") from None
-        if int(tokens.max(initial=0)) >= target.config.vocab_size:
+        documents, prompt_length, out, setting = (_sequence_set if source.is_file()
+                                                  else _eagle_data_shard)(file)
+        if max((int(d.max(initial=0)) for d in documents), default=0) >= target.config.vocab_size:
             raise TrainError(f"{file} holds token ids past {target.name}'s vocabulary")
-        documents = [tokens[a:b] for a, b in zip(starts[:-1], starts[1:])]
         for doc, n, gone, name in zip(documents, prompt_length, out, setting):
             if gone and name == held_out_setting:
                 held.setdefault(tuple(int(t) for t in doc[:n]), None)
@@ -178,6 +174,58 @@ def import_shards(source, target: Model, directory, *, max_length: int = 384,
                                  "from": name})
         _write_json(directory / "data.json", record)
     return directory
+
+
+# `scripts/train.py medusa-data`'s held-out rule: one document in this many.
+SEQUENCE_SET_HELD_OUT_EVERY = 16
+
+
+def _eagle_data_shard(file: Path):
+    """An `eagle-data` shard's documents, prompt lengths, held-out flags and setting names."""
+    try:
+        with np.load(file) as shard:             # never pickles (allow_pickle is off)
+            tokens, starts = shard["tokens"].astype(np.int32), shard["starts"]
+            prompt_length, out = shard["prompt_length"], shard["held_out"].astype(bool)
+            setting = shard["setting_names"][shard["setting"]]
+        _check_starts(tokens, starts, prompt_length, out, setting)
+    except (OSError, KeyError, ValueError, IndexError, TypeError) as e:
+        raise TrainError(f"{file}: not an eagle-data shard ({e})") from None
+    return [tokens[a:b] for a, b in zip(starts[:-1], starts[1:])], prompt_length, out, setting
+
+
+def _sequence_set(file: Path):
+    """A `medusa-data` sequence set's documents, prompt lengths, held-out flags (the scripts'
+    rule, in `import_shards`) and settings (all greedy); a repeated document is dropped."""
+    try:
+        with np.load(file) as saved:
+            tokens, starts = saved["tokens"].astype(np.int32), saved["starts"]
+            prompt_length = saved["prompt_length"]
+            kinds = [str(k) for k in saved["kind_names"][saved["kind"]]]
+        _check_starts(tokens, starts, prompt_length, kinds, kinds)
+    except (OSError, KeyError, ValueError, IndexError, TypeError) as e:
+        raise TrainError(f"{file}: not a sequence set of `scripts/train.py medusa-data` "
+                         f"({e})") from None
+    documents, lengths, out, seen, held_prompts = [], [], [], set(), set()
+    for i, kind in enumerate(kinds):
+        doc, n = tokens[starts[i]:starts[i + 1]], int(prompt_length[i])
+        if kind == "text-original":          # after every generated document: with its twin
+            gone = doc[:n].tobytes() in held_prompts
+        else:
+            gone = i % SEQUENCE_SET_HELD_OUT_EVERY == SEQUENCE_SET_HELD_OUT_EVERY - 1
+            if gone:
+                held_prompts.add(doc[:n].tobytes())
+        if (kind, doc.tobytes()) not in seen:
+            seen.add((kind, doc.tobytes()))
+            documents.append(doc), lengths.append(n), out.append(gone)
+    return (documents, np.array(lengths, np.int32), np.array(out, bool),
+            ["greedy"] * len(documents))
+
+
+def _check_starts(tokens, starts, prompt_length, out, setting) -> None:
+    if not (len(starts) == len(prompt_length) + 1 == len(out) + 1 == len(setting) + 1
+            and starts[0] == 0 and starts[-1] == len(tokens)
+            and np.all(np.diff(starts) >= 0) and np.all(prompt_length >= 0)):
+        raise ValueError("its documents' starts and fields do not agree")
 
 
 def read(directory, target: Model | None = None) -> tuple[Sequences, list[list[int]]]:

@@ -1,0 +1,77 @@
+"""Measurement: drafters (EAGLE) or heads (Medusa) for one target, side by side on the held-out
+prompts of a `train data` directory: tokens per target call and acceptance by depth at T = 0
+and T = 1, each with its own default tree (`generate`'s default when it ships none) and each with the
+first one's tree.
+
+    python scripts/compare_drafters.py --preset tiny-llama --data runs/tiny-data \
+        --method eagle weights/llama-eagle runs/tiny-eagle --out runs/tiny-eagle-compare.json
+
+Use it to check that a drafter made by `python -m specjax train` is as good as a shipped one
+made by the scripts' recipe: the same prompts, settings and seed for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # specjax, without installing
+
+import specjax  # noqa: E402
+from specjax.presets import PRESETS, model_paths  # noqa: E402
+from specjax.train import data  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS))
+    parser.add_argument("--target", help="a target directory or GGUF file (instead of --preset)")
+    parser.add_argument("--data", required=True, help="a `train data` directory")
+    parser.add_argument("--held-out", type=int, default=None,
+                        help="the first N held-out prompts (default: all)")
+    parser.add_argument("--method", choices=("eagle", "medusa"), required=True)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, help="results.json")
+    parser.add_argument("drafters", nargs="+", help="drafter (eagle) or heads (medusa) dirs")
+    args = parser.parse_args()
+    args.draft = None
+    target_path, _, _ = model_paths(args, want_draft=False)
+    target = specjax.load(target_path)
+    _, prompts = data.read(args.data, target)
+    prompts = prompts[:args.held_out] if args.held_out is not None else prompts
+    keyword = "drafter" if args.method == "eagle" else "heads"
+    models = [specjax.load(d) for d in args.drafters]
+    first_tree = models[0].tree
+    results = {"target": str(target_path), "data": args.data, "prompts": len(prompts),
+               "method": args.method, "max_new_tokens": args.max_new_tokens,
+               "seed": args.seed, "rows": []}
+    started = time.time()
+    for name, model in zip(args.drafters, models):
+        trees = [("own", model.tree)] + ([("first's", first_tree)]
+                                         if model.tree != first_tree else [])
+        for label, tree in trees:
+            for temperature in (0.0, 1.0):
+                r = specjax.generate(target, prompts, method=args.method, **{keyword: model},
+                                     tree=tree, max_new_tokens=args.max_new_tokens,
+                                     temperature=temperature, seed=args.seed)
+                row = {"drafter": name, "tree": label, "tree_paths": None if tree is None else [list(p) for p in tree.paths],
+                       "temperature": temperature,
+                       "tokens_per_target_call": round(r.stats.tokens_per_target_call, 3),
+                       "acceptance_by_position": [
+                           None if a is None else round(float(a), 3)
+                           for a in r.stats.acceptance_by_position]}
+                results["rows"].append(row)
+                print(f"[{time.time() - started:5.0f} s] {name}, {label} tree, T = "
+                      f"{temperature:g}: {row['tokens_per_target_call']:.3f} tokens per call",
+                      flush=True)
+    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    print(Path(args.out))
+
+
+if __name__ == "__main__":
+    main()
