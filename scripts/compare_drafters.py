@@ -1,7 +1,7 @@
 """Measurement: drafters (EAGLE) or heads (Medusa) for one target, side by side on the held-out
 prompts of a `train data` directory: tokens per target call and acceptance by depth at T = 0
-and T = 1, each with its own default tree (`generate`'s default when it ships none) and each with the
-first one's tree.
+and T = 1, each with its own default tree (`generate`'s default when it ships none) and each
+with the first one's tree.
 
     python scripts/compare_drafters.py --preset tiny-llama --data runs/tiny-data \
         --method eagle weights/llama-eagle runs/tiny-eagle --out runs/tiny-eagle-compare.json
@@ -59,8 +59,8 @@ def main() -> None:
                 r = specjax.generate(target, prompts, method=args.method, **{keyword: model},
                                      tree=tree, max_new_tokens=args.max_new_tokens,
                                      temperature=temperature, seed=args.seed)
-                row = {"drafter": name, "tree": label, "tree_paths": None if tree is None else [list(p) for p in tree.paths],
-                       "temperature": temperature,
+                row = {"drafter": name, "tree": label, "temperature": temperature,
+                       "tree_paths": None if tree is None else [list(p) for p in tree.paths],
                        "tokens_per_target_call": round(r.stats.tokens_per_target_call, 3),
                        "acceptance_by_position": [
                            None if a is None else round(float(a), 3)

@@ -197,7 +197,7 @@ def _sequence_set(file: Path):
     """A `medusa-data` sequence set's documents, prompt lengths, held-out flags (the scripts'
     rule, in `import_shards`) and settings (all greedy); a repeated document is dropped."""
     try:
-        with np.load(file) as saved:
+        with np.load(file) as saved:             # never pickles (allow_pickle is off)
             tokens, starts = saved["tokens"].astype(np.int32), saved["starts"]
             prompt_length = saved["prompt_length"]
             kinds = [str(k) for k in saved["kind_names"][saved["kind"]]]
@@ -222,6 +222,8 @@ def _sequence_set(file: Path):
 
 
 def _check_starts(tokens, starts, prompt_length, out, setting) -> None:
+    """Raises ValueError unless the documents' starts cover the tokens in order and every
+    per-document field has one entry a document."""
     if not (len(starts) == len(prompt_length) + 1 == len(out) + 1 == len(setting) + 1
             and starts[0] == 0 and starts[-1] == len(tokens)
             and np.all(np.diff(starts) >= 0) and np.all(prompt_length >= 0)):
