@@ -11,6 +11,7 @@ key/value heads) and EAGLE-3 a draft vocabulary of 20 of the target's 32 ids.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -284,11 +285,26 @@ def test_published_layouts_round_trip_exactly(target, tmp_path):
         for a, b in zip(*(sorted(_leaves(d.params).items()) for d in (drafter, again))):
             np.testing.assert_array_equal(a[1], b[1], err_msg=f"{source} {fmt} {a[0]}")
     heads = specjax.load(tmp_path / "inm")
+    assert heads.tree is None                     # FasterDecoding's config names no tree
+    tree = Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]])
     for fmt in ("medusa", "specjax"):
         again = specjax.load(specjax.save_heads(heads, tmp_path / f"outm-{fmt}", format=fmt))
-        assert again.config == heads.config
+        assert again.config == heads.config and again.tree is None
         for a, b in zip(*(sorted(_leaves(h.params).items()) for h in (heads, again))):
             np.testing.assert_array_equal(a[1], b[1])
+        # A tree travels with the heads: in FasterDecoding's layout as `medusa_choices`.
+        treed = specjax.save_heads(dataclasses.replace(heads, tree=tree),
+                                   tmp_path / f"treed-{fmt}", format=fmt)
+        assert specjax.load(treed).tree == tree
+    raw = json.loads((tmp_path / "treed-medusa" / "config.json").read_text())
+    assert raw["medusa_choices"] == [[0], [1], [0, 0], [0, 0, 0]]
+    for choices, words in (([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]], "4 deep but there are "
+                                                                     "only 3 heads"),
+                           ([[1]], "skips a rank")):
+        (tmp_path / "treed-medusa" / "config.json").write_text(
+            json.dumps(dict(raw, medusa_choices=choices)))
+        with pytest.raises(specjax.CheckpointError, match=f"medusa_choices.*{words}"):
+            specjax.load(tmp_path / "treed-medusa")
     shipped = specjax.load(specjax.save_drafter(specjax.init_drafter(
         model, token_ids=np.arange(8), style="specjax"), tmp_path / "mine"))
     with pytest.raises(ValueError, match="specjax's variant"):

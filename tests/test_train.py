@@ -13,6 +13,7 @@ asks for at least 1.8, and at least 0.6 above the untrained drafter's.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -115,6 +116,22 @@ def test_a_resumed_run_gives_the_same_weights(target, tmp_path):
     other = eagle3.TrainConfig(steps=6, batch=4, draft_vocab=256, checkpoint_every=2, seed=1)
     with pytest.raises(eagle3.TrainError, match="a checkpoint of another run"):
         eagle3.train(target, data, other, checkpoint=tmp_path / "run")
+    # Fine-tuning (`init`): the run starts from the drafter's weights, bit for bit, and moves
+    # on from them; it is another run than a fresh start of the same config; a drafter of
+    # another draft vocabulary or kind is refused, naming what differs.
+    again = eagle3.train(target, data, config, init=straight, stop_after=0)
+    for a, b in zip(jax_leaves(straight.params), jax_leaves(again.params)):
+        assert a.tobytes() == b.tobytes()
+    moved = eagle3.train(target, data, config, init=straight, stop_after=2)  # (step 0: lr 0)
+    assert not all(a.tobytes() == b.tobytes() for a, b in zip(
+        jax_leaves(straight.params), jax_leaves(moved.params)))
+    with pytest.raises(eagle3.TrainError, match="a checkpoint of another run"):
+        eagle3.train(target, data, config, checkpoint=tmp_path / "run", init=straight)
+    with pytest.raises(eagle3.TrainError, match="drafts over 256 ids; this run's draft_vocab "
+                                                "is 128"):
+        eagle3.train(target, data, dataclasses.replace(config, draft_vocab=128), init=straight)
+    with pytest.raises(eagle3.TrainError, match="kind 'eagle3' \\(this run: 'eagle1'\\)"):
+        eagle3.train(target, data, dataclasses.replace(config, kind="eagle1"), init=straight)
 
 
 def test_features_on_disk_resume_and_equal_the_ones_in_memory(target, tmp_path):
@@ -200,6 +217,10 @@ def test_bad_training_requests_exit_2_with_one_line(tmp_path, capsys):
                                                            "--held-out", "0", "--taps", "1,4"],
         "messages must be objects": ["--prompts", str(chat), "--held-out", "0", "--taps",
                                      "1,2,3"],
+        "is not an EAGLE drafter (it holds heads)": [
+            "--prompts", str(lines), "--taps", "1,2,3", "--init", str(WEIGHTS / "llama-medusa")],
+        "it was trained on smollm2-135m-instruct": [
+            "--prompts", str(lines), "--taps", "1,2,3", "--init", str(WEIGHTS / "smollm2-eagle")],
     }
     for words, args in cases.items():
         code = main(["train", "eagle3", "--out", str(tmp_path / "out"), *args])
@@ -426,12 +447,14 @@ def test_a_trained_eagle1_drafter_loads_in_the_eagle_layout_and_clears_the_floor
 MEDUSA_FLOOR = 2.0
 MEDUSA_ARGS = ["--held-out", "8", "--max-new-tokens", "32", "--steps", "150", "--batch", "8",
                "--learning-rate", "3e-3", "--warmup", "10", "--heads", "3",
-               "--checkpoint-every", "75", "--eval-every", "75"]
+               "--checkpoint-every", "75", "--eval-every", "75", "--tree-nodes", "6",
+               "--verify-cost", "flat"]
 
 
 @SHARES_THE_RUN
 def test_trained_medusa_heads_load_in_fasterdecodings_layout_and_clear_the_floor(
         target, trained, tmp_path, capsys):
+    from specjax.sampling.tree import Tree
     from specjax.train import medusa
 
     eagle_out, held_out = trained
@@ -451,6 +474,12 @@ def test_trained_medusa_heads_load_in_fasterdecodings_layout_and_clear_the_floor
     assert isinstance(heads, specjax.Heads)
     assert (heads.config.head, heads.config.num_heads) == ("own", 3)
     log = json.loads((out / "train_log.json").read_text())
+    # The tree searched from the held-out rank accuracies (flat cost: the full 6 nodes), in
+    # the config as medusa_choices, and the tree the heads decode with.
+    assert config["medusa_choices"] == log["tree"]["paths"]
+    assert [list(p) for p in heads.tree.paths] == log["tree"]["paths"]
+    assert heads.tree.size == 6 and log["tree"]["verify_cost"] is None
+    assert medusa.best_tree(np.array(log["tree"]["rank_accuracy"]), 6)[0] == heads.tree
     ar = specjax.generate(target, held_out, max_new_tokens=32, temperature=0.0)
     got = specjax.generate(target, held_out, method="medusa", heads=heads, max_new_tokens=32,
                            temperature=0.0)
@@ -458,13 +487,17 @@ def test_trained_medusa_heads_load_in_fasterdecodings_layout_and_clear_the_floor
     assert got.stats.tokens_per_target_call == pytest.approx(log["tokens_per_target_call_t0"],
                                                              abs=1e-3)
     # The progress bar (stderr, not a terminal: a line every 150 // 20 = 7 steps and at each
-    # held-out evaluation, steps 75 and 150), its last evaluation the final heads'.
+    # held-out evaluation, steps 75 and 150), its last evaluation the final heads' before
+    # their tree is searched: a chain of one candidate per head, which the tree beats.
     bar = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train:")]
     steps = sorted({*range(7, 151, 7), 75, 150})
     assert [line.split(",")[0] for line in bar] == [f"train: step {s}/150" for s in steps]
     assert ["held out" in line for line in bar] == [s >= 75 for s in steps]
     assert "loss/accuracy by head" in bar[-1]
-    assert f"held out {log['tokens_per_target_call_t0']:.2f} tokens/call" in bar[-1]
+    chain = specjax.generate(target, held_out, method="medusa", heads=heads, max_new_tokens=32,
+                             temperature=0.0, tree=Tree.chain(3))
+    assert f"held out {chain.stats.tokens_per_target_call:.2f} tokens/call" in bar[-1]
+    assert got.stats.tokens_per_target_call > chain.stats.tokens_per_target_call
     sequences = eagle3.Sequences(*(np.load(work / "sequences.npz")[k]
                                    for k in ("tokens", "length", "prompt_length")))
     settings = medusa.TrainConfig(steps=150, batch=8, learning_rate=3e-3, warmup=10, heads=3)
@@ -477,6 +510,40 @@ def test_trained_medusa_heads_load_in_fasterdecodings_layout_and_clear_the_floor
     assert got.stats.tokens_per_target_call >= max(MEDUSA_FLOOR, low + 0.8), (
         got.stats.tokens_per_target_call, low)
     assert log["tokens_per_target_call_t1"] > 1.0
+
+
+def test_the_tree_search_keeps_the_most_tokens_per_cost():
+    from specjax.sampling.tree import Tree
+    from specjax.train import medusa
+
+    # Rank accuracies of 2 heads over 3 ranks. Grown best-first, the nodes' chances are
+    # [0] .6, [0,0] .6*.5 = .3, [1] .2, [0,1] .6*.2 = .12, then [2] and [1,0] at .1 each.
+    accuracy = np.array([[0.6, 0.2, 0.1], [0.5, 0.2, 0.1]])
+    tree, expected = medusa.best_tree(accuracy, 4)             # flat cost: the largest
+    assert tree == Tree.from_paths([[0], [1], [0, 0], [0, 1]])
+    assert expected == pytest.approx(1 + 0.6 + 0.3 + 0.2 + 0.12)
+    # 3 nodes: 2.1 expected over a 4-token call at 3.0 -> 0.70; 2 nodes: 1.9 / 1.5 -> 1.27;
+    # 1 node: 1.6 / 1 -> 1.6, the best.
+    costs = {1: 1.0, 2: 1.0, 3: 1.5, 4: 3.0}
+    assert medusa.best_tree(accuracy, 3, costs) == (Tree.from_paths([[0]]), 1.6)
+    assert medusa.best_tree(accuracy, 3, {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.1})[1] == \
+        pytest.approx(2.1)
+    # The price of a call: linear between measured sizes, along the last two past them.
+    assert medusa.verify_cost(2, {1: 1.0, 5: 2.0}) == pytest.approx(1.5)       # 3 tokens
+    assert medusa.verify_cost(9, {1: 1.0, 5: 2.0}) == pytest.approx(3.25)      # 10 tokens
+    assert medusa.verify_cost(0, {2: 1.2, 5: 2.0}) == pytest.approx(1.2)
+    with pytest.raises(eagle3.TrainError, match="at least one node"):
+        medusa.best_tree(accuracy, 0)
+
+
+def test_call_costs_are_measured_for_every_size_asked(target):
+    from specjax.train import medusa
+
+    costs = medusa.call_costs(target, sizes=(4, 2), context=16, repeats=2)
+    assert sorted(costs) == [1, 2, 4] and costs[1] == 1.0
+    assert all(np.isfinite(c) and c > 0 for c in costs.values())
+    with pytest.raises(eagle3.TrainError, match="call sizes must be >= 1"):
+        medusa.call_costs(target, sizes=(0,))
 
 
 def test_a_resumed_medusa_run_gives_the_same_weights(target, tmp_path):
@@ -511,6 +578,11 @@ def test_bad_medusa_requests_exit_2_with_one_line(tmp_path, capsys):
         "--head subset needs --format specjax": ["--head", "subset"],
         "leaves none to train on": ["--held-out", "1"],
         "steps must be an integer >= 1": ["--held-out", "0", "--steps", "0"],
+        "--verify-cost must be measure, flat or sizes": ["--verify-cost", "fast"],
+        "--verify-cost: sizes must be >= 1 and costs positive": ["--verify-cost", "1:1,4:-2"],
+        "--tree-nodes must be >= 0, got -1": ["--tree-nodes", "-1"],
+        "searches a tree on held-out prompts, and there are none": [
+            "--held-out", "0", "--steps", "1", "--work", str(tmp_path / "w")],
     }
     for words, args in cases.items():
         code = main(["train", "medusa", "--preset", "tiny-llama", "--prompts", str(lines),

@@ -36,6 +36,7 @@ prose (523 plain-text openings), continued as they are.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import time
@@ -45,12 +46,15 @@ import numpy as np
 
 from specjax.api.generate import generate
 from specjax.io import chat as chat_template
+from specjax.heads.eagle import Drafter
+from specjax.io.checkpoint import load as load_checkpoint
 from specjax.io.checkpoint import save as save_model
 from specjax.io.eagle import save_drafter
 from specjax.presets import (DEFAULT_PRESET, PRESETS, CLIError, load_model, make_mesh,
                              model_paths, parse_mesh)
 from specjax.sampling.logits import SamplingParams
 from specjax.io.medusa import save_heads
+from specjax.io.sidecar import check_target
 from specjax.model.transformer import count_params
 from specjax.io.published import HEADS_FORMATS
 from specjax.train import data, draft, eagle3, medusa
@@ -137,6 +141,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="propose from the N ids the target generated most often, "
                                 "through its LM-head rows (default 0: the whole vocabulary; "
                                 "needs --format specjax)")
+        p.add_argument("--init", metavar="DIR",
+                       help="start from this drafter's weights and draft vocabulary (ours or "
+                            "published, trained on this target, of the shape this run "
+                            "trains): fine-tuning it, e.g. with a larger --unroll")
         p.set_defaults(run=run_train, draft=None, drafter_kind=kind, **(
             {} if kind == "eagle3" else {"draft_vocab": defaults.draft_vocab}))
 
@@ -158,6 +166,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--head", choices=("own", "subset"), default=defaults.head,
                    help="own: each head its own LM head (Medusa-1, default); subset: the "
                         "target's LM-head rows for the --subset most frequent ids")
+    m.add_argument("--tree-nodes", type=int, default=16, metavar="N",
+                   help="search a tree of at most N nodes for the heads, from their rank "
+                        "accuracies on the held-out prompts' continuations (default 16; 0: "
+                        "none, the heads then decode with one candidate per head)")
+    m.add_argument("--verify-cost", default="measure", metavar="measure|flat|N:C,...",
+                   help="what a target call over N tokens costs, in one-token calls, for "
+                        "pricing the tree: measure (time it here, the default), flat (all the "
+                        "same, as on a GPU), or a table such as 1:1,5:1.6,17:2.4")
     m.set_defaults(run=run_medusa, draft=None)
 
     r = kinds.add_parser("draft", help="a draft model: a small Llama LM (Hugging Face layout)",
@@ -335,6 +351,7 @@ def run_train(args) -> int:
     if target.config.arch != "llama":
         raise CLIError(f"{target.name} is a {target.config.arch} model; EAGLE drafters are "
                        f"implemented for Llama-family targets")
+    init = _init_drafter(args.init, target) if args.init else None
     # EAGLE-1/2 reads only the final-normed states; the one tap (the embeddings) is the
     # cheapest `features` computes.
     taps = _taps(args, target) if config.kind == "eagle3" else (0,)
@@ -345,15 +362,27 @@ def run_train(args) -> int:
     progress = _progress(args, config, "loss/agreement by pass" if config.kind == "eagle3"
                          else "cross-entropy/agreement by pass", target, held_out, "drafter")
     drafter = eagle3.train(target, features, config, checkpoint=work / "checkpoint",
-                           progress=progress, mesh=mesh)
+                           progress=progress, mesh=mesh, init=init)
     save_drafter(drafter, out, format=args.format)
     log = {"target": str(target_path), "format": args.format, "kind": config.kind,
            "taps": list(features.taps) if config.kind == "eagle3" else None,
            "draft_vocab": int(len(drafter.token_ids)), "config": vars(config),
+           "init": args.init,
            "train_sequences": int(len(sequences.length)), "held_out_prompts": len(held_out),
            "seconds": round(time.time() - started, 1)}
     _finish(out, log, target, held_out, args, method="eagle", drafter=drafter)
     return 0
+
+
+def _init_drafter(path: str, target) -> Drafter:
+    """--init as a drafter trained on `target`, before any data is made (whether it has the
+    shape the run trains, `eagle3.train` checks)."""
+    init = load_checkpoint(path)
+    if not isinstance(init, Drafter):
+        raise CLIError(f"--init {path} is not an EAGLE drafter (it holds "
+                       f"{type(init).__name__.lower()})")
+    check_target(init, target)
+    return init
 
 
 def run_medusa(args) -> int:
@@ -364,24 +393,70 @@ def run_medusa(args) -> int:
         raise CLIError("--format medusa (FasterDecoding's) holds heads with their own LM heads; "
                        "--head subset needs --format specjax")
     _check_data_arguments(args)
+    costs = _verify_costs(args)
     mesh = _mesh(args, config)
     target_path, _, _ = model_paths(args, want_draft=False)
     target = load_model(target_path, "float32")
     out, work = _out_and_work(args)
     started = time.time()
     sequences, held_out, states = _final_states(args, target, work)
+    if args.tree_nodes and not held_out:
+        raise CLIError("--tree-nodes searches a tree on held-out prompts, and there are none: "
+                       "give --held-out N, or --tree-nodes 0")
     progress = _progress(args, config, "loss/accuracy by head", target, held_out, "heads")
     try:
         heads = medusa.train(target, states, config, checkpoint=work / "checkpoint",
                              progress=progress, mesh=mesh)
     except eagle3.TrainError as e:
         raise CLIError(str(e)) from None
-    save_heads(heads, out, format=args.format)
     log = {"target": str(target_path), "format": args.format, "config": vars(config),
-           "train_sequences": int(len(sequences.length)), "held_out_prompts": len(held_out),
-           "seconds": round(time.time() - started, 1)}
+           "train_sequences": int(len(sequences.length)), "held_out_prompts": len(held_out)}
+    if args.tree_nodes:
+        heads = _heads_tree(heads, target, held_out, costs, args, log)
+    save_heads(heads, out, format=args.format)
+    log["seconds"] = round(time.time() - started, 1)
     _finish(out, log, target, held_out, args, method="medusa", heads=heads)
     return 0
+
+
+def _verify_costs(args) -> dict[int, float] | str | None:
+    """--verify-cost: "measure", None (flat) or a table {call size: cost}, checked."""
+    text = args.verify_cost.strip()
+    if args.tree_nodes < 0:
+        raise CLIError(f"--tree-nodes must be >= 0, got {args.tree_nodes}")
+    if text in ("measure", "flat"):
+        return None if text == "flat" else text
+    try:
+        table = {int(n): float(c) for n, c in (item.split(":") for item in text.split(","))}
+    except ValueError:
+        raise CLIError(f"--verify-cost must be measure, flat or sizes and costs such as "
+                       f"1:1,5:1.6, got {args.verify_cost!r}") from None
+    if min(table) < 1 or not all(np.isfinite(c) and c > 0 for c in table.values()):
+        raise CLIError(f"--verify-cost: sizes must be >= 1 and costs positive, got "
+                       f"{args.verify_cost!r}")
+    return table
+
+
+def _heads_tree(heads, target, held_out, costs, args, log: dict):
+    """The heads with the tree searched for them (`medusa.best_tree`), from their rank
+    accuracies on the target's greedy continuations of the held-out prompts; what was
+    measured goes into the log."""
+    held = eagle3.continuations(target, held_out, max_new_tokens=args.max_new_tokens)
+    states = eagle3.features(target, held, taps=(0,))
+    try:
+        accuracy = medusa.rank_accuracy(heads, target, states)
+    except eagle3.TrainError as e:
+        raise CLIError(str(e)) from None
+    if costs == "measure":
+        costs = medusa.call_costs(target, sizes=sorted({1, 2, 4, 8, 16, args.tree_nodes + 1}))
+    tree, expected = medusa.best_tree(accuracy, args.tree_nodes, costs)
+    log["tree"] = {"paths": [list(p) for p in tree.paths], "max_nodes": args.tree_nodes,
+                   "expected_tokens_per_call": expected,
+                   "verify_cost": None if costs is None else {str(n): c for n, c in
+                                                              sorted(costs.items())},
+                   "rank_accuracy": [[round(float(a), 4) for a in row] for row in accuracy]}
+    print(f"tree: {tree.size} nodes, {expected:.2f} tokens per call expected", flush=True)
+    return dataclasses.replace(heads, tree=tree)
 
 
 def run_draft(args) -> int:

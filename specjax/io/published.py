@@ -11,7 +11,7 @@ code and the engines that load them (vLLM, SGLang, TensorRT-LLM, llama.cpp) read
 | EAGLE-1/2 ("eagle")            | a Llama config, num_hidden_layers 1    | fc (+ bias), layers.0.* (no   |
 |                                |                                        | input_layernorm)              |
 | Medusa-1 ("medusa")            | medusa_num_heads, medusa_num_layers    | medusa_lm_head.safetensors or |
-|                                |                                        | .pt: {k}.{j}.linear, {k}.{L}  |
+|                                | (+ medusa_choices: the tree, optional) | .pt: {k}.{j}.linear, {k}.{L}  |
 
 `d2t` is an offset (draft id i is target id i + d2t[i]); `t2d` marks the target ids the draft
 vocabulary covers. `embed_tokens.weight` is optional: without it the drafter reads tokens
@@ -39,6 +39,7 @@ from specjax.heads.medusa import Heads, HeadsConfig
 from specjax.io.errors import CheckpointError
 from specjax.io.sidecar import json_object, read_tensors
 from specjax.model.config import ConfigError, ModelConfig
+from specjax.sampling.tree import Tree, TreeError
 
 __all__ = ["DRAFTER_FORMATS", "HEADS_FORMATS", "is_published_drafter", "is_published_heads",
            "load_published_drafter", "load_published_heads", "read_weights",
@@ -427,12 +428,29 @@ def load_published_heads(directory: str | Path) -> Heads:
         config = HeadsConfig(k, blocks, d, vocab, vocab, head="own")
     except ValueError as e:
         raise CheckpointError(f"{file}: {e}") from None
+    tree = _medusa_choices(file, raw.get("medusa_choices"), k)
     params = {"blocks": [[{"w": _float(weights, tensors, f"{i}.{j}.linear.weight").T,
                            "b": _float(weights, tensors, f"{i}.{j}.linear.bias")}
                           for j in range(blocks)] for i in range(k)],
               "lm_heads": [_float(weights, tensors, f"{i}.{blocks}.weight") for i in range(k)]}
     return Heads(config, params, np.arange(vocab, dtype=np.int32),
-                 _identity(raw.get("base_model_name_or_path"), vocab, d), None, directory)
+                 _identity(raw.get("base_model_name_or_path"), vocab, d), tree, directory)
+
+
+def _medusa_choices(file: Path, value, heads: int) -> Tree | None:
+    """The tree in config.json's optional `medusa_choices`: FasterDecoding's name for it (its
+    decoding takes the paths of child ranks as an argument of that name; specjax writes them
+    here so that the heads and their tree travel together). Absent: None."""
+    if value is None:
+        return None
+    try:
+        tree = Tree.from_paths(value)
+    except TreeError as e:
+        raise CheckpointError(f"{file}: medusa_choices: {e}") from None
+    if tree.max_depth > heads:
+        raise CheckpointError(f"{file}: medusa_choices is {tree.max_depth} deep but there are "
+                              f"only {heads} heads")
+    return tree
 
 
 def save_published_heads(heads: Heads, directory: Path) -> Path:
@@ -454,6 +472,8 @@ def save_published_heads(heads: Heads, directory: Path) -> Path:
               str(directory / "medusa_lm_head.safetensors"), metadata={"format": "pt"})
     config = {"medusa_num_heads": c.num_heads, "medusa_num_layers": c.num_blocks,
               "base_model_name_or_path": heads.target.get("name"),
-              "hidden_size": c.hidden_size, "vocab_size": c.vocab_size}
+              "hidden_size": c.hidden_size, "vocab_size": c.vocab_size,
+              **({"medusa_choices": [list(p) for p in heads.tree.paths]}
+                 if isinstance(heads.tree, Tree) else {})}
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return directory

@@ -56,6 +56,7 @@ from specjax.api.generate import generate
 from specjax.heads import eagle
 from specjax.heads.shared import projection, target_identity
 from specjax.io.checkpoint import Model
+from specjax.io.sidecar import check_target
 from specjax.model.cache import KVCache
 from specjax.model.transformer import tapped_states
 from specjax.train.state import TrainError, check_settings, on_mesh, optimizer, run_steps
@@ -318,9 +319,14 @@ def _step(dc: eagle.DrafterConfig, config: TrainConfig, trainable, opt_state, ba
 
 def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
           checkpoint: str | Path | None = None, progress=None,
-          stop_after: int | None = None, mesh=None) -> eagle.Drafter:
+          stop_after: int | None = None, mesh=None,
+          init: eagle.Drafter | None = None) -> eagle.Drafter:
     """Trains a published EAGLE-3 drafter for `target` on `data` (`features`), or with
     `config.kind` "eagle1" a published EAGLE-1/2 one (it reads `data.final` only).
+
+    With `init` (a drafter for `target`, ours or published, of the shape this run trains), the
+    run starts from its weights and its draft vocabulary instead of from scratch: fine-tuning,
+    e.g. with more passes (`unroll`) than it was trained with.
 
     With `checkpoint` (a directory), the run's state is written there every
     `config.checkpoint_every` steps and at the end, and a run started on a directory that holds
@@ -346,12 +352,18 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
         ids = np.arange(vocab, dtype=np.int32)
         start = eagle.init_drafter(target, kind="eagle1", head="target", style=config.style,
                                    seed=config.seed, std=0.02)
+    if init is not None:
+        _check_init(init, start.config, target)
+        ids = np.asarray(init.token_ids, np.int32)
+        start = dataclasses.replace(start, config=init.config, token_ids=ids)
     dc = start.config
     head = projection(target, ids)
     # EAGLE-3's head starts as the target's rows for the draft vocabulary; EAGLE-1/2 reads the
     # target's whole head (or its rows for the subset), frozen. The embeddings stay the
     # target's, frozen (the published drafters read them).
     trainable = dict(start.params, lm_head=head) if config.kind == "eagle3" else start.params
+    if init is not None:
+        trainable = _init_weights(init, trainable)
     frozen = {"embed": target.params["embed"], "head": head}
     source = data.tapped if config.kind == "eagle3" else data.final     # what g_s is made of
     frozen = on_mesh(frozen, mesh, config)
@@ -367,8 +379,45 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
 
     return drafter(run_steps(config, data.sequences.length, t, batch_of,
                              functools.partial(_step, dc, config, frozen=frozen), trainable,
-                             _run_key(target, data, config), checkpoint, progress, stop_after,
-                             model_of=drafter, mesh=mesh))
+                             _run_key(target, data, config, trainable if init else None),
+                             checkpoint, progress, stop_after, model_of=drafter, mesh=mesh))
+
+
+def _check_init(init: eagle.Drafter, dc: eagle.DrafterConfig, target: Model) -> None:
+    """`init` must be a drafter trained on `target`, of the kind, shape and draft vocabulary
+    size of a fresh start of this run (`dc`). Its layer's other settings (RoPE, norm epsilon)
+    are its own, and kept."""
+    if not isinstance(init, eagle.Drafter):
+        raise TrainError(f"init must be an EAGLE drafter from specjax.load, got "
+                         f"{type(init).__name__}")
+    try:
+        check_target(init, target)
+    except ValueError as e:
+        raise TrainError(str(e)) from None
+    if init.config.subset_size != dc.subset_size and dc.kind == "eagle3":
+        raise TrainError(f"{init.name} drafts over {init.config.subset_size} ids; this run's "
+                         f"draft_vocab is {dc.subset_size}")
+    shape = ("d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff")
+    mine = {f.name: getattr(init.config, f.name) for f in dataclasses.fields(dc)
+            if f.name != "layer"} | {f: getattr(init.config.layer, f) for f in shape}
+    run = {f.name: getattr(dc, f.name) for f in dataclasses.fields(dc)
+           if f.name != "layer"} | {f: getattr(dc.layer, f) for f in shape}
+    differ = [f for f in run if mine[f] != run[f]]
+    if differ:
+        shown = ", ".join(f"{f} {mine[f]!r} (this run: {run[f]!r})" for f in differ[:3])
+        raise TrainError(f"{init.name} is not the drafter this run trains: {shown}")
+
+
+def _init_weights(init: eagle.Drafter, trainable):
+    """`init`'s weights, in float32, in place of a fresh start's (`trainable`)."""
+    if set(init.params) != set(trainable):
+        raise TrainError(f"{init.name} holds {sorted(init.params)}; this run trains "
+                         f"{sorted(trainable)}")
+    weights = {k: jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), init.params[k])
+               for k in trainable}
+    if jax.tree.map(jnp.shape, weights) != jax.tree.map(jnp.shape, trainable):
+        raise TrainError(f"{init.name}'s weights differ in shape from this run's")
+    return weights
 
 
 def check_features(target: Model, data: Features, tapped: bool = False) -> int:
@@ -384,10 +433,13 @@ def check_features(target: Model, data: Features, tapped: bool = False) -> int:
     return t
 
 
-def _run_key(target: Model, data: Features, config: TrainConfig) -> str:
+def _run_key(target: Model, data: Features, config: TrainConfig, init=None) -> str:
+    """What makes two runs the same: target, data, config and the weights they start from
+    (`init`'s, when it is given: a fresh start is fixed by the config's seed)."""
     h = hashlib.sha256()
     h.update(json.dumps([target.name, str(target.config), list(data.taps),
                          dataclasses.asdict(config)], sort_keys=True).encode())
-    for array in (data.sequences.tokens, data.sequences.length, data.sequences.prompt_length):
+    arrays = [data.sequences.tokens, data.sequences.length, data.sequences.prompt_length]
+    for array in arrays + ([] if init is None else jax.tree.leaves(init)):
         h.update(np.ascontiguousarray(array).tobytes())
     return h.hexdigest()[:16]

@@ -22,6 +22,14 @@ target's next-token predictor); subset heads (`head="subset"`, specjax's variant
 target's LM-head rows for the `subset` ids the target generated most often, frozen, and a label
 outside them is not trained on.
 
+The tree. Heads decode best with a tree of their candidates (`specjax.decoding.medusa`), and
+the best tree depends on how often each head's r-th candidate is right and on what a verify call
+of n tokens costs the target on the machine that runs it. `rank_accuracy` measures the first on
+held-out continuations, `call_costs` times the second, and `best_tree` grows the tree as Medusa
+does: best-first by each node's chance of being accepted (the product of its path's rank
+accuracies, the heads taken as independent), keeping the prefix of that growth with the most
+expected tokens (1 + the sum of the chances) per unit of verify cost.
+
 Determinism: batch b of a run is drawn by `numpy.random.default_rng([seed, b])` and XLA on a
 CPU is deterministic, so a run resumed from its checkpoint gives the weights of one that never
 stopped, bit for bit (tested).
@@ -35,17 +43,25 @@ import hashlib
 import json
 from pathlib import Path
 
+import statistics
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.api.forward import kernels_as_generate
 from specjax.heads import medusa as heads_math
 from specjax.heads.shared import projection, target_identity
 from specjax.io.checkpoint import Model
+from specjax.model.cache import KVCache
+from specjax.model.transformer import forward
+from specjax.sampling.tree import Tree
 from specjax.train.eagle3 import Features, check_features, draft_vocabulary
 from specjax.train.state import TrainError, check_settings, on_mesh, optimizer, run_steps
 
-__all__ = ["TrainConfig", "train"]
+__all__ = ["TrainConfig", "best_tree", "call_costs", "rank_accuracy", "train",
+           "verify_cost"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,3 +186,108 @@ def _run_key(target: Model, data: Features, config: TrainConfig) -> str:
     for array in (data.sequences.tokens, data.sequences.length, data.sequences.prompt_length):
         h.update(np.ascontiguousarray(array).tobytes())
     return h.hexdigest()[:16]
+
+
+# -- The tree -----------------------------------------------------------------------------------
+
+def rank_accuracy(heads: heads_math.Heads, target: Model, data: Features, ranks: int = 10,
+                  batch: int = 1024) -> np.ndarray:
+    """[K, R]: how often head k's r-th most likely token is the token it predicts (s + 2 + k),
+    over the positions of `data` (`eagle3.features` of continuations the heads never trained
+    on) where that token is a generated one. A token outside the heads' ids is a miss at every
+    rank. R is `ranks`, or the heads' ids if fewer."""
+    k = heads.config.num_heads
+    ranks = min(ranks, heads.config.subset_size)
+    vocab = target.config.vocab_size
+    wanted = labels(data, k, np.arange(vocab, dtype=np.int32)).reshape(-1, k)    # token ids
+    states = np.asarray(data.final, np.float32).reshape(-1, data.final.shape[-1])
+    keep = (wanted >= 0).any(axis=1)
+    wanted, states = wanted[keep], states[keep]
+    if not len(wanted):
+        raise TrainError("no position to measure the heads on: the held-out continuations "
+                         f"hold no {k + 1} generated tokens after a position")
+    weights = heads_math.runtime_weights(heads, target)
+    ids = np.asarray(heads.token_ids)
+    hits = np.zeros((k, ranks))
+    for first in range(0, len(wanted), batch):
+        logits = np.asarray(heads_math.subset_logits(weights, jnp.asarray(
+            states[first:first + batch])))                                     # [B, K, S]
+        top = ids[np.argsort(-logits, axis=-1, kind="stable")[..., :ranks]]     # [B, K, R]
+        y = wanted[first:first + batch]
+        hits += np.sum((top == y[..., None]) & (y[..., None] >= 0), axis=0)
+    return hits / np.maximum(np.sum(wanted >= 0, axis=0), 1)[:, None]
+
+
+def call_costs(target: Model, sizes=(1, 2, 4, 8, 16, 32), context: int = 256,
+               repeats: int = 5) -> dict[int, float]:
+    """{n: the time of one target call over n tokens (a tree's root and its n - 1 nodes), after
+    `context` cached positions, over a one-token call's}, measured here with the kernels
+    `generate` uses: the median of `repeats` calls after one that compiles. A causal call
+    stands in for the tree's (the same products; only the mask differs)."""
+    if not sizes or min(sizes) < 1:
+        raise TrainError(f"call sizes must be >= 1, got {list(sizes)}")
+    sizes = sorted(set(sizes) | {1})
+    config = target.config
+    cache = KVCache.init(config, 1, context + sizes[-1]).with_length(jnp.full((1,), context))
+    seconds = {}
+    with kernels_as_generate():
+        call = jax.jit(lambda params, tokens, positions, cache:
+                       forward(params, config, tokens, positions, cache)[0])
+        for n in sizes:
+            tokens = jnp.zeros((1, n), jnp.int32)
+            positions = context + jnp.arange(n, dtype=jnp.int32)[None]
+            call(target.params, tokens, positions, cache).block_until_ready()
+            times = []
+            for _ in range(repeats):
+                began = time.perf_counter()
+                call(target.params, tokens, positions, cache).block_until_ready()
+                times.append(time.perf_counter() - began)
+            seconds[n] = statistics.median(times)
+    return {n: round(seconds[n] / seconds[1], 3) for n in sizes}
+
+
+def verify_cost(nodes: int, costs: dict[int, float]) -> float:
+    """A verify call over the root and `nodes` nodes, in one-token calls, from `costs` ({call
+    size: cost}, as `call_costs` gives): linear between the sizes there, and past the largest
+    along the line through the last two (flat with one size)."""
+    n, sizes = nodes + 1, sorted(costs)
+    if n <= sizes[0] or len(sizes) == 1:
+        return float(costs[sizes[0]] if n <= sizes[0] else costs[sizes[-1]])
+    for lo, hi in zip(sizes, sizes[1:]):
+        if n <= hi:
+            break
+    return float(costs[lo] + (n - lo) * (costs[hi] - costs[lo]) / (hi - lo))
+
+
+def best_tree(accuracy: np.ndarray, max_nodes: int,
+              costs: dict[int, float] | None = None) -> tuple[Tree, float]:
+    """(the tree, its expected tokens per call) of at most `max_nodes` nodes for heads of rank
+    accuracies `accuracy` [K, R] (`rank_accuracy`): of the trees met growing best-first by
+    each node's chance of acceptance, the one with the most expected tokens per unit of
+    `verify_cost` (`costs` None: every call costs the same, so the largest)."""
+    accuracy = np.asarray(accuracy, np.float64)
+    depth_limit, ranks = accuracy.shape
+    if max_nodes < 1:
+        raise TrainError(f"a tree needs at least one node, got max_nodes {max_nodes}")
+    # The frontier: (chance, path); a path's first child and next sibling join once it is in.
+    frontier = [(float(accuracy[0, 0]), (0,))]
+    chances, paths, best = {(): 1.0}, [], (-1.0, 0, 1.0)
+    expected = 1.0
+    while frontier and len(paths) < max_nodes:
+        frontier.sort(key=lambda item: (-item[0], len(item[1]), item[1]))
+        chance, path = frontier.pop(0)
+        paths.append(path)
+        chances[path] = chance
+        expected += chance
+        depth, rank = len(path), path[-1]
+        if rank + 1 < ranks:
+            frontier.append((chances[path[:-1]] * accuracy[depth - 1, rank + 1],
+                             path[:-1] + (rank + 1,)))
+        if depth < depth_limit:
+            frontier.append((chance * accuracy[depth, 0], path + (0,)))
+        per_cost = expected / (1.0 if costs is None else verify_cost(len(paths), costs))
+        if per_cost > best[0] + 1e-12:
+            best = (per_cost, len(paths), expected)
+    _, size, expected = best
+    return Tree.from_paths(paths[:size]), round(expected, 4)
+
