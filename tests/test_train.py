@@ -116,6 +116,18 @@ def test_a_resumed_run_gives_the_same_weights(target, tmp_path):
     other = eagle3.TrainConfig(steps=6, batch=4, draft_vocab=256, checkpoint_every=2, seed=1)
     with pytest.raises(eagle3.TrainError, match="a checkpoint of another run"):
         eagle3.train(target, data, other, checkpoint=tmp_path / "run")
+    # EAGLE-1's input noise: batch b draws its own, so a resumed noisy run is bit for bit an
+    # uninterrupted one too, and the noise changes what is learnt.
+    noisy = dataclasses.replace(config, noise=0.1)
+    once = eagle3.train(target, data, noisy)
+    eagle3.train(target, data, noisy, checkpoint=tmp_path / "noisy", stop_after=3)
+    twice = eagle3.train(target, data, noisy, checkpoint=tmp_path / "noisy")
+    for a, b, c in zip(*(jax_leaves(d.params) for d in (once, twice, straight))):
+        assert a.tobytes() == b.tobytes()
+    assert not all(a.tobytes() == c.tobytes() for a, c in zip(
+        jax_leaves(once.params), jax_leaves(straight.params)))
+    with pytest.raises(eagle3.TrainError, match="noise must be a number >= 0, got -0.1"):
+        eagle3.TrainConfig(noise=-0.1)
     # Fine-tuning (`init`): the run starts from the drafter's weights, bit for bit, and moves
     # on from them; it is another run than a fresh start of the same config; a drafter of
     # another draft vocabulary or kind is refused, naming what differs.

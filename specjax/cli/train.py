@@ -127,7 +127,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         defaults = eagle3.TrainConfig()
         for option, type_ in (("steps", int), ("batch", int), ("learning_rate", float),
                               ("warmup", int), ("unroll", int), ("decay", float),
-                              ("clip", float), ("seed", int), ("checkpoint_every", int)) + (
+                              ("clip", float), ("noise", float), ("seed", int),
+                              ("checkpoint_every", int)) + (
                 (("draft_vocab", int),) if kind == "eagle3" else ()):
             p.add_argument("--" + option.replace("_", "-"), type=type_,
                            default=getattr(defaults, option),
@@ -339,7 +340,7 @@ def run_train(args) -> int:
                else {})
     config = eagle3.TrainConfig(kind=args.drafter_kind, **variant, **{
         k: getattr(args, k) for k in ("steps", "batch", "learning_rate", "warmup", "unroll",
-                                      "decay", "clip", "draft_vocab", "seed",
+                                      "decay", "clip", "noise", "draft_vocab", "seed",
                                       "checkpoint_every")})
     if (config.style != "published" or config.subset) and args.format != "specjax":
         raise CLIError("--style specjax and --subset are specjax's variants, which no published "

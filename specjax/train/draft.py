@@ -194,7 +194,7 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
 
     start = init(target, dc, config.seed)
 
-    def batch_of(picked, w):
+    def batch_of(picked, w, _):
         return {"tokens": data.sequences.tokens[picked, :w],
                 "mask": mask_all[picked, :w].astype(np.float32),
                 "final": np.asarray(data.final[picked, :w], np.float32)}

@@ -104,12 +104,19 @@ class TrainConfig:
     # through the target's LM-head rows for them (0: the target's whole head, as published).
     style: str = "published"
     subset: int = 0
+    # Uniform noise of this half-width on pass 0's feature inputs (after the fusion), as
+    # EAGLE-1 trains (U(-0.1, 0.1) in its paper) so that the drafter learns to go on from
+    # features a little off, as its own are after a first step. 0: none (EAGLE-3, SpecForge).
+    noise: float = 0.0
 
     def __post_init__(self):
         check_settings(self, positive=("steps", "batch", "unroll", "draft_vocab",
                                        "checkpoint_every"),
                        non_negative=("warmup", "seed", "subset"),
                        fractions=("learning_rate", "decay"), at_most_inf=("clip",))
+        if isinstance(self.noise, bool) or not isinstance(self.noise, (int, float)) or \
+                not 0.0 <= self.noise < float("inf"):
+            raise TrainError(f"noise must be a number >= 0, got {self.noise!r}")
         if self.kind not in KINDS:
             raise TrainError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.style not in ("published", "specjax"):
@@ -119,6 +126,7 @@ class TrainConfig:
 
 
 KINDS = ("eagle3", "eagle1")
+NOISE_STREAM = 1        # batch b's noise: numpy.random.default_rng([seed, b, NOISE_STREAM])
 # EAGLE-1's loss (Li et al. 2024, and the EAGLE repo's weights): the features' SmoothL1
 # regression, plus a tenth of the tokens' cross-entropy.
 CLASSIFICATION_WEIGHT = 0.1
@@ -284,6 +292,8 @@ def _loss(trainable, frozen, batch, config: eagle.DrafterConfig, unroll: int, de
     soft = jax.nn.softmax(jnp.einsum("BTD,SD->BTS", batch["final"], frozen["head"]), axis=-1)
     g = eagle.from_target(weights, config, batch["tapped"])
     g = jnp.concatenate([jnp.zeros_like(g[:, :1]), g[:, :-1]], axis=1)      # g_s = f_{s-1}
+    if "noise" in batch:                # EAGLE-1's: on the target's features, not slot 0's zeros
+        g = g.at[:, 1:].add(batch["noise"][:, 1:])
     count = jnp.maximum(jnp.sum(mask), 1.0)
     total, parts = 0.0, []
     for i in range(unroll):
@@ -368,11 +378,16 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     source = data.tapped if config.kind == "eagle3" else data.final     # what g_s is made of
     frozen = on_mesh(frozen, mesh, config)
 
-    def batch_of(rows, w):
-        return {"tokens": data.sequences.tokens[rows, :w],
-                "mask": mask_all[rows, :w].astype(np.float32),
-                "tapped": source[rows, :w].astype(np.float32),
-                "final": data.final[rows, :w].astype(np.float32)}
+    def batch_of(rows, w, b):
+        batch = {"tokens": data.sequences.tokens[rows, :w],
+                 "mask": mask_all[rows, :w].astype(np.float32),
+                 "tapped": source[rows, :w].astype(np.float32),
+                 "final": data.final[rows, :w].astype(np.float32)}
+        if config.noise:                # batch b's own draw: a resumed run draws the same
+            rng = np.random.default_rng([config.seed, b, NOISE_STREAM])
+            batch["noise"] = rng.uniform(-config.noise, config.noise,
+                                         (len(rows), w, dc.hidden_size)).astype(np.float32)
+        return batch
 
     def drafter(params):
         return dataclasses.replace(start, params=params, target=target_identity(target, ids))
@@ -436,9 +451,12 @@ def check_features(target: Model, data: Features, tapped: bool = False) -> int:
 def _run_key(target: Model, data: Features, config: TrainConfig, init=None) -> str:
     """What makes two runs the same: target, data, config and the weights they start from
     (`init`'s, when it is given: a fresh start is fixed by the config's seed)."""
+    settings = dataclasses.asdict(config)
+    if not config.noise:                # as before noise existed: earlier runs keep their key
+        del settings["noise"]
     h = hashlib.sha256()
-    h.update(json.dumps([target.name, str(target.config), list(data.taps),
-                         dataclasses.asdict(config)], sort_keys=True).encode())
+    h.update(json.dumps([target.name, str(target.config), list(data.taps), settings],
+                        sort_keys=True).encode())
     arrays = [data.sequences.tokens, data.sequences.length, data.sequences.prompt_length]
     for array in arrays + ([] if init is None else jax.tree.leaves(init)):
         h.update(np.ascontiguousarray(array).tobytes())

@@ -165,7 +165,7 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     frozen = {} if own else {"proj": projection(target, ids)}
     frozen = on_mesh(frozen, mesh, config)
 
-    def batch_of(rows, w):
+    def batch_of(rows, w, _):
         return {"final": np.asarray(data.final[rows, :w], np.float32),
                 "labels": targets[rows, :w]}
 

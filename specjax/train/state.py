@@ -90,7 +90,8 @@ def run_steps(config, lengths: np.ndarray, width: int, batch_of, step, trainable
     Step b draws `config.batch` of the N sequences (their `lengths` [N], stored `width` wide)
     with `numpy.random.default_rng([config.seed, b])`, takes them to a multiple of 64 past the
     longest (a few programs, little waste), and calls `step(trainable, opt_state,
-    batch_of(rows, width))` -> (trainable, opt_state, metrics). With `checkpoint` (a
+    batch_of(rows, width, b))` -> (trainable, opt_state, metrics) (b: for what else a batch
+    draws, as EAGLE's input noise). With `checkpoint` (a
     directory) the state is saved every `config.checkpoint_every` steps and at the end, and a
     run started on a checkpoint of the same `run_key` resumes from it; `progress(step,
     metrics, model)` follows each step, `model()` giving the trained model as it stands
@@ -107,7 +108,8 @@ def run_steps(config, lengths: np.ndarray, width: int, batch_of, step, trainable
     trainable, opt_state = on_mesh((trainable, opt_state), mesh, config)
     if mesh is not None:
         by_row = NamedSharding(mesh, PartitionSpec("data"))
-        batch_of = (lambda of: lambda rows, w: jax.device_put(of(rows, w), by_row))(batch_of)
+        batch_of = (lambda of: lambda rows, w, b: jax.device_put(of(rows, w, b), by_row))(
+            batch_of)
     n = len(lengths)
     limit = config.steps if stop_after is None else min(config.steps, done + stop_after)
     for b in range(done, limit):
@@ -115,7 +117,7 @@ def run_steps(config, lengths: np.ndarray, width: int, batch_of, step, trainable
                                                               replace=n < config.batch)
         w = min(width, -(-int(lengths[rows].max()) // 64) * 64)
         with use_kernels(False):        # the CPU kernels have no derivatives; XLA's do
-            trainable, opt_state, metrics = step(trainable, opt_state, batch_of(rows, w))
+            trainable, opt_state, metrics = step(trainable, opt_state, batch_of(rows, w, b))
         if progress is not None:
             progress(b + 1, np.asarray(metrics),
                      lambda now=trainable: model_of(_one_device(now, mesh)))
