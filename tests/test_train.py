@@ -548,6 +548,31 @@ def test_the_tree_search_keeps_the_most_tokens_per_cost():
         medusa.best_tree(accuracy, 0)
 
 
+def test_rank_accuracy_of_heads_that_copy_the_targets_head(target):
+    # Heads as Medusa starts them (identity blocks, each head a copy of the target's LM head)
+    # all propose the target's own next token: head k's first candidate at position s is the
+    # argmax of the target's logits there, right where it equals token s + 2 + k. The target's
+    # forward pass gives that, without the heads' code.
+    from specjax.train import medusa
+
+    sequences = eagle3.continuations(target, code_prompts(8), max_new_tokens=16)
+    data = eagle3.features(target, sequences, (0,))
+    heads = medusa.train(target, data, medusa.TrainConfig(heads=2), stop_after=0)
+    accuracy = medusa.rank_accuracy(heads, target, data, ranks=3)
+    n, t = sequences.tokens.shape
+    logits, _ = specjax.forward(target.params, target.config, sequences.tokens,
+                                np.broadcast_to(np.arange(t, dtype=np.int32), (n, t)))
+    top = np.argmax(np.asarray(logits), axis=-1)
+    assert accuracy.shape == (2, 3) and np.all(accuracy.sum(axis=1) <= 1 + 1e-9)
+    for k in range(2):
+        hits = []
+        for row in range(n):
+            for s in range(t - 2 - k):
+                if sequences.prompt_length[row] <= s + 2 + k < sequences.length[row]:
+                    hits.append(top[row, s] == sequences.tokens[row, s + 2 + k])
+        assert accuracy[k, 0] == pytest.approx(np.mean(hits)), k
+
+
 def test_call_costs_are_measured_for_every_size_asked(target):
     from specjax.train import medusa
 

@@ -191,7 +191,7 @@ def _run_key(target: Model, data: Features, config: TrainConfig) -> str:
 # -- The tree -----------------------------------------------------------------------------------
 
 def rank_accuracy(heads: heads_math.Heads, target: Model, data: Features, ranks: int = 10,
-                  batch: int = 1024) -> np.ndarray:
+                  batch: int = 256) -> np.ndarray:
     """[K, R]: how often head k's r-th most likely token is the token it predicts (s + 2 + k),
     over the positions of `data` (`eagle3.features` of continuations the heads never trained
     on) where that token is a generated one. A token outside the heads' ids is a miss at every
@@ -210,9 +210,8 @@ def rank_accuracy(heads: heads_math.Heads, target: Model, data: Features, ranks:
     ids = np.asarray(heads.token_ids)
     hits = np.zeros((k, ranks))
     for first in range(0, len(wanted), batch):
-        logits = np.asarray(heads_math.subset_logits(weights, jnp.asarray(
-            states[first:first + batch])))                                     # [B, K, S]
-        top = ids[np.argsort(-logits, axis=-1, kind="stable")[..., :ranks]]     # [B, K, R]
+        logits = heads_math.subset_logits(weights, jnp.asarray(states[first:first + batch]))
+        top = ids[np.asarray(jax.lax.top_k(logits, ranks)[1])]                 # [B, K, R]
         y = wanted[first:first + batch]
         hits += np.sum((top == y[..., None]) & (y[..., None] >= 0), axis=0)
     return hits / np.maximum(np.sum(wanted >= 0, axis=0), 1)[:, None]
