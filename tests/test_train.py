@@ -618,8 +618,7 @@ def test_bad_medusa_requests_exit_2_with_one_line(tmp_path, capsys):
         "--verify-cost must be measure, flat or sizes": ["--verify-cost", "fast"],
         "--verify-cost: sizes must be >= 1 and costs positive": ["--verify-cost", "1:1,4:-2"],
         "--tree-nodes must be >= 0, got -1": ["--tree-nodes", "-1"],
-        "searches a tree on held-out prompts, and there are none": [
-            "--held-out", "0", "--steps", "1", "--work", str(tmp_path / "w")],
+        "searches a tree on held-out prompts, and there are none": ["--held-out", "0"],
     }
     for words, args in cases.items():
         code = main(["train", "medusa", "--preset", "tiny-llama", "--prompts", str(lines),

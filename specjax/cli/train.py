@@ -64,6 +64,8 @@ from specjax.train.state import StepProgress, on_mesh
 DESCRIPTION = __doc__
 BUILTIN_PREFIX = "builtin:"
 FORMATS = ("eagle", "speculators", "specjax")
+NO_HELD_OUT_TREE = ("--tree-nodes searches a tree on held-out prompts, and there are none: give "
+                    "--held-out N, or --tree-nodes 0")
 
 
 def _target_arguments(p: argparse.ArgumentParser) -> None:
@@ -401,9 +403,8 @@ def run_medusa(args) -> int:
     out, work = _out_and_work(args)
     started = time.time()
     sequences, held_out, states = _final_states(args, target, work)
-    if args.tree_nodes and not held_out:
-        raise CLIError("--tree-nodes searches a tree on held-out prompts, and there are none: "
-                       "give --held-out N, or --tree-nodes 0")
+    if args.tree_nodes and not held_out:            # --data without held-out prompts
+        raise CLIError(NO_HELD_OUT_TREE)
     progress = _progress(args, config, "loss/accuracy by head", target, held_out, "heads")
     try:
         heads = medusa.train(target, states, config, checkpoint=work / "checkpoint",
@@ -425,6 +426,8 @@ def _verify_costs(args) -> dict[int, float] | str | None:
     text = args.verify_cost.strip()
     if args.tree_nodes < 0:
         raise CLIError(f"--tree-nodes must be >= 0, got {args.tree_nodes}")
+    if args.tree_nodes and args.held_out == 0:      # before hours of data and training
+        raise CLIError(NO_HELD_OUT_TREE)
     if text in ("measure", "flat"):
         return None if text == "flat" else text
     try:
