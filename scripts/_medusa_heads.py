@@ -30,6 +30,8 @@ from _cards import write_heads_card
 from _training import command_line
 from _training import resolve_checkpoint as resolve
 
+from specjax.train.medusa import best_tree, verify_cost   # the tree search `train medusa` runs
+
 # The verify call on SmolLM2-135M by its size, measured by `scripts/bench_forward.py --sizes` on
 # the 2-core host (a call of n tokens over a one-token step), interpolated to price a tree of
 # n - 1 nodes. (An earlier measurement on the same machine type gave 1.42 for 5 tokens.)
@@ -491,48 +493,6 @@ def rank_accuracy(heads, target, hidden, rows, labels, ranks: int = 10, batch: i
         hits += np.sum((top == y[..., None]) & (y[..., None] >= 0), axis=0)
         counts += np.sum(y >= 0, axis=0)
     return hits / counts[:, None]
-
-
-def verify_cost(nodes: int, table: dict[int, float]) -> float:
-    """A verify call over the root and `nodes` nodes, in one-token steps: linear between the
-    measured call sizes, extrapolated from the last two past the largest."""
-    n, sizes = nodes + 1, sorted(table)
-    if n <= sizes[0]:
-        return table[sizes[0]]
-    for lo, hi in zip(sizes, sizes[1:]):
-        if n <= hi:
-            return table[lo] + (n - lo) * (table[hi] - table[lo]) / (hi - lo)
-    lo, hi = sizes[-2], sizes[-1]
-    return table[hi] + (n - hi) * (table[hi] - table[lo]) / (hi - lo)
-
-
-def best_tree(accuracy: np.ndarray, max_nodes: int, table: dict[int, float]):
-    """The tree of at most `max_nodes` nodes with the best expected tokens per unit of verify
-    cost, grown best-first as in Medusa: a node's chance of being accepted is the product of
-    its path's rank accuracies (heads treated as independent), and the expected tokens of a
-    call are 1 + the sum of those chances."""
-    from specjax.sampling.tree import Tree
-
-    k, ranks = accuracy.shape
-    # Frontier entries: (path, chance of its parent, its own chance).
-    frontier = [((0,), 1.0, accuracy[0, 0])]
-    chosen, best = [], None
-    total = 1.0
-    while frontier and len(chosen) < max_nodes:
-        frontier.sort(key=lambda item: -item[2])
-        path, parent_p, p = frontier.pop(0)
-        chosen.append(path)
-        total += p
-        depth, rank = len(path), path[-1]
-        if rank + 1 < ranks:                      # its next sibling
-            frontier.append((path[:-1] + (rank + 1,), parent_p,
-                             parent_p * accuracy[depth - 1, rank + 1]))
-        if depth < k:                             # its first child
-            frontier.append((path + (0,), p, p * accuracy[depth, 0]))
-        score = total / verify_cost(len(chosen), table)
-        if best is None or score > best[0]:
-            best = (score, list(chosen), total)
-    return Tree.from_paths(best[1]), round(best[2], 3)
 
 
 def parse_cost(text: str) -> dict[int, float]:
