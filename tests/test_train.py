@@ -832,6 +832,13 @@ def test_a_sequence_set_of_the_scripts_imports_with_their_held_out_rule(target, 
     assert [row[:n].tolist() for row, n in zip(sequences.tokens, sequences.length)] == \
         generated[:15] + [original[1]]
     assert held_out == [[55, 1]]
+    # --leave-out text-original: the original text is not imported; the held-out prompts stay.
+    assert main(["train", "data", "--preset", "tiny-llama", "--import", str(tmp_path / "set.npz"),
+                 "--out", str(tmp_path / "generated"), "--leave-out", "text-original"]) == 0
+    sequences, held_out = data.read(tmp_path / "generated", target)
+    assert [row[:n].tolist() for row, n in zip(sequences.tokens, sequences.length)] == \
+        generated[:15]
+    assert held_out == [[55, 1]]
     # The real set: the counts the shipped llama-eagle card reports for its training data.
     assert main(["train", "data", "--preset", "tiny-llama", "--import",
                  str(WEIGHTS.parent / "data" / "eagle" / "llama.npz"), "--out",
@@ -845,3 +852,11 @@ def test_a_sequence_set_of_the_scripts_imports_with_their_held_out_rule(target, 
                  str(tmp_path / "broken.npz"), "--out", str(tmp_path / "other")]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "not a sequence set of" in err, err
+    for args, words in ((["--import", str(tmp_path / "set.npz"), "--leave-out", "code"],
+                         "no documents of kind 'code'; its kinds are text, text-original"),
+                        (["--prompts", "builtin:code", "--leave-out", "text"],
+                         "--leave-out applies to --import")):
+        assert main(["train", "data", "--preset", "tiny-llama", *args, "--out",
+                     str(tmp_path / "refused")]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and words in err, err

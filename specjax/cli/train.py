@@ -93,6 +93,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "cut at --max-length")
     d.add_argument("--max-length", type=int, default=384,
                    help="with --import: documents are cut at this many tokens (default 384)")
+    d.add_argument("--leave-out", metavar="KIND,...",
+                   help="with --import of a sequence set: its documents of these kinds are "
+                        "not imported (e.g. text-original: the original text, not the "
+                        "target's); the held-out prompts stay the same")
     d.add_argument("--chat", action="store_true", help="wrap plain prompts in the chat template")
     d.add_argument("--out", required=True, metavar="DIR",
                    help="the shards and data.json; a run started again resumes")
@@ -284,13 +288,27 @@ def read_prompts(path: Path, target, chat: bool) -> list:
     return prompts
 
 
+def _kinds(args) -> tuple[str, ...]:
+    """--leave-out as kind names (only with --import)."""
+    if not args.leave_out:
+        return ()
+    if not args.import_shards:
+        raise CLIError("--leave-out applies to --import")
+    kinds = tuple(k.strip() for k in args.leave_out.split(","))
+    if not all(kinds):
+        raise CLIError(f"--leave-out must be comma-separated kind names, got "
+                       f"{args.leave_out!r}")
+    return kinds
+
+
 def run_data(args) -> int:
+    leave_out = _kinds(args)
     target_path, _, _ = model_paths(args, want_draft=False)
     target = load_model(target_path, "float32")
     if args.import_shards:
         try:
             out = data.import_shards(args.import_shards, target, args.out,
-                                     max_length=args.max_length)
+                                     max_length=args.max_length, leave_out=leave_out)
         except eagle3.TrainError as e:
             raise CLIError(str(e)) from None
         print(out)

@@ -107,7 +107,7 @@ def write(target: Model, prompts, directory, *, max_new_tokens: int = 64,
 
 
 def import_shards(source, target: Model, directory, *, max_length: int = 384,
-                  held_out_setting: str = "greedy") -> Path:
+                  held_out_setting: str = "greedy", leave_out: tuple[str, ...] = ()) -> Path:
     """Continuations made by `scripts/train.py` as a `write` directory, so that the trainers
     read them with `--data`: the shards of `eagle-data` (a directory, as `data/eagle2/smollm2`,
     the shipped SmolLM2 EAGLE drafter's data: tokens, document starts, prompt lengths and a
@@ -116,8 +116,10 @@ def import_shards(source, target: Model, directory, *, max_length: int = 384,
     Documents are cut at `max_length` tokens. The held-out documents are left out of the
     training set; their prompts, once each, from the `held_out_setting` documents, are the
     held-out prompts. A sequence set holds out the scripts' rule: document i when i % 16 == 15,
-    an original-text document with its generated twin, a repeated document kept once. The
-    source's tokenizer digest, when recorded, must be the target's."""
+    an original-text document with its generated twin, a repeated document kept once; its
+    documents of the kinds in `leave_out` (e.g. "text-original") are then dropped, which
+    changes no held-out prompt. The source's tokenizer digest, when recorded, must be the
+    target's."""
     source, directory = Path(source), Path(directory)
     if source.is_file():
         files, provenance = [source], source.with_suffix(".json")
@@ -126,6 +128,9 @@ def import_shards(source, target: Model, directory, *, max_length: int = 384,
         provenance = source.with_name(source.name + ".json")
     if not files:
         raise TrainError(f"{source}: no shard-NNN.npz of `scripts/train.py eagle-data`")
+    if leave_out and not source.is_file():
+        raise TrainError(f"{source}: leaving kinds out applies to a sequence set (a .npz of "
+                         f"`medusa-data`), whose documents have kinds")
     recorded = {}
     if provenance.is_file():
         try:
@@ -141,8 +146,8 @@ def import_shards(source, target: Model, directory, *, max_length: int = 384,
     parts, held, first, contents = [], {}, 0, hashlib.sha256()
     for file in files:
         contents.update(file.read_bytes())
-        documents, prompt_length, out, setting = (_sequence_set if source.is_file()
-                                                  else _eagle_data_shard)(file)
+        documents, prompt_length, out, setting = (
+            _sequence_set(file, leave_out) if source.is_file() else _eagle_data_shard(file))
         if max((int(d.max(initial=0)) for d in documents), default=0) >= target.config.vocab_size:
             raise TrainError(f"{file} holds token ids past {target.name}'s vocabulary")
         for doc, n, gone, name in zip(documents, prompt_length, out, setting):
@@ -160,7 +165,8 @@ def import_shards(source, target: Model, directory, *, max_length: int = 384,
     request = {"format": FORMAT, "target": target.name,
                "prompts_sha256": contents.hexdigest(), "prompts": first,
                "settings": {"imported_from": str(source), "max_length": max_length,
-                            "generated_by": recorded.get("generated_by")},
+                            "generated_by": recorded.get("generated_by"),
+                            **({"left_out": sorted(leave_out)} if leave_out else {})},
                "held_out": [list(p) for p in held]}
     record = _start(directory, request)
     done = {s["file"] for s in record["shards"]}
@@ -193,9 +199,10 @@ def _eagle_data_shard(file: Path):
     return [tokens[a:b] for a, b in zip(starts[:-1], starts[1:])], prompt_length, out, setting
 
 
-def _sequence_set(file: Path):
+def _sequence_set(file: Path, leave_out: tuple[str, ...] = ()):
     """A `medusa-data` sequence set's documents, prompt lengths, held-out flags (the scripts'
-    rule, in `import_shards`) and settings (all greedy); a repeated document is dropped."""
+    rule, in `import_shards`) and settings (all greedy); a repeated document is dropped, and
+    so are the documents of the kinds in `leave_out` (after the rule has run)."""
     try:
         with np.load(file) as saved:             # never pickles (allow_pickle is off)
             tokens, starts = saved["tokens"].astype(np.int32), saved["starts"]
@@ -205,6 +212,10 @@ def _sequence_set(file: Path):
     except (OSError, KeyError, ValueError, IndexError, TypeError) as e:
         raise TrainError(f"{file}: not a sequence set of `scripts/train.py medusa-data` "
                          f"({e})") from None
+    unknown = sorted(set(leave_out) - set(kinds))
+    if unknown:
+        raise TrainError(f"{file} has no documents of kind {unknown[0]!r}; its kinds are "
+                         f"{', '.join(sorted(set(kinds)))}")
     documents, lengths, out, seen, held_prompts = [], [], [], set(), set()
     for i, kind in enumerate(kinds):
         doc, n = tokens[starts[i]:starts[i + 1]], int(prompt_length[i])
@@ -214,7 +225,7 @@ def _sequence_set(file: Path):
             gone = i % SEQUENCE_SET_HELD_OUT_EVERY == SEQUENCE_SET_HELD_OUT_EVERY - 1
             if gone:
                 held_prompts.add(doc[:n].tobytes())
-        if (kind, doc.tobytes()) not in seen:
+        if (kind, doc.tobytes()) not in seen and kind not in leave_out:
             seen.add((kind, doc.tobytes()))
             documents.append(doc), lengths.append(n), out.append(gone)
     return (documents, np.array(lengths, np.int32), np.array(out, bool),
