@@ -470,7 +470,7 @@ def _heads_tree(heads, target, held_out, costs, args, log: dict):
     except eagle3.TrainError as e:
         raise CLIError(str(e)) from None
     if costs == "measure":
-        costs = medusa.call_costs(target, sizes=sorted({1, 2, 4, 8, 16, args.tree_nodes + 1}))
+        costs = medusa.call_costs(target, sizes=range(1, args.tree_nodes + 2))   # every size
     tree, expected = medusa.best_tree(accuracy, args.tree_nodes, costs)
     log["tree"] = {"paths": [list(p) for p in tree.paths], "max_nodes": args.tree_nodes,
                    "expected_tokens_per_call": expected,
