@@ -64,6 +64,8 @@ from specjax.train.state import StepProgress, on_mesh
 DESCRIPTION = __doc__
 BUILTIN_PREFIX = "builtin:"
 FORMATS = ("eagle", "speculators", "specjax")
+OPTION_HELP = {"noise": "half-width H of EAGLE-1's uniform noise U(-H, H) on the first pass's "
+                        "feature inputs (default 0: none; the EAGLE paper's is 0.1)"}
 NO_HELD_OUT_TREE = ("--tree-nodes searches a tree on held-out prompts, and there are none: give "
                     "--held-out N, or --tree-nodes 0")
 
@@ -138,7 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 (("draft_vocab", int),) if kind == "eagle3" else ()):
             p.add_argument("--" + option.replace("_", "-"), type=type_,
                            default=getattr(defaults, option),
-                           help=f"default {getattr(defaults, option)}")
+                           help=OPTION_HELP.get(option, f"default {getattr(defaults, option)}"))
         if kind == "eagle1":
             p.add_argument("--style", choices=("published", "specjax"), default="published",
                            help="specjax: its own norm before the head, the fusion reading "
