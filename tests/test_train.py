@@ -855,7 +855,9 @@ def test_a_sequence_set_of_the_scripts_imports_with_their_held_out_rule(target, 
     for args, words in ((["--import", str(tmp_path / "set.npz"), "--leave-out", "code"],
                          "no documents of kind 'code'; its kinds are text, text-original"),
                         (["--prompts", "builtin:code", "--leave-out", "text"],
-                         "--leave-out applies to --import")):
+                         "--leave-out applies to --import"),
+                        (["--import", str(WEIGHTS.parent / "data" / "eagle2" / "smollm2"),
+                          "--leave-out", "text"], "applies to a sequence set")):
         assert main(["train", "data", "--preset", "tiny-llama", *args, "--out",
                      str(tmp_path / "refused")]) == 2
         err = capsys.readouterr().err

@@ -290,7 +290,7 @@ def read_prompts(path: Path, target, chat: bool) -> list:
     return prompts
 
 
-def _kinds(args) -> tuple[str, ...]:
+def _leave_out_kinds(args) -> tuple[str, ...]:
     """--leave-out as kind names (only with --import)."""
     if not args.leave_out:
         return ()
@@ -304,7 +304,7 @@ def _kinds(args) -> tuple[str, ...]:
 
 
 def run_data(args) -> int:
-    leave_out = _kinds(args)
+    leave_out = _leave_out_kinds(args)
     target_path, _, _ = model_paths(args, want_draft=False)
     target = load_model(target_path, "float32")
     if args.import_shards:

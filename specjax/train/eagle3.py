@@ -394,7 +394,7 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
 
     return drafter(run_steps(config, data.sequences.length, t, batch_of,
                              functools.partial(_step, dc, config, frozen=frozen), trainable,
-                             _run_key(target, data, config, trainable if init else None),
+                             _run_key(target, data, config, None if init is None else trainable),
                              checkpoint, progress, stop_after, model_of=drafter, mesh=mesh))
 
 

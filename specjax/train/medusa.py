@@ -41,10 +41,9 @@ import dataclasses
 import functools
 import hashlib
 import json
-from pathlib import Path
-
 import statistics
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -289,4 +288,3 @@ def best_tree(accuracy: np.ndarray, max_nodes: int,
             best = (per_cost, len(paths), expected)
     _, size, expected = best
     return Tree.from_paths(paths[:size]), round(expected, 4)
-
