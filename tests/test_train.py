@@ -162,6 +162,11 @@ def test_features_on_disk_resume_and_equal_the_ones_in_memory(target, tmp_path):
         eagle3.features(target, sequences, TAPS, batch=2, dtype=np.float16, progress=stop,
                         directory=tmp_path / "f")
     assert json.loads((tmp_path / "f" / "features.json").read_text())["batches_done"] == 1
+    # EAGLE-1/2's trainer reads only the final states: an unfinished pass of other taps does
+    # not serve it, a finished one does (whatever its taps and batch).
+    with pytest.raises(eagle3.TrainError, match="features of other sequences, taps"):
+        eagle3.features(target, sequences, (0,), batch=3, dtype=np.float16,
+                        directory=tmp_path / "f", final_only=True)
     got = eagle3.features(target, sequences, TAPS, batch=2, dtype=np.float16,
                           directory=tmp_path / "f")
     for name in ("tapped", "final"):
@@ -169,6 +174,12 @@ def test_features_on_disk_resume_and_equal_the_ones_in_memory(target, tmp_path):
     with pytest.raises(eagle3.TrainError, match="features of other sequences, taps"):
         eagle3.features(target, sequences, (0, 2, 3), batch=2, dtype=np.float16,
                         directory=tmp_path / "f")
+    final = eagle3.features(target, sequences, (0,), batch=3, dtype=np.float16,
+                            directory=tmp_path / "f", final_only=True)
+    assert final.taps == TAPS and final.final.tobytes() == want.final.tobytes()
+    with pytest.raises(eagle3.TrainError, match="features of other sequences, taps"):
+        eagle3.features(target, sequences, (0,), batch=2, dtype=np.float32,  # another dtype
+                        directory=tmp_path / "f", final_only=True)
 
 
 def test_a_full_disk_is_a_named_error_and_keeps_the_last_checkpoint(target, tmp_path,

@@ -214,7 +214,8 @@ def _features_arguments(p: argparse.ArgumentParser, out: bool, taps: bool = True
         p.add_argument("--features", metavar="DIR",
                        help="keep the features on disk there, memory-mapped (sets larger than "
                             "memory), and resume an interrupted pass or reuse a finished one "
-                            "(`train features`; default: in memory)")
+                            "(`train features`; `train eagle` reads any taps' pass; default: "
+                            "in memory)")
     p.add_argument("--features-dtype", choices=("float32", "float16"), default="float32",
                    help="the features' dtype (float16 halves them)")
 
@@ -381,7 +382,7 @@ def run_train(args) -> int:
     out, work = _out_and_work(args)
     started = time.time()
     sequences, held_out = _training_data(args, target, work)
-    features = _features(target, sequences, taps, args)
+    features = _features(target, sequences, taps, args, final_only=config.kind == "eagle1")
     progress = _progress(args, config, "loss/agreement by pass" if config.kind == "eagle3"
                          else "cross-entropy/agreement by pass", target, held_out, "drafter")
     drafter = eagle3.train(target, features, config, checkpoint=work / "checkpoint",
@@ -605,9 +606,10 @@ def _final_states(args, target, work: Path):
     return sequences, held_out, _features(target, sequences, (0,), args)
 
 
-def _features(target, sequences, taps, args) -> eagle3.Features:
+def _features(target, sequences, taps, args, final_only: bool = False) -> eagle3.Features:
     """The features, in memory or in --features; their size said before the pass starts (a disk
-    without room for them is refused then, by `eagle3.features`)."""
+    without room for them is refused then, by `eagle3.features`). `final_only`: any finished
+    pass in --features serves (`eagle3.features`)."""
     dtype = np.dtype(args.features_dtype)
     n, t = sequences.tokens.shape
     size = n * t * (len(taps) + 1) * target.config.d_model * dtype.itemsize
@@ -620,8 +622,12 @@ def _features(target, sequences, taps, args) -> eagle3.Features:
         if done == total or (done // 16) % every == 0:
             print(f"features: {done}/{total} sequences", flush=True)
 
-    return eagle3.features(target, sequences, taps, dtype=dtype, progress=progress,
-                           directory=args.features)
+    features = eagle3.features(target, sequences, taps, dtype=dtype, progress=progress,
+                               directory=args.features, final_only=final_only)
+    if features.taps != taps:
+        print(f"features: the final states of the finished pass in {args.features} "
+              f"(taps {list(features.taps)})", flush=True)
+    return features
 
 
 def _sequences(work: Path, target, prompts, args) -> eagle3.Sequences:

@@ -179,7 +179,7 @@ def _check_batch(batch) -> None:
 
 def features(target: Model, sequences: Sequences, taps: tuple[int, ...] | None = None,
              batch: int = 16, dtype=np.float32, progress=None,
-             directory: str | Path | None = None) -> Features:
+             directory: str | Path | None = None, final_only: bool = False) -> Features:
     """One teacher-forced pass of the target: its states after the `taps` layers (default
     EAGLE-3's, `eagle.default_taps`) and its final-normed states, at every position, kept in
     `dtype` (float16 halves the memory of a large set). Sequences of similar length run
@@ -188,7 +188,9 @@ def features(target: Model, sequences: Sequences, taps: tuple[int, ...] | None =
     With `directory`, the arrays are files there (`tapped.npy`, `final.npy`, memory-mapped:
     a set larger than memory), and the pass resumes where an interrupted one stopped (the
     batches done are recorded in `features.json` after each is written); a directory holding
-    the features of other sequences, taps, dtype or batch is refused."""
+    the features of other sequences, taps, dtype or batch is refused. With `final_only` (for a
+    trainer that reads only the final states, EAGLE-1/2's), a finished pass over the same
+    sequences in the same dtype is used whatever its taps and batch."""
     taps = resolve_taps(target, taps)
     _check_batch(batch)
     run = jax.jit(lambda params, tokens, positions: tapped_states(
@@ -210,6 +212,10 @@ def features(target: Model, sequences: Sequences, taps: tuple[int, ...] | None =
                 done = int(meta["batches_done"]) if meta["key"] == key else -1
             except (ValueError, KeyError, TypeError):
                 done = -1
+            if done < 0 and final_only and _finished_pass(meta, target, sequences, dtype):
+                return Features(sequences, tuple(meta["taps"]), *(
+                    np.load(directory / f"{name}.npy", mmap_mode="r")
+                    for name in ("tapped", "final")))
             if done < 0:
                 raise TrainError(f"{directory} holds features of other sequences, taps, dtype "
                                  f"or batch; use a new directory or remove it")
@@ -219,7 +225,7 @@ def features(target: Model, sequences: Sequences, taps: tuple[int, ...] | None =
         arrays = {name: np.lib.format.open_memmap(directory / f"{name}.npy", mode=mode,
                                                   dtype=dtype, shape=shape)
                   for name, shape in shapes.items()}
-        meta = {"key": key, "batch": batch, "batches_done": done}
+        meta = {"key": key, "taps": list(taps), "batch": batch, "batches_done": done}
     order = np.argsort(sequences.length, kind="stable")
     for number, start in enumerate(range(0, n, batch)):
         if number < done:
@@ -257,6 +263,17 @@ def _check_room(directory: Path, sizes: dict[str, int]) -> None:
     if missing > free:
         raise TrainError(f"{directory}: the features need {missing / 2**30:.2f} GiB more and "
                          f"the disk has {free / 2**30:.2f} GiB free")
+
+
+def _finished_pass(meta, target: Model, sequences: Sequences, dtype) -> bool:
+    """Whether `meta` (a features.json) records a finished pass over `sequences` in `dtype`,
+    with the taps and batch it names."""
+    try:
+        taps, batch, done = tuple(meta["taps"]), int(meta["batch"]), int(meta["batches_done"])
+        return meta["key"] == _features_key(target, sequences, taps, dtype, batch) and \
+            done * batch >= len(sequences.length)
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def _features_key(target: Model, sequences: Sequences, taps, dtype, batch: int) -> str:
