@@ -60,6 +60,7 @@ def trained(target, tmp_path_factory):
     out = root / "drafter"
     code = main(["train", "eagle3", "--preset", "tiny-llama", "--prompts", str(PROMPTS),
                  "--out", str(out), "--taps", ",".join(map(str, TAPS)), "--held-out", "8",
+                 "--features", str(root / "features"),
                  "--max-new-tokens", "32", "--steps", "120", "--batch", "8",
                  "--learning-rate", "2e-3", "--warmup", "10", "--unroll", "2",
                  "--checkpoint-every", "60"])
@@ -487,8 +488,10 @@ def test_trained_medusa_heads_load_in_fasterdecodings_layout_and_clear_the_floor
     (work / "sequences.npz").write_bytes(
         (eagle_out.with_name("drafter.work") / "sequences.npz").read_bytes())
     out = tmp_path / "heads"
+    # The EAGLE-3 run's features too: the heads read their final states, whatever the taps.
     assert main(["train", "medusa", "--preset", "tiny-llama", "--prompts", str(PROMPTS),
-                 "--out", str(out), "--work", str(work), *MEDUSA_ARGS]) == 0
+                 "--out", str(out), "--work", str(work),
+                 "--features", str(eagle_out.with_name("features")), *MEDUSA_ARGS]) == 0
     # FasterDecoding's layout: medusa_lm_head.safetensors and its config.json.
     config = json.loads((out / "config.json").read_text())
     assert (out / "medusa_lm_head.safetensors").exists()
@@ -512,7 +515,9 @@ def test_trained_medusa_heads_load_in_fasterdecodings_layout_and_clear_the_floor
     # The progress bar (stderr, not a terminal: a line every 150 // 20 = 7 steps and at each
     # held-out evaluation, steps 75 and 150), its last evaluation the final heads' before
     # their tree is searched: a chain of one candidate per head, which the tree beats.
-    bar = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train:")]
+    printed = capsys.readouterr()
+    assert "features: the final states of the finished pass in " in printed.out
+    bar = [line for line in printed.err.splitlines() if line.startswith("train:")]
     steps = sorted({*range(7, 151, 7), 75, 150})
     assert [line.split(",")[0] for line in bar] == [f"train: step {s}/150" for s in steps]
     assert ["held out" in line for line in bar] == [s >= 75 for s in steps]

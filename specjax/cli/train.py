@@ -165,6 +165,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--format", default="medusa", choices=HEADS_FORMATS,
                    help="the layout written (default: FasterDecoding's; head subset needs "
                         "specjax's)")
+    _features_arguments(m, out=True, taps=False)
     defaults = medusa.TrainConfig()
     for name, kind in (("steps", int), ("batch", int), ("learning_rate", float),
                        ("warmup", int), ("heads", int), ("blocks", int), ("decay", float),
@@ -190,6 +191,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     _target_arguments(r)
     _data_arguments(r)
+    _features_arguments(r, out=True, taps=False)
     defaults = draft.TrainConfig()
     for name, kind in (("steps", int), ("batch", int), ("learning_rate", float),
                        ("warmup", int), ("clip", float), ("seed", int),
@@ -214,8 +216,8 @@ def _features_arguments(p: argparse.ArgumentParser, out: bool, taps: bool = True
         p.add_argument("--features", metavar="DIR",
                        help="keep the features on disk there, memory-mapped (sets larger than "
                             "memory), and resume an interrupted pass or reuse a finished one "
-                            "(`train features`; `train eagle` reads any taps' pass; default: "
-                            "in memory)")
+                            "(`train features`; eagle, medusa and draft read any taps' pass; "
+                            "default: in memory)")
     p.add_argument("--features-dtype", choices=("float32", "float16"), default="float32",
                    help="the features' dtype (float16 halves them)")
 
@@ -599,11 +601,10 @@ def _training_data(args, target, work: Path):
 
 def _final_states(args, target, work: Path):
     """(sequences, held-out prompts, features) for the trainers that read only the target's
-    final-normed states (Medusa heads, draft models): in memory, through the one tap that is
-    cheapest to compute (the embeddings)."""
+    final-normed states (Medusa heads, draft models): any finished pass in --features, or a
+    pass through the one tap that is cheapest to compute (the embeddings)."""
     sequences, held_out = _training_data(args, target, work)
-    args.features, args.features_dtype = None, "float32"
-    return sequences, held_out, _features(target, sequences, (0,), args)
+    return sequences, held_out, _features(target, sequences, (0,), args, final_only=True)
 
 
 def _features(target, sequences, taps, args, final_only: bool = False) -> eagle3.Features:
