@@ -547,6 +547,9 @@ def test_the_tree_search_keeps_the_most_tokens_per_cost():
     # Rank accuracies of 2 heads over 3 ranks. Grown best-first, the nodes' chances are
     # [0] .6, [0,0] .6*.5 = .3, [1] .2, [0,1] .6*.2 = .12, then [2] and [1,0] at .1 each.
     accuracy = np.array([[0.6, 0.2, 0.1], [0.5, 0.2, 0.1]])
+    paths, expected = medusa.growth(accuracy, 5)
+    assert paths == [(0,), (0, 0), (1,), (0, 1), (2,)]    # ties: the shallower first
+    assert expected == pytest.approx([1.6, 1.9, 2.1, 2.22, 2.32])
     tree, expected = medusa.best_tree(accuracy, 4)             # flat cost: the largest
     assert tree == Tree.from_paths([[0], [1], [0, 0], [0, 1]])
     assert expected == pytest.approx(1 + 0.6 + 0.3 + 0.2 + 0.12)
@@ -589,7 +592,7 @@ def test_rank_accuracy_of_heads_that_copy_the_targets_head(target):
         assert accuracy[k, 0] == pytest.approx(np.mean(hits)), k
 
 
-def test_call_costs_are_measured_for_every_size_asked(target):
+def test_call_and_step_costs_are_measured_for_every_size_asked(target):
     from specjax.train import medusa
 
     costs = medusa.call_costs(target, sizes=(4, 2), context=16, repeats=2)
@@ -597,6 +600,15 @@ def test_call_costs_are_measured_for_every_size_asked(target):
     assert all(np.isfinite(c) and c > 0 for c in costs.values())
     with pytest.raises(eagle3.TrainError, match="call sizes must be >= 1"):
         medusa.call_costs(target, sizes=(0,))
+    # Whole decoding steps, one tree per prefix of the paths: a call of n tokens for n - 1.
+    data = eagle3.features(target, eagle3.continuations(target, code_prompts(2),
+                                                        max_new_tokens=8), (0,))
+    heads = medusa.train(target, data, medusa.TrainConfig(heads=2), stop_after=0)
+    steps = medusa.step_costs(target, heads, [(0,), (0, 0)], code_prompts(1)[0],
+                              new_tokens=8, repeats=1)
+    assert sorted(steps) == [2, 3] and all(np.isfinite(c) and c > 0 for c in steps.values())
+    with pytest.raises(eagle3.TrainError, match="step costs need a tree"):
+        medusa.step_costs(target, heads, [], code_prompts(1)[0])
 
 
 def test_a_resumed_medusa_run_gives_the_same_weights(target, tmp_path):
@@ -631,7 +643,7 @@ def test_bad_medusa_requests_exit_2_with_one_line(tmp_path, capsys):
         "--head subset needs --format specjax": ["--head", "subset"],
         "leaves none to train on": ["--held-out", "1"],
         "steps must be an integer >= 1": ["--held-out", "0", "--steps", "0"],
-        "--verify-cost must be measure, flat or sizes": ["--verify-cost", "fast"],
+        "--verify-cost must be measure, calls, flat or sizes": ["--verify-cost", "fast"],
         "--verify-cost: sizes must be >= 1 and costs positive": ["--verify-cost", "1:1,4:-2"],
         "--tree-nodes must be >= 0, got -1": ["--tree-nodes", "-1"],
         "searches a tree on held-out prompts, and there are none": ["--held-out", "0"],

@@ -180,10 +180,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="search a tree of at most N nodes for the heads, from their rank "
                         "accuracies on the held-out prompts' continuations (default 16; 0: "
                         "none, the heads then decode with one candidate per head)")
-    m.add_argument("--verify-cost", default="measure", metavar="measure|flat|N:C,...",
-                   help="what a target call over N tokens costs, in one-token calls, for "
-                        "pricing the tree: measure (time it here, the default), flat (all the "
-                        "same, as on a GPU), or a table such as 1:1,5:1.6,17:2.4")
+    m.add_argument("--verify-cost", default="measure", metavar="measure|calls|flat|N:C,...",
+                   help="what a decoding step with a verify call over N tokens costs, in "
+                        "autoregressive steps, for pricing the tree: measure (time whole steps "
+                        "here with each candidate tree, the default), calls (time the verify "
+                        "calls alone), flat (all the same, as on a GPU), or a table such as "
+                        "1:1,5:1.6,17:2.4")
     m.set_defaults(run=run_medusa, draft=None)
 
     r = kinds.add_parser("draft", help="a draft model: a small Llama LM (Hugging Face layout)",
@@ -451,12 +453,12 @@ def _verify_costs(args) -> dict[int, float] | str | None:
         raise CLIError(f"--tree-nodes must be >= 0, got {args.tree_nodes}")
     if args.tree_nodes and args.held_out == 0:      # before hours of data and training
         raise CLIError(NO_HELD_OUT_TREE)
-    if text in ("measure", "flat"):
+    if text in ("measure", "calls", "flat"):
         return None if text == "flat" else text
     try:
         table = {int(n): float(c) for n, c in (item.split(":") for item in text.split(","))}
     except ValueError:
-        raise CLIError(f"--verify-cost must be measure, flat or sizes and costs such as "
+        raise CLIError(f"--verify-cost must be measure, calls, flat or sizes and costs such as "
                        f"1:1,5:1.6, got {args.verify_cost!r}") from None
     if min(table) < 1 or not all(np.isfinite(c) and c > 0 for c in table.values()):
         raise CLIError(f"--verify-cost: sizes must be >= 1 and costs positive, got "
@@ -474,8 +476,12 @@ def _heads_tree(heads, target, held_out, costs, args, log: dict):
         accuracy = medusa.rank_accuracy(heads, target, states)
     except eagle3.TrainError as e:
         raise CLIError(str(e)) from None
-    if costs == "measure":
-        costs = medusa.call_costs(target, sizes=range(1, args.tree_nodes + 2))   # every size
+    if costs == "measure":          # whole steps, each prefix of the growth as the tree
+        paths, _ = medusa.growth(accuracy, args.tree_nodes)
+        print(f"tree: timing decoding steps with trees of 1 to {len(paths)} nodes", flush=True)
+        costs = medusa.step_costs(target, heads, paths, held_out[0])
+    elif costs == "calls":          # verify calls alone, every size
+        costs = medusa.call_costs(target, sizes=range(1, args.tree_nodes + 2))
     tree, expected = medusa.best_tree(accuracy, args.tree_nodes, costs)
     log["tree"] = {"paths": [list(p) for p in tree.paths], "max_nodes": args.tree_nodes,
                    "expected_tokens_per_call": expected,

@@ -23,12 +23,14 @@ target's LM-head rows for the `subset` ids the target generated most often, froz
 outside them is not trained on.
 
 The tree. Heads decode best with a tree of their candidates (`specjax.decoding.medusa`), and
-the best tree depends on how often each head's r-th candidate is right and on what a verify call
-of n tokens costs the target on the machine that runs it. `rank_accuracy` measures the first on
-held-out continuations, `call_costs` times the second, and `best_tree` grows the tree as Medusa
-does: best-first by each node's chance of being accepted (the product of its path's rank
-accuracies, the heads taken as independent), keeping the prefix of that growth with the most
-expected tokens (1 + the sum of the chances) per unit of verify cost.
+the best tree depends on how often each head's r-th candidate is right and on what a step with
+a verify call of n tokens costs on the machine that runs it. `rank_accuracy` measures the first
+on held-out continuations; `growth` grows the tree as Medusa does, best-first by each node's
+chance of being accepted (the product of its path's rank accuracies, the heads taken as
+independent); `step_costs` times whole decoding steps with each prefix of that growth as the
+tree (`call_costs` times a verify call alone, which leaves out the rest of the step); and
+`best_tree` keeps the prefix with the most expected tokens (1 + the sum of the chances) per
+unit of cost.
 
 Determinism: batch b of a run is drawn by `numpy.random.default_rng([seed, b])` and XLA on a
 CPU is deterministic, so a run resumed from its checkpoint gives the weights of one that never
@@ -49,7 +51,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.api.checks import encode_prompts
 from specjax.api.forward import kernels_as_generate
+from specjax.api.generate import generate
 from specjax.heads import medusa as heads_math
 from specjax.heads.shared import projection, target_identity
 from specjax.io.checkpoint import Model
@@ -59,8 +63,8 @@ from specjax.sampling.tree import Tree
 from specjax.train.eagle3 import Features, check_features, draft_vocabulary
 from specjax.train.state import TrainError, check_settings, on_mesh, optimizer, run_steps
 
-__all__ = ["TrainConfig", "best_tree", "call_costs", "rank_accuracy", "train",
-           "verify_cost"]
+__all__ = ["TrainConfig", "best_tree", "call_costs", "growth", "rank_accuracy", "step_costs",
+           "train", "verify_cost"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,34 +261,70 @@ def verify_cost(nodes: int, costs: dict[int, float]) -> float:
     return float(costs[lo] + (n - lo) * (costs[hi] - costs[lo]) / (hi - lo))
 
 
-def best_tree(accuracy: np.ndarray, max_nodes: int,
-              costs: dict[int, float] | None = None) -> tuple[Tree, float]:
-    """(the tree, its expected tokens per call) of at most `max_nodes` nodes for heads of rank
-    accuracies `accuracy` [K, R] (`rank_accuracy`): of the trees met growing best-first by
-    each node's chance of acceptance, the one with the most expected tokens per unit of
-    `verify_cost` (`costs` None: every call costs the same, so the largest)."""
+def growth(accuracy: np.ndarray, max_nodes: int) -> tuple[list[tuple[int, ...]], list[float]]:
+    """The paths best-first growth adds for heads of rank accuracies `accuracy` [K, R]
+    (`rank_accuracy`), in its order, at most `max_nodes` of them, and the expected tokens per
+    call of each prefix of them: 1 + the sum of its nodes' chances of acceptance (the product
+    of their paths' rank accuracies, the heads taken as independent)."""
     accuracy = np.asarray(accuracy, np.float64)
     depth_limit, ranks = accuracy.shape
     if max_nodes < 1:
         raise TrainError(f"a tree needs at least one node, got max_nodes {max_nodes}")
     # The frontier: (chance, path); a path's first child and next sibling join once it is in.
     frontier = [(float(accuracy[0, 0]), (0,))]
-    chances, paths, best = {(): 1.0}, [], (-1.0, 0, 1.0)
-    expected = 1.0
+    chances, paths, expected = {(): 1.0}, [], [1.0]
     while frontier and len(paths) < max_nodes:
         frontier.sort(key=lambda item: (-item[0], len(item[1]), item[1]))
         chance, path = frontier.pop(0)
         paths.append(path)
         chances[path] = chance
-        expected += chance
+        expected.append(expected[-1] + chance)
         depth, rank = len(path), path[-1]
         if rank + 1 < ranks:
             frontier.append((chances[path[:-1]] * accuracy[depth - 1, rank + 1],
                              path[:-1] + (rank + 1,)))
         if depth < depth_limit:
             frontier.append((chance * accuracy[depth, 0], path + (0,)))
-        per_cost = expected / (1.0 if costs is None else verify_cost(len(paths), costs))
+    return paths, expected[1:]
+
+
+def best_tree(accuracy: np.ndarray, max_nodes: int,
+              costs: dict[int, float] | None = None) -> tuple[Tree, float]:
+    """(the tree, its expected tokens per call) of at most `max_nodes` nodes for heads of rank
+    accuracies `accuracy` [K, R] (`rank_accuracy`): of the trees met in their `growth`, the one
+    with the most expected tokens per unit of `verify_cost` (`costs` None: every call costs the
+    same, so the largest)."""
+    paths, expected = growth(accuracy, max_nodes)
+    best = (-1.0, 0)
+    for size, tokens in enumerate(expected, start=1):
+        per_cost = tokens / (1.0 if costs is None else verify_cost(size, costs))
         if per_cost > best[0] + 1e-12:
-            best = (per_cost, len(paths), expected)
-    _, size, expected = best
-    return Tree.from_paths(paths[:size]), round(expected, 4)
+            best = (per_cost, size)
+    size = best[1]
+    return Tree.from_paths(paths[:size]), round(expected[size - 1], 4)
+
+
+def step_costs(target: Model, heads: heads_math.Heads, paths, prompt,
+               new_tokens: int = 64, repeats: int = 3) -> dict[int, float]:
+    """{n: the time of a whole Medusa decoding step whose tree is the first n - 1 of `paths`
+    (a verify call of n tokens), over an autoregressive step's}, for n = 2 .. len(paths) + 1:
+    `generate` at temperature 0 on `prompt`, each tree's run time over its decoding steps, the
+    fastest of `repeats` runs after the one that compiles. A whole step is the verify call with
+    all that comes with it (the heads, the tree's walk, the loop), which a verify call timed on
+    its own (`call_costs`) leaves out; the prompt's prefill is spread over the steps as in any
+    run, so make `new_tokens` long beside it."""
+    if new_tokens < 2 or repeats < 1 or not paths:
+        raise TrainError(f"step costs need a tree, new_tokens >= 2 and repeats >= 1, got "
+                         f"{len(paths)} paths, {new_tokens}, {repeats}")
+
+    prompt = encode_prompts(target, [prompt])[0]
+
+    def step_seconds(**method) -> float:
+        runs = [generate(target, [prompt], max_new_tokens=new_tokens, temperature=0.0,
+                         **method).stats for _ in range(repeats + 1)]
+        return min(r.run_s / max(r.steps, 1) for r in runs[1:])
+
+    one = step_seconds()
+    return {n: round(step_seconds(method="medusa", heads=heads,
+                                  tree=Tree.from_paths(paths[:n - 1])) / one, 3)
+            for n in range(2, len(paths) + 2)}
