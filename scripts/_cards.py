@@ -394,9 +394,10 @@ tokens per target call at T = 0 and 1.377 at T = 1, against these heads' 2.083 a
 and 105% (2.130 and 1.379 with the chain of their 4 heads; `bench/train-tiny-llama-reproduction/`).
 With `--leave-out text-original` on the import it trains on exactly these heads' documents
 (1,536 steps for the same 12 epochs): 96% and 99% on this tree, 100% and 99% with the chain.
-The command also searches a tree of its own; priced by this small target's measured call
-costs, it keeps a single node, fewer tokens per call (1.580) for the cheapest call: pass
-`--verify-cost flat` for the most tokens per call.""",
+The command also searches a tree of its own; priced by this small target's verify calls timed
+alone (`--verify-cost calls`, before whole steps were timed), it keeps a single node, fewer
+tokens per call (1.580) for the cheapest call: pass `--verify-cost flat` for the most tokens
+per call.""",
     "smollm2-medusa": """
 
 **Not remade:** the three sequence sets these heads trained on are not in the repository. From
