@@ -398,6 +398,28 @@ The command also searches a tree of its own; priced by this small target's verif
 alone (`--verify-cost calls`, before whole steps were timed), it keeps a single node, fewer
 tokens per call (1.580) for the cheapest call: pass `--verify-cost flat` for the most tokens
 per call.""",
+    "smollm2-eagle": """
+
+**Its last round, remade with them**: `train eagle --style specjax --subset 8192 --format
+specjax --init` from round three's weights (this card's history, git `a7aab63`), on all of
+`data/eagle2` imported by `train data --import` (the same held-out prompts), with this round's
+loss, noise, passes and schedule, 796 steps of 20 documents (the final states read from the
+EAGLE-3 features pass of docs/training.md):
+
+```
+mkdir -p runs/smollm2-eagle-round3
+for f in config.json model.safetensors; do git show a7aab63:weights/smollm2-eagle/$f > runs/smollm2-eagle-round3/$f; done
+python -m specjax train data --preset smollm2 --import data/eagle2/smollm2 --out runs/eagle2
+python -m specjax train features --preset smollm2 --data runs/eagle2 --out runs/eagle2-features --taps 2,15,27 --features-dtype float16
+python -m specjax train eagle --preset smollm2 --data runs/eagle2 --features runs/eagle2-features --features-dtype float16 --style specjax --subset 8192 --format specjax --init runs/smollm2-eagle-round3 --unroll 2 --decay 0.8 --noise 0.1 --batch 20 --learning-rate 0.0015 --warmup 30 --clip 1.0 --steps 796 --seed 4 --held-out 8 --out runs/eagle1-round4
+```
+
+On the 10 held-out chat questions (EAGLE-2's dynamic tree of 4 levels of the top 4, 8 nodes,
+at both temperatures; 64 new tokens), the remade round gives 2.222 tokens per target call at
+T = 0 and 1.763 at T = 1, against these weights' 2.238 and 1.658: 99% and 106%, from round
+three's 2.119 and 1.650
+(`bench/smollm2-eagle-round4-remake/`). Rounds one to three, on other data mixes, are not
+remade.""",
     "smollm2-medusa": """
 
 **Not remade:** the three sequence sets these heads trained on are not in the repository. From
