@@ -178,6 +178,11 @@ def test_features_on_disk_resume_and_equal_the_ones_in_memory(target, tmp_path):
     final = eagle3.features(target, sequences, (0,), batch=3, dtype=np.float16,
                             directory=tmp_path / "f", final_only=True)
     assert final.taps == TAPS and final.final.tobytes() == want.final.tobytes()
+    del got, final                      # the maps of the file damaged next
+    (tmp_path / "f" / "final.npy").write_bytes(b"damaged")
+    with pytest.raises(eagle3.TrainError, match="final.npy: not a features array"):
+        eagle3.features(target, sequences, (0,), batch=3, dtype=np.float16,
+                        directory=tmp_path / "f", final_only=True)
     with pytest.raises(eagle3.TrainError, match="features of other sequences, taps"):
         eagle3.features(target, sequences, (0,), batch=2, dtype=np.float32,  # another dtype
                         directory=tmp_path / "f", final_only=True)

@@ -213,9 +213,9 @@ def features(target: Model, sequences: Sequences, taps: tuple[int, ...] | None =
             except (ValueError, KeyError, TypeError):
                 done = -1
             if done < 0 and final_only and _finished_pass(meta, target, sequences, dtype):
-                return Features(sequences, tuple(meta["taps"]), *(
-                    np.load(directory / f"{name}.npy", mmap_mode="r")
-                    for name in ("tapped", "final")))
+                return Features(sequences, tuple(meta["taps"]),
+                                *(_read_array(directory / f"{name}.npy")
+                                  for name in ("tapped", "final")))
             if done < 0:
                 raise TrainError(f"{directory} holds features of other sequences, taps, dtype "
                                  f"or batch; use a new directory or remove it")
@@ -263,6 +263,14 @@ def _check_room(directory: Path, sizes: dict[str, int]) -> None:
     if missing > free:
         raise TrainError(f"{directory}: the features need {missing / 2**30:.2f} GiB more and "
                          f"the disk has {free / 2**30:.2f} GiB free")
+
+
+def _read_array(path: Path) -> np.ndarray:
+    """A finished pass's array, memory-mapped read-only; a damaged file is a named error."""
+    try:
+        return np.load(path, mmap_mode="r")
+    except (OSError, ValueError) as e:
+        raise TrainError(f"{path}: not a features array ({e})") from None
 
 
 def _finished_pass(meta, target: Model, sequences: Sequences, dtype) -> bool:
