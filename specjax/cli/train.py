@@ -65,7 +65,9 @@ DESCRIPTION = __doc__
 BUILTIN_PREFIX = "builtin:"
 FORMATS = ("eagle", "speculators", "specjax")
 OPTION_HELP = {"noise": "half-width H of EAGLE-1's uniform noise U(-H, H) on the first pass's "
-                        "feature inputs (default 0: none; the EAGLE paper's is 0.1)"}
+                        "feature inputs (default 0: none; the EAGLE paper's is 0.1)",
+               "slots": "in place of --batch sequences a step: sequences of like length, about "
+                        "N positions a step (less padding; default 0: --batch)"}
 NO_HELD_OUT_TREE = ("--tree-nodes searches a tree on held-out prompts, and there are none: give "
                     "--held-out N, or --tree-nodes 0")
 
@@ -136,7 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         for option, type_ in (("steps", int), ("batch", int), ("learning_rate", float),
                               ("warmup", int), ("unroll", int), ("decay", float),
                               ("clip", float), ("noise", float), ("seed", int),
-                              ("checkpoint_every", int)) + (
+                              ("checkpoint_every", int), ("slots", int)) + (
                 (("draft_vocab", int),) if kind == "eagle3" else ()):
             p.add_argument("--" + option.replace("_", "-"), type=type_,
                            default=getattr(defaults, option),
@@ -170,9 +172,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name, kind in (("steps", int), ("batch", int), ("learning_rate", float),
                        ("warmup", int), ("heads", int), ("blocks", int), ("decay", float),
                        ("clip", float), ("subset", int), ("seed", int),
-                       ("checkpoint_every", int)):
+                       ("checkpoint_every", int), ("slots", int)):
         m.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(defaults, name),
-                       help=f"default {getattr(defaults, name)}")
+                       help=OPTION_HELP.get(name, f"default {getattr(defaults, name)}"))
     m.add_argument("--head", choices=("own", "subset"), default=defaults.head,
                    help="own: each head its own LM head (Medusa-1, default); subset: the "
                         "target's LM-head rows for the --subset most frequent ids")
@@ -197,9 +199,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = draft.TrainConfig()
     for name, kind in (("steps", int), ("batch", int), ("learning_rate", float),
                        ("warmup", int), ("clip", float), ("seed", int),
-                       ("checkpoint_every", int), ("layers", int)):
+                       ("checkpoint_every", int), ("slots", int), ("layers", int)):
         r.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(defaults, name),
-                       help=f"default {getattr(defaults, name)}")
+                       help=OPTION_HELP.get(name, f"default {getattr(defaults, name)}"))
     for name, default in (("d_model", "half the target's"),
                           ("heads", "d_model / the target's head size"),
                           ("kv_heads", "heads"),
@@ -368,7 +370,7 @@ def run_train(args) -> int:
     config = eagle3.TrainConfig(kind=args.drafter_kind, **variant, **{
         k: getattr(args, k) for k in ("steps", "batch", "learning_rate", "warmup", "unroll",
                                       "decay", "clip", "noise", "draft_vocab", "seed",
-                                      "checkpoint_every")})
+                                      "checkpoint_every", "slots")})
     if (config.style != "published" or config.subset) and args.format != "specjax":
         raise CLIError("--style specjax and --subset are specjax's variants, which no published "
                        "layout holds: add --format specjax")
@@ -416,7 +418,7 @@ def _init_drafter(path: str, target) -> Drafter:
 def run_medusa(args) -> int:
     config = medusa.TrainConfig(**{k: getattr(args, k) for k in (
         "steps", "batch", "learning_rate", "warmup", "heads", "blocks", "head", "subset",
-        "decay", "clip", "seed", "checkpoint_every")})
+        "decay", "clip", "seed", "checkpoint_every", "slots")})
     if config.head == "subset" and args.format == "medusa":
         raise CLIError("--format medusa (FasterDecoding's) holds heads with their own LM heads; "
                        "--head subset needs --format specjax")
@@ -494,7 +496,7 @@ def _heads_tree(heads, target, held_out, costs, args, log: dict):
 
 def run_draft(args) -> int:
     config = draft.TrainConfig(**{k: getattr(args, k) for k in (
-        "steps", "batch", "learning_rate", "warmup", "clip", "seed", "checkpoint_every",
+        "steps", "batch", "learning_rate", "warmup", "clip", "seed", "checkpoint_every", "slots",
         "layers", "d_model", "heads", "kv_heads", "d_ff")})
     _check_data_arguments(args)
     mesh = _mesh(args, config)

@@ -59,7 +59,8 @@ from specjax.model.config import ConfigError, ModelConfig
 from specjax.model.quant import rows
 from specjax.model.transformer import forward, init_params
 from specjax.train.eagle3 import Features, check_features
-from specjax.train.state import TrainError, check_settings, on_mesh, optimizer, run_steps
+from specjax.train.state import (TrainError, check_settings, key_settings, on_mesh,
+                                 optimizer, run_steps)
 
 __all__ = ["TrainConfig", "draft_config", "train"]
 
@@ -75,6 +76,9 @@ class TrainConfig:
     clip: float = 1.0               # global gradient norm
     seed: int = 0
     checkpoint_every: int = 100
+    # > 0: batches of sequences of like length, about `slots` positions a step, in place of
+    # `batch` sequences (`state.batches`: less padding)
+    slots: int = 0
     # The draft's shape; None takes the default from the target (`draft_config`).
     layers: int = 2
     d_model: int | None = None      # default: half the target's width
@@ -86,8 +90,8 @@ class TrainConfig:
         shape = [n for n in ("d_model", "heads", "kv_heads", "d_ff")
                  if getattr(self, n) is not None]
         check_settings(self, positive=("steps", "batch", "checkpoint_every", "layers", *shape),
-                       non_negative=("warmup", "seed"), fractions=("learning_rate",),
-                       at_most_inf=("clip",))
+                       non_negative=("warmup", "seed", "slots"),
+                       fractions=("learning_rate",), at_most_inf=("clip",))
 
 
 def draft_config(target: Model, config: TrainConfig) -> ModelConfig:
@@ -210,7 +214,7 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
 
 def _run_key(target: Model, data: Features, config: TrainConfig, dc: ModelConfig) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps(["draft", target.name, str(target.config), dataclasses.asdict(config),
+    h.update(json.dumps(["draft", target.name, str(target.config), key_settings(config),
                          str(dc)], sort_keys=True).encode())
     for array in (data.sequences.tokens, data.sequences.length, data.sequences.prompt_length):
         h.update(np.ascontiguousarray(array).tobytes())

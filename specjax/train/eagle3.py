@@ -59,7 +59,8 @@ from specjax.io.checkpoint import Model
 from specjax.io.sidecar import check_target
 from specjax.model.cache import KVCache
 from specjax.model.transformer import tapped_states
-from specjax.train.state import TrainError, check_settings, on_mesh, optimizer, run_steps
+from specjax.train.state import (TrainError, check_settings, key_settings, on_mesh,
+                                 optimizer, run_steps)
 
 __all__ = ["Features", "Sequences", "TrainConfig", "TrainError", "check_features",
            "continuations", "draft_vocabulary", "features", "resolve_taps", "train"]
@@ -108,11 +109,14 @@ class TrainConfig:
     # EAGLE-1 trains (U(-0.1, 0.1) in its paper) so that the drafter learns to go on from
     # features a little off, as its own are after a first step. 0: none (EAGLE-3, SpecForge).
     noise: float = 0.0
+    # > 0: batches of sequences of like length, about `slots` positions a step, in place of
+    # `batch` sequences (`state.batches`: less padding)
+    slots: int = 0
 
     def __post_init__(self):
         check_settings(self, positive=("steps", "batch", "unroll", "draft_vocab",
                                        "checkpoint_every"),
-                       non_negative=("warmup", "seed", "subset"),
+                       non_negative=("warmup", "seed", "subset", "slots"),
                        fractions=("learning_rate", "decay"), at_most_inf=("clip",))
         if isinstance(self.noise, bool) or not isinstance(self.noise, (int, float)) or \
                 not 0.0 <= self.noise < float("inf"):
@@ -476,9 +480,7 @@ def check_features(target: Model, data: Features, tapped: bool = False) -> int:
 def _run_key(target: Model, data: Features, config: TrainConfig, init=None) -> str:
     """What makes two runs the same: target, data, config and the weights they start from
     (`init`'s, when it is given: a fresh start is fixed by the config's seed)."""
-    settings = dataclasses.asdict(config)
-    if not config.noise:                # as before noise existed: earlier runs keep their key
-        del settings["noise"]
+    settings = key_settings(config)
     h = hashlib.sha256()
     h.update(json.dumps([target.name, str(target.config), list(data.taps), settings],
                         sort_keys=True).encode())

@@ -61,7 +61,8 @@ from specjax.model.cache import KVCache
 from specjax.model.transformer import forward
 from specjax.sampling.tree import Tree
 from specjax.train.eagle3 import Features, check_features, draft_vocabulary
-from specjax.train.state import TrainError, check_settings, on_mesh, optimizer, run_steps
+from specjax.train.state import (TrainError, check_settings, key_settings, on_mesh,
+                                 optimizer, run_steps)
 
 __all__ = ["TrainConfig", "best_tree", "call_costs", "growth", "rank_accuracy", "step_costs",
            "train", "verify_cost"]
@@ -81,12 +82,15 @@ class TrainConfig:
     clip: float = 1.0               # global gradient norm
     seed: int = 0
     checkpoint_every: int = 100
+    # > 0: batches of sequences of like length, about `slots` positions a step, in place of
+    # `batch` sequences (`state.batches`: less padding)
+    slots: int = 0
 
     def __post_init__(self):
         check_settings(self, positive=("steps", "batch", "heads", "blocks", "subset",
                                        "checkpoint_every"),
-                       non_negative=("warmup", "seed"), fractions=("learning_rate", "decay"),
-                       at_most_inf=("clip",))
+                       non_negative=("warmup", "seed", "slots"),
+                       fractions=("learning_rate", "decay"), at_most_inf=("clip",))
         if self.head not in ("own", "subset"):
             raise TrainError(f"head must be 'own' or 'subset', got {self.head!r}")
 
@@ -184,7 +188,7 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
 
 def _run_key(target: Model, data: Features, config: TrainConfig) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps(["medusa", target.name, str(target.config), dataclasses.asdict(config)],
+    h.update(json.dumps(["medusa", target.name, str(target.config), key_settings(config)],
                         sort_keys=True).encode())
     for array in (data.sequences.tokens, data.sequences.length, data.sequences.prompt_length):
         h.update(np.ascontiguousarray(array).tobytes())

@@ -10,6 +10,7 @@ is the same.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -23,8 +24,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from specjax.model.linear import use_kernels
 
-__all__ = ["StepProgress", "TrainError", "check_settings", "on_mesh", "optimizer",
-           "resume_state", "run_steps", "save_state"]
+__all__ = ["StepProgress", "TrainError", "batches", "check_settings", "key_settings", "on_mesh",
+           "optimizer", "resume_state", "run_steps", "save_state"]
 
 
 class TrainError(ValueError):
@@ -47,6 +48,19 @@ def check_settings(config, positive=(), non_negative=(), fractions=(), at_most_i
             if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                     not 0.0 < value <= high:
                 raise TrainError(f"{name} must be a number in (0.0, {high}], got {value!r}")
+
+
+def key_settings(config) -> dict:
+    """A config's fields as they go into its run key. Settings added after runs were made
+    (`LATER`) enter it only when they are set, so those runs keep their keys and resume."""
+    settings = dataclasses.asdict(config)
+    for name in LATER:
+        if name in settings and not settings[name]:
+            del settings[name]
+    return settings
+
+
+LATER = ("noise", "slots")
 
 
 def optimizer(config):
@@ -76,7 +90,7 @@ def on_mesh(tree, mesh, config=None):
         if model != 1:
             raise TrainError(f"training runs data-parallel: a mesh of data=N (model=1), "
                              f"got model={model}")
-        if config.batch % data:
+        if config.batch % data and not getattr(config, "slots", 0):    # slots: `batches`
             raise TrainError(f"batch {config.batch} does not split over the mesh's data="
                              f"{data} devices; make it a multiple of {data}")
     return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
@@ -87,19 +101,17 @@ def run_steps(config, lengths: np.ndarray, width: int, batch_of, step, trainable
               mesh=None):
     """The training loop every trainer shares; returns the trainable parameters.
 
-    Step b draws `config.batch` of the N sequences (their `lengths` [N], stored `width` wide)
-    with `numpy.random.default_rng([config.seed, b])`, takes them to a multiple of 64 past the
-    longest (a few programs, little waste), and calls `step(trainable, opt_state,
-    batch_of(rows, width, b))` -> (trainable, opt_state, metrics) (b: for what else a batch
-    draws, as EAGLE's input noise). With `checkpoint` (a
-    directory) the state is saved every `config.checkpoint_every` steps and at the end, and a
-    run started on a checkpoint of the same `run_key` resumes from it; `progress(step,
-    metrics, model)` follows each step, `model()` giving the trained model as it stands
-    (`model_of(trainable)`); `stop_after` ends this call after that many steps. With `mesh`
-    (data=N), each batch is split by row over its devices (`on_mesh`: the caller places the
-    frozen arrays with it too). The gradients are then sums across devices, in another order
-    than one device's: a run on a mesh resumes bit for bit on the same mesh, and matches a
-    one-device run to float rounding."""
+    Step b draws its rows of the N sequences (their `lengths` [N], stored `width` wide) and
+    their width with `batches` and calls `step(trainable, opt_state, batch_of(rows, w, b))` ->
+    (trainable, opt_state, metrics) (b: for what else a batch draws, as EAGLE's input noise).
+    With `checkpoint` (a directory) the state is saved every `config.checkpoint_every` steps
+    and at the end, and a run started on a checkpoint of the same `run_key` resumes from it;
+    `progress(step, metrics, model)` follows each step, `model()` giving the trained model as
+    it stands (`model_of(trainable)`); `stop_after` ends this call after that many steps. With
+    `mesh` (data=N), each batch is split by row over its devices (`on_mesh`: the caller places
+    the frozen arrays with it too). The gradients are then sums across devices, in another
+    order than one device's: a run on a mesh resumes bit for bit on the same mesh, and matches
+    a one-device run to float rounding."""
     opt_state = optimizer(config).init(trainable)
     done = 0
     if checkpoint is not None:
@@ -110,12 +122,10 @@ def run_steps(config, lengths: np.ndarray, width: int, batch_of, step, trainable
         by_row = NamedSharding(mesh, PartitionSpec("data"))
         batch_of = (lambda of: lambda rows, w, b: jax.device_put(of(rows, w, b), by_row))(
             batch_of)
-    n = len(lengths)
+    draw = batches(config, lengths, width, 1 if mesh is None else mesh.shape["data"])
     limit = config.steps if stop_after is None else min(config.steps, done + stop_after)
     for b in range(done, limit):
-        rows = np.random.default_rng([config.seed, b]).choice(n, config.batch,
-                                                              replace=n < config.batch)
-        w = min(width, -(-int(lengths[rows].max()) // 64) * 64)
+        rows, w = draw(b)
         with use_kernels(False):        # the CPU kernels have no derivatives; XLA's do
             trainable, opt_state, metrics = step(trainable, opt_state, batch_of(rows, w, b))
         if progress is not None:
@@ -125,6 +135,42 @@ def run_steps(config, lengths: np.ndarray, width: int, batch_of, step, trainable
                                        b + 1 == limit):
             save_state(checkpoint, run_key, trainable, opt_state, b + 1)
     return _one_device(trainable, mesh)
+
+
+def batches(config, lengths: np.ndarray, width: int, multiple: int = 1):
+    """The function b -> (rows, w) that gives step b its sequences (indices into `lengths`, the
+    sequences' lengths) and the width they are cut to (<= `width`), drawn by
+    `numpy.random.default_rng([config.seed, b])`: a resumed run draws what an uninterrupted one
+    does.
+
+    `config.batch` sequences, taken to a multiple of 64 past the longest (a few programs), or,
+    with `config.slots` > 0, sequences of like length: the sequences are classed by their
+    length rounded up to a multiple of 64, and step b draws a class, then as many of its
+    sequences as fill `slots` positions at its width (a multiple of `multiple`, the mesh's
+    devices, and at least that). A class is drawn with a chance in proportion to its sequences
+    over the rows of its batches, so that every sequence is drawn equally often, as with
+    `batch`; but a batch wastes less than 64 positions a row on padding, where a draw of
+    `batch` from sequences of mixed lengths pads them all to about the longest. One program
+    per class."""
+    n = len(lengths)
+    rounded = np.minimum(width, -(-np.asarray(lengths, np.int64) // 64) * 64)
+    if not getattr(config, "slots", 0):
+        def draw(b):
+            rows = np.random.default_rng([config.seed, b]).choice(n, config.batch,
+                                                                  replace=n < config.batch)
+            return rows, int(rounded[rows].max())
+        return draw
+    widths, classes = np.unique(rounded, return_inverse=True)
+    members = [np.flatnonzero(classes == k) for k in range(len(widths))]
+    rows_of = [max(multiple, config.slots // int(w) // multiple * multiple) for w in widths]
+    chance = np.array([len(m) / r for m, r in zip(members, rows_of)])
+
+    def draw(b):
+        rng = np.random.default_rng([config.seed, b])
+        k = rng.choice(len(widths), p=chance / chance.sum())
+        rows = rng.choice(members[k], rows_of[k], replace=len(members[k]) < rows_of[k])
+        return rows, int(widths[k])
+    return draw
 
 
 def _one_device(tree, mesh):
