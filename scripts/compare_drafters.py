@@ -1,7 +1,7 @@
 """Measurement: drafters (EAGLE) or heads (Medusa) for one target, side by side on the held-out
-prompts of a `train data` directory: tokens per target call and acceptance by depth at T = 0
-and T = 1, each with its own default tree (`generate`'s default when it ships none) and each
-with the first one's tree.
+prompts of a `train data` directory (or, with --questions, the 10 chat questions the cards
+report): tokens per target call and acceptance by depth at T = 0 and T = 1, each with its own
+default tree (`generate`'s default when it ships none) and each with the first one's tree.
 
     python scripts/compare_drafters.py --preset tiny-llama --data runs/tiny-data \
         --method eagle weights/llama-eagle runs/tiny-eagle --out runs/tiny-eagle-compare.json
@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # specjax, with
 
 import specjax  # noqa: E402
 from specjax.presets import PRESETS, model_paths  # noqa: E402
+from specjax.io import chat  # noqa: E402
 from specjax.train import data  # noqa: E402
+from specjax.train.prompts import EVAL_QUESTIONS  # noqa: E402
 
 
 def main() -> None:
@@ -30,7 +32,11 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS))
     parser.add_argument("--target", help="a target directory or GGUF file (instead of --preset)")
-    parser.add_argument("--data", required=True, help="a `train data` directory")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data", help="a `train data` directory: its held-out prompts")
+    source.add_argument("--questions", action="store_true",
+                        help="the 10 held-out chat questions the cards report "
+                             "(specjax.train.prompts.EVAL_QUESTIONS), in the chat template")
     parser.add_argument("--held-out", type=int, default=None,
                         help="the first N held-out prompts (default: all)")
     parser.add_argument("--method", choices=("eagle", "medusa"), required=True)
@@ -42,12 +48,16 @@ def main() -> None:
     args.draft = None
     target_path, _, _ = model_paths(args, want_draft=False)
     target = specjax.load(target_path)
-    _, prompts = data.read(args.data, target)
+    if args.questions:
+        prompts = [chat.encode(target, chat.render(target, q)) for q in EVAL_QUESTIONS]
+    else:
+        _, prompts = data.read(args.data, target)
     prompts = prompts[:args.held_out] if args.held_out is not None else prompts
     keyword = "drafter" if args.method == "eagle" else "heads"
     models = [specjax.load(d) for d in args.drafters]
     first_tree = models[0].tree
-    results = {"target": str(target_path), "data": args.data, "prompts": len(prompts),
+    results = {"target": str(target_path), "data": args.data or "EVAL_QUESTIONS",
+               "prompts": len(prompts),
                "method": args.method, "max_new_tokens": args.max_new_tokens,
                "seed": args.seed, "rows": []}
     started = time.time()
