@@ -119,14 +119,8 @@ def test_a_resumed_run_gives_the_same_weights(target, tmp_path):
         eagle3.train(target, data, other, checkpoint=tmp_path / "run")
     # EAGLE-1's input noise: batch b draws its own, so a resumed noisy run is bit for bit an
     # uninterrupted one too, and the noise changes what is learnt.
-    noisy = dataclasses.replace(config, noise=0.1)
-    once = eagle3.train(target, data, noisy)
-    eagle3.train(target, data, noisy, checkpoint=tmp_path / "noisy", stop_after=3)
-    twice = eagle3.train(target, data, noisy, checkpoint=tmp_path / "noisy")
-    for a, b, c in zip(*(jax_leaves(d.params) for d in (once, twice, straight))):
-        assert a.tobytes() == b.tobytes()
-    assert not all(a.tobytes() == c.tobytes() for a, c in zip(
-        jax_leaves(once.params), jax_leaves(straight.params)))
+    resumes_and_differs(lambda c, **how: eagle3.train(target, data, c, **how),
+                        dataclasses.replace(config, noise=0.1), tmp_path / "noisy", straight)
     with pytest.raises(eagle3.TrainError, match="noise must be a number >= 0, got -0.1"):
         eagle3.TrainConfig(noise=-0.1)
     # Fine-tuning (`init`): the run starts from the drafter's weights, bit for bit, and moves
@@ -220,6 +214,19 @@ def test_a_full_disk_is_a_named_error_and_keeps_the_last_checkpoint(target, tmp_
 def jax_leaves(tree) -> list[np.ndarray]:
     import jax
     return [np.asarray(a) for a in jax.tree.leaves(tree)]
+
+
+def resumes_and_differs(train, config, directory: Path, other) -> None:
+    """`train(config)` interrupted after 3 steps (in `directory`) and resumed gives the weights
+    of a run that never stopped, bit for bit, and they are not `other`'s: the setting that
+    `config` changes changes what is learnt."""
+    once = train(config)
+    train(config, checkpoint=directory, stop_after=3)
+    twice = train(config, checkpoint=directory)
+    for a, b, c in zip(*(jax_leaves(m.params) for m in (once, twice, other))):
+        assert a.tobytes() == b.tobytes()
+    assert not all(a.tobytes() == c.tobytes() for a, c in zip(
+        jax_leaves(once.params), jax_leaves(other.params)))
 
 
 def test_bad_training_requests_exit_2_with_one_line(tmp_path, capsys):
@@ -636,14 +643,8 @@ def test_a_resumed_medusa_run_gives_the_same_weights(target, tmp_path):
                                                       subset=256, seed=1),
                      checkpoint=tmp_path / "run")
     # Batches of like lengths (`slots`) resume bit for bit too, and draw other batches.
-    sized = dataclasses.replace(config, slots=160)
-    once = medusa.train(target, data, sized)
-    medusa.train(target, data, sized, checkpoint=tmp_path / "sized", stop_after=3)
-    twice = medusa.train(target, data, sized, checkpoint=tmp_path / "sized")
-    for a, b, c in zip(*(jax_leaves(h.params) for h in (once, twice, straight))):
-        assert a.tobytes() == b.tobytes()
-    assert not all(a.tobytes() == c.tobytes() for a, c in zip(
-        jax_leaves(once.params), jax_leaves(straight.params)))
+    resumes_and_differs(lambda c, **how: medusa.train(target, data, c, **how),
+                        dataclasses.replace(config, slots=160), tmp_path / "sized", straight)
     with pytest.raises(eagle3.TrainError, match="heads must be an integer >= 1, got 0"):
         medusa.TrainConfig(heads=0)
     with pytest.raises(eagle3.TrainError, match="head must be 'own' or 'subset'"):
