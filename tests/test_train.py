@@ -667,8 +667,15 @@ def test_batches_of_like_lengths_draw_every_sequence_equally_and_pad_little():
         assert ((lengths[rows] > w - 64) & (lengths[rows] <= w)).all(), (rows, w)
         np.add.at(counts, rows, 1)
         waste.append(np.mean(w - lengths[rows]))
-    for members in (slice(0, 60), slice(60, 90), slice(90, 100), slice(100, 105)):
+    classes = (slice(0, 60), slice(60, 90), slice(90, 100), slice(100, 105))
+    for members in classes:
         assert abs(counts[members].mean() / (4000 / 15) - 1) < 0.12, counts[members].mean()
+    # Control: a class drawn by the positions it holds (the obvious rule) draws a document at a
+    # rate in proportion to its length over its class's width; this check would refuse it.
+    held = np.array([lengths[m].sum() for m in classes], float)
+    rows = np.array([16, 8, 2, 2])
+    naive = held / held.sum() * rows / np.array([60, 30, 10, 5])           # per document a step
+    assert np.abs(naive * 15 - 1).max() > 3 * 0.12, naive * 15
     again = state.batches(eagle3.TrainConfig(slots=1024, seed=3), lengths, 384, multiple=2)
     assert all((draw(b)[0] == again(b)[0]).all() for b in (0, 17, 3999))   # resume: the same
     plain = state.batches(eagle3.TrainConfig(batch=8, seed=3), lengths, 384)

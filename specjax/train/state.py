@@ -50,6 +50,9 @@ def check_settings(config, positive=(), non_negative=(), fractions=(), at_most_i
                 raise TrainError(f"{name} must be a number in (0.0, {high}], got {value!r}")
 
 
+LATER = ("noise", "slots")      # settings added after runs were made with the trainers
+
+
 def key_settings(config) -> dict:
     """A config's fields as they go into its run key. Settings added after runs were made
     (`LATER`) enter it only when they are set, so those runs keep their keys and resume."""
@@ -58,9 +61,6 @@ def key_settings(config) -> dict:
         if name in settings and not settings[name]:
             del settings[name]
     return settings
-
-
-LATER = ("noise", "slots")
 
 
 def optimizer(config):
@@ -90,7 +90,7 @@ def on_mesh(tree, mesh, config=None):
         if model != 1:
             raise TrainError(f"training runs data-parallel: a mesh of data=N (model=1), "
                              f"got model={model}")
-        if config.batch % data and not getattr(config, "slots", 0):    # slots: `batches`
+        if config.batch % data and not config.slots:    # with slots, `batches` splits
             raise TrainError(f"batch {config.batch} does not split over the mesh's data="
                              f"{data} devices; make it a multiple of {data}")
     return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
@@ -122,7 +122,7 @@ def run_steps(config, lengths: np.ndarray, width: int, batch_of, step, trainable
         by_row = NamedSharding(mesh, PartitionSpec("data"))
         batch_of = (lambda of: lambda rows, w, b: jax.device_put(of(rows, w, b), by_row))(
             batch_of)
-    draw = batches(config, lengths, width, 1 if mesh is None else mesh.shape["data"])
+    draw = batches(config, lengths, width, 1 if mesh is None else mesh.shape.get("data", 1))
     limit = config.steps if stop_after is None else min(config.steps, done + stop_after)
     for b in range(done, limit):
         rows, w = draw(b)
@@ -154,7 +154,7 @@ def batches(config, lengths: np.ndarray, width: int, multiple: int = 1):
     per class."""
     n = len(lengths)
     rounded = np.minimum(width, -(-np.asarray(lengths, np.int64) // 64) * 64)
-    if not getattr(config, "slots", 0):
+    if not config.slots:
         def draw(b):
             rows = np.random.default_rng([config.seed, b]).choice(n, config.batch,
                                                                   replace=n < config.batch)
