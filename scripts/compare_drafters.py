@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # specjax, with
 import specjax  # noqa: E402
 from specjax.presets import PRESETS, model_paths  # noqa: E402
 from specjax.io import chat  # noqa: E402
+from specjax.sampling.tree import DynamicTree  # noqa: E402
 from specjax.train import data  # noqa: E402
 from specjax.train.prompts import EVAL_QUESTIONS  # noqa: E402
 
@@ -70,7 +71,7 @@ def main() -> None:
                                      tree=tree, max_new_tokens=args.max_new_tokens,
                                      temperature=temperature, seed=args.seed)
                 row = {"drafter": name, "tree": label, "temperature": temperature,
-                       "tree_paths": None if tree is None else [list(p) for p in tree.paths],
+                       "tree": describe(tree),
                        "tokens_per_target_call": round(r.stats.tokens_per_target_call, 3),
                        "acceptance_by_position": [
                            None if a is None else round(float(a), 3)
@@ -81,6 +82,15 @@ def main() -> None:
                       flush=True)
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     print(Path(args.out))
+
+
+def describe(tree):
+    """A tree for the results: its paths, EAGLE-2's sizes for a dynamic one, None for none."""
+    if tree is None:
+        return None
+    if isinstance(tree, DynamicTree):
+        return {"dynamic": [tree.depth, tree.top_k, tree.total_tokens]}
+    return [list(p) for p in tree.paths]
 
 
 if __name__ == "__main__":
