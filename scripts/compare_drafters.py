@@ -71,7 +71,7 @@ def main() -> None:
                                      tree=tree, max_new_tokens=args.max_new_tokens,
                                      temperature=temperature, seed=args.seed)
                 row = {"drafter": name, "tree": label, "temperature": temperature,
-                       "tree": describe(tree),
+                       "tree_shape": describe(tree),
                        "tokens_per_target_call": round(r.stats.tokens_per_target_call, 3),
                        "acceptance_by_position": [
                            None if a is None else round(float(a), 3)
