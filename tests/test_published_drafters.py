@@ -284,6 +284,36 @@ def test_published_layouts_round_trip_exactly(target, tmp_path):
         np.testing.assert_array_equal(again.token_ids, drafter.token_ids)
         for a, b in zip(*(sorted(_leaves(d.params).items()) for d in (drafter, again))):
             np.testing.assert_array_equal(a[1], b[1], err_msg=f"{source} {fmt} {a[0]}")
+        # The trees it was tuned with travel in config.json's `eagle_tree` (dynamic or static)
+        # and `eagle_sampled_tree`.
+        assert drafter.tree is None and again.tree is None and again.sampled_tree is None
+        for i, (tree, sampled) in enumerate(((specjax.DynamicTree(4, 4, 8), Tree.chain(3)),
+                                             (Tree.full((2, 1)), None))):
+            treed = specjax.load(specjax.save_drafter(
+                dataclasses.replace(drafter, tree=tree, sampled_tree=sampled),
+                tmp_path / f"treed-{source}-{fmt}-{i}", format=fmt))
+            assert (treed.tree, treed.sampled_tree) == (tree, sampled), (source, fmt, tree)
+    raw = json.loads((tmp_path / "treed-in3-eagle-0" / "config.json").read_text())
+    assert raw["eagle_tree"] == {"depth": 4, "top_k": 4, "total_token": 8}
+    assert raw["eagle_sampled_tree"] == [[0], [0, 0], [0, 0, 0]]
+    # speculators' config states its proposal, a greedy chain of the tree's depth (vLLM's k).
+    raw = json.loads((tmp_path / "treed-in3-speculators-1" / "config.json").read_text())
+    assert raw["eagle_tree"] == [[0], [1], [0, 0], [1, 0]]
+    proposal = raw["speculators_config"]
+    assert (proposal["algorithm"], proposal["default_proposal_method"],
+            proposal["proposal_methods"]) == ("eagle3", "greedy", [
+                {"proposal_type": "greedy", "speculative_tokens": 2}])
+    for value, words in (({"depth": 4, "top_k": 4}, "depth, top_k, total_token"),
+                         ({"depth": 2, "top_k": 2, "total_token": 9}, "makes 6 nodes"),
+                         ([[1]], "skips a rank"), ("4,4,8", "")):
+        (tmp_path / "treed-in3-speculators-1" / "config.json").write_text(
+            json.dumps(dict(raw, eagle_tree=value)))
+        with pytest.raises(specjax.CheckpointError, match=f"config.json: eagle_tree: .*{words}"):
+            specjax.load(tmp_path / "treed-in3-speculators-1")
+    (tmp_path / "treed-in3-speculators-1" / "config.json").write_text(
+        json.dumps(dict(raw, eagle_sampled_tree=[[0, 0]])))
+    with pytest.raises(specjax.CheckpointError, match="eagle_sampled_tree: .*"):
+        specjax.load(tmp_path / "treed-in3-speculators-1")
     heads = specjax.load(tmp_path / "inm")
     assert heads.tree is None                     # FasterDecoding's config names no tree
     tree = Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]])

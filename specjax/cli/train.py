@@ -22,6 +22,9 @@ the weights an uninterrupted run gives. A progress bar on stderr shows the loss 
 --eval-every steps, the held-out tokens per target call. The result is written to --out in
 --format, with its held-out evaluation (tokens per target call and acceptance by depth at
 temperature 0 and 1 on the last --held-out prompts, never trained on) in --out/train_log.json.
+An EAGLE drafter is written with the trees it is evaluated with (--dynamic-tree for greedy
+rows, a chain of --sampled-chain for sampled ones), which `generate` then decodes with by
+default.
 --mesh data=N trains data-parallel on N devices.
 
 Prompts: a .jsonl file (each line a JSON string, {"prompt": text} or {"messages": [...]} in the
@@ -53,8 +56,9 @@ from specjax.io.eagle import save_drafter
 from specjax.presets import (DEFAULT_PRESET, PRESETS, CLIError, load_model, make_mesh,
                              model_paths, parse_mesh)
 from specjax.sampling.logits import SamplingParams
+from specjax.sampling.tree import DynamicTree, Tree, TreeError
 from specjax.io.medusa import save_heads
-from specjax.io.sidecar import check_target
+from specjax.io.sidecar import check_target, tree_to_json
 from specjax.model.transformer import count_params
 from specjax.io.published import HEADS_FORMATS
 from specjax.train import data, draft, eagle3, medusa
@@ -68,6 +72,14 @@ OPTION_HELP = {"noise": "half-width H of EAGLE-1's uniform noise U(-H, H) on the
                         "feature inputs (default 0: none; the EAGLE paper's is 0.1)",
                "slots": "in place of --batch sequences a step: sequences of like length, about "
                         "N positions a step (less padding; default 0: --batch)"}
+# EAGLE-2's dynamic tree written into a trained drafter unless --dynamic-tree says otherwise:
+# the shipped SmolLM2 drafter's, chosen by timed runs on a 2-core CPU (its card).
+DEFAULT_DYNAMIC_TREE = "4,4,8"
+# Sampled rows keep a dynamic tree's top-k drafts by the deterministic rule (with the target's
+# probability of each), less often than a sampled chain's (on the tiny Llama, 1.16 tokens per
+# target call at T = 1 against 1.41 with a chain of 4, tests/test_train.py's drafter): they get
+# a chain of this length, `generate`'s default k.
+DEFAULT_SAMPLED_CHAIN = 4
 NO_HELD_OUT_TREE = ("--tree-nodes searches a tree on held-out prompts, and there are none: give "
                     "--held-out N, or --tree-nodes 0")
 
@@ -152,6 +164,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="propose from the N ids the target generated most often, "
                                 "through its LM-head rows (default 0: the whole vocabulary; "
                                 "needs --format specjax)")
+        p.add_argument("--dynamic-tree", default=DEFAULT_DYNAMIC_TREE,
+                       metavar="DEPTH,TOP_K,TOTAL|none",
+                       help="the EAGLE-2 dynamic tree written into the drafter, which `generate` "
+                            "and the held-out evaluation decode with (default "
+                            f"{DEFAULT_DYNAMIC_TREE}: timed best for SmolLM2 on a 2-core CPU; "
+                            "none: no tree, a chain of k)")
+        p.add_argument("--sampled-chain", type=int, default=DEFAULT_SAMPLED_CHAIN, metavar="K",
+                       help="sampled rows (temperature > 0) decode with a chain of K drafts "
+                            "instead, written into the drafter beside the tree (default "
+                            f"{DEFAULT_SAMPLED_CHAIN}; 0: the tree at every temperature)")
         p.add_argument("--init", metavar="DIR",
                        help="start from this drafter's weights and draft vocabulary (ours or "
                             "published, trained on this target, of the shape this run "
@@ -381,6 +403,10 @@ def run_train(args) -> int:
     if target.config.arch != "llama":
         raise CLIError(f"{target.name} is a {target.config.arch} model; EAGLE drafters are "
                        f"implemented for Llama-family targets")
+    tree = _dynamic_tree(args.dynamic_tree, target)
+    if args.sampled_chain < 0:
+        raise CLIError(f"--sampled-chain must be >= 0, got {args.sampled_chain}")
+    sampled_tree = Tree.chain(args.sampled_chain) if args.sampled_chain else None
     init = _init_drafter(args.init, target) if args.init else None
     # EAGLE-1/2 reads only the final-normed states; the one tap (the embeddings) is the
     # cheapest `features` computes.
@@ -390,18 +416,35 @@ def run_train(args) -> int:
     sequences, held_out = _training_data(args, target, work)
     features = _features(target, sequences, taps, args, final_only=config.kind == "eagle1")
     progress = _progress(args, config, "loss/agreement by pass" if config.kind == "eagle3"
-                         else "cross-entropy/agreement by pass", target, held_out, "drafter")
+                         else "cross-entropy/agreement by pass", target, held_out, "drafter",
+                         tree=tree)
     drafter = eagle3.train(target, features, config, checkpoint=work / "checkpoint",
                            progress=progress, mesh=mesh, init=init)
+    drafter = dataclasses.replace(drafter, tree=tree, sampled_tree=sampled_tree)
     save_drafter(drafter, out, format=args.format)
     log = {"target": str(target_path), "format": args.format, "kind": config.kind,
            "taps": list(features.taps) if config.kind == "eagle3" else None,
            "draft_vocab": int(len(drafter.token_ids)), "config": vars(config),
-           "init": args.init,
+           "init": args.init, "tree": tree_to_json(tree),
+           "sampled_tree": tree_to_json(sampled_tree),
            "train_sequences": int(len(sequences.length)), "held_out_prompts": len(held_out),
            "seconds": round(time.time() - started, 1)}
     _finish(out, log, target, held_out, args, method="eagle", drafter=drafter)
     return 0
+
+
+def _dynamic_tree(text: str, target) -> DynamicTree | None:
+    """--dynamic-tree as a tree that fits `target`'s context (None for "none")."""
+    if text == "none":
+        return None
+    try:
+        tree = DynamicTree.parse(text)
+    except TreeError as e:
+        raise CLIError(f"--dynamic-tree: {e}") from None
+    if tree.size >= target.config.max_positions:
+        raise CLIError(f"--dynamic-tree: {tree.size} nodes do not fit a target call in "
+                       f"{target.name}'s context of {target.config.max_positions}")
+    return tree
 
 
 def _init_drafter(path: str, target) -> Drafter:
@@ -530,15 +573,17 @@ def _tokenizer_files(target_path: Path, out: Path) -> None:
             shutil.copyfile(target_path / name, out / name)
 
 
-def _progress(args, config, label: str, target, held_out, keyword: str) -> StepProgress:
+def _progress(args, config, label: str, target, held_out, keyword: str,
+              tree=None) -> StepProgress:
     """The training's progress bar (on stderr), with the held-out tokens per target call at
     temperature 0 every --eval-every steps: the model as it stands, passed as `keyword`
-    (drafter, heads or draft) to `generate` with the method that reads it."""
+    (drafter, heads or draft) to `generate` with the method that reads it (and `tree`, the one
+    it will be written with)."""
     method = {"drafter": "eagle", "heads": "medusa", "draft": "speculative"}[keyword]
     every = args.eval_every if args.eval_every is not None else max(1, config.steps // 5)
 
     def evaluate(model) -> float:
-        result = generate(target, held_out, method=method, **{keyword: model},
+        result = generate(target, held_out, method=method, **{keyword: model}, tree=tree,
                           max_new_tokens=args.max_new_tokens, temperature=0.0)
         return result.stats.tokens_per_target_call
 

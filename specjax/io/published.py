@@ -14,10 +14,15 @@ code and the engines that load them (vLLM, SGLang, TensorRT-LLM, llama.cpp) read
 |                                | (+ medusa_choices: the tree, optional) | .pt: {k}.{j}.linear, {k}.{L}  |
 
 `d2t` is an offset (draft id i is target id i + d2t[i]); `t2d` marks the target ids the draft
-vocabulary covers. `embed_tokens.weight` is optional: without it the drafter reads tokens
-through the target's embeddings. EAGLE-3's taps come from `eagle_aux_hidden_state_layer_ids`
-(top level or under `eagle_config`); a checkpoint without them gets the EAGLE repo's default
-(`heads.eagle.default_taps`) once it meets its target.
+vocabulary covers. The tree a drafter was tuned with travels in config.json's optional `eagle_tree`
+(and the one for sampled rows, where it has its own, in `eagle_sampled_tree`), specjax's keys (the
+EAGLE repo passes the same numbers to `EaModel` as arguments, and the engines take them as serving
+options): EAGLE-2's dynamic tree as {"depth", "top_k", "total_token"}, a static tree as its paths,
+like Medusa's `medusa_choices`. The speculators layout also states a chain of the tree's depth as
+its greedy proposal (`speculative_tokens`), which is what vLLM reads. `embed_tokens.weight` is
+optional: without it the drafter reads tokens through the target's embeddings. EAGLE-3's taps come
+from `eagle_aux_hidden_state_layer_ids` (top level or under `eagle_config`); a checkpoint without
+them gets the EAGLE repo's default (`heads.eagle.default_taps`) once it meets its target.
 
 A torch pickle (`.bin`, `.pt`) is read only through `torch.load(weights_only=True)`, which
 refuses anything but tensors; without torch it is refused with a message that says how to
@@ -39,7 +44,7 @@ from specjax.heads.medusa import Heads, HeadsConfig
 from specjax.io.errors import CheckpointError
 from specjax.io.sidecar import json_object, read_tensors
 from specjax.model.config import ConfigError, ModelConfig
-from specjax.sampling.tree import Tree, TreeError
+from specjax.sampling.tree import DynamicTree, Tree, TreeError
 
 __all__ = ["DRAFTER_FORMATS", "HEADS_FORMATS", "is_published_drafter", "is_published_heads",
            "load_published_drafter", "load_published_heads", "read_weights",
@@ -48,6 +53,7 @@ __all__ = ["DRAFTER_FORMATS", "HEADS_FORMATS", "is_published_drafter", "is_publi
 DRAFTER_FORMATS = ("specjax", "eagle", "speculators")
 HEADS_FORMATS = ("specjax", "medusa")
 _SPECULATORS_OFF = ("norm_before_fc", "fc_norm", "norm_output")   # options not implemented
+_DEFAULT_CHAIN = 4      # the chain a drafter without a tree drafts (`generate`'s k)
 # Tensors of speculators' training checkpoints that inference does not read.
 _TRAINING_ONLY = ("verifier_norm.weight", "verifier_lm_head.weight")
 
@@ -304,7 +310,32 @@ def load_published_drafter(directory: str | Path) -> Drafter:
     verifier = verifier.get("verifier") if isinstance(verifier, dict) else None
     name = raw.get("base_model_name_or_path") or (
         verifier.get("name_or_path") if isinstance(verifier, dict) else None)
-    return Drafter(config, params, ids, _identity(name, vocab, width), None, directory)
+    return Drafter(config, params, ids, _identity(name, vocab, width),
+                   _eagle_tree(file, raw, "eagle_tree"), directory,
+                   sampled_tree=_eagle_tree(file, raw, "eagle_sampled_tree"))
+
+
+def _eagle_tree(file: Path, raw: dict, key: str) -> Tree | DynamicTree | None:
+    """The tree in config.json's optional `eagle_tree` or `eagle_sampled_tree` (module
+    docstring). Absent: None."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    try:
+        if isinstance(value, dict):
+            if set(value) != {"depth", "top_k", "total_token"}:
+                raise TreeError(f"a dynamic tree is {{depth, top_k, total_token}}, got "
+                                f"{sorted(value)}")
+            return DynamicTree(value["depth"], value["top_k"], value["total_token"])
+        return Tree.from_paths(value)
+    except (TreeError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{file}: {key}: {e}") from None
+
+
+def _eagle_tree_json(tree: Tree | DynamicTree | None):
+    if isinstance(tree, DynamicTree):
+        return {"depth": tree.depth, "top_k": tree.top_k, "total_token": tree.total_tokens}
+    return [list(p) for p in tree.paths] if tree is not None else None
 
 
 def _draft_ids(weights: Path, tensors: dict, size: int, vocab: int) -> np.ndarray:
@@ -375,7 +406,12 @@ def save_published_drafter(drafter: Drafter, directory: Path, layout: str) -> Pa
                   "norm_before_residual": c.norm_before_residual,
                   "target_hidden_size": c.target_width,
                   "eagle_aux_hidden_state_layer_ids": list(c.taps),
-                  "speculators_config": {"verifier": {"name_or_path": base}}}
+                  "speculators_config": {
+                      "algorithm": "eagle3", "default_proposal_method": "greedy",
+                      "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens":
+                                            drafter.tree.max_depth if drafter.tree else
+                                            _DEFAULT_CHAIN}],
+                      "verifier": {"name_or_path": base}}}
     elif eagle3:
         config = dict(layer, architectures=["LlamaForCausalLMEagle3"],
                       draft_vocab_size=c.subset_size,
@@ -386,6 +422,9 @@ def save_published_drafter(drafter: Drafter, directory: Path, layout: str) -> Pa
         config = dict(layer, architectures=["LlamaForCausalLM"], bias=True)
     if base and layout != "speculators":
         config["base_model_name_or_path"] = base
+    for key, tree in (("eagle_tree", drafter.tree), ("eagle_sampled_tree", drafter.sampled_tree)):
+        if tree is not None:
+            config[key] = _eagle_tree_json(tree)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return directory
 
