@@ -271,6 +271,11 @@ def test_bad_training_requests_exit_2_with_one_line(tmp_path, capsys):
             "--prompts", str(lines), "--taps", "1,2,3", "--dynamic-tree", "4,4"],
         "--dynamic-tree: a dynamic tree of depth 2 and top_k 2 makes 6 nodes": [
             "--prompts", str(lines), "--taps", "1,2,3", "--dynamic-tree", "2,2,7"],
+        "--dynamic-tree none is no tree: give it alone": [
+            "--prompts", str(lines), "--taps", "1,2,3", "--dynamic-tree", "none", "4,4,8"],
+        "several --dynamic-tree are searched on held-out prompts, and there are none": [
+            "--prompts", str(lines), "--taps", "1,2,3", "--held-out", "0", "--dynamic-tree",
+            "2,2,3", "3,2,4"],
         "--sampled-chain must be >= 0, got -1": [
             "--prompts", str(lines), "--taps", "1,2,3", "--sampled-chain", "-1"],
         "it was trained on smollm2-135m-instruct": [
@@ -340,11 +345,13 @@ def test_data_shards_resume_exactly_and_eagle3_trains_from_them(target, tmp_path
             "--out", str(out), "--taps", ",".join(map(str, TAPS)), "--steps", "2",
             "--batch", "4", "--warmup", "1", "--max-new-tokens", "8",
             "--features", str(features), "--features-dtype", "float16"]
-    assert main(args) == 0
+    assert main([*args, "--dynamic-tree", "none"]) == 0
     assert {f.name: f.stat().st_mtime_ns for f in features.glob("*.npy")} == made
     log = json.loads((out / "train_log.json").read_text())
     assert log["train_sequences"] == 8 and log["held_out_prompts"] == 2
     assert log["tokens_per_target_call_t0"] >= 1.0
+    treeless = specjax.load(out)                # a chain of k at T = 0; of 4 at T > 0
+    assert (treeless.tree, treeless.sampled_tree) == (None, specjax.Tree.chain(4))
     # The features' size is said before the pass, and they are the files on disk.
     said = next(line for line in capsys.readouterr().out.splitlines()
                 if line.startswith("features: 8 sequences"))
@@ -359,16 +366,23 @@ def test_data_shards_resume_exactly_and_eagle3_trains_from_them(target, tmp_path
                "--max-new-tokens", "8", "--out", str(tmp_path / "variant")]
     assert main(variant) == 2
     assert "add --format specjax" in capsys.readouterr().err
-    assert main([*variant, "--format", "specjax", "--dynamic-tree", "2,2,3",
+    # Two dynamic trees: the one with more held-out tokens per call per timed step is written.
+    assert main([*variant, "--format", "specjax", "--dynamic-tree", "2,2,3", "3,2,4",
                  "--sampled-chain", "0"]) == 0
     loaded = specjax.load(tmp_path / "variant")
     assert (loaded.config.kind, loaded.config.style, loaded.config.head,
             len(loaded.token_ids)) == ("eagle1", "specjax", "subset", 256)
-    assert (loaded.tree, loaded.sampled_tree) == (specjax.DynamicTree(2, 2, 3), None)
-    assert main([*variant, "--format", "specjax", "--dynamic-tree", "none",
-                 "--out", str(tmp_path / "treeless")]) == 0
-    treeless = specjax.load(tmp_path / "treeless")         # a chain of k at T = 0; of 4 at T > 0
-    assert (treeless.tree, treeless.sampled_tree) == (None, specjax.Tree.chain(4))
+    log = json.loads((tmp_path / "variant" / "train_log.json").read_text())
+    rows = log["tree_search"]
+    assert [row["tree"] for row in rows] == [[2, 2, 3], [3, 2, 4]]
+    for row in rows:
+        assert row["step_cost"] > 0 and row["tokens_per_call"] >= 1.0
+        assert row["speedup"] == pytest.approx(row["tokens_per_call"] / row["step_cost"],
+                                               abs=2e-3)
+    best = max(rows, key=lambda row: row["speedup"])
+    assert (loaded.tree, loaded.sampled_tree) == (specjax.DynamicTree(*best["tree"]), None)
+    # The evaluation decodes with the tree chosen, on the same prompts: the same count, exactly.
+    assert log["tokens_per_target_call_t0"] == best["tokens_per_call"]
     capsys.readouterr()
 
     # A disk without room for the features is refused before the pass starts.
@@ -650,6 +664,10 @@ def test_call_and_step_costs_are_measured_for_every_size_asked(target):
     assert sorted(steps) == [2, 3] and all(np.isfinite(c) and c > 0 for c in steps.values())
     with pytest.raises(eagle3.TrainError, match="step costs need a tree"):
         medusa.step_costs(target, heads, [], code_prompts(1)[0])
+    with pytest.raises(eagle3.TrainError, match="step times need new_tokens >= 2"):
+        eagle3.step_seconds(target, code_prompts(1)[0], new_tokens=1)
+    with pytest.raises(eagle3.TrainError, match="a tree search needs dynamic trees"):
+        eagle3.best_dynamic_tree(target, None, [specjax.Tree.chain(2)], code_prompts(1))
 
 
 def test_a_resumed_medusa_run_gives_the_same_weights(target, tmp_path):

@@ -80,6 +80,8 @@ DEFAULT_DYNAMIC_TREE = "4,4,8"
 # target call at T = 1 against 1.41 with a chain of 4, tests/test_train.py's drafter): they get
 # a chain of this length, `generate`'s default k.
 DEFAULT_SAMPLED_CHAIN = 4
+NO_HELD_OUT_SEARCH = ("several --dynamic-tree are searched on held-out prompts, and there "
+                      "are none: give --held-out N, or one tree")
 NO_HELD_OUT_TREE = ("--tree-nodes searches a tree on held-out prompts, and there are none: give "
                     "--held-out N, or --tree-nodes 0")
 
@@ -164,12 +166,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="propose from the N ids the target generated most often, "
                                 "through its LM-head rows (default 0: the whole vocabulary; "
                                 "needs --format specjax)")
-        p.add_argument("--dynamic-tree", default=DEFAULT_DYNAMIC_TREE,
-                       metavar="DEPTH,TOP_K,TOTAL|none",
+        p.add_argument("--dynamic-tree", nargs="+", default=[DEFAULT_DYNAMIC_TREE],
+                       metavar="DEPTH,TOP_K,TOTAL",
                        help="the EAGLE-2 dynamic tree written into the drafter, which `generate` "
                             "and the held-out evaluation decode with (default "
                             f"{DEFAULT_DYNAMIC_TREE}: timed best for SmolLM2 on a 2-core CPU; "
-                            "none: no tree, a chain of k)")
+                            "none: no tree, a chain of k); several: the one that decodes the "
+                            "held-out prompts fastest here, by their tokens per target call "
+                            "over timed decoding steps")
         p.add_argument("--sampled-chain", type=int, default=DEFAULT_SAMPLED_CHAIN, metavar="K",
                        help="sampled rows (temperature > 0) decode with a chain of K drafts "
                             "instead, written into the drafter beside the tree (default "
@@ -403,7 +407,10 @@ def run_train(args) -> int:
     if target.config.arch != "llama":
         raise CLIError(f"{target.name} is a {target.config.arch} model; EAGLE drafters are "
                        f"implemented for Llama-family targets")
-    tree = _dynamic_tree(args.dynamic_tree, target)
+    trees = _dynamic_trees(args.dynamic_tree, target)
+    if len(trees) > 1 and args.held_out == 0:       # before hours of data and training
+        raise CLIError(NO_HELD_OUT_SEARCH)
+    tree = trees[0]
     if args.sampled_chain < 0:
         raise CLIError(f"--sampled-chain must be >= 0, got {args.sampled_chain}")
     sampled_tree = Tree.chain(args.sampled_chain) if args.sampled_chain else None
@@ -414,36 +421,61 @@ def run_train(args) -> int:
     out, work = _out_and_work(args)
     started = time.time()
     sequences, held_out = _training_data(args, target, work)
+    if len(trees) > 1 and not held_out:             # --data without held-out prompts
+        raise CLIError(NO_HELD_OUT_SEARCH)
     features = _features(target, sequences, taps, args, final_only=config.kind == "eagle1")
     progress = _progress(args, config, "loss/agreement by pass" if config.kind == "eagle3"
                          else "cross-entropy/agreement by pass", target, held_out, "drafter",
                          tree=tree)
     drafter = eagle3.train(target, features, config, checkpoint=work / "checkpoint",
                            progress=progress, mesh=mesh, init=init)
+    search = {}
+    if len(trees) > 1:
+        tree = _search_tree(drafter, trees, target, held_out, args, search)
     drafter = dataclasses.replace(drafter, tree=tree, sampled_tree=sampled_tree)
     save_drafter(drafter, out, format=args.format)
     log = {"target": str(target_path), "format": args.format, "kind": config.kind,
            "taps": list(features.taps) if config.kind == "eagle3" else None,
            "draft_vocab": int(len(drafter.token_ids)), "config": vars(config),
            "init": args.init, "tree": tree_to_json(tree),
-           "sampled_tree": tree_to_json(sampled_tree),
+           "sampled_tree": tree_to_json(sampled_tree), **search,
            "train_sequences": int(len(sequences.length)), "held_out_prompts": len(held_out),
            "seconds": round(time.time() - started, 1)}
     _finish(out, log, target, held_out, args, method="eagle", drafter=drafter)
     return 0
 
 
-def _dynamic_tree(text: str, target) -> DynamicTree | None:
-    """--dynamic-tree as a tree that fits `target`'s context (None for "none")."""
-    if text == "none":
-        return None
-    try:
-        tree = DynamicTree.parse(text)
-    except TreeError as e:
-        raise CLIError(f"--dynamic-tree: {e}") from None
-    if tree.size >= target.config.max_positions:
-        raise CLIError(f"--dynamic-tree: {tree.size} nodes do not fit a target call in "
-                       f"{target.name}'s context of {target.config.max_positions}")
+def _dynamic_trees(texts: list[str], target) -> list[DynamicTree | None]:
+    """--dynamic-tree as trees that fit `target`'s context ([None] for "none")."""
+    if "none" in texts:
+        if len(texts) > 1:
+            raise CLIError("--dynamic-tree none is no tree: give it alone")
+        return [None]
+    trees = []
+    for text in texts:
+        try:
+            tree = DynamicTree.parse(text)
+        except TreeError as e:
+            raise CLIError(f"--dynamic-tree: {e}") from None
+        if tree.size >= target.config.max_positions:
+            raise CLIError(f"--dynamic-tree: {tree.size} nodes do not fit a target call in "
+                           f"{target.name}'s context of {target.config.max_positions}")
+        trees.append(tree)
+    return trees
+
+
+def _search_tree(drafter, trees, target, held_out, args, log: dict):
+    """Of several --dynamic-tree, the fastest here (`eagle3.best_dynamic_tree`), with the
+    search in the log."""
+    print(f"tree: timing decoding steps with {len(trees)} dynamic trees", flush=True)
+    tree, rows = eagle3.best_dynamic_tree(target, drafter, trees, held_out,
+                                          max_new_tokens=args.max_new_tokens,
+                                          new_tokens=max(args.max_new_tokens, 2))
+    log["tree_search"] = rows
+    for row in rows:
+        print(f"tree {','.join(map(str, row['tree']))}: {row['tokens_per_call']} tokens per "
+              f"call, a step {row['step_cost']} autoregressive steps, {row['speedup']}x",
+              flush=True)
     return tree
 
 

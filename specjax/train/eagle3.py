@@ -59,11 +59,13 @@ from specjax.io.checkpoint import Model
 from specjax.io.sidecar import check_target
 from specjax.model.cache import KVCache
 from specjax.model.transformer import tapped_states
+from specjax.sampling.tree import DynamicTree
 from specjax.train.state import (TrainError, check_settings, key_settings, on_mesh,
                                  optimizer, run_steps)
 
-__all__ = ["Features", "Sequences", "TrainConfig", "TrainError", "check_features",
-           "continuations", "draft_vocabulary", "features", "resolve_taps", "train"]
+__all__ = ["Features", "Sequences", "TrainConfig", "TrainError", "best_dynamic_tree",
+           "check_features", "continuations", "draft_vocabulary", "features", "resolve_taps",
+           "step_seconds", "train"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -425,6 +427,52 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
                              functools.partial(_step, dc, config, frozen=frozen), trainable,
                              _run_key(target, data, config, None if init is None else trainable),
                              checkpoint, progress, stop_after, model_of=drafter, mesh=mesh))
+
+
+# -- The tree ---------------------------------------------------------------------------------
+
+def step_seconds(target: Model, prompt, new_tokens: int = 64, repeats: int = 3,
+                 **method) -> float:
+    """The time of one decoding step of `generate(target, [prompt], **method)` at temperature
+    0: a run's time over its decoding steps, the fastest of `repeats` runs after the one that
+    compiles. A whole step, with all that comes with the verify call (the drafter, the tree's
+    walk, the loop); the prompt's prefill is spread over the steps as in any run, so make
+    `new_tokens` long beside it."""
+    if new_tokens < 2 or repeats < 1:
+        raise TrainError(f"step times need new_tokens >= 2 and repeats >= 1, got {new_tokens} "
+                         f"and {repeats}")
+    prompt = encode_prompts(target, [prompt])[0]
+    runs = [generate(target, [prompt], max_new_tokens=new_tokens, temperature=0.0,
+                     **method).stats for _ in range(repeats + 1)]
+    return min(r.run_s / max(r.steps, 1) for r in runs[1:])
+
+
+def best_dynamic_tree(target: Model, drafter: eagle.Drafter, trees, prompts, *,
+                      max_new_tokens: int = 64, new_tokens: int = 64,
+                      repeats: int = 3) -> tuple[DynamicTree, list[dict]]:
+    """Of the dynamic trees `trees`, the one that makes `drafter` decode fastest here: its
+    tokens per target call on `prompts` at temperature 0 (exact: it does not depend on the
+    machine or its load) over the time of a decoding step with it on the first prompt, in
+    autoregressive steps (`step_seconds`, measured: keep the machine otherwise idle). Returns
+    (the tree, one row per tree: {"tree", "tokens_per_call", "step_cost", "speedup"}), the
+    first of equal speedups winning."""
+    trees = list(trees)
+    if not trees or not prompts or not all(isinstance(t, DynamicTree) for t in trees):
+        raise TrainError(f"a tree search needs dynamic trees and prompts, got {trees!r} and "
+                         f"{len(prompts)} prompts")
+    one = step_seconds(target, prompts[0], new_tokens, repeats)
+    rows = []
+    for tree in trees:
+        calls = generate(target, prompts, method="eagle", drafter=drafter, tree=tree,
+                         max_new_tokens=max_new_tokens, temperature=0.0).stats
+        cost = step_seconds(target, prompts[0], new_tokens, repeats, method="eagle",
+                            drafter=drafter, tree=tree) / one
+        tokens = calls.tokens_per_target_call
+        rows.append({"tree": [tree.depth, tree.top_k, tree.total_tokens],
+                     "tokens_per_call": round(tokens, 3), "step_cost": round(cost, 3),
+                     "speedup": round(tokens / cost, 3)})
+    best = max(range(len(trees)), key=lambda i: (rows[i]["speedup"], -i))
+    return trees[best], rows
 
 
 def _check_init(init: eagle.Drafter, dc: eagle.DrafterConfig, target: Model) -> None:

@@ -51,16 +51,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.api.checks import encode_prompts
 from specjax.api.forward import kernels_as_generate
-from specjax.api.generate import generate
 from specjax.heads import medusa as heads_math
 from specjax.heads.shared import projection, target_identity
 from specjax.io.checkpoint import Model
 from specjax.model.cache import KVCache
 from specjax.model.transformer import forward
 from specjax.sampling.tree import Tree
-from specjax.train.eagle3 import Features, check_features, draft_vocabulary
+from specjax.train.eagle3 import Features, check_features, draft_vocabulary, step_seconds
 from specjax.train.state import (TrainError, check_settings, key_settings, on_mesh,
                                  optimizer, run_steps)
 
@@ -320,15 +318,7 @@ def step_costs(target: Model, heads: heads_math.Heads, paths, prompt,
     if new_tokens < 2 or repeats < 1 or not paths:
         raise TrainError(f"step costs need a tree, new_tokens >= 2 and repeats >= 1, got "
                          f"{len(paths)} paths, {new_tokens}, {repeats}")
-
-    prompt = encode_prompts(target, [prompt])[0]
-
-    def step_seconds(**method) -> float:
-        runs = [generate(target, [prompt], max_new_tokens=new_tokens, temperature=0.0,
-                         **method).stats for _ in range(repeats + 1)]
-        return min(r.run_s / max(r.steps, 1) for r in runs[1:])
-
-    one = step_seconds()
-    return {n: round(step_seconds(method="medusa", heads=heads,
-                                  tree=Tree.from_paths(paths[:n - 1])) / one, 3)
+    one = step_seconds(target, prompt, new_tokens, repeats)
+    return {n: round(step_seconds(target, prompt, new_tokens, repeats, method="medusa",
+                                  heads=heads, tree=Tree.from_paths(paths[:n - 1])) / one, 3)
             for n in range(2, len(paths) + 2)}
