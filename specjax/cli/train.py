@@ -73,7 +73,8 @@ OPTION_HELP = {"noise": "half-width H of EAGLE-1's uniform noise U(-H, H) on the
                "slots": "in place of --batch sequences a step: sequences of like length, about "
                         "N positions a step (less padding; default 0: --batch)"}
 # EAGLE-2's dynamic tree written into a trained drafter unless --dynamic-tree says otherwise:
-# the shipped SmolLM2 drafter's, chosen by timed runs on a 2-core CPU (its card).
+# the shipped SmolLM2 drafter's, chosen by timed runs on a 2-core CPU (its card). Not the best
+# on every host: on the 2-core AVX2 one the search ranks 3,2,4 first (bench/eagle-tree-search).
 DEFAULT_DYNAMIC_TREE = "4,4,8"
 # Sampled rows keep a dynamic tree's top-k drafts by the deterministic rule (with the target's
 # probability of each), less often than a sampled chain's (on the tiny Llama, 1.16 tokens per
@@ -170,7 +171,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        metavar="DEPTH,TOP_K,TOTAL",
                        help="the EAGLE-2 dynamic tree written into the drafter, which `generate` "
                             "and the held-out evaluation decode with (default "
-                            f"{DEFAULT_DYNAMIC_TREE}: timed best for SmolLM2 on a 2-core CPU; "
+                            f"{DEFAULT_DYNAMIC_TREE}: the shipped SmolLM2 drafter's; "
                             "none: no tree, a chain of k); several: the one that decodes the "
                             "held-out prompts fastest here, by their tokens per target call "
                             "over timed decoding steps")
