@@ -310,6 +310,12 @@ def test_published_layouts_round_trip_exactly(target, tmp_path):
             json.dumps(dict(raw, eagle_tree=value)))
         with pytest.raises(specjax.CheckpointError, match=f"config.json: eagle_tree: .*{words}"):
             specjax.load(tmp_path / "treed-in3-speculators-1")
+    # A file's tree that would draft past the context is refused by generate, not run.
+    (tmp_path / "treed-in3-speculators-1" / "config.json").write_text(
+        json.dumps(dict(raw, eagle_tree={"depth": 10**6, "top_k": 10**3, "total_token": 4})))
+    hostile = specjax.load(tmp_path / "treed-in3-speculators-1")
+    with pytest.raises(GenerationError, match="drafts 999999000 frontier slots"):
+        generate(model, [[1, 2]], method="eagle", drafter=hostile, max_new_tokens=2)
     (tmp_path / "treed-in3-speculators-1" / "config.json").write_text(
         json.dumps(dict(raw, eagle_sampled_tree=[[0, 0]])))
     with pytest.raises(specjax.CheckpointError, match="eagle_sampled_tree: .*"):

@@ -276,6 +276,8 @@ def test_bad_training_requests_exit_2_with_one_line(tmp_path, capsys):
         "several --dynamic-tree are searched on held-out prompts, and there are none": [
             "--prompts", str(lines), "--taps", "1,2,3", "--held-out", "0", "--dynamic-tree",
             "2,2,3", "3,2,4"],
+        "--sampled-chain 100000 does not fit a target call": [
+            "--prompts", str(lines), "--taps", "1,2,3", "--sampled-chain", "100000"],
         "--sampled-chain must be >= 0, got -1": [
             "--prompts", str(lines), "--taps", "1,2,3", "--sampled-chain", "-1"],
         "it was trained on smollm2-135m-instruct": [
@@ -378,7 +380,7 @@ def test_data_shards_resume_exactly_and_eagle3_trains_from_them(target, tmp_path
     for row in rows:
         assert row["step_cost"] > 0 and row["tokens_per_call"] >= 1.0
         assert row["speedup"] == pytest.approx(row["tokens_per_call"] / row["step_cost"],
-                                               abs=2e-3)
+                                               rel=1e-2)           # each rounded to 3 places
     best = max(rows, key=lambda row: row["speedup"])
     assert (loaded.tree, loaded.sampled_tree) == (specjax.DynamicTree(*best["tree"]), None)
     # The evaluation decodes with the tree chosen, on the same prompts: the same count, exactly.

@@ -255,6 +255,11 @@ def check_tree(method, tree, candidates, all_greedy: bool, target):
             raise GenerationError(f"the tree has {tree.size} nodes; a target call on it needs "
                                   f"more than the context window of {target.name} "
                                   f"({target.config.max_positions})")
+        reach = (tree.depth - 1) * tree.top_k       # the drafter's frontiers, past the tree
+        if reach >= target.config.max_positions:
+            raise GenerationError(f"a dynamic tree of depth {tree.depth} and top_k {tree.top_k} "
+                                  f"drafts {reach} frontier slots, more than the context "
+                                  f"window of {target.name} ({target.config.max_positions})")
         return tree, "top"
     if not isinstance(tree, Tree):
         try:

@@ -414,6 +414,9 @@ def run_train(args) -> int:
     tree = trees[0]
     if args.sampled_chain < 0:
         raise CLIError(f"--sampled-chain must be >= 0, got {args.sampled_chain}")
+    if args.sampled_chain >= target.config.max_positions:
+        raise CLIError(f"--sampled-chain {args.sampled_chain} does not fit a target call in "
+                       f"{target.name}'s context of {target.config.max_positions}")
     sampled_tree = Tree.chain(args.sampled_chain) if args.sampled_chain else None
     init = _init_drafter(args.init, target) if args.init else None
     # EAGLE-1/2 reads only the final-normed states; the one tap (the embeddings) is the
