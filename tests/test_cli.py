@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 import specjax
-from specjax.cli.generate import TextPrinter
+from specjax.api.results import Stats
+from specjax.cli.generate import TextPrinter, summary_line
 from specjax.cli.main import main
 from specjax.io.chat import ChatTemplateError, render
 from specjax.presets import TINY_NOTE
@@ -332,6 +333,17 @@ def test_stdin_prompt_colours_and_ctrl_c(generated, env):
 
 
 # -- In-process pieces --------------------------------------------------------------------------
+
+def test_a_run_no_longer_than_its_prefill_reports_decode_as_na():
+    # A tiny model's 16 tokens can take about as long as the prefill timed beside them (the
+    # failure CI once hit): the summary keeps its decode field and says n/a, never a rate.
+    stats = Stats(method="autoregressive", rows=1, new_tokens=16, target_calls=15, draft_calls=0,
+                  drafted=0, accepted=0, tree_size=0, compile_s=3.0, run_s=0.014)
+    assert ", decode 1,500.0 tokens/s (" in summary_line(stats, 3, prefill_s=0.004)
+    for prefill_s in (0.014, 0.02):
+        assert ", decode n/a (median of 3 runs, " in summary_line(stats, 3, prefill_s)
+    assert "decode" not in summary_line(stats, 3)
+
 
 def test_text_printer_holds_back_partial_characters():
     import io

@@ -442,7 +442,8 @@ def summary_line(stats, runs: int, prefill_s: float | None = None) -> str:
                   if stats.method != "autoregressive" else "acceptance n/a")
     decode = decode_rate(stats, prefill_s) if prefill_s is not None else None
     return (f"[{stats.method}] {stats.new_tokens} tokens, {stats.tokens_per_second:,.1f} tokens/s"
-            + (f", decode {decode:,.1f} tokens/s" if decode else "")
+            + (f", decode {decode:,.1f} tokens/s" if decode
+               else ", decode n/a" if prefill_s is not None else "")
             + f" (median of {runs} runs, {stats.run_s:.3f} s; compile {stats.compile_s:.1f} s), "
             f"{acceptance}, {stats.tokens_per_target_call:.2f} tokens/target call"
             + (f", {stats.mean_draft_length:.2f} drafted/call"
