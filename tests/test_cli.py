@@ -150,7 +150,12 @@ def test_json_has_documented_fields(generated, env):
                     "mean_draft_length"):
             assert isinstance(s[key], (int, float)) and s[key] >= 0, key
         assert s["tokens_per_second"] > 0 and r["speedup_vs_autoregressive"] > 0
-        assert s["timed_runs"] == 3 and s["decode_tokens_per_second"] > 0
+        assert s["timed_runs"] == 3
+        # The tokens after the first over the time after the prefill; null when a loaded host
+        # times the prefill at least as long as this whole short run.
+        rest = s["run_s"] - report["prefill_s"]
+        assert s["decode_tokens_per_second"] == (
+            pytest.approx((s["new_tokens"] - 1) / rest) if rest > 0 else None)
     assert report["results"][1]["stats"]["draft_calls"] > 0
 
 
