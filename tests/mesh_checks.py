@@ -309,5 +309,8 @@ def test_training_splits_each_batch_over_data(tmp_path):
     lines.write_text("\n".join(prompts) + "\n")
     assert main(["train", "medusa", "--preset", "tiny-llama", "--prompts", str(lines),
                  "--out", str(out), "--held-out", "2", "--max-new-tokens", "8", "--steps", "2",
-                 "--batch", "4", "--heads", "2", "--mesh", "data=4"]) == 0
+                 "--batch", "4", "--heads", "2", "--mesh", "data=4",
+                 # Timing 16 trees' steps on 8 host devices took 3 minutes of this check; what
+                 # it checks is the split, and test_train times them on one device.
+                 "--verify-cost", "flat"]) == 0
     assert json.loads((out / "train_log.json").read_text())["tokens_per_target_call_t0"] >= 1

@@ -339,6 +339,18 @@ def test_stdin_prompt_colours_and_ctrl_c(generated, env):
 
 # -- In-process pieces --------------------------------------------------------------------------
 
+def test_the_test_workers_honour_the_suites_groups(request):
+    # The suite runs with --dist=loadgroup so that the tests of one xdist_group share a worker,
+    # and with it their session fixtures (such as `generated`, 1.5 minutes) and compiled
+    # programs. pytest 9 with pytest-xdist 3.8 dropped the groups without a word (each worker
+    # made the fixtures again), hence pyproject's pin; this fails if a version pair does so.
+    if getattr(request.config.option, "loadgroup", False):
+        assert request.node.nodeid.endswith("@cli"), request.node.nodeid
+    else:
+        assert "PYTEST_XDIST_WORKER" not in os.environ or request.config.getvalue("dist") != (
+            "loadgroup")
+
+
 def test_a_run_no_longer_than_its_prefill_reports_decode_as_na():
     # A tiny model's 16 tokens can take about as long as the prefill timed beside them (the
     # failure CI once hit): the summary keeps its decode field and says n/a, never a rate.
