@@ -344,11 +344,9 @@ def test_the_test_workers_honour_the_suites_groups(request):
     # and with it their session fixtures (such as `generated`, 1.5 minutes) and compiled
     # programs. pytest 9 with pytest-xdist 3.8 dropped the groups without a word (each worker
     # made the fixtures again), hence pyproject's pin; this fails if a version pair does so.
+    # Without --dist=loadgroup (`-n 0`) there are no groups to hold and nothing is asserted.
     if getattr(request.config.option, "loadgroup", False):
         assert request.node.nodeid.endswith("@cli"), request.node.nodeid
-    else:
-        assert "PYTEST_XDIST_WORKER" not in os.environ or request.config.getvalue("dist") != (
-            "loadgroup")
 
 
 def test_a_run_no_longer_than_its_prefill_reports_decode_as_na():
