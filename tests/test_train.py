@@ -22,6 +22,7 @@ import os
 import shutil
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -108,6 +109,21 @@ def test_the_trained_drafter_loads_and_clears_the_floor(target, trained):
     assert got.stats.tokens_per_target_call >= max(FLOOR, low + 1.0), (
         got.stats.tokens_per_target_call, low)
     assert log["tokens_per_target_call_t1"] > 1.0
+    # The model card: the command that made it, its format, the trees and the held-out
+    # evaluation measured above (the log's numbers, which generate reproduced).
+    card = (out / "README.md").read_text()
+    assert card.startswith("# drafter\n\nAn EAGLE-3 drafter (Li et al. 2025) for the target "
+                           f"`{WEIGHTS.resolve() / 'llama-target'}`")
+    made = f"python -m specjax train eagle3 --preset tiny-llama --prompts {PROMPTS} --out {out}"
+    assert made in card and "--steps 60 --batch 8" in card, card
+    assert f"--method eagle --drafter {out} " in card and "`--format eagle`" in card
+    assert ("EAGLE-2's dynamic tree (depth 4, top-k 4, 8 tokens) for greedy rows and a chain of "
+            "4 for sampled rows") in card
+    for t in (0, 1):
+        depths = ", ".join(f"{a:.3f}" for a in log[f"acceptance_by_position_t{t}"])
+        assert f"| {t} | {log[f'tokens_per_target_call_t{t}']:.3f} | {depths} |" in card
+    assert "| taps | 1, 2, 3 |" in card and "| draft_vocab | 1024 |" in card
+    assert log["host"]["cores"] >= 1 and f"jax {jax.__version__}" in card
 
 
 def test_a_resumed_run_gives_the_same_weights(target, tmp_path):
@@ -475,8 +491,8 @@ def test_builtin_sets_keep_the_held_out_questions_and_bench_prompts_out():
 # target call on the held-out prompts at temperature 0 with the dynamic tree the command writes
 # (measured here, in the test); after 75 steps (learning rate 4e-3) on the EAGLE-3 run's 64
 # continuations it made 3.08 (1.46 at temperature 1 on its chain of 4; 2-core AMD EPYC Zen 3
-# host, 2026-11-28), as 150 steps at 2e-3 did, in 25 s less. The test asks for at least EAGLE1_FLOOR, and at least 1.0 above the
-# untrained drafter.
+# host, 2026-11-28), as 150 steps at 2e-3 did, in 25 s less. The test asks for at least
+# EAGLE1_FLOOR, and at least 1.0 above the untrained drafter.
 EAGLE1_FLOOR = 2.5
 
 
@@ -524,8 +540,8 @@ def test_a_trained_eagle1_drafter_loads_in_the_eagle_layout_and_clears_the_floor
 # per target call on the held-out prompts at temperature 0 (measured in the test); after 80
 # steps (learning rate 6e-3) on the same 64 continuations as the EAGLE-3 run they made 2.44 on
 # a chain of the three heads and 2.84 on the 6-node tree searched (1.18 at temperature 1;
-# 2-core AMD EPYC Zen 3 host, 2026-11-28), as 150 steps at 3e-3 did on the tree, in 30 s less. The test asks for at least MEDUSA_FLOOR, and at least
-# 0.8 above the untrained heads.
+# 2-core AMD EPYC Zen 3 host, 2026-11-28), as 150 steps at 3e-3 did on the tree, in 30 s
+# less. The test asks for at least MEDUSA_FLOOR, and at least 0.8 above the untrained heads.
 MEDUSA_FLOOR = 2.0
 MEDUSA_ARGS = ["--held-out", "8", "--max-new-tokens", "32", "--steps", "80", "--batch", "8",
                "--learning-rate", "6e-3", "--warmup", "5", "--heads", "3",
@@ -561,6 +577,12 @@ def test_trained_medusa_heads_load_in_fasterdecodings_layout_and_clear_the_floor
     # The tree searched from the held-out rank accuracies (flat cost: the full 6 nodes), in
     # the config as medusa_choices, and the tree the heads decode with.
     assert config["medusa_choices"] == log["tree"]["paths"]
+    card = (out / "README.md").read_text()
+    assert card.startswith("# heads\n\n3 Medusa-1 heads (Cai et al. 2024)")
+    assert "`--format medusa`: FasterDecoding's" in card and f"--heads {out} " in card
+    assert (f"the 6-node tree searched from the heads' held-out rank accuracies "
+            f"({log['tree']['expected_tokens_per_call']} tokens per call expected)") in card
+    assert f"| 0 | {log['tokens_per_target_call_t0']:.3f} |" in card
     assert [list(p) for p in heads.tree.paths] == log["tree"]["paths"]
     assert heads.tree.size == 6 and log["tree"]["verify_cost"] is None
     assert medusa.best_tree(np.array(log["tree"]["rank_accuracy"]), 6)[0] == heads.tree
@@ -828,6 +850,11 @@ def test_a_trained_draft_model_loads_as_a_llama_checkpoint_and_clears_the_floor(
         target.config.vocab_size, target.config.bos_token_id, target.config.eos_token_ids)
     log = json.loads((out / "train_log.json").read_text())
     assert log["draft"]["parameters"] == 926_336
+    card = (out / "README.md").read_text()
+    assert card.startswith("# draft\n\nA draft model (a small Llama)")
+    assert f"--method speculative --draft {out} " in card
+    assert "| draft parameters | 926336 |" in card
+    assert f"| 1 | {log['tokens_per_target_call_t1']:.3f} |" in card
     ar = specjax.generate(target, held_out, max_new_tokens=32, temperature=0.0)
     got = specjax.generate(target, held_out, method="speculative", draft=model,
                            max_new_tokens=32, temperature=0.0)

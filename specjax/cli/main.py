@@ -41,6 +41,7 @@ EXIT_INTERRUPTED = 130
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)     # (the model cards give it)
     kernels_before = os.environ.get(KERNELS_ENV)
     if getattr(args, "no_kernels", False):
         # The one switch (`specjax.generate(kernels=)`), for every generate call of the command.

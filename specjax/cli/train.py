@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import json
 import shutil
 import time
@@ -48,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from specjax.api.generate import generate
+from specjax.bench.common import machine
 from specjax.io import chat as chat_template
 from specjax.heads.eagle import Drafter
 from specjax.io.checkpoint import load as load_checkpoint
@@ -61,7 +63,7 @@ from specjax.io.medusa import save_heads
 from specjax.io.sidecar import check_target, tree_to_json
 from specjax.model.transformer import count_params
 from specjax.io.published import HEADS_FORMATS
-from specjax.train import data, draft, eagle3, medusa
+from specjax.train import card, data, draft, eagle3, medusa
 from specjax.train import prompts as prompt_sets
 from specjax.train.state import StepProgress, on_mesh
 
@@ -628,7 +630,13 @@ def _progress(args, config, label: str, target, held_out, keyword: str,
 
 def _finish(out: Path, log: dict, target, held_out, args, **method) -> None:
     """The held-out evaluation (tokens per target call and acceptance by depth at temperature
-    0 and 1, on prompts never trained on) into the log, and the log into out/train_log.json."""
+    0 and 1, on prompts never trained on) into the log, with the machine and the version that
+    made it; the log into out/train_log.json, and the model card rendered from it into
+    out/README.md."""
+    host = machine(None)
+    log.update(specjax=_specjax_version(), host={
+        "cpu": host["cpu_model"], "cores": host["threads"], "device": host["device"],
+        "jax": host["jax_version"]})
     if held_out:
         for temperature in (0.0, 1.0):
             result = generate(target, held_out, **method, max_new_tokens=args.max_new_tokens,
@@ -641,7 +649,15 @@ def _finish(out: Path, log: dict, target, held_out, args, **method) -> None:
         print(f"held out: {log['tokens_per_target_call_t0']} tokens per target call at "
               f"temperature 0, {log['tokens_per_target_call_t1']} at 1", flush=True)
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    (out / "README.md").write_text(card.render(out, log, getattr(args, "argv", [])))
     print(out)
+
+
+def _specjax_version() -> str:
+    try:
+        return importlib.metadata.version("specjax")
+    except importlib.metadata.PackageNotFoundError:       # run from a checkout, not installed
+        return "(not installed)"
 
 
 def _mesh(args, config):
