@@ -21,10 +21,10 @@ or in --features DIR, resumable, or made first by `train features`). Training ch
 the weights an uninterrupted run gives. A progress bar on stderr shows the loss and, every
 --eval-every steps, the held-out tokens per target call. The result is written to --out in
 --format, with its held-out evaluation (tokens per target call and acceptance by depth at
-temperature 0 and 1 on the last --held-out prompts, never trained on) in --out/train_log.json.
-An EAGLE drafter is written with the trees it is evaluated with (--dynamic-tree for greedy
-rows, a chain of --sampled-chain for sampled ones), which `generate` then decodes with by
-default.
+temperature 0 and 1 on the last --held-out prompts, never trained on) in --out/train_log.json
+and its model card, rendered from that log, in --out/README.md. An EAGLE drafter is written
+with the trees it is evaluated with (--dynamic-tree for greedy rows, a chain of --sampled-chain
+for sampled ones), which `generate` then decodes with by default.
 --mesh data=N trains data-parallel on N devices.
 
 Prompts: a .jsonl file (each line a JSON string, {"prompt": text} or {"messages": [...]} in the
@@ -265,7 +265,9 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
                         help="continuations made by `train data` (its held-out prompts "
                              "evaluate the result)")
     p.add_argument("--chat", action="store_true", help="wrap plain prompts in the chat template")
-    p.add_argument("--out", required=True, metavar="DIR", help="where the result is written")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="where the result is written, with train_log.json and README.md (its "
+                        "model card)")
     p.add_argument("--work", metavar="DIR",
                    help="the run's data and checkpoints (default: OUT.work); resumes from it")
     p.add_argument("--held-out", type=int, default=8, metavar="N",
