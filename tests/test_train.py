@@ -370,6 +370,8 @@ def test_data_shards_resume_exactly_and_eagle3_trains_from_them(target, tmp_path
     assert log["tokens_per_target_call_t0"] >= 1.0
     treeless = specjax.load(out)                # a chain of k at T = 0; of 4 at T > 0
     assert (treeless.tree, treeless.sampled_tree) == (None, specjax.Tree.chain(4))
+    assert ("decoded with a chain of 4 for greedy rows and a chain of 4 for sampled rows"
+            in (out / "README.md").read_text())
     # The features' size is said before the pass, and they are the files on disk.
     said = next(line for line in capsys.readouterr().out.splitlines()
                 if line.startswith("features: 8 sequences"))
@@ -399,6 +401,13 @@ def test_data_shards_resume_exactly_and_eagle3_trains_from_them(target, tmp_path
                                                rel=1e-2)           # each rounded to 3 places
     best = max(rows, key=lambda row: row["speedup"])
     assert (loaded.tree, loaded.sampled_tree) == (specjax.DynamicTree(*best["tree"]), None)
+    card = (tmp_path / "variant" / "README.md").read_text()
+    assert "An EAGLE-1-style drafter in specjax's variant" in card
+    assert "dynamic tree (depth {}, top-k {}, {} tokens) at every temperature".format(
+        *best["tree"]) in card
+    for row in rows:
+        assert (f"| {', '.join(map(str, row['tree']))} | {row['tokens_per_call']} | "
+                f"{row['step_cost']} | {row['speedup']} |") in card
     # The evaluation decodes with the tree chosen, on the same prompts: the same count, exactly.
     assert log["tokens_per_target_call_t0"] == best["tokens_per_call"]
     capsys.readouterr()
@@ -779,6 +788,53 @@ def test_bad_medusa_requests_exit_2_with_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert code == 2 and len(err.splitlines()) == 1 and err.startswith("specjax: error: ")
         assert words in err, (words, err)
+
+
+def test_the_model_card_says_what_each_kind_of_run_made():
+    # The branches the end-to-end runs above do not take, on logs written here: a run that held
+    # out nothing, Medusa heads on a chain, specjax's EAGLE-1 variant with a tree search timed,
+    # a draft model, and a run on a GPU.
+    from specjax.train import card
+
+    base = {"target": "/models/t", "train_sequences": 1200, "held_out_prompts": 0,
+            "seconds": 300.0, "specjax": "0.1.0"}
+    quiet = card.render(Path("/out/heads"), {**base, "format": "medusa",
+                                             "config": {"heads": 4, "steps": 10}}, [])
+    assert quiet.startswith("# heads\n\n4 Medusa-1 heads (Cai et al. 2024) for the target "
+                            "`/models/t`, trained by `python -m specjax train` (specjax 0.1.0) "
+                            "in 5.0 min.")
+    assert quiet.endswith("## Held-out evaluation\n\nNone: the run held out no prompts.\n")
+    assert "1,200 sequences" in quiet and "| heads | 4 |" in quiet
+    measured = {"held_out_prompts": 2, "tokens_per_target_call_t0": 2.5,
+                "acceptance_by_position_t0": [0.75, None], "tokens_per_target_call_t1": 1.25,
+                "acceptance_by_position_t1": [0.5, 0.25]}
+    chain = card.render(Path("/out/heads"), {**base, **measured, "format": "medusa",
+                                             "config": {"heads": 2}}, [])
+    assert "decoded with a chain of one candidate per head:" in chain
+    assert "| 0 | 2.500 | 0.750, - |" in chain and "| 1 | 1.250 | 0.500, 0.250 |" in chain
+    search = [{"tree": [3, 2, 4], "tokens_per_call": 2.1, "step_cost": 1.3, "speedup": 1.615},
+              {"tree": [4, 4, 8], "tokens_per_call": 2.4, "step_cost": 2.0, "speedup": 1.2}]
+    variant = card.render(Path("/out/d"), {
+        **base, **measured, "format": "specjax", "kind": "eagle1", "taps": None,
+        "draft_vocab": 8192, "config": {"style": "specjax", "draft_vocab": 1024},
+        "tree": {"dynamic": [3, 2, 4]}, "sampled_tree": None, "tree_search": search,
+        "host": {"cpu": "Some CPU", "cores": 16, "device": "gpu (NVIDIA H100)", "jax": "0.10.2"}},
+        ["train", "eagle", "--out", "/out/d", "--prompts", "my prompts.txt"])
+    assert "An EAGLE-1-style drafter in specjax's variant" in variant
+    assert "on gpu (NVIDIA H100) (host: Some CPU, 16 cores), jax 0.10.2." in variant
+    assert "python -m specjax train eagle --out /out/d --prompts 'my prompts.txt'\n" in variant
+    assert "`--format specjax`: specjax's own layout" in variant
+    assert ("decoded with EAGLE-2's dynamic tree (depth 3, top-k 2, 4 tokens) at every "
+            "temperature") in variant
+    assert "| draft_vocab | 8192 |" in variant and "| draft_vocab | 1024 |" not in variant
+    assert "| 3, 2, 4 | 2.1 | 1.3 | 1.615 |\n| 4, 4, 8 | 2.4 | 2.0 | 1.2 |" in variant
+    model = card.render(Path("/out/small"), {
+        **base, **measured, "format": "hf", "config": {"layers": 2},
+        "draft": {"layers": 2, "parameters": 1000}}, [])
+    assert "A draft model (a small Llama)" in model and "--method speculative --draft " in model
+    assert "a chain of the draft's tokens (`--k` 4, the default)" in model
+    assert "any model with the target's tokenizer" in model
+    assert "| draft parameters | 1000 |" in model
 
 
 def test_the_progress_bar_rewrites_one_line_on_a_terminal():

@@ -115,13 +115,16 @@ def _trees(log: dict, method: str) -> str:
         return (f"decoded with the {len(tree['paths'])}-node tree searched from the heads' "
                 f"held-out rank accuracies ({tree['expected_tokens_per_call']} tokens per call "
                 f"expected), written into the config")
-    return (f"decoded with {_tree(log.get('tree'))} for greedy rows and "
-            f"{_tree(log.get('sampled_tree'))} for sampled rows, both written into the config")
+    greedy, sampled = log.get("tree"), log.get("sampled_tree")
+    if sampled is None:             # the greedy rows' tree (or chain) at every temperature
+        return f"decoded with {_tree(greedy)} at every temperature, written into the config"
+    return (f"decoded with {_tree(greedy)} for greedy rows and {_tree(sampled)} for sampled "
+            f"rows, both written into the config")
 
 
 def _tree(tree) -> str:
-    if tree is None:
-        return "a chain of `--k` drafts"
+    if tree is None:                # generate's default k
+        return "a chain of 4"
     if isinstance(tree, dict) and "dynamic" in tree:
         depth, top_k, total = tree["dynamic"]
         return f"EAGLE-2's dynamic tree (depth {depth}, top-k {top_k}, {total} tokens)"
