@@ -1,7 +1,8 @@
-"""Measurement: drafters (EAGLE) or heads (Medusa) for one target, side by side on the held-out
-prompts of a `train data` directory (or, with --questions, the 10 chat questions the cards
-report): tokens per target call and acceptance by depth at T = 0 and T = 1, each with its own
-default tree (`generate`'s default when it ships none) and each with the first one's tree.
+"""Measurement: drafters (EAGLE), heads (Medusa) or draft models for one target, side by side on
+the held-out prompts of a `train data` directory (or, with --questions, the 10 chat questions
+the cards report): tokens per target call and acceptance by depth at T = 0 and T = 1, each with
+its own default tree (`generate`'s default when it ships none) and each with the first one's
+tree; draft models (`--method speculative`) draft a chain of --k tokens.
 
     python scripts/compare_drafters.py --preset tiny-llama --data runs/tiny-data \
         --method eagle weights/llama-eagle runs/tiny-eagle --out runs/tiny-eagle-compare.json
@@ -40,11 +41,13 @@ def main() -> None:
                              "(specjax.train.prompts.EVAL_QUESTIONS), in the chat template")
     parser.add_argument("--held-out", type=int, default=None,
                         help="the first N held-out prompts (default: all)")
-    parser.add_argument("--method", choices=("eagle", "medusa"), required=True)
+    parser.add_argument("--method", choices=("eagle", "medusa", "speculative"), required=True)
+    parser.add_argument("--k", type=int, default=4, help="speculative: the draft's chain")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="results.json")
-    parser.add_argument("drafters", nargs="+", help="drafter (eagle) or heads (medusa) dirs")
+    parser.add_argument("drafters", nargs="+",
+                        help="drafter (eagle), heads (medusa) or draft model (speculative) dirs")
     args = parser.parse_args()
     args.draft = None
     target_path, _, _ = model_paths(args, want_draft=False)
@@ -54,21 +57,22 @@ def main() -> None:
     else:
         _, prompts = data.read(args.data, target)
     prompts = prompts[:args.held_out] if args.held_out is not None else prompts
-    keyword = "drafter" if args.method == "eagle" else "heads"
+    keyword = {"eagle": "drafter", "medusa": "heads", "speculative": "draft"}[args.method]
+    options = {"k": args.k} if args.method == "speculative" else {}
     models = [specjax.load(d) for d in args.drafters]
-    first_tree = models[0].tree
+    first_tree = getattr(models[0], "tree", None)     # a draft model has none
     results = {"target": str(target_path), "data": args.data or "EVAL_QUESTIONS",
                "prompts": len(prompts),
                "method": args.method, "max_new_tokens": args.max_new_tokens,
-               "seed": args.seed, "rows": []}
+               "seed": args.seed, **options, "rows": []}
     started = time.time()
     for name, model in zip(args.drafters, models):
-        trees = [("own", model.tree)] + ([("first's", first_tree)]
-                                         if model.tree != first_tree else [])
+        own = getattr(model, "tree", None)
+        trees = [("own", own)] + ([("first's", first_tree)] if own != first_tree else [])
         for label, tree in trees:
             for temperature in (0.0, 1.0):
                 r = specjax.generate(target, prompts, method=args.method, **{keyword: model},
-                                     tree=tree, max_new_tokens=args.max_new_tokens,
+                                     tree=tree, max_new_tokens=args.max_new_tokens, **options,
                                      temperature=temperature, seed=args.seed)
                 row = {"drafter": name, "tree": label, "temperature": temperature,
                        "tree_shape": describe(tree),

@@ -1,4 +1,8 @@
-"""Trains the small checkpoints shipped in weights/ (and their tokenizer), then measures them.
+"""Trains the tiny checkpoints shipped in weights/ and their tokenizer, then measures them.
+
+The tiny pairs train on the Python standard library's source, with a tokenizer trained on it:
+the corpus and tokenizer training that `python -m specjax train` does not do (it trains drafters
+for a target that exists).
 
     python scripts/train.py tokenizer --out runs/tokenizer.json
     python scripts/train.py model --arch llama --layers 2 --d-model 128 ... --out weights/llama-draft
@@ -13,21 +17,10 @@ directory), on its own tokenizer, with its embeddings and its answers to chat pr
         --init-embeddings-from smollm2 --extra-corpus runs/distill/smollm2.npz --out weights/smollm2-draft
     python scripts/train.py evaluate-draft --draft weights/smollm2-draft --target smollm2
 
-and Medusa heads for a frozen target (scripts/_medusa_heads.py):
-
-    python scripts/train.py medusa-data --target smollm2 --out runs/medusa/smollm2
-    python scripts/train.py medusa --data runs/medusa/smollm2 --target smollm2 --out weights/smollm2-medusa
-
-and EAGLE drafters on the same kind of data, its sequences kept in data/eagle/ (scripts/_eagle.py):
-
-    python scripts/train.py eagle-features --sequences data/eagle/smollm2.npz --target smollm2 \
-        --out runs/eagle/smollm2-features
-    python scripts/train.py eagle --data runs/eagle/smollm2-features --target smollm2 --out weights/smollm2-eagle
-
-and the larger EAGLE data set, greedy and sampled continuations in resumable shards kept in
-data/eagle2/ (scripts/_eagle_data.py; `eagle-features` reads the shard directory):
-
-    python scripts/train.py eagle-data --target smollm2 --out data/eagle2/smollm2
+The shipped EAGLE drafters and Medusa heads are made by `python -m specjax train` now: their
+cards give the commands, and what each remade gives next to the shipped weights. This script's
+recipes that first made them, and data/eagle2 (which `train data --import` reads), were retired
+after git commit 3dd0334 (`git checkout 3dd0334 -- scripts` restores them).
 
 The data is the standard library of the running Python (see scripts/_corpus.py). Everything is
 seeded: the same command on the same Python and library versions gives the same weights.
@@ -48,12 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The stages, one module each: the corpus and tokenizer, training, generated data, evaluation
 # and the model cards (scripts/cards/*.md are the cards' templates).
 import _corpus  # noqa: E402
-from _eagle import add_commands as add_eagle_commands  # noqa: E402
-from _eagle import write_index as write_eagle_index  # noqa: E402
-from _eagle_data import add_commands as add_eagle_data_commands  # noqa: E402
+from _cards import write_index  # noqa: E402
 from _evaluation import evaluate_draft, evaluate_pair  # noqa: E402
 from _generated import distill_data  # noqa: E402
-from _medusa_heads import add_commands as add_medusa_commands  # noqa: E402
 from _training import train_model  # noqa: E402
 
 DEFAULT_TOKENIZER = _corpus.REPO / "runs" / "tokenizer.json"
@@ -155,11 +145,7 @@ def main(argv=None) -> None:
     p.set_defaults(func=evaluate_draft)
 
     p = sub.add_parser("index", help="write weights/README.md from the checkpoints' records")
-    p.set_defaults(func=write_eagle_index)
-
-    add_medusa_commands(sub)
-    add_eagle_commands(sub)
-    add_eagle_data_commands(sub)
+    p.set_defaults(func=write_index)
 
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
