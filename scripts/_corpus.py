@@ -19,14 +19,14 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-import sysconfig
 from pathlib import Path
 
 import numpy as np
 
 # The documents, their split and the code prompts live in the package (`train data --prompts
 # builtin:code`); the tokenizer and the tokenized corpus of the tiny checkpoints stay here.
-from specjax.train.stdlib import code_prompts, documents, is_validation, stdlib_root  # noqa: F401
+from specjax.train.stdlib import (  # noqa: F401
+    EXCLUDED_DIRS, HOLDOUT_MODULUS, code_prompts, documents, is_validation, stdlib_root)
 
 EOT = "<|endoftext|>"
 EOT_ID = 0
