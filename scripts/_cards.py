@@ -5,8 +5,8 @@ config.json and train_log.json (the drafters' part of it is written by hand: `HA
 The prose is in Markdown templates under scripts/cards/, with `$name` placeholders filled by
 `string.Template` (braces are plain text there); this module computes the values and puts the
 sections together. A template that fills part of a line or paragraph (a "fragment") is used
-without its file's final newline. `train.py model`, `evaluate` and `evaluate-draft` rewrite the
-cards of the checkpoints they touch; `train.py index` writes the index.
+without its file's final newline. `train.py model` and `evaluate` rewrite the cards of the
+checkpoints they touch; `train.py index` writes the index.
 
 This module also holds `flops_per_token`, which the cards state and which training and
 evaluation record as draft/target cost ratios: it sits here, below both, so that neither
@@ -53,8 +53,6 @@ def write_card(directory: Path) -> None:
     import specjax
 
     record = json.loads((directory / "train_log.json").read_text())
-    if "target" in record:
-        return write_distilled_card(directory, record)
     config = specjax.ModelConfig.from_file(directory / "config.json")
     data, machine, hp = record["data"], record["machine"], record["hyperparameters"]
     name = directory.name
@@ -138,148 +136,7 @@ def write_card(directory: Path) -> None:
     (directory / "README.md").write_text(text)
 
 
-# -- The card of a draft for a real target (cards/distilled.md) ---------------------------------
-
-def write_distilled_card(directory: Path, record: dict) -> None:
-    """The card of a draft trained for a real target (`--tokenizer-from`, `--extra-corpus`)."""
-    import specjax
-
-    config = specjax.ModelConfig.from_file(directory / "config.json")
-    data, extra, machine, hp = record["data"], record["extra"], record["machine"], record["hyperparameters"]
-    name, target = directory.name, record["target"]
-    ev = record.get("evaluation")
-    model_mb = (directory / "model.safetensors").stat().st_size / 2 ** 20
-    dir_mb = sum(f.stat().st_size for f in directory.iterdir()) / 2 ** 20
-    tokens = record["tokens_seen"]
-    extra_share = record["extra_windows_per_batch"] / hp["batch"]
-    extra_seen = round(tokens * extra_share)
-    shaped = (" " + fragment("distilled-shaped-prompts.md", shaped_prompts=extra["shaped_prompts"],
-                             code_new_tokens=extra["code_new_tokens"])
-              if extra.get("shaped_prompts") else "")
-    train_min, gen_min = record["train_seconds"] / 60, extra["seconds"] / 60
-    if ev:
-        rows = []
-        for r in ev["table"]:
-            rows.append(f"| {r['prompts']} | {r['temperature']:g} | {r['k']} | "
-                        f"**{r['acceptance_rate']:.3f}** | {r['tokens_per_target_call']:.2f} | "
-                        f"{r['flops_speedup']:.2f}x |")
-        exact = ev["greedy_equals_autoregressive"]
-        sp = ev["speed"]
-        ks = [str(k) for k in sp["ks"]]
-        speed_rows = "\n".join(
-            f"| {e['prompt'] + 1} | {e['autoregressive_tok_s']:.1f} | "
-            + " | ".join(f"{e['speculative'][k]['tok_s']:.1f} | **{e['speculative'][k]['speedup']:.2f}x** | "
-                         f"{e['speculative'][k]['tokens_per_target_call']:.2f}" for k in ks)
-            + f" | {e['measured_cost_ratio']:.3f} |" for e in sp["per_prompt"])
-        speed_head = ("| code prompt | autoregressive tok/s | "
-                      + " | ".join(f"K={k}: tok/s | speedup | tokens per target call" for k in ks)
-                      + " | draft/target time per token |")
-        speed_rule = "|---|---|" + "---|---|---|" * len(ks) + "---|"
-        medians = ", ".join(f"**{sp['speedup_median'][k]:.2f}x** at K={k}" for k in ks)
-        nl = "\n"
-        evaluation = fragment(
-            "distilled-evaluation.md", new_tokens=ev["new_tokens"], seed=ev["seed"],
-            code_rows=ev["table"][0]["rows"], prompt_tokens_code=ev["prompt_tokens_code"],
-            chat_questions=len(ev["chat_questions"]), rows=nl.join(rows),
-            cost_ratio_flops=f"{ev['cost_ratio_flops']:.3f}",
-            greedy_exact=("yes, for all " + str(len(exact)) + " (prompts, K) runs"
-                          if all(exact.values()) else "NO: " + str(exact)),
-            cpu_count=ev["machine"]["cpu_count"], load_before=sp["load_average"][0],
-            load_after=sp["load_average"][1], speed_prompts=sp["prompts"], runs=sp["runs"],
-            speed_head=speed_head, speed_rule=speed_rule, speed_rows=speed_rows,
-            medians=medians, command=ev["command"])
-    else:
-        evaluation = (f"Not measured yet: `python scripts/train.py evaluate-draft --draft "
-                      f"weights/{name} --target {target}`.")
-    summary = "see the table"
-    if ev:
-        best = {(r["prompts"], r["temperature"], r["k"]): r["tokens_per_target_call"] for r in ev["table"]}
-        summary = (f"{best.get(('code', 0.0, 4), float('nan')):.2f} tokens per target call on code and "
-                   f"{best.get(('chat', 0.0, 4), float('nan')):.2f} on chat, greedy, K=4")
-    if hp.get("teacher"):
-        objective = (f"Cross-entropy against the target's full next-token distribution (weight "
-                     f"{hp['distill_weight']:g}) mixed with next-token cross-entropy, the target's "
-                     f"forward pass inside each training step")
-        objective_note = ""
-    else:
-        objective = "Next-token cross-entropy"
-        objective_note = " " + fragment("distilled-no-logit-distillation.md")
-    commands = ["python -m specjax fetch smollm2", extra["command"], record["command"]]
-    if ev:
-        commands.append(ev["command"])
-    nl = "\n"
-    text = render(
-        "distilled.md", name=name, target=target, n_layers=config.n_layers,
-        d_model=config.d_model, total_minutes=f"{train_min + gen_min:.0f}", summary=summary,
-        rope_theta=f"{config.rope_theta:g}", n_heads=config.n_heads, head_dim=config.head_dim,
-        d_ff=config.d_ff, context=hp["context"], max_positions=config.max_positions,
-        vocab_size=config.vocab_size, bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_ids[0], parameters=f"{record['parameters']:,}",
-        embedding_parameters=f"{config.vocab_size * config.d_model:,}",
-        target_parameters=f"{record['target_parameters']:,}",
-        flops_per_token=f"{flops_per_token(config):,}",
-        cost_ratio_flops=f"{record['cost_ratio_flops']:.3f}", model_mb=f"{model_mb:.1f}",
-        dir_mb=f"{dir_mb:.1f}",
-        lm_head_share=f"{config.vocab_size * config.d_model / (flops_per_token(config) / 2):.0%}",
-        init_embeddings_kept=f"{record['init_embeddings_kept']:.0%}",
-        init_embeddings_std=hp["init_embeddings_std"], seed=hp["seed"], python=data["python"],
-        train_tokens=f"{data['train_tokens']:,}",
-        validation_tokens=f"{data['validation_tokens']:,}",
-        validation_files=len(data["validation_files"]), chat_prompts=extra["chat_prompts"],
-        chat_new_tokens=extra["chat_new_tokens"], code_prompts=extra["code_prompts"],
-        code_prompt_len=extra["code_prompt_len"], code_new_tokens=extra["code_new_tokens"],
-        shaped=shaped, generated_tokens=f"{extra['generated_tokens']:,}",
-        extra_train_tokens=f"{extra['train_tokens']:,}",
-        extra_validation_tokens=f"{extra['validation_tokens']:,}",
-        validation_every=extra["validation_every"], generation_minutes=f"{gen_min:.1f}",
-        batch=hp["batch"], extra_windows_per_batch=record["extra_windows_per_batch"],
-        objective=objective, weight_decay=hp["weight_decay"], lr=hp["lr"],
-        warmup=hp["warmup"], clip=hp["clip"], objective_note=objective_note,
-        steps_done=record["steps_done"], tokens_seen=f"{tokens:,}",
-        stdlib_seen=f"{tokens - extra_seen:,}",
-        stdlib_epochs=f"{(tokens - extra_seen) / data['train_tokens']:.2f}",
-        extra_seen=f"{extra_seen:,}", extra_epochs=f"{extra_seen / extra['train_tokens']:.1f}",
-        train_minutes=f"{train_min:.1f}", platform=machine["platform"],
-        cpu_count=machine["cpu_count"], jax=machine["jax"], backend=machine["backend"],
-        final_train_loss=f"{record['final_train_loss']:.3f}",
-        val_loss=f"{record['val_loss']:.3f}", val_perplexity=f"{record['val_perplexity']:.1f}",
-        val_tokens=f"{record['val_tokens']:,}", val_loss_extra=f"{record['val_loss_extra']:.3f}",
-        val_loss_float32=f"{record['val_loss_float32']:.4f}", evaluation=evaluation,
-        commands=nl.join(commands))
-    (directory / "README.md").write_text(text)
-
-
-# -- The index (cards/index.md, cards/index-real-drafts.md) -------------------------------------
-
-DRAFTS_FOR_REAL_MODELS = ("smollm2-draft",)
-
-
-def real_model_drafts_section() -> str:
-    """The index's section on drafts trained for fetched targets (empty when there are none)."""
-    rows, commands = [], []
-    for name in DRAFTS_FOR_REAL_MODELS:
-        d = WEIGHTS / name
-        if not (d / "train_log.json").exists():
-            continue
-        r = json.loads((d / "train_log.json").read_text())
-        hp, ev = r["hyperparameters"], r.get("evaluation", {})
-        rate = {(e["prompts"], e["temperature"], e["k"]): e["acceptance_rate"]
-                for e in ev.get("table", [])}
-        size = (d / "model.safetensors").stat().st_size / 2 ** 20
-        calls = {(e["prompts"], e["temperature"], e["k"]): e["tokens_per_target_call"]
-                 for e in ev.get("table", [])}
-        cells = " | ".join(f"{rate.get((p, t, 4), float('nan')):.3f} ({calls.get((p, t, 4), float('nan')):.2f})"
-                           for p in ("code", "chat") for t in (0.0, 1.0))
-        speedup = ev.get("speed", {}).get("speedup_median", {}).get("4", float("nan"))
-        rows.append(f"| [`{name}`]({name}/) | {r['target']} | llama {hp['layers']}L d{hp['d_model']} tied | "
-                    f"{r['parameters'] / 1e6:.2f} M | {r['cost_ratio_flops']:.3f} | {cells} | "
-                    f"{speedup:.2f}x | {size:.1f} MB |")
-        commands += [r["extra"]["command"], r["command"]] + ([ev["command"]] if ev else [])
-    if not rows:
-        return ""
-    nl = "\n"
-    return "\n" + render("index-real-drafts.md", rows=nl.join(rows), commands=nl.join(commands))
-
+# -- The index (cards/index.md) ----------------------------------------------------------------
 
 def write_index(args) -> None:
     rows = []
@@ -307,17 +164,17 @@ def write_index(args) -> None:
                  "python scripts/train.py evaluate --draft weights/gpt2-draft --target weights/gpt2-target",
                  "python scripts/train.py index"]
     nl = "\n"
-    real = real_model_drafts_section()
     python = (json.loads((WEIGHTS / "llama-draft" / "train_log.json").read_text())["data"]["python"]
               if (WEIGHTS / "llama-draft" / "train_log.json").exists() else "3.11")
     text = (render("index.md", rows=nl.join(rows), python=python, commands=nl.join(commands))
-            + real + hand_kept())
+            + hand_kept())
     (WEIGHTS / "README.md").write_text(text)
     print((WEIGHTS / "README.md").read_text())
 
 
-# The Medusa heads' and EAGLE drafters' sections of weights/README.md: those are made by
-# `python -m specjax train` now, and their sections are written by hand below this line.
+# The sections of weights/README.md on the drafters for a target (the SmolLM2 draft, Medusa
+# heads, EAGLE drafters): those are made by `python -m specjax train` now, and their sections
+# are written by hand below this line.
 HAND_KEPT = ("<!-- Written by hand from here on: `python scripts/train.py index` rewrites only the "
              "part above. -->")
 

@@ -1,16 +1,13 @@
-"""Evaluation: the `evaluate` and `evaluate-draft` stages of scripts/train.py.
+"""Evaluation: the `evaluate` stage of scripts/train.py.
 
 `evaluate` measures the greedy acceptance rate of a shipped draft/target pair with
-`specjax.generate`, cross-checked by `greedy_speculative`, a cache-free reference written here;
-`evaluate-draft` measures the acceptance table and wall-clock speed of a draft for a fetched
-target. Both add their results to train_log.json and rewrite the cards (scripts/_cards.py).
+`specjax.generate`, cross-checked by `greedy_speculative`, a cache-free reference written here,
+adds it to both train_log.json files and rewrites the cards (scripts/_cards.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import platform
 import shlex
 import time
 from pathlib import Path
@@ -18,7 +15,7 @@ from pathlib import Path
 import _corpus
 import numpy as np
 from _cards import flops_per_token, write_card
-from _training import resolve_checkpoint, windows_at
+from _training import windows_at
 
 
 def evaluate_pair(args) -> None:
@@ -67,96 +64,6 @@ def evaluate_pair(args) -> None:
         record["speculative"] = result
         log_file.write_text(json.dumps(record, indent=1) + "\n")
         write_card(Path(directory))
-
-
-def evaluate_draft(args) -> None:
-    """Acceptance of a draft for a fetched target, on held-out code and chat prompts, for each K
-    and temperature; and the wall-clock speed of speculative against autoregressive decoding."""
-    import statistics
-
-    import specjax
-
-    draft = specjax.load(args.draft)
-    directory = resolve_checkpoint(args.target)
-    target = specjax.load(directory)
-    data = _corpus.corpus(directory / "tokenizer.json")
-    code = eval_prompts(data["validation"], args.prompts, args.prompt_len).tolist()
-    chat = [target.tokenizer.encode(_corpus.chatml(q)).ids for q in _corpus.EVAL_QUESTIONS]
-    # Code runs to max_new_tokens (eos_ids=()); a chat answer ends at the target's <|im_end|>.
-    sets = {"code": (code, ()), "chat": (chat[:args.prompts], None)}
-    ratio = flops_per_token(draft.config) / flops_per_token(target.config)
-    n = args.new_tokens
-    table, exact = [], {}
-    load = [os.getloadavg()[0]]
-    for name, (prompts, eos) in sets.items():
-        greedy = specjax.generate(target, prompts, max_new_tokens=n, temperature=0.0, eos_ids=eos)
-        for temperature in args.temperatures:
-            for k in args.ks:
-                t0 = time.time()
-                out = specjax.generate(target, prompts, method="speculative", draft=draft, k=k,
-                                       max_new_tokens=n, temperature=temperature, seed=args.seed,
-                                       eos_ids=eos)
-                st = out.stats
-                if temperature == 0:
-                    exact[f"{name} K={k}"] = out.tokens == greedy.tokens
-                table.append({"prompts": name, "rows": len(prompts), "temperature": temperature,
-                              "k": k, "drafted": st.drafted, "accepted": st.accepted,
-                              "acceptance_rate": round(st.acceptance_rate, 4),
-                              "new_tokens": st.new_tokens, "target_calls": st.target_calls,
-                              "tokens_per_target_call": round(st.tokens_per_target_call, 3),
-                              # target calls saved, less the drafts' cost by FLOPs
-                              "flops_speedup": round(st.tokens_per_target_call / (1 + k * ratio), 3)})
-                print(f"{name:4s} T={temperature:g} K={k}: acceptance {st.acceptance_rate:.3f}, "
-                      f"{st.tokens_per_target_call:.2f} tokens/target call "
-                      f"({time.time() - t0:.0f} s)", flush=True)
-    if not all(exact.values()):
-        print(f"WARNING: greedy speculative differs from greedy autoregressive: {exact}", flush=True)
-
-    # Wall clock, batch of one prompt, compile excluded (stats.run_s), median of --runs.
-    def median_run_s(model, prompt, **kwargs):
-        specjax.generate(model, [prompt], max_new_tokens=n, temperature=0.0, eos_ids=(), **kwargs)
-        runs = [specjax.generate(model, [prompt], max_new_tokens=n, temperature=0.0, eos_ids=(),
-                                 **kwargs) for _ in range(args.runs)]
-        return statistics.median(r.stats.run_s for r in runs), runs[0].stats
-
-    speed = []
-    picks = np.linspace(0, len(code) - 1, args.speed_prompts).round().astype(int)
-    for i in picks:          # spread over the code prompts, as the prompts over the files
-        ar_s, _ = median_run_s(target, code[i])
-        # The draft alone, autoregressive: its measured cost per token against the target's.
-        draft_s, _ = median_run_s(draft, code[i])
-        entry = {"prompt": int(i), "autoregressive_tok_s": round(n / ar_s, 2),
-                 "draft_alone_tok_s": round(n / draft_s, 1),
-                 "measured_cost_ratio": round(draft_s / ar_s, 4), "speculative": {}}
-        for k in args.speed_ks:
-            spec_s, st = median_run_s(target, code[i], method="speculative", draft=draft, k=k)
-            entry["speculative"][str(k)] = {
-                "tok_s": round(n / spec_s, 2), "speedup": round(ar_s / spec_s, 3),
-                "acceptance_rate": round(st.acceptance_rate, 4),
-                "tokens_per_target_call": round(st.tokens_per_target_call, 3)}
-        speed.append(entry)
-        print(f"speed: {entry}", flush=True)
-    load.append(os.getloadavg()[0])
-    result = {
-        "target": args.target, "draft": Path(args.draft).name, "new_tokens": n,
-        "prompt_tokens_code": args.prompt_len, "seed": args.seed,
-        "chat_questions": _corpus.EVAL_QUESTIONS[:args.prompts],
-        "cost_ratio_flops": round(ratio, 4), "table": table,
-        "greedy_equals_autoregressive": exact,
-        "speed": {"ks": args.speed_ks, "prompts": len(speed), "runs": args.runs, "per_prompt": speed,
-                  "speedup_median": {str(k): round(statistics.median(
-                      e["speculative"][str(k)]["speedup"] for e in speed), 3) for k in args.speed_ks},
-                  "load_average": [round(x, 2) for x in load]},
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
-        "command": shlex.join(["python", "scripts/train.py", "evaluate-draft", "--draft",
-                               f"weights/{Path(args.draft).name}", "--target", args.target]),
-    }
-    print(json.dumps(result, indent=1))
-    log_file = Path(args.draft) / "train_log.json"
-    record = json.loads(log_file.read_text())
-    record["evaluation"] = result
-    log_file.write_text(json.dumps(record, indent=1) + "\n")
-    write_card(Path(args.draft))
 
 
 def library_generate():

@@ -1,12 +1,9 @@
 """Model training: the `model` stage of scripts/train.py.
 
-The model's config (its own, or sized for the vocabulary of a `--tokenizer-from` checkpoint),
-its initialisation (GPT-2 style, optionally with a checkpoint's embeddings by PCA), the
-next-token and distillation losses, the optimizer, the training windows, the extra corpus
-written by `distill-data` (scripts/_generated.py), and `train_model`, which trains, validates,
-saves the checkpoint with its train_log.json and writes its card (scripts/_cards.py). Also the
-helpers that data generation and evaluation share with it: `resolve_checkpoint`, `windows_at`,
-`tokenizer_digest`.
+The model's config, its initialisation (GPT-2 style), the next-token and distillation losses,
+the optimizer, the training windows, and `train_model`, which trains, validates, saves the
+checkpoint with its train_log.json and writes its card (scripts/_cards.py). Also the helpers
+that evaluation shares with it: `resolve_checkpoint`, `windows_at`.
 """
 
 from __future__ import annotations
@@ -16,13 +13,12 @@ import math
 import os
 import platform
 import shlex
-import shutil
 import time
 from pathlib import Path
 
 import _corpus
 import numpy as np
-from _cards import flops_per_token, write_card
+from _cards import write_card
 
 VAL_WINDOWS = 128
 
@@ -49,16 +45,12 @@ def resolve_checkpoint(name_or_dir: str) -> Path:
                      f"{sorted(CHECKPOINTS)}")
 
 
-def build_config(args, vocab_size: int, source=None):
-    """The config of the model to train; `source` (the config of --tokenizer-from) supplies the
-    vocabulary size and the BOS/EOS ids, so the draft uses the target's token ids."""
+def build_config(args, vocab_size: int):
+    """The config of the model to train."""
     from specjax import ModelConfig
 
     head_dim = args.d_model // args.heads
     special = dict(bos_token_id=_corpus.EOT_ID, eos_token_ids=(_corpus.EOT_ID,))
-    if source is not None:
-        vocab_size = source.vocab_size
-        special = dict(bos_token_id=source.bos_token_id, eos_token_ids=source.eos_token_ids)
     common = dict(vocab_size=vocab_size, d_model=args.d_model, n_layers=args.layers,
                   n_heads=args.heads, head_dim=head_dim, d_ff=args.d_ff,
                   max_positions=args.max_positions or args.context, **special)
@@ -67,47 +59,8 @@ def build_config(args, vocab_size: int, source=None):
                            activation="gelu_tanh", tie_embeddings=True, qkv_bias=True,
                            out_bias=True, mlp_bias=True, model_type="gpt2", **common)
     return ModelConfig(arch="llama", n_kv_heads=args.kv_heads or args.heads, norm_eps=1e-5,
-                       activation="silu", tie_embeddings=args.tie_embeddings,
+                       activation="silu", tie_embeddings=False,
                        rope_theta=10000.0, model_type="llama", **common)
-
-
-def specjax_load_config(directory: Path):
-    from specjax import ModelConfig
-
-    return ModelConfig.from_file(directory / "config.json")
-
-
-def target_parameters(directory: Path) -> int:
-    from safetensors import safe_open
-
-    with safe_open(str(directory / "model.safetensors"), "np") as f:
-        return int(sum(np.prod(f.get_slice(k).get_shape()) for k in f.keys()))
-
-
-def pca_embeddings(directory: Path, d_model: int, std: float) -> tuple[np.ndarray, float]:
-    """The token embeddings E [V, D_big] of the checkpoint in `directory`, projected onto their
-    top `d_model` principal axes and rescaled to entries of standard deviation `std`; and the
-    share of E's variance that the projection keeps.
-
-    The projection (E - mean) V_d [V, D] keeps the differences between tokens, which are what a
-    tied LM head turns into logits (a row shared by all tokens shifts every logit equally). The
-    rescaling matters: E's own scale (entries of about 0.14, rows of norm about 3 in SmolLM2),
-    with the draft's unit-RMS hidden states, gives logits in the tens and an initial loss near
-    30 nats; at `std` 0.02, the usual initialisation scale, training starts below ln V.
-    """
-    import specjax
-
-    embed = np.asarray(specjax.load(directory).params["embed"], np.float64)   # [V, D_big]
-    if d_model > embed.shape[1]:
-        raise SystemExit(f"--d-model {d_model} exceeds the width {embed.shape[1]} of {directory}")
-    centered = embed - embed.mean(axis=0)
-    eigenvalues, eigenvectors = np.linalg.eigh(centered.T @ centered)       # ascending
-    axes = eigenvectors[:, ::-1][:, :d_model]                              # [D_big, D]
-    kept = eigenvalues[::-1][:d_model].sum() / eigenvalues.sum()
-    projected = centered @ axes                                            # [V, D]
-    print(f"embeddings from {directory}: top {d_model} of {embed.shape[1]} principal axes keep "
-          f"{kept:.1%} of the variance", flush=True)
-    return (projected * (std / projected.std())).astype(np.float32), float(kept)
 
 
 def init(config, seed: int):
@@ -225,38 +178,20 @@ def train_model(args) -> None:
     from specjax.model.transformer import count_params
 
     started = time.time()
-    source = source_config = None
-    if args.tokenizer_from:
-        source = resolve_checkpoint(args.tokenizer_from)
-        args.tokenizer = source / "tokenizer.json"
-        source_config = specjax_load_config(source)
     tokenizer = Tokenizer.from_file(str(args.tokenizer))
     data = _corpus.corpus(args.tokenizer)
     train_tokens, context = data["train"], args.context
-    config = build_config(args, tokenizer.get_vocab_size(with_added_tokens=True), source_config)
+    config = build_config(args, tokenizer.get_vocab_size(with_added_tokens=True))
     params = init(config, args.seed)
-    kept = None
-    if args.init_embeddings_from:
-        embed, kept = pca_embeddings(resolve_checkpoint(args.init_embeddings_from), config.d_model,
-                                     args.init_embeddings_std)
-        params["embed"] = jnp.asarray(embed)
     n_params = count_params(params)
-    extra = load_extra_corpus(args.extra_corpus, args.tokenizer) if args.extra_corpus else None
-    n_extra = round(args.batch * args.extra_fraction) if extra else 0
     print(f"{args.out}: {config.arch}, {n_params:,} parameters, "
-          f"{train_tokens.size:,} training tokens"
-          + (f", {extra['train'].size:,} extra tokens ({n_extra} of {args.batch} windows per "
-             f"batch)" if extra else ""), flush=True)
+          f"{train_tokens.size:,} training tokens", flush=True)
 
     rng = np.random.default_rng(args.seed)
 
     def next_batch():
-        starts = rng.integers(0, train_tokens.size - context - 1, size=args.batch - n_extra)
-        windows = windows_at(train_tokens, starts, context + 1)
-        if n_extra:
-            starts = rng.integers(0, extra["train"].size - context - 1, size=n_extra)
-            windows = np.concatenate([windows, windows_at(extra["train"], starts, context + 1)])
-        return jnp.asarray(windows)
+        starts = rng.integers(0, train_tokens.size - context - 1, size=args.batch)
+        return jnp.asarray(windows_at(train_tokens, starts, context + 1))
 
     teacher_params = teacher_config = None
     if args.teacher:
@@ -313,20 +248,10 @@ def train_model(args) -> None:
     final_train = float(np.mean([e["loss"] for e in log[-5:]]))
     print(f"validation loss {val_loss:.4f} (float32 {val_loss32:.4f}), "
           f"perplexity {math.exp(val_loss):.2f}", flush=True)
-    val_extra = None
-    if extra is not None:
-        val_extra = evaluate_loss(params16, config, validation_windows(extra["validation"], context))
-        print(f"validation loss on held-out extra documents {val_extra:.4f}", flush=True)
 
     out = Path(args.out)
     save(Model(config, params, tokenizer), out, dtype="float16")
-    if source is not None:
-        # The target's own tokenizer files: the chat template, special tokens and EOS travel too.
-        for name in ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
-            if (source / name).exists():
-                shutil.copyfile(source / name, out / name)
-    else:
-        (out / "tokenizer_config.json").write_text(json.dumps(_corpus.tokenizer_config(), indent=2) + "\n")
+    (out / "tokenizer_config.json").write_text(json.dumps(_corpus.tokenizer_config(), indent=2) + "\n")
     meta = data["meta"]
     record = {
         "name": out.name,
@@ -342,12 +267,6 @@ def train_model(args) -> None:
         "val_perplexity": round(math.exp(val_loss), 3),
         "val_tokens": int(val.shape[0] * context),
         "data": {k: v for k, v in meta.items() if k != "stdlib"},
-        **({"target": args.tokenizer_from, "init_embeddings_from": args.init_embeddings_from,
-            "init_embeddings_kept": kept,
-            "extra": extra["meta"], "extra_windows_per_batch": n_extra,
-            "val_loss_extra": round(val_extra, 4), "target_parameters": target_parameters(source),
-            "cost_ratio_flops": round(flops_per_token(config) / flops_per_token(source_config), 4)}
-           if source is not None and extra else {}),
         "machine": {"platform": platform.platform(), "processor": platform.processor() or
                     platform.machine(), "cpu_count": os.cpu_count(),
                     "jax": jax.__version__, "backend": jax.default_backend(),
@@ -390,15 +309,6 @@ def regenerate_command(args, steps: int, done: int) -> str:
               "--lr", args.lr, "--warmup", args.warmup, "--seed", args.seed, "--steps", steps]
     if args.max_positions:
         parts += ["--max-positions", args.max_positions]
-    if args.tokenizer_from:
-        parts += ["--tokenizer-from", args.tokenizer_from]
-    if args.tie_embeddings:
-        parts += ["--tie-embeddings"]
-    if args.init_embeddings_from:
-        parts += ["--init-embeddings-from", args.init_embeddings_from,
-                  "--init-embeddings-std", args.init_embeddings_std]
-    if args.extra_corpus:
-        parts += ["--extra-corpus", args.extra_corpus, "--extra-fraction", args.extra_fraction]
     if args.teacher:
         teacher = Path(args.teacher)
         parts += ["--teacher", f"weights/{teacher.name}" if teacher.is_dir() else args.teacher,
@@ -407,25 +317,3 @@ def regenerate_command(args, steps: int, done: int) -> str:
         parts += ["--stop-after", done]
     parts += ["--out", f"weights/{Path(args.out).name}"]
     return shlex.join(str(p) for p in parts)
-
-
-# -- The extra corpus (from `distill-data`) -----------------------------------------------------
-
-def tokenizer_digest(tokenizer_file: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(Path(tokenizer_file).read_bytes()).hexdigest()[:12]
-
-
-def load_extra_corpus(file: Path, tokenizer_file: Path) -> dict:
-    """The streams written by `distill_data`, checked against the tokenizer being trained."""
-    file = Path(file)
-    if not file.exists():
-        raise SystemExit(f"--extra-corpus {file} does not exist: run `distill-data` first")
-    meta = json.loads(file.with_suffix(".json").read_text())
-    if meta["tokenizer_sha256"] != tokenizer_digest(tokenizer_file):
-        raise SystemExit(f"--extra-corpus {file} was tokenized with another tokenizer than "
-                         f"{tokenizer_file}")
-    streams = np.load(file)
-    return {"train": streams["train"].astype(np.int32),
-            "validation": streams["validation"].astype(np.int32), "meta": meta}

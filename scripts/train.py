@@ -9,18 +9,11 @@ for a target that exists).
     python scripts/train.py evaluate --draft weights/llama-draft --target weights/llama-target
     python scripts/train.py index
 
-and the draft of a real model, SmolLM2-135M-Instruct (`smollm2`: a name for specjax.io.fetch, or a
-directory), on its own tokenizer, with its embeddings and its answers to chat prompts:
-
-    python scripts/train.py distill-data --target smollm2 --out runs/distill/smollm2.npz
-    python scripts/train.py model --arch llama ... --tokenizer-from smollm2 --tie-embeddings \
-        --init-embeddings-from smollm2 --extra-corpus runs/distill/smollm2.npz --out weights/smollm2-draft
-    python scripts/train.py evaluate-draft --draft weights/smollm2-draft --target smollm2
-
-The shipped EAGLE drafters and Medusa heads are made by `python -m specjax train` now: their
-cards give the commands, and what each remade gives next to the shipped weights. This script's
-recipes that first made them, and data/eagle2 (which `train data --import` reads), were retired
-after git commit 3dd0334 (`git checkout 3dd0334 -- scripts` restores them).
+The shipped drafters for a target (the SmolLM2 draft, the Medusa heads, the EAGLE drafters) are
+made by `python -m specjax train` now: their cards give the commands, and what each remade gives
+next to the shipped weights. This script's recipes that first made them, and data/eagle2 (which
+`train data --import` reads), were retired after git commit 3dd0334 (`git checkout 3dd0334 --
+scripts` restores them).
 
 The data is the standard library of the running Python (see scripts/_corpus.py). Everything is
 seeded: the same command on the same Python and library versions gives the same weights.
@@ -38,12 +31,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # specjax, without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# The stages, one module each: the corpus and tokenizer, training, generated data, evaluation
-# and the model cards (scripts/cards/*.md are the cards' templates).
+# The stages, one module each: the corpus and tokenizer, training, evaluation and the model
+# cards (scripts/cards/*.md are the cards' templates).
 import _corpus  # noqa: E402
 from _cards import write_index  # noqa: E402
-from _evaluation import evaluate_draft, evaluate_pair  # noqa: E402
-from _generated import distill_data  # noqa: E402
+from _evaluation import evaluate_pair  # noqa: E402
 from _training import train_model  # noqa: E402
 
 DEFAULT_TOKENIZER = _corpus.REPO / "runs" / "tokenizer.json"
@@ -80,20 +72,6 @@ def main(argv=None) -> None:
     p.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
     p.add_argument("--max-positions", type=int, default=0,
                    help="context window written to config.json; default: --context")
-    p.add_argument("--tokenizer-from", default="",
-                   help="train on the tokenizer of this checkpoint (a directory or a specjax "
-                        "fetch name such as smollm2), with its vocab size, BOS/EOS ids and "
-                        "tokenizer files (chat template included); overrides --tokenizer")
-    p.add_argument("--tie-embeddings", action="store_true", help="llama: tie the LM head")
-    p.add_argument("--init-embeddings-from", default="",
-                   help="initialise the token embeddings with this checkpoint's, projected "
-                        "onto their top --d-model principal axes")
-    p.add_argument("--init-embeddings-std", type=float, default=0.02,
-                   help="standard deviation of the projected embeddings' entries")
-    p.add_argument("--extra-corpus", type=Path,
-                   help="a .npz from `distill-data` whose windows are mixed into each batch")
-    p.add_argument("--extra-fraction", type=float, default=0.25,
-                   help="share of each batch's windows drawn from --extra-corpus")
     p.add_argument("--teacher", default="",
                    help="distil from this checkpoint (same vocabulary): the loss mixes "
                         "cross-entropy against its next-token distribution into the data's")
@@ -101,23 +79,6 @@ def main(argv=None) -> None:
                    help="weight of the teacher term, 0..1 (with --teacher)")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=train_model)
-
-    p = sub.add_parser("distill-data", help="the target's continuations of chat and code "
-                                            "prompts, for `model --extra-corpus`")
-    p.add_argument("--target", required=True, help="a checkpoint directory or fetch name")
-    p.add_argument("--chat-prompts", type=int, default=384)
-    p.add_argument("--code-prompts", type=int, default=128)
-    p.add_argument("--chat-new-tokens", type=int, default=160)
-    p.add_argument("--code-new-tokens", type=int, default=128)
-    p.add_argument("--shaped-prompts", type=int, default=0,
-                   help="prompts made from the training files: function signatures with their "
-                        "docstrings, module heads, edit instructions (a third each)")
-    p.add_argument("--code-prompt-len", type=int, default=64)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--validation-every", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, required=True)
-    p.set_defaults(func=distill_data)
 
     p = sub.add_parser("evaluate", help="greedy acceptance rate of a draft/target pair")
     p.add_argument("--draft", type=Path, required=True)
@@ -128,21 +89,6 @@ def main(argv=None) -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
     p.set_defaults(func=evaluate_pair)
-
-    p = sub.add_parser("evaluate-draft", help="acceptance table and speed of a draft for a "
-                                              "fetched target (e.g. smollm2)")
-    p.add_argument("--draft", type=Path, required=True)
-    p.add_argument("--target", required=True, help="a checkpoint directory or fetch name")
-    p.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6])
-    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    p.add_argument("--prompts", type=int, default=10)
-    p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--speed-prompts", type=int, default=3)
-    p.add_argument("--speed-ks", type=int, nargs="+", default=[4, 2])
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=evaluate_draft)
 
     p = sub.add_parser("index", help="write weights/README.md from the checkpoints' records")
     p.set_defaults(func=write_index)
