@@ -10,8 +10,8 @@ training, whatever the window sampling does. Documents are joined with `<|endoft
 
 The tokenized splits are cached as .npy files under `runs/corpus/`, keyed by the Python version
 and a hash of tokenizer.json, so that each training run does not re-tokenize. Any tokenizer with
-an `<|endoftext|>` token and fewer than 65536 entries works: the SmolLM2 draft reuses this corpus
-with SmolLM2's own tokenizer (where `<|endoftext|>` is also id 0).
+an `<|endoftext|>` token and fewer than 65536 entries works (the shipped SmolLM2 draft's retired
+recipe read it with SmolLM2's own tokenizer, where `<|endoftext|>` is also id 0).
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ import numpy as np
 
 # The documents, their split and the code prompts live in the package (`train data --prompts
 # builtin:code`); the tokenizer and the tokenized corpus of the tiny checkpoints stay here.
-from specjax.train.stdlib import (  # noqa: F401
-    EXCLUDED_DIRS, HOLDOUT_MODULUS, code_prompts, documents, is_validation, stdlib_root)
+from specjax.train.stdlib import EXCLUDED_DIRS, HOLDOUT_MODULUS, documents, stdlib_root
 
 EOT = "<|endoftext|>"
 EOT_ID = 0
@@ -106,25 +105,3 @@ def corpus(tokenizer_path: Path) -> dict:
     meta["train_tokens"] = int(out["train"].size)
     meta["validation_tokens"] = int(out["validation"].size)
     return {**out, "meta": meta}
-
-
-# -- Chat prompts for distillation --------------------------------------------------------------
-#
-# The SmolLM2 draft also learns from the target's own answers to chat prompts (sequence-level
-# distillation: `python scripts/train.py distill-data`). No chat data set is available offline,
-# so the questions are built from the templates and topics below. EVAL_QUESTIONS are held out:
-# no template produces them and their topics appear in no list, so the acceptance rates
-# measured on them are those of unseen questions.
-
-# The questions, their topics and EVAL_QUESTIONS live in the package now
-# (`specjax.train.prompts`, `train data --prompts builtin:chat`).
-from specjax.train.prompts import EVAL_QUESTIONS, chat_questions  # noqa: E402,F401
-
-# The default system turn of SmolLM2's chat template (added when a conversation has none).
-SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-
-
-def chatml(question: str, system: str | None = None) -> str:
-    """A one-turn ChatML prompt ending where the assistant's answer begins."""
-    head = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
-    return f"{head}<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
