@@ -11,9 +11,9 @@ for a target that exists).
 
 The shipped drafters for a target (the SmolLM2 draft, the Medusa heads, the EAGLE drafters) are
 made by `python -m specjax train` now: their cards give the commands, and what each remade gives
-next to the shipped weights. This script's recipes that first made them, and data/eagle2 (which
-`train data --import` reads), were retired after git commit 3dd0334 (`git checkout 3dd0334 --
-scripts` restores them).
+next to the shipped weights. This script's recipes that first made them, and made their data
+in data/eagle/ and data/eagle2/ (which `train data --import` reads), were retired after git
+commit 3dd0334 (`git checkout 3dd0334 -- scripts` restores them).
 
 The data is the standard library of the running Python (see scripts/_corpus.py). Everything is
 seeded: the same command on the same Python and library versions gives the same weights.
