@@ -1,12 +1,15 @@
-"""Shared pytest setup: how the suite compiles (XLA settings that compile faster and keep every
-bit, one compilation cache for the whole run), and programs released per module."""
+"""Shared pytest setup: the two tiers (`python -m pytest` runs the fast one, `--all` everything),
+how the suite compiles (XLA settings that compile faster and keep every bit, one compilation
+cache that every worker of a run shares), and programs released per module."""
 
+import dataclasses
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from contextlib import contextmanager
+from pathlib import Path
 
 # How the suite compiles: XLA's CPU backend with two settings that only make compiling faster.
 # The suite's tiny models spend most of their time compiling, and these must not change a bit of
@@ -70,6 +73,82 @@ from specjax.presets import enable_compile_cache  # noqa: E402
 
 # The lossless check's fixture, as a user's suite would load it (tests/test_conformance.py).
 pytest_plugins = ["specjax.testing.pytest_plugin"]
+
+# -- The two tiers (docs/tests.md) -------------------------------------------------------------
+# `python -m pytest` runs the fast tier, which proves the core within minutes (Theorem 1
+# exactly, a G-test with its negative control per method family, greedy equality of every
+# method, parity with transformers, the loaders' hostile files, the CLI's errors);
+# `python -m pytest --all` runs every test, as CI does. Named files or test ids run whole.
+# The fast tier is the list in tests/fast_tier.txt, each test with its measured time: a test
+# joins it only by being listed with its cost, and tests/test_tiers.py holds the list to the
+# suite and to the tier's budget. Its tests carry the `fast` mark (`-m fast`, `--all -m "not
+# fast"`).
+
+FAST_TIER = Path(__file__).with_name("fast_tier.txt")
+_FAST_COLLECTED = pytest.StashKey["FastCollected"]()
+
+
+def fast_tier() -> dict[str, float]:
+    """tests/fast_tier.txt as {node id: seconds}: a line is `seconds node-id`; `#` starts a
+    comment."""
+    tests = {}
+    for number, line in enumerate(FAST_TIER.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if line:
+            seconds, node_id = line.split(maxsplit=1)
+            if node_id in tests:
+                raise pytest.UsageError(f"{FAST_TIER.name}:{number}: {node_id} is listed twice")
+            tests[node_id] = float(seconds)
+    return tests
+
+
+def _node_id(item) -> str:
+    return item.nodeid.split("@", 1)[0]          # without pytest-xdist's `@group` suffix
+
+
+@dataclasses.dataclass(frozen=True)
+class FastCollected:
+    """What one process collected: the node ids of every test, those marked `fast` in their
+    module rather than listed, and whether that was the whole suite (no paths named)."""
+    node_ids: frozenset[str]
+    marked_by_hand: frozenset[str]
+    whole_suite: bool
+
+
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true", dest="all_tiers",
+                     help="run every test, not only the fast tier (CI does; docs/tests.md)")
+
+
+def pytest_collection_modifyitems(config, items):
+    listed = fast_tier()
+    whole_suite = not config.option.file_or_dir
+    config.stash[_FAST_COLLECTED] = FastCollected(
+        frozenset(map(_node_id, items)),
+        frozenset(_node_id(item) for item in items if item.get_closest_marker("fast")),
+        whole_suite)
+    for item in items:
+        if _node_id(item) in listed:
+            item.add_marker(pytest.mark.fast)
+    if config.getoption("all_tiers") or not whole_suite:
+        return
+    config.hook.pytest_deselected(items=[item for item in items if _node_id(item) not in listed])
+    items[:] = [item for item in items if _node_id(item) in listed]
+
+
+def pytest_report_header(config):
+    if config.getoption("all_tiers"):
+        return "specjax: every test (--all)"
+    if config.option.file_or_dir:
+        return "specjax: the named tests, in the fast tier or not"
+    return "specjax: the fast tier (tests/fast_tier.txt); `python -m pytest --all` runs every test"
+
+
+@pytest.fixture
+def fast_collected(pytestconfig) -> FastCollected:
+    """What this process collected (tests/test_tiers.py)."""
+    return pytestconfig.stash[_FAST_COLLECTED]
+
 
 
 def pytest_configure(config):

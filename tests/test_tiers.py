@@ -1,0 +1,87 @@
+"""The suite's two tiers and how it compiles (tests/conftest.py, docs/tests.md).
+
+The fast tier, what `python -m pytest` runs, is the list in tests/fast_tier.txt: each test
+with its time measured in one test worker of a fast-tier run from a cold compile cache (the
+list's header names the run). Here the list is held to the suite, to the tier's budget and to
+what the tier must prove, so that a test joins it only by being listed with its cost.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+
+from tests import conftest
+
+# The fast tier's budget in worker-seconds: two workers' share of the 6 minutes the tier may
+# take on a 2-core host from a fresh clone, less what each worker spends before its first test
+# (starting JAX and torch, collecting the suite, building the kernels; docs/tests.md).
+BUDGET_S = 2 * (6 * 60 - 60)
+
+# What the fast tier must prove, each by at least one listed test of the module (docs/tests.md).
+PROVES = {
+    "Theorem 1 exactly": "tests/test_rejection.py",
+    "a G-test and its negative control per method family": "tests/test_distribution.py",
+    "greedy equality of every method": "tests/test_decoding.py",
+    "parity with transformers": "tests/test_parity.py",
+    "the loaders' hostile files": "tests/test_loader_fuzz.py",
+    "the CLI's errors": "tests/test_cli.py",
+    "its own composition": "tests/test_tiers.py",
+}
+
+
+def test_every_listed_test_is_in_the_suite(fast_collected):
+    listed = conftest.fast_tier()
+    if fast_collected.whole_suite:
+        missing = sorted(listed.keys() - fast_collected.node_ids)
+    else:           # a run of named files: the listed tests of those files
+        files = {node_id.split("::")[0] for node_id in fast_collected.node_ids}
+        missing = sorted(n for n in listed.keys() - fast_collected.node_ids
+                         if n.split("::")[0] in files)
+    assert not missing, f"tests/fast_tier.txt lists tests the suite does not have: {missing}"
+
+
+def test_no_test_joins_the_fast_tier_by_a_mark_of_its_own(fast_collected):
+    # The tier is the list; a `fast` mark written in a module would put a test under `-m fast`
+    # without its cost being counted against the budget.
+    by_hand = sorted(fast_collected.marked_by_hand)
+    assert not by_hand, f"marked `fast` in their modules (list them in fast_tier.txt): {by_hand}"
+
+
+def test_the_fast_tier_fits_its_budget_and_proves_the_core():
+    listed = conftest.fast_tier()
+    total = sum(listed.values())
+    slowest = max(listed, key=listed.get)
+    assert total <= BUDGET_S, (f"the fast tier's tests take {total:.0f} worker-seconds, over its "
+                               f"{BUDGET_S} (the slowest: {slowest}, {listed[slowest]:.0f} s)")
+    files = {node_id.split("::")[0] for node_id in listed}
+    for what, module in PROVES.items():
+        assert module in files, f"the fast tier runs nothing of {module} ({what})"
+
+
+def test_the_private_compile_option_hook_still_reaches_xla():
+    """conftest's `_compile_options` sets XLA options from outside through JAX's private
+    `jax._src.compiler.get_compile_options` (JAX's public way, `jax.jit(compiler_options=)`,
+    is per program, inside specjax). Pinned here: if a JAX release renames it, drops its
+    `env_options_overrides`, or stops calling it when it compiles, this fails, rather than the
+    deep-model modules silently compiling with the suite's flags (which costs time, never a
+    bit: tests/test_compile_level.py)."""
+    from jax._src import compiler
+    assert "env_options_overrides" in inspect.signature(compiler.get_compile_options).parameters
+    original, seen = compiler.get_compile_options, []
+
+    def recording(*args, **kwargs):         # what JAX's own function receives
+        seen.append(kwargs.get("env_options_overrides"))
+        return original(*args, **kwargs)
+    compiler.get_compile_options = recording
+    try:
+        with conftest._compile_options(xla_cpu_use_fusion_emitters=True):
+            # A program no other test compiles, so that it is compiled here, not read back.
+            jax.jit(lambda x: jnp.cumsum(x * 3.0 + 7.0)[::-1]).lower(
+                jnp.zeros(31, jnp.float32)).compile()
+        assert compiler.get_compile_options is recording          # the context restored it
+    finally:
+        compiler.get_compile_options = original
+    assert seen and all(o and o.get("xla_cpu_use_fusion_emitters") is True for o in seen), seen
