@@ -78,12 +78,14 @@ def markdown(results: dict, heading: bool = True) -> str:
                   "drafter (its sampled default, if it has one, when sampling); ≤K heuristic / confidence: at most K "
                   "drafted per step under that lookahead schedule (no chain theory); "
                   "drafted/call: tokens drafted per target call."]
-    lines += ["", "Prompt and decode apart (medians over prompts; prompt: prompt tokens / prefill "
-                  "time; decode: the tokens after the first / the time after the prefill, for "
-                  "llama.cpp its own prompt and predicted timings):", "",
+    apart = any(r.get("prompt_tokens_per_second") is not None for r in results["summary"])
+    lines += [] if not apart else [
+              "", "Prompt and decode apart (medians over prompts; prompt: prompt tokens / "
+                  "prefill time; decode: the tokens after the first / the time after the "
+                  "prefill, for llama.cpp its own prompt and predicted timings):", "",
               "| engine | method | K | prompt tokens/s | decode tokens/s | end to end tokens/s |",
               "|---|---|--:|--:|--:|--:|"]
-    for r in results["summary"]:
+    for r in results["summary"] if apart else ():
         lines.append(f"| {r['engine']} | {r['method']} | {k_label(r)} | "
                      f"{fmt(r.get('prompt_tokens_per_second'), ',.0f')} | "
                      f"{fmt(r.get('decode_tokens_per_second'), ',.1f')} | "
