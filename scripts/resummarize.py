@@ -4,6 +4,7 @@ its results.json and results.md in place. The rows, the timings and the figures 
 recorded; a note in the run says when and why the summary was re-derived.
 
     python scripts/resummarize.py bench/smollm2-engine [bench/DIR ...]
+    python scripts/resummarize.py bench/medusa-tree-search/results-shipped.json   (-> its .md)
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ NOTE = ("summary and by-category tables re-derived from the per-prompt rows by "
         "of per-prompt ratios)")
 
 
-def resummarize(directory: Path) -> None:
-    path = directory / "results.json"
+def resummarize(where: Path) -> None:
+    path = where if where.suffix == ".json" else where / "results.json"
     results = json.loads(path.read_text())
     if results.get("schema") != "specjax.bench/1" or "summary" not in results:
         raise SystemExit(f"{path}: not a suite run (specjax.bench/1 with a summary)")
@@ -33,7 +34,7 @@ def resummarize(directory: Path) -> None:
     if NOTE not in results["notes"]:
         results["notes"].append(NOTE)
     path.write_text(json.dumps(results, indent=2) + "\n")
-    (directory / "results.md").write_text(markdown(results))
+    path.with_suffix(".md").write_text(markdown(results))
 
 
 if __name__ == "__main__":
