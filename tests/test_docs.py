@@ -199,11 +199,19 @@ def test_every_readme_result_is_the_named_runs():
             assert speedup == f"{raw['tokens_per_second'] / base:.2f}x", label
         else:
             assert speedup == "", label
-    # The prose around the table quotes the run's settings: each number is in the run's file.
-    prose = re.sub(r"^\|.*$", "", section, flags=re.M)
+    # The prose around the table states the run's host and settings: each is the run's.
+    results = json.loads((run / "results.json").read_text())
+    machine, settings = results["machine"], results["settings"]
+    prose = " ".join(re.sub(r"^\|.*$", "", section, flags=re.M).split())
+    cores, host = re.search(r"on a (\d+)-core (.+?) host", prose).groups()
+    assert (int(cores), host) == (machine["cpu_count"], machine["cpu_model"])
+    assert f"{settings['max_new_tokens']} new tokens" in prose
+    assert settings["dtype"] in prose
+    assert ("greedy" in prose) == (settings["temperature"] == 0)
+    words = {3: "three"}.get(len(results["prompts"]), str(len(results["prompts"])))
+    assert f"{words} quick prompts" in prose
     numbers = set(NUMBER.findall(CODE_SPAN.sub("", prose)))
-    recorded_text = (run / "results.md").read_text()
-    assert all(n in recorded_text for n in numbers), numbers
+    assert numbers <= {cores, str(settings["max_new_tokens"])}, numbers
 
 
 def test_the_readme_is_a_front_door():
