@@ -125,7 +125,8 @@ def anchors(page: Path) -> set[str]:
 
 
 def test_slugs_follow_githubs_rules():
-    assert slug("The engine, round two: before and after") == "the-engine-round-two-before-and-after"
+    assert (slug("The engine, round two: before and after")
+            == "the-engine-round-two-before-and-after")
     assert slug("EAGLE on `data/eagle2/` (round 3)") == "eagle-on-dataeagle2-round-3"
     assert slug("Is your sampler lossless?") == "is-your-sampler-lossless"
 

@@ -18,9 +18,10 @@ holds the medians of those over the prompts:
   spread            the run-to-run spread of the ratio to its left: timed run i of every prompt
                     makes suite run i, whose ratio is the median over the prompts of their
                     run-i tokens/s over the baseline's; spread = (max - min) / median of the
-                    --reps suite-run ratios (none with one timed run). The full range, not a standard deviation: over a
-                    handful of runs a standard deviation is itself unreliable, and the range
-                    says directly how far the ratio moved from one run of the suite to another
+                    --reps suite-run ratios (none with one timed run). The full range, not a
+                    standard deviation: over a handful of runs a standard deviation is itself
+                    unreliable, and the range says directly how far the ratio moved from one
+                    run of the suite to another
   acceptance a      accepted drafted tokens / drafted tokens
   tokens/call       new tokens per target call
   c                 cost ratio: draft time per token / target time per token, from both models'
