@@ -119,6 +119,12 @@ def test_quick_bench_writes_results_with_the_documented_schema(quick):
             assert isinstance(row[key], float) and 0 <= row[key] < 10, (key, row)
         if row["method"] == "autoregressive":
             assert row["speedup_spread"] == 0.0               # 1.0 in every run
+    # One definition of speedup: the ratio of the tokens/s column to the autoregressive row's.
+    for table in ("summary", "by_category"):
+        ar = {r["category"]: r["tokens_per_second"] for r in results[table]
+              if r["method"] == "autoregressive"}
+        for row in results[table]:
+            assert row["speedup"] == pytest.approx(row["tokens_per_second"] / ar[row["category"]])
     assert results["summary"] and all(r["category"] == "all" for r in results["summary"])
     assert {(r["method"], r["k"]) for r in results["summary"]} == expected
     assert len(results["summary"]) == len(expected)          # one row per method / K
@@ -132,8 +138,8 @@ def test_quick_bench_writes_results_with_the_documented_schema(quick):
     assert sweep[0]["prefill_s"] > 0 and sweep[0]["per_token_ms"] > 0
 
     markdown = (out / "results.md").read_text()
-    assert ("| engine | method | K | tokens/s | speedup | spread | vs specjax AR | spread |"
-            in markdown)
+    assert ("| engine | method | K | tokens/s | speedup (ratio of medians) | spread | "
+            "vs specjax AR | spread |" in markdown)
     assert f"Machine: {machine['cpu_model']}, {machine['cpu_count']} cores" in markdown
     assert "| context tokens | engine | prefill + first token |" in markdown
     assert "| 20 | specjax |" in markdown
@@ -151,17 +157,40 @@ def test_theoretical_speedup():
     assert theoretical_speedup(None, 2, 0.1) is None and theoretical_speedup(0.5, 2, None) is None
 
 
+def _suite_row(prompt, method, per_run, **metrics):
+    return dict(engine="specjax", method=method, k=None if method == "autoregressive" else 2,
+                prompt_id=prompt, same_tokens_as_specjax_autoregressive=True,
+                per_run_tokens_per_second=per_run,
+                **{m: metrics.get(m, 1.0) for m in METRICS})
+
+
+def test_speedup_is_the_ratio_of_the_medians_not_the_median_of_the_ratios():
+    # Three prompts. Per-prompt ratios 12/10, 13/20, 50/30 have the median 1.2; the medians of
+    # tokens/s are 13 and 20, whose ratio, 0.65, is the one definition the tables use.
+    ar = [_suite_row(p, "autoregressive", [t, t], tokens_per_second=t)
+          for p, t in (("a", 10.0), ("b", 20.0), ("c", 30.0))]
+    ngram = [_suite_row(p, "ngram", [t, t], tokens_per_second=t, tokens_per_target_call=1.3)
+             for p, t in (("a", 12.0), ("b", 13.0), ("c", 50.0))]
+    rows = {r["method"]: r for r in summarize(ar + ngram, "all")}
+    assert rows["autoregressive"]["speedup"] == 1.0
+    assert rows["ngram"]["tokens_per_second"] == 13.0
+    assert rows["ngram"]["speedup"] == pytest.approx(13.0 / 20.0)
+    assert rows["ngram"]["speedup_vs_specjax_autoregressive"] == pytest.approx(13.0 / 20.0)
+    assert rows["ngram"]["step_cost"] == pytest.approx(1.3 / (13.0 / 20.0))
+
+
 def test_spread_is_the_range_of_the_suite_runs_over_their_median():
-    def row(prompt, per_run):
-        return dict(engine="specjax", method="ngram", k=2, prompt_id=prompt,
-                    same_tokens_as_specjax_autoregressive=True, per_run_speedup=per_run,
-                    per_run_speedup_vs_specjax_autoregressive=[2 * s for s in per_run],
-                    **{m: 1.0 for m in METRICS})
-    # Suite run i: the median over the prompts of their run i, here [1.05, 1.25].
-    summary, = summarize([row("a", [1.0, 1.2]), row("b", [1.1, 1.3])], "all")
+    # Suite run i: the median over the prompts of their run-i tokens/s, over the autoregressive
+    # rows' median of theirs: [10.5 / 10, 12.5 / 10] = [1.05, 1.25].
+    rows = [_suite_row("a", "autoregressive", [10.0, 10.0]),
+            _suite_row("b", "autoregressive", [10.0, 10.0]),
+            _suite_row("a", "ngram", [10.0, 12.0]), _suite_row("b", "ngram", [11.0, 13.0])]
+    summary = {r["method"]: r for r in summarize(rows, "all")}["ngram"]
     assert summary["speedup_spread"] == pytest.approx(0.2 / 1.15)
     assert summary["speedup_vs_specjax_autoregressive_spread"] == pytest.approx(0.2 / 1.15)
-    one_run, = summarize([row("a", [1.0]), row("b", [1.1])], "all")
+    one_run = {r["method"]: r for r in summarize(
+        [_suite_row("a", "autoregressive", [10.0]), _suite_row("a", "ngram", [11.0])],
+        "all")}["ngram"]
     assert one_run["speedup_spread"] is None
 
 

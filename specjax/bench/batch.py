@@ -273,8 +273,8 @@ def markdown(results: dict, heading: bool = True) -> str:
                   + (f", top-p {s['top_p']}" if s.get("top_p", 1.0) < 1 else "") + " · "
                   f"{s['max_new_tokens']} new tokens per row (fewer at EOS) · "
                   f"{s['reps']} timed runs", ""]
-    lines += ["| B | engine | method | K | tokens/s | speedup | tokens/call | idle | v | c | "
-              "cost model | spread | = AR |",
+    lines += ["| B | engine | method | K | tokens/s | speedup (ratio of medians) | tokens/call | "
+              "idle | v | c | cost model | spread | = AR |",
               "|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|"]
     same = {True: "yes", False: "NO", None: ""}
     for r in results["rows"]:

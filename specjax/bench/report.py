@@ -50,7 +50,8 @@ def markdown(results: dict, heading: bool = True) -> str:
               f"{m['platform']}; Python {m['python']}, {versions}; jax on {m['device']}"
               + (f", torch on {m['torch_device']}" if m.get("torch_device") else "")
               + f"; {results['created']}.", ""]
-    lines += ["| engine | method | K | tokens/s | speedup | spread | vs specjax AR | spread | "
+    lines += ["| engine | method | K | tokens/s | speedup (ratio of medians) | spread | "
+              "vs specjax AR | spread | "
               "acceptance | tokens/call | step cost | c | theory | measured/theory | "
               "drafted/call |",
               "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
@@ -65,28 +66,34 @@ def markdown(results: dict, heading: bool = True) -> str:
                      f"{fmt(r['theoretical_speedup'], '.2f', 'x')} | "
                      f"{fmt(r['measured_over_theoretical'])} | "
                      f"{fmt(r.get('mean_draft_length'))} |")
-    lines += ["", f"spread: (max - min) / median of the ratio to its left over the {s['reps']} "
+    lines += ["", "speedup: this row's tokens/s over the same engine's autoregressive tokens/s, "
+                  "both medians over the prompts (so it is the ratio of the two numbers in the "
+                  "tokens/s column); "
+                  f"spread: (max - min) / median of the ratio to its left over the {s['reps']} "
                   "timed run(s) of the suite (- with one run); vs specjax AR: tokens/s over "
-                  "specjax's autoregressive tokens/s; step cost: tokens/call / speedup, the time "
-                  "of one step (its target call and drafting) over an autoregressive step's; "
+                  "specjax's autoregressive tokens/s, the same ratio of medians; step cost: "
+                  "tokens/call / speedup, the time of one step (its target call and drafting) "
+                  "over an autoregressive step's; "
                   "tree w1,w2,..: the full token tree of those widths per depth; heads' tree: "
                   "the tree shipped with the Medusa heads; drafter's tree: the one shipped with the EAGLE "
                   "drafter (its sampled default, if it has one, when sampling); ≤K heuristic / confidence: at most K "
                   "drafted per step under that lookahead schedule (no chain theory); "
                   "drafted/call: tokens drafted per target call."]
-    lines += ["", "Prompt and decode apart (medians over prompts; prompt: prompt tokens / prefill "
-                  "time; decode: the tokens after the first / the time after the prefill, for "
-                  "llama.cpp its own prompt and predicted timings):", "",
+    apart = any(r.get("prompt_tokens_per_second") is not None for r in results["summary"])
+    lines += [] if not apart else [
+              "", "Prompt and decode apart (medians over prompts; prompt: prompt tokens / "
+                  "prefill time; decode: the tokens after the first / the time after the "
+                  "prefill, for llama.cpp its own prompt and predicted timings):", "",
               "| engine | method | K | prompt tokens/s | decode tokens/s | end to end tokens/s |",
               "|---|---|--:|--:|--:|--:|"]
-    for r in results["summary"]:
+    for r in results["summary"] if apart else ():
         lines.append(f"| {r['engine']} | {r['method']} | {k_label(r)} | "
                      f"{fmt(r.get('prompt_tokens_per_second'), ',.0f')} | "
                      f"{fmt(r.get('decode_tokens_per_second'), ',.1f')} | "
                      f"{fmt(r['tokens_per_second'], ',.1f')} |")
-    lines += ["", "By category (speedup / acceptance):", "",
-              "| category | engine | method | K | tokens/s | speedup | acceptance | tokens/call | "
-              "drafted/call |",
+    lines += ["", "By category (speedup / acceptance; medians over the category's prompts):", "",
+              "| category | engine | method | K | tokens/s | speedup (ratio of medians) | "
+              "acceptance | tokens/call | drafted/call |",
               "|---|---|---|--:|--:|--:|--:|--:|--:|"]
     for r in results["by_category"]:
         lines.append(f"| {r['category']} | {r['engine']} | {r['method']} | {k_label(r)} | "

@@ -8,14 +8,20 @@ time is recorded apart). Per prompt the medians over the timed runs are reported
 holds the medians of those over the prompts:
 
   tokens/s          new tokens / run time
-  speedup           tokens/s over autoregressive tokens/s: same prompt, same engine, same run
-  vs specjax AR     tokens/s over specjax's autoregressive tokens/s (transformers against specjax)
+  speedup           tokens/s over autoregressive tokens/s of the same engine in the same run:
+                    per prompt, the ratio of the two medians over the timed runs; in the
+                    summary, the ratio of the two medians over the prompts (the same
+                    statistic on both sides, so it equals the tokens/s column over the
+                    autoregressive row's)
+  vs specjax AR     the same ratio over specjax's autoregressive tokens/s (transformers
+                    against specjax)
   spread            the run-to-run spread of the ratio to its left: timed run i of every prompt
-                    makes suite run i, whose ratio is the median over the prompts of their run-i
-                    ratios; spread = (max - min) / median of the --reps suite-run ratios (none
-                    with one timed run). The full range, not a standard deviation: over a
-                    handful of runs a standard deviation is itself unreliable, and the range
-                    says directly how far the ratio moved from one run of the suite to another
+                    makes suite run i, whose ratio is the median over the prompts of their
+                    run-i tokens/s over the baseline's; spread = (max - min) / median of the
+                    --reps suite-run ratios (none with one timed run). The full range, not a
+                    standard deviation: over a handful of runs a standard deviation is itself
+                    unreliable, and the range says directly how far the ratio moved from one
+                    run of the suite to another
   acceptance a      accepted drafted tokens / drafted tokens
   tokens/call       new tokens per target call
   c                 cost ratio: draft time per token / target time per token, from both models'
@@ -468,23 +474,40 @@ def _prompt_and_decode(row: dict, prefill: dict | None, prompt_tokens: int) -> N
 
 
 def summarize(rows: list[dict], category: str) -> list[dict]:
-    """One row per (engine, method, K): medians over the prompts, and the run-to-run spread of
-    the two speedups (module docstring)."""
+    """One row per (engine, method, K): medians over the prompts. A speedup is a ratio of the
+    same statistic: the row's median tokens/s over its baseline's median tokens/s (the
+    engine's own autoregressive row, or specjax's), so it equals the table's tokens/s column
+    over the baseline's. The spread of each speedup is taken over the suite runs (module
+    docstring); step cost and measured/theory follow from the speedup."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((row["engine"], row["method"], row["k"], row.get("tree"),
                            row.get("schedule", CONSTANT)), []).append(row)
+
+    def baseline(engine: str) -> list[dict]:
+        return groups.get((engine, "autoregressive", None, None, CONSTANT), [])
+
     out = []
     for (engine, method, k, tree, schedule), group in groups.items():
         same = [r["same_tokens_as_specjax_autoregressive"] for r in group]
+        medians = {m: median([r[m] for r in group]) for m in METRICS}
+        spreads = {}
+        for key, base in (("speedup", baseline(engine)),
+                          ("speedup_vs_specjax_autoregressive", baseline("specjax"))):
+            medians[key] = ratio(medians["tokens_per_second"],
+                                 median([r["tokens_per_second"] for r in base]))
+            spreads[key + "_spread"] = spread([
+                ratio(a, b) for a, b in zip(_suite_runs(group, "per_run_tokens_per_second"),
+                                            _suite_runs(base, "per_run_tokens_per_second"))])
+        medians["step_cost"] = ratio(medians["tokens_per_target_call"], medians["speedup"])
+        medians["measured_over_theoretical"] = ratio(medians["speedup"],
+                                                     medians["theoretical_speedup"])
         out.append(dict(category=category, engine=engine, method=method, k=k, tree=tree,
                         schedule=schedule,
                         prompts=len(group),
-                        **{m: median([r[m] for r in group]) for m in METRICS},
+                        **medians,
                         accepted_histogram=_pooled([r.get("accepted_histogram") for r in group]),
-                        speedup_spread=spread(_suite_runs(group, "per_run_speedup")),
-                        speedup_vs_specjax_autoregressive_spread=spread(_suite_runs(
-                            group, "per_run_speedup_vs_specjax_autoregressive")),
+                        **spreads,
                         same_tokens_as_specjax_autoregressive=(
                             None if None in same else all(same))))
     return out
