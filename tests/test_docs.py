@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.fast
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
