@@ -87,6 +87,41 @@ def test_the_plain_step_runs_the_algorithm():
     assert np.all(np.abs(frequency - table_q[2]) < 5 * error + 1e-9), (frequency, table_q[2])
 
 
+def test_the_page_shows_the_plain_step_as_it_is():
+    block = re.search(r"```python\n(.*?)```", DOC.read_text(), re.S).group(1)
+    source = "\n\n".join(inspect.getsource(f) for f in (reference.speculative_step,
+                                                         reference.verify_row))
+    assert block.strip() == source.strip()
+
+
+def test_the_path_from_generate_reaches_the_accept_test_in_four_hops():
+    # The page's path table: at most four hops, from `generate` to the row whose Step 2 is the
+    # accept test, each hop leaving from the function it arrived in or one that function calls
+    # in its own file.
+    text = DOC.read_text()
+    table = text.split("## From `generate` to the accept test")[1].split("\n## ")[0]
+    hops = []
+    for row in table.splitlines():
+        cells = row.split(" | ")
+        if row.startswith("| ") and cells[0][2:].isdigit():
+            (from_file, from_name), (into_file, into_name) = (
+                re.findall(r"`([^`]+)`", cell) for cell in cells[1:3])
+            hops.append((from_file, from_name, into_file, into_name))
+    assert 1 <= len(hops) <= 4, hops
+    assert hops[0][:2] == ("api/generate.py", "generate")
+
+    def function(file, name):
+        return getattr(importlib.import_module("specjax." + file[:-3].replace("/", ".")), name)
+
+    for (_, _, into_file, into_name), (from_file, from_name, _, _) in zip(hops, hops[1:]):
+        assert from_file == into_file, (into_file, from_file)
+        assert from_name == into_name or from_name in inspect.getsource(
+            function(into_file, into_name)), (into_name, from_name)
+    last = function(*hops[-1][2:])
+    assert "accepts(u, p_x, q_x)" in inspect.getsource(last)
+    assert "return u * p_x < q_x" in inspect.getsource(rejection.accepts)
+
+
 def example_block() -> dict[str, str]:
     text = DOC.read_text()
     block = re.search(r"```worked-example\n(.*?)```", text, re.S).group(1)
