@@ -13,9 +13,10 @@ order, each with p_r(x) (the law the candidate was drawn from given its elder si
 deterministic candidates), q'(x) (the target's law at the node less the siblings rejected
 before it), u, the verdict, and after a rejection the residual the next sibling is tested
 against. It runs the decoding loop's own step function (`decoding.loop.step`) with
-`DecodeSpec.trace`, which makes the step keep the numbers `rejection.verify` or
-`rejection.verify_tree` compute anyway: there is no second implementation, and the tokens are
-those `generate` returns for the same arguments (tested).
+`DecodeSpec.trace`, which makes the step keep the numbers its rules compute anyway
+(`rejection.verify` or `rejection.verify_tree`, or those of the `rules` given): there is no
+second implementation, and the tokens are those `generate` returns for the same arguments,
+rules included (tested).
 """
 
 from __future__ import annotations
