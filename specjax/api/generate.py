@@ -347,8 +347,10 @@ def _request(target, prompts, options: dict) -> Request:
         if prompts is None:
             raise GenerationError("prompts are required (or pass a prepared Request alone)")
         return prepare(target, prompts, **options)
-    given = [name for name, value in options.items()
-             if name not in OPTIONS or not _is_default(value, OPTIONS[name])]
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise GenerationError(f"unknown keyword argument {unknown[0]!r}")
+    given = [name for name, value in options.items() if not _is_default(value, OPTIONS[name])]
     if prompts is not None or given:
         extra = "prompts" if prompts is not None else f"{given[0]!r}"
         raise GenerationError(f"a prepared Request carries its prompts and options; got {extra} "
