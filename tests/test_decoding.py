@@ -225,7 +225,7 @@ def test_each_method_owns_its_state(models):
     beside = {"speculative": dict(draft=draft, k=2), "ngram": dict(k=2),
               "medusa": dict(heads=heads, tree=specjax.Tree.full((2, 1))),
               "eagle": dict(drafter=drafter, tree=specjax.Tree.full((2, 1)))}
-    assert set(MODULES) == set(specjax.decoding.spec.METHODS)
+    assert set(MODULES) == set(specjax.decoding.config.METHODS)
     shared = {}
     for method, module in MODULES.items():
         assert all(callable(getattr(module, f)) for f in ("init", "step", "layout"))

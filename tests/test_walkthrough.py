@@ -1,7 +1,9 @@
-"""docs/walkthrough.md: its worked example is recomputed here with the library's own functions,
-and every function its tables name exists, so the page cannot drift from the code."""
+"""docs/walkthrough.md: its plain step is held equal to the production verify, its worked example
+is recomputed here with the library's own functions, and every function its tables and its path
+name exists, so the page cannot drift from the code."""
 
 import importlib
+import inspect
 import re
 from pathlib import Path
 
@@ -10,12 +12,114 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.sampling import rejection
+from specjax.sampling import reference, rejection
+from specjax.sampling.rules import Rules
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "walkthrough.md"
 P = np.array([0.1, 0.5, 0.3, 0.1])     # the example's draft distribution over A B C D
 Q = np.array([0.2, 0.2, 0.4, 0.2])     # and the target's
 B = 1
+
+
+# -- The plain step ------------------------------------------------------------------------------
+
+def _rows(rng, rows: int, k: int, vocab: int):
+    """Random verify inputs in float64, with the cases the algorithm defines rather than leaves
+    to chance: one-hot drafts (n-gram lookups), q = 0 at the drafted token, p = q (a residual
+    with no mass), and zeros in both."""
+    p = rng.dirichlet(np.full(vocab, 0.5), (rows, k))                     # [R, k, V]
+    q = rng.dirichlet(np.full(vocab, 0.5), (rows, k + 1))                 # [R, k + 1, V]
+    p[rng.random((rows, k, vocab)) < 0.2] = 0.0
+    q[rng.random((rows, k + 1, vocab)) < 0.2] = 0.0
+    p[:, :, 0], q[:, :, 0] = p[:, :, 0] + 1e-3, q[:, :, 0] + 1e-3        # no empty rows
+    p, q = p / p.sum(-1, keepdims=True), q / q.sum(-1, keepdims=True)
+    drafted = np.array([[rng.choice(vocab, p=p_i) for p_i in row] for row in p])   # [R, k]
+    one_hot = np.eye(vocab)[drafted]
+    p[::5] = one_hot[::5]                                     # a deterministic draft
+    q[1::5, :k] = p[1::5]                                     # the target agrees: p = q
+    q[2::5, 0] = np.where(one_hot[2::5, 0] > 0, 0.0, q[2::5, 0])          # q(x_1) = 0
+    q[2::5, 0] /= q[2::5, 0].sum(-1, keepdims=True)
+    return p, q, drafted
+
+
+def test_the_plain_step_is_the_production_verify():
+    # On the same uniform draws, `reference.verify_row` accepts exactly the drafts the production
+    # row does (`rejection._verify_row`, which `verify` vmaps over the batch) and draws the next
+    # token from the same distribution, in float64, on 3,000 rows that include every degenerate
+    # case; `verify` itself draws a token that distribution can give.
+    k, vocab, rows = 4, 6, 3000
+    p, q, drafted = _rows(np.random.default_rng(0), rows, k, vocab)
+    keys = jax.random.split(jax.random.key(0), rows)
+    with jax.enable_x64(True):
+        n, _, next_dist, details = jax.vmap(rejection._verify_row)(
+            jnp.asarray(drafted), jnp.asarray(p), jnp.asarray(q), keys, jnp.full(rows, k))
+        n_verify, token = rejection.verify(jnp.asarray(drafted), jnp.asarray(p), jnp.asarray(q),
+                                           keys)
+        assert next_dist.dtype == np.float64
+    n, next_dist, u = np.asarray(n), np.asarray(next_dist), np.asarray(details["u"])
+    np.testing.assert_array_equal(np.asarray(n_verify), n)
+    for row in range(rows):
+        n_ref, dist_ref = reference.verify_row(p[row], q[row], list(drafted[row]), u[row])
+        assert n_ref == n[row], row
+        np.testing.assert_allclose(dist_ref, next_dist[row], rtol=0, atol=1e-12)
+        assert dist_ref[int(token[row])] > 0
+    assert 0 < np.mean(n == k) < np.mean(n > 0) < 1          # every outcome occurs
+
+
+def test_the_plain_step_runs_the_algorithm():
+    # The whole plain step on a toy pair whose distributions depend on the last token: a draft
+    # equal to the target is always accepted (k + 1 tokens a step), and the first emitted
+    # token follows q (Theorem 1) within 5 standard errors.
+    vocab, k = 5, 3
+    rng = np.random.default_rng(1)
+    table_q = rng.dirichlet(np.ones(vocab), vocab)               # q(. | last token)
+    table_p = rng.dirichlet(np.ones(vocab), vocab)
+
+    def model(table):
+        return lambda tokens: table[np.asarray(tokens)]             # [T, V]
+
+    same = reference.speculative_step(model(table_q), model(table_q), [2], k, rng)
+    assert len(same) == k + 1
+    firsts = np.array([reference.speculative_step(model(table_p), model(table_q), [2], k,
+                                                  rng)[0] for _ in range(20_000)])
+    frequency = np.bincount(firsts, minlength=vocab) / len(firsts)
+    error = np.sqrt(table_q[2] * (1 - table_q[2]) / len(firsts))
+    assert np.all(np.abs(frequency - table_q[2]) < 5 * error + 1e-9), (frequency, table_q[2])
+
+
+def test_the_page_shows_the_plain_step_as_it_is():
+    block = re.search(r"```python\n(.*?)```", DOC.read_text(), re.S).group(1)
+    source = "\n\n".join(inspect.getsource(f) for f in (reference.speculative_step,
+                                                         reference.verify_row))
+    assert block.strip() == source.strip()
+
+
+def test_the_path_from_generate_reaches_the_accept_test_in_four_hops():
+    # The page's path table: at most four hops, from `generate` to the row whose Step 2 is the
+    # accept test, each hop leaving from the function it arrived in or one that function calls
+    # in its own file.
+    text = DOC.read_text()
+    table = text.split("## From `generate` to the accept test")[1].split("\n## ")[0]
+    hops = []
+    for row in table.splitlines():
+        cells = row.split(" | ")
+        if row.startswith("| ") and cells[0][2:].isdigit():
+            (from_file, from_name), (into_file, into_name) = (
+                re.findall(r"`([^`]+)`", cell) for cell in cells[1:3])
+            hops.append((from_file, from_name, into_file, into_name))
+    assert 1 <= len(hops) <= 4, hops
+    assert hops[0][:2] == ("api/generate.py", "generate")
+
+    def function(file, name):
+        return getattr(importlib.import_module("specjax." + file[:-3].replace("/", ".")), name)
+
+    for (_, _, into_file, into_name), (from_file, from_name, _, _) in zip(hops, hops[1:]):
+        assert from_file == into_file, (into_file, from_file)
+        assert from_name == into_name or from_name in inspect.getsource(
+            function(into_file, into_name)), (into_name, from_name)
+    last = function(*hops[-1][2:])
+    assert "accepts(u, p_x, q_x)" in inspect.getsource(last)
+    assert "return u * p_x < q_x" in inspect.getsource(rejection.accepts)
 
 
 def example_block() -> dict[str, str]:
@@ -193,6 +297,85 @@ def test_explain_walks_trees_as_generate_does(case):
         assert len([x for x in lines if "-> accept" in x or "-> reject" in x]) == len(s.trials)
     assert rejections > 0 and accepts > 0           # the seed exercises both verdicts
 
+
+def _tripled_verify(draft_tokens, draft_probs, target_probs, keys, num_drafted=None,
+                    with_details=False):
+    """Not Theorem 1's rule: each draft is tested against 3 q_i(x_i) (the bonus row is left as
+    it is), so it accepts more and its numbers differ from the default's."""
+    return rejection.verify(draft_tokens, draft_probs, target_probs.at[:, :-1].multiply(3.0),
+                            keys, num_drafted=num_drafted, with_details=with_details)
+
+
+def _tripled_verify_tree(tree, rule, tokens, valid, draft_probs, target_probs, keys,
+                         with_details=False):
+    """The walk against 3 q at every node (a bonus drawn from 3 q is drawn from q)."""
+    return rejection.verify_tree(tree, rule, tokens, valid, draft_probs, 3.0 * target_probs,
+                                 keys, with_details=with_details)
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_explain_shows_the_rules_generate_ran(shape):
+    # With rules other than the default, explain's steps append exactly the tokens generate
+    # returns with those rules, and the numbers shown are those rules' own: the first step
+    # drafts the same tokens as under the default rules (drafting reads no verify coin), and
+    # its first test reads q(x) tripled, with the same p and u.
+    import specjax
+    from specjax.api.generate import generate
+    from tests.tiny import close_pair
+
+    target, draft = close_pair(vocab=8, std=0.5, noise=0.3)
+    kwargs = dict(method="speculative", draft=draft, k=3, max_new_tokens=12, temperature=1.0,
+                  seed=3, eos_ids=())
+    if shape == "chain":
+        rules = Rules(verify=_tripled_verify)
+    else:
+        kwargs.update(tree=specjax.Tree.full((2, 2)), candidates="distinct")
+        rules = Rules(verify_tree=_tripled_verify_tree)
+    prompt = [1, 2, 3, 4]
+    steps = specjax.explain(target, prompt, steps=20, rules=rules, **kwargs)
+    tokens = generate(target, [prompt], rules=rules, **kwargs).tokens[0]
+    assert [t for s in steps for t in s.new_tokens] == tokens
+    default = specjax.explain(target, prompt, steps=1, **kwargs)[0]
+    tests = [(d.token, d.p, d.q, d.u, d.accepted) for s in steps for d in getattr(s, "drafts", [])]
+    tests += [(t.token, t.p, t.q, t.u, t.accepted) for s in steps for t in getattr(s, "trials", [])]
+    first = tests[0]
+    shown = (default.drafts[0] if shape == "chain" else default.trials[0])
+    assert (first[0], first[1], first[3]) == (shown.token, shown.p, shown.u)
+    np.testing.assert_allclose(first[2], 3 * shown.q, rtol=1e-6)
+    assert all(accepted == (u * p < q) for _, p, q, u, accepted in tests)
+
+
+def test_explain_refuses_a_rule_that_returns_no_numbers():
+    import specjax
+    from specjax.api.generate import GenerationError
+    from tests.tiny import close_pair
+
+    def two_values(draft_tokens, draft_probs, target_probs, keys, num_drafted=None):
+        return rejection.verify(draft_tokens, draft_probs, target_probs, keys, num_drafted)
+
+    target, draft = close_pair(vocab=8, std=0.5, noise=0.3)
+    with pytest.raises(GenerationError, match="'two_values' does not return them"):
+        specjax.explain(target, [1, 2], method="speculative", draft=draft,
+                        rules=Rules(verify=two_values))
+
+
+def test_generate_declares_every_option():
+    # generate, stream and explain take the options prepare takes, by name, with the same
+    # defaults, and generate's docstring says what each one means.
+    import specjax
+    from specjax.api import generate as api
+
+    for function in (specjax.generate, specjax.stream, specjax.explain):
+        parameters = inspect.signature(function).parameters
+        declared = {name: parameter.default for name, parameter in parameters.items()
+                    if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+                    and name not in ("steps", "top")}
+        assert declared == api.OPTIONS, function.__name__
+    args = specjax.generate.__doc__.split("Args:")[1]
+    described = set(re.findall(r"^      (\w+(?:, \w+)*):", args, re.M))
+    names = {name for line in described for name in line.split(", ")}
+    assert names == {"target", "prompts", *api.OPTIONS}, names ^ {"target", "prompts",
+                                                                  *api.OPTIONS}
 
 SNAPSHOT = """\
 step 1: 3 draft token(s) examined

@@ -13,22 +13,27 @@ order, each with p_r(x) (the law the candidate was drawn from given its elder si
 deterministic candidates), q'(x) (the target's law at the node less the siblings rejected
 before it), u, the verdict, and after a rejection the residual the next sibling is tested
 against. It runs the decoding loop's own step function (`decoding.loop.step`) with
-`DecodeSpec.trace`, which makes the step keep the numbers `rejection.verify` or
-`rejection.verify_tree` compute anyway: there is no second implementation, and the tokens are
-those `generate` returns for the same arguments (tested).
+`DecodeSpec.trace`, which makes the step keep the numbers its rules compute anyway
+(`rejection.verify` or `rejection.verify_tree`, or those of the `rules` given): there is no
+second implementation, and the tokens are those `generate` returns for the same arguments,
+rules included (tested).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.api.generate import GenerationError, prepare
+from specjax.api.generate import GenerationError, collect_options, prepare
 from specjax.decoding import loop
+from specjax.heads.eagle import Drafter
+from specjax.heads.medusa import Heads
 from specjax.io.checkpoint import Model
+from specjax.sampling.rules import Rules, returns_details
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,10 +123,22 @@ def _tree_step(trace: dict, top: int, new_tokens: list[int]) -> TreeStep:
 
 
 def explain(target: Model, prompt, *, steps: int = 4, top: int = 3,
-            **kwargs) -> list[Step | TreeStep]:
-    """The first `steps` verify steps of one prompt, decoded with `generate`'s arguments:
-    `Step`s for a chain, `TreeStep`s for a tree (Medusa and EAGLE always draft one)."""
-    method = kwargs.get("method", "autoregressive")
+            method: str = "autoregressive", draft: Model | None = None, k: int = 4,
+            max_new_tokens=64, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+            seed: int | Sequence[int] = 0, eos_ids=None, max_ngram: int = 3,
+            min_ngram: int = 1, tree=None, candidates: str | None = None,
+            heads: Heads | None = None, drafter: Drafter | None = None,
+            k_schedule: str = "constant", k_start: int | None = None,
+            confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
+            rules: Rules | None = None, kernels: bool | None = None,
+            **unknown) -> list[Step | TreeStep]:
+    """The first `steps` verify steps of one prompt, decoded with `generate`'s arguments (its
+    docstring says what each means; `method` is one of `METHODS`): `Step`s for a chain,
+    `TreeStep`s for a tree (Medusa and EAGLE always draft one). `top` is how many of a
+    residual's largest entries each step keeps. The numbers are those of the rules that chose
+    the tokens: `rules`' own, when given, whose `verify` or `verify_tree` must then take
+    `with_details` as the defaults do (`sampling.rules.returns_details`)."""
+    options = collect_options(locals())
     if method not in METHODS:
         names = ", ".join(map(repr, METHODS))
         raise GenerationError(f"explain shows verification: method {names}, not {method!r} "
@@ -129,7 +146,14 @@ def explain(target: Model, prompt, *, steps: int = 4, top: int = 3,
     for name, value in (("steps", steps), ("top", top)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise GenerationError(f"{name} must be an integer >= 1, got {value!r}")
-    request = prepare(target, [prompt], **kwargs)
+    request = prepare(target, [prompt], **options)
+    rule = (request.spec.rules.verify if request.spec.tree is None else
+            request.spec.rules.verify_tree)
+    if not returns_details(rule):
+        raise GenerationError(f"explain shows the numbers of the verification rule, and "
+                              f"{getattr(rule, '__name__', rule)!r} does not return them: give "
+                              "it a with_details keyword, as rejection.verify and "
+                              "rejection.verify_tree have")
     spec = dataclasses.replace(request.spec, trace=True)
     state = loop.init(spec, request.weights, *request.inputs)
     # A step returns the state with its numbers (`state.trace`); start from zeros of that

@@ -14,6 +14,7 @@ value) and builds a `Request`; `generate` and `stream` run one through the compi
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import numbers
 import time
 from typing import Iterator, Sequence
@@ -85,14 +86,16 @@ class Request:
         return dataclasses.replace(self, row_keys=keys)
 
 
-def prepare(target: Model, prompts, *, method: str = "autoregressive", draft: Model | None = None,
-            k: int = 4, max_new_tokens=64, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-            seed: int | Sequence[int] = 0, eos_ids=None,
+def prepare(target: Model, prompts, *, method: str = "autoregressive",
+            draft: Model | None = None, k: int = 4, max_new_tokens=64, temperature=1.0, top_k=0,
+            top_p=1.0, min_p=0.0, seed: int | Sequence[int] = 0, eos_ids=None,
             max_ngram: int = 3, min_ngram: int = 1, tree=None, candidates: str | None = None,
-            heads: Heads | None = None, drafter: Drafter | None = None, k_schedule: str = "constant", k_start: int | None = None,
+            heads: Heads | None = None, drafter: Drafter | None = None,
+            k_schedule: str = "constant", k_start: int | None = None,
             confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
             rules: Rules | None = None, kernels: bool | None = None, **unknown) -> Request:
-    """Validates everything and builds the static spec and the device inputs."""
+    """Validates everything and builds the static spec and the device inputs: `generate`'s
+    arguments (its docstring says what each means) as a `Request`."""
     if unknown:
         raise GenerationError(f"unknown keyword argument {sorted(unknown)[0]!r}")
     if rules is not None and not isinstance(rules, Rules):
@@ -221,12 +224,22 @@ def _placed_keys(keys: jax.Array, mesh, extra: int) -> jax.Array:
     return jax.random.wrap_key_data(meshes.place(data, meshes.rows(mesh), data.dtype))
 
 
-def generate(target: Model | Request, prompts=None, **kwargs) -> GenerationResult:
+def generate(target: Model | Request, prompts=None, *, method: str = "autoregressive",
+             draft: Model | None = None, k: int = 4, max_new_tokens=64, temperature=1.0,
+             top_k=0, top_p=1.0, min_p=0.0, seed: int | Sequence[int] = 0, eos_ids=None,
+             max_ngram: int = 3, min_ngram: int = 1, tree=None, candidates: str | None = None,
+             heads: Heads | None = None, drafter: Drafter | None = None,
+             k_schedule: str = "constant", k_start: int | None = None,
+             confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
+             rules: Rules | None = None, kernels: bool | None = None,
+             **unknown) -> GenerationResult:
     """Generates up to `max_new_tokens` tokens for each prompt with the chosen method.
 
-    `generate(request)` runs a `Request` made by `prepare(target, prompts, **kwargs)`, which
-    takes the same arguments as `generate`: a caller that runs one request several times (the
-    CLI's timed runs, the bench) checks and places it once.
+    `generate(request)` runs a `Request` made by `prepare(target, prompts, ...)`, which takes
+    the same arguments as `generate`: a caller that runs one request several times (the CLI's
+    timed runs, the bench) checks and places it once. Beside a request, every option must be
+    left at its default (the request carries its own). A keyword not listed here is an error
+    (`GenerationError`) that names it.
 
     Args:
       target: the model whose distribution is sampled (from `specjax.load`).
@@ -235,8 +248,11 @@ def generate(target: Model | Request, prompts=None, **kwargs) -> GenerationResul
         `heads`) or "eagle" (needs `drafter`).
       draft: the draft model for speculative sampling; same tokenizer as the target.
       k: tokens drafted per step (speculative and ngram), >= 1.
-      max_new_tokens: tokens to generate per row, >= 1; fewer only if an EOS id comes first.
-      temperature, top_k, top_p: see `specjax.sampling.logits`; temperature 0 is greedy.
+      max_new_tokens: tokens to generate per row, >= 1 (an int, or one per row); fewer only if
+        an EOS id comes first.
+      temperature, top_k, top_p, min_p: the sampling parameters (`specjax.sampling.logits`),
+        each a number or one per row: temperature 0 is greedy; top_k 0, top_p 1 and min_p 0
+        are off.
       seed: an int (row b uses fold_in(key(seed), b)) or one int per row (row b uses key(seed[b]),
         so a row's output is the same alone or in any batch).
       eos_ids: ids that end a row (default: the target's), () to never stop early.
@@ -265,13 +281,16 @@ def generate(target: Model | Request, prompts=None, **kwargs) -> GenerationResul
         over "model", rows over "data" (`specjax.mesh`). Weights not yet placed so are copied
         there on every call; `specjax.load(..., mesh=mesh)` places them once.
       shard_draft: with a mesh, split the draft like the target (default: replicated).
+      rules: the draw and verification rules (`specjax.sampling.rules.Rules`); the default is
+        Theorem 1's. Others are for studying a rule under the distribution tests (a broken rule
+        is how the negative controls are built); `specjax.explain` shows their numbers.
       kernels: whether few-token calls use the CPU kernels (`specjax.kernels`): None (the
         default) follows $SPECJAX_KERNELS ("on" unless "off"), True or False decides. They are
         built on first use; without a compiler, on a GPU or on a mesh XLA's formulation runs.
         Outputs are the same up to float32 rounding; the switch is part of the compiled
         program's key.
     """
-    request = _request(target, prompts, kwargs)
+    request = _request(target, prompts, collect_options(locals()))
     compiled, compile_s = _compiled(request)
     start = time.perf_counter()
     state = compiled(request.weights, *request.inputs)
@@ -279,15 +298,23 @@ def generate(target: Model | Request, prompts=None, **kwargs) -> GenerationResul
     return result(request, state, compile_s, time.perf_counter() - start)
 
 
-def stream(target: Model | Request, prompts=None,
-           **kwargs) -> Iterator[tuple[list[list[int]], GenerationResult | None]]:
+def stream(target: Model | Request, prompts=None, *, method: str = "autoregressive",
+           draft: Model | None = None, k: int = 4, max_new_tokens=64, temperature=1.0, top_k=0,
+           top_p=1.0, min_p=0.0, seed: int | Sequence[int] = 0, eos_ids=None,
+           max_ngram: int = 3, min_ngram: int = 1, tree=None, candidates: str | None = None,
+           heads: Heads | None = None, drafter: Drafter | None = None,
+           k_schedule: str = "constant", k_start: int | None = None,
+           confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
+           rules: Rules | None = None, kernels: bool | None = None,
+           **unknown) -> Iterator[tuple[list[list[int]], GenerationResult | None]]:
     """Generates step by step from Python, yielding each step's new tokens per row.
 
-    Yields (new_tokens_per_row, None) after every step and finally ([], result). Runs the same
-    step function as `generate`, so the tokens are the same; like it, takes a prepared
-    `Request` in place of the target, the prompts and the options.
+    Yields (new_tokens_per_row, None) after every step and finally ([], result). Takes
+    `generate`'s arguments (its docstring says what each means) and runs the same step function,
+    so the tokens are the same; like it, takes a prepared `Request` in place of the target, the
+    prompts and the options.
     """
-    request = _request(target, prompts, kwargs)
+    request = _request(target, prompts, collect_options(locals()))
     start = time.perf_counter()
     init, step, _ = loop.programs(request.spec)
     state = init(request.weights, *request.inputs)
@@ -300,17 +327,45 @@ def stream(target: Model | Request, prompts=None,
     yield [], result(request, state, 0.0, time.perf_counter() - start)
 
 
+# The options `prepare` takes after the target and the prompts, with their defaults: `generate`,
+# `stream` and `specjax.explain` declare the same ones (tests/test_walkthrough.py holds them
+# equal).
+OPTIONS = {name: parameter.default
+           for name, parameter in inspect.signature(prepare).parameters.items()
+           if parameter.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def collect_options(arguments: dict) -> dict:
+    """The options among a public function's arguments (its `locals()`, read first thing), for
+    `prepare`: the declared ones (`OPTIONS`) and any unknown keyword, which `prepare` names."""
+    return {**{name: arguments[name] for name in OPTIONS}, **arguments["unknown"]}
+
+
 def _request(target, prompts, options: dict) -> Request:
     """`generate`'s and `stream`'s arguments as a request: prepared now, or by the caller."""
     if not isinstance(target, Request):
         if prompts is None:
             raise GenerationError("prompts are required (or pass a prepared Request alone)")
         return prepare(target, prompts, **options)
-    if prompts is not None or options:
-        extra = "prompts" if prompts is not None else f"{sorted(options)[0]!r}"
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise GenerationError(f"unknown keyword argument {unknown[0]!r}")
+    given = [name for name, value in options.items() if not _is_default(value, OPTIONS[name])]
+    if prompts is not None or given:
+        extra = "prompts" if prompts is not None else f"{given[0]!r}"
         raise GenerationError(f"a prepared Request carries its prompts and options; got {extra} "
                               "beside it")
     return target
+
+
+def _is_default(value, default) -> bool:
+    """Whether an option was left at its default (or given exactly that value)."""
+    if value is default:
+        return True
+    try:
+        return type(value) is type(default) and bool(value == default)
+    except (TypeError, ValueError):      # an array: not a default
+        return False
 
 
 def row_keys(seed, rows: int) -> jax.Array:

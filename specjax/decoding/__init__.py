@@ -1,7 +1,7 @@
 """The decoding layer: every method as a pure step function, and the jitted loop that runs it.
 
 `state` (the decode state and the bookkeeping every step shares, the step ending written once),
-`spec` (the static description of one generation), `loop` (prefill, then a `lax.while_loop` over
+`config` (the static description of one generation), `loop` (prefill, then a `lax.while_loop` over
 the method's step), `sharding` (the loop's layout on a device mesh), one module per method
 (`autoregressive`, `speculative`, `ngram`, `medusa`, `eagle`), each with its `init`, `step` and
 own state (`methods`), `speculative_tree` (the draft model's tree step), `trees`

@@ -35,9 +35,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.decoding import trace, trees
+from specjax.decoding import trees
 from specjax.decoding.autoregressive import prefill, prefill_chunk
-from specjax.decoding.state import DecodeState, any_nan, commit, step_keys
+from specjax.decoding.state import DecodeState, any_nan, step_keys
 from specjax.heads import eagle
 from specjax.model.cache import KVCache, TreeAttention
 from specjax.sampling.logits import probs_from_logits
@@ -279,22 +279,18 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     # Steps 1 and 2: catch up, then the tree of candidates.
     if isinstance(spec.tree, DynamicTree):
         tokens, valid, tree, draft_cache, draft_nan = draft_dynamic_tree(spec, params, state)
-        probs, rule = None, "deterministic"
+        candidates = trees.Candidates(tokens, valid, None, "deterministic", tree, draft_nan)
     else:
         tokens, valid, probs, draft_cache, draft_nan = draft_tree(spec, params, state, k_draft)
-        tree, rule = spec.tree, trees.SCHEMES[spec.candidates]
-    # Step 3: one target call over the tree, the walk, and the features of the next catch-up.
-    new, n_accepted, _, target_cache, target_nan, features, details = trees.score_and_verify(
-        spec, params, state, tokens, valid, probs, k_verify, rule, tree,
-        spec.drafter_config.taps)
-    state = trace.record_tree(spec, state, tree, tokens, valid, new, n_accepted, details)
-    features = eagle.from_target(params.drafter, spec.drafter_config, features)
-    # Step 4: commit; finished rows keep their pending pairs.
+        candidates = trees.Candidates(tokens, valid, probs, trees.SCHEMES[spec.candidates],
+                                      spec.tree, draft_nan)
+    # Steps 3 and 4: one target call over the tree, the walk, commit (`trees.step`), and the
+    # features of the next catch-up; finished rows keep their pending pairs.
     active = ~state.done
-    state = commit(spec, state, new, n_accepted, target_cache,
-                   drafted=jnp.sum(valid[:, 1:], axis=1), draft_calls=spec.tree.max_depth,
-                   nan=draft_nan | target_nan)
+    state, verified = trees.step(spec, params, state, candidates, k_verify,
+                                 draft_calls=spec.tree.max_depth, taps=spec.drafter_config.taps)
+    features = eagle.from_target(params.drafter, spec.drafter_config, verified.features)
     old = state.carry
     return state.replace(carry=Carry(draft_cache,
                                      jnp.where(active[:, None, None], features, old.features),
-                                     jnp.where(active, n_accepted + 1, old.pending)))
+                                     jnp.where(active, verified.n_accepted + 1, old.pending)))

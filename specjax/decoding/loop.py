@@ -18,7 +18,7 @@ from jax import lax
 from specjax import mesh as meshes
 from specjax.decoding.methods import MODULES
 from specjax.decoding.sharding import pinned, state_shardings, weight_shardings
-from specjax.decoding.spec import METHODS, DecodeSpec, Weights
+from specjax.decoding.config import METHODS, DecodeSpec, Weights
 from specjax.decoding.state import DecodeState, RowSettings, initial_state
 from specjax.model.linear import use_kernels
 

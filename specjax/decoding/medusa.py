@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.decoding import trace, trees
+from specjax.decoding import trees
 from specjax.decoding.autoregressive import prefill
-from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, step_keys
+from specjax.decoding.state import DecodeState, any_nan, last_tokens, step_keys
 from specjax.heads import medusa
 from specjax.sampling.logits import probs_from_logits
 
@@ -88,13 +88,13 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
     # Step 1: the heads' candidates, from the hidden state the last call left.
     tokens, valid, probs = candidate_tree(spec, params.heads, state, k_draft)
-    # Steps 2 and 3: one target call over the tree, the walk, and the next hidden state.
-    new, n_accepted, _, cache, nan, features, details = trees.score_and_verify(
-        spec, params, state, tokens, valid, probs, k_verify, trees.SCHEMES[spec.candidates])
-    state = trace.record_tree(spec, state, spec.tree, tokens, valid, new, n_accepted, details)
-    new_hidden = jnp.take_along_axis(features, n_accepted[:, None, None], axis=1)[:, 0]
-    # Step 4: commit; finished rows keep their hidden state.
+    candidates = trees.Candidates(tokens, valid, probs, trees.SCHEMES[spec.candidates],
+                                  spec.tree, any_nan(hidden))
+    # Steps 2 to 4: one target call over the tree, the walk, commit (`trees.step`); the same
+    # call's state at the last accepted node is the next step's hidden state. Finished rows
+    # keep theirs.
     active = ~state.done
-    state = commit(spec, state, new, n_accepted, cache, drafted=jnp.sum(valid[:, 1:], axis=1),
-                   nan=nan | any_nan(hidden))
+    state, verified = trees.step(spec, params, state, candidates, k_verify)
+    new_hidden = jnp.take_along_axis(verified.features, verified.n_accepted[:, None, None],
+                                     axis=1)[:, 0]
     return state.replace(carry=Carry(jnp.where(active[:, None], new_hidden, hidden)))

@@ -1,4 +1,4 @@
-"""The decoding methods by name (`spec.METHODS`): each a module with the same three functions.
+"""The decoding methods by name (`config.METHODS`): each a module with the same three functions.
 
   init(spec, weights, prompts, prompt_length) -> (target cache, carry)
       the prefill, and the method's own state (`DecodeState.carry`; None if it has none);

@@ -164,10 +164,9 @@ def lookup_tree(tokens, length, tree, max_n: int, min_n: int):
 
 
 def tree_step(spec, params, state: DecodeState) -> DecodeState:
+    # Step 1: the lookups' trie; every node is a deterministic candidate.
     tokens, filled = jax.vmap(lookup_tree, in_axes=(0, 0, None, None, None))(
         state.tokens, state.length, spec.tree, spec.max_ngram, spec.min_ngram)   # [B, n]
-    new, n_accepted, _, cache, nan, _, details = trees.score_and_verify(
-        spec, params, state, tokens, filled, None, step_keys(state), "deterministic")
-    state = trace.record_tree(spec, state, spec.tree, tokens, filled, new, n_accepted, details)
-    return commit(spec, state, new, n_accepted, cache, drafted=jnp.sum(filled[:, 1:], axis=1),
-                  nan=nan)
+    candidates = trees.Candidates(tokens, filled, None, "deterministic", spec.tree)
+    # Steps 2 to 4: one target call over the tree, the walk, commit (`trees.step`).
+    return trees.step(spec, params, state, candidates, step_keys(state))[0]

@@ -9,7 +9,7 @@ from jax import lax
 
 from specjax import mesh as meshes
 from specjax.decoding.methods import MODULES
-from specjax.decoding.spec import DecodeSpec, Weights
+from specjax.decoding.config import DecodeSpec, Weights
 from specjax.decoding.state import DecodeState
 from specjax.model.cache import KVCache
 

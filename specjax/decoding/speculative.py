@@ -123,8 +123,8 @@ def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs
     """Steps 2 and 3, shared with n-gram decoding.
 
     The target scores [last token, x_1..x_K] at positions length-1 .. length-1+K in one call,
-    then the spec's verification rule (`rejection.verify`) accepts a prefix and draws one more
-    token.
+    then the spec's verification rule (`spec.rules.verify`: `rejection.verify` unless the caller
+    gave other rules) accepts a prefix and draws one more token.
 
     Returns:
       new tokens [B, K + 1] (the accepted drafts, then the residual or bonus token; the rest is
@@ -139,8 +139,13 @@ def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs
                             state.target_cache)
     target_probs = probs_from_logits(pad_vocab(logits, spec.vocab_size),
                                      state.settings.sampling)
-    n_accepted, next_token, details = trace.verify(spec, draft_tokens, draft_probs, target_probs,
-                                                   keys, num_drafted)
+    if spec.trace:      # the same rule, returning its numbers too (`specjax.explain`)
+        n_accepted, next_token, details = spec.rules.verify(
+            draft_tokens, draft_probs, target_probs, keys, num_drafted=num_drafted,
+            with_details=True)
+    else:
+        (n_accepted, next_token), details = spec.rules.verify(
+            draft_tokens, draft_probs, target_probs, keys, num_drafted=num_drafted), None
     new = jnp.concatenate([draft_tokens, jnp.zeros_like(draft_tokens[:, :1])], axis=1)
     new = new.at[jnp.arange(new.shape[0]), n_accepted].set(next_token)
     return new, n_accepted, cache, any_nan(logits), details

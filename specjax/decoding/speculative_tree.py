@@ -8,7 +8,8 @@ two share its `init` and `Carry`).
      draws from its distribution p at the node, independent or without replacement).
   2-3. One target call scores every node; `rejection.verify_tree` walks the tree with the rule
      exact for the scheme (`trees.score_and_verify`).
-  4. Commit, and move the accepted path's cache entries to a chain's slots.
+  4. Commit (`trees.step` runs 2 to 4, as for every tree drafter), and move the accepted
+     path's entries in the draft's cache to a chain's slots.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specjax.decoding import trace, trees
-from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, pad_vocab, step_keys
+from specjax.decoding import trees
+from specjax.decoding.state import DecodeState, any_nan, last_tokens, pad_vocab, step_keys
 from specjax.model.transformer import forward
 from specjax.sampling.logits import probs_from_logits
 
@@ -77,18 +78,13 @@ def step(spec, params, state: DecodeState) -> DecodeState:
 
     # Step 1: the tree of candidates, level by level.
     tokens, valid, probs, draft_cache, draft_nan = draft_tree(spec, params, state, k_draft)
-    # Steps 2 and 3: one target call over the tree, then the walk.
-    new, n_accepted, path, target_cache, target_nan, _, details = trees.score_and_verify(
-        spec, params, state, tokens, valid, probs, k_verify, trees.SCHEMES[spec.candidates])
-    state = trace.record_tree(spec, state, tree, tokens, valid, new, n_accepted, details)
-
-    # Step 4: commit. The draft fed the nodes above the deepest level: after moving the
-    # accepted ones into place it holds the path up to depth D - 1, and catches up on the rest
-    # next step.
+    # Steps 2 to 4: one target call over the tree, the walk, commit (`trees.step`). The draft
+    # fed the nodes above the deepest level: after moving the accepted ones into place it holds
+    # the path up to depth D - 1, and catches up on the rest next step.
+    candidates = trees.Candidates(tokens, valid, probs, trees.SCHEMES[spec.candidates], tree,
+                                  draft_nan)
     old_length = state.length
-    state = commit(spec, state, new, n_accepted, target_cache,
-                   drafted=jnp.sum(valid[:, 1:], axis=1), draft_calls=depth,
-                   nan=draft_nan | target_nan)
-    draft_cache = trees.keep_path(draft_cache, old_length - 1, path, nodes)
+    state, verified = trees.step(spec, params, state, candidates, k_verify, draft_calls=depth)
+    draft_cache = trees.keep_path(draft_cache, old_length - 1, verified.path, nodes)
     draft_cache = draft_cache.with_length(jnp.minimum(state.length - 1, old_length + depth - 1))
     return state.replace(carry=dataclasses.replace(state.carry, draft_cache=draft_cache))

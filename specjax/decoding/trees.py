@@ -1,11 +1,13 @@
 """Token trees in a decoding step, shared by every drafter that fills one (draft model, n-gram
 lookup, Medusa heads, EAGLE): the fill, level by level (`fill`, with the rules' `candidates` for
-drafters that have a distribution), then one target call over the tree, the walk of `rejection.verify_tree`, and the cache
-put back in order (`score_and_verify`).
+drafters that have a distribution), then one target call over the tree, the walk of
+`rejection.verify_tree` and the cache put back in order (`score_and_verify`); then the rest of
+the step every tree method shares, record and commit (`step`).
 
-Every drafter hands over the same three things: the nodes' tokens [B, n] (node 0 is the row's
-last token), which nodes it filled [B, n], and the draft distribution at each node [B, n, V]
-(None for deterministic candidates). The verifier never knows which drafter it serves.
+Every drafter hands over the same `Candidates`: the nodes' tokens [B, n] (node 0 is the row's
+last token), which nodes it filled [B, n], the draft distribution at each node [B, n, V] (None
+for deterministic candidates), and the rule exact for how it drew them. The verifier never
+knows which drafter it serves.
 
 The target call feeds all n nodes at positions length - 1 + depth, in n consecutive cache slots
 after the row's last committed one, each attending to its ancestors only
@@ -16,14 +18,18 @@ rollback.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
 
 from specjax.decoding import trace
-from specjax.decoding.state import DecodeState, any_nan, last_tokens, pad_vocab
+from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, pad_vocab
 from specjax.model import cache as kv
 from specjax.model.cache import KVCache, TreeAttention
 from specjax.model.transformer import lm_head, tapped_states
 from specjax.sampling.logits import probs_from_logits
+from specjax.sampling.tree import RowTrees, Tree
 
 # How each candidate scheme a drafter can use is verified (`rejection.RULES`).
 SCHEMES = {"top": "deterministic", "iid": "iid", "distinct": "without_replacement"}
@@ -75,26 +81,46 @@ def keep_path(cache: KVCache, root, path, nodes: int) -> KVCache:
                    cache.first)
 
 
-def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_probs, keys, rule,
-                     tree=None, taps: tuple[int, ...] = ()):
-    """The target scores every node of the tree in one call; the walk accepts a path.
+class Candidates(NamedTuple):
+    """A drafted token tree, as every drafter hands it to the verifier (step 1 of a tree step)."""
+    tokens: jax.Array             # [B, n] int32: the nodes' tokens, node 0 each row's last token
+    valid: jax.Array              # [B, n] bool: the nodes the drafter filled
+    probs: jax.Array | None       # [B, n, V] the draft distribution at each node; None for
+    #                               deterministic candidates, whose rule does not read it
+    rule: str                     # the verification rule of the scheme that drew them (`SCHEMES`)
+    tree: Tree | RowTrees         # the static tree, or one tree per row (EAGLE-2)
+    nan: jax.Array | bool = False  # whether drafting saw a NaN
+
+
+class Verified(NamedTuple):
+    """What one target call over a tree and the walk give (`score_and_verify`)."""
+    new: jax.Array                # [B, D + 1] the accepted path's tokens, then the residual or
+    #                               bonus token (`n_accepted` + 1 of them are real)
+    n_accepted: jax.Array         # [B] the depth the walk reached
+    path: jax.Array               # [B, D] the accepted node at each depth
+    cache: KVCache                # the target's, with the path in a chain's slots
+    nan: jax.Array                # whether the target's logits had a NaN
+    features: jax.Array           # [B, D + 1, D'] the target's features along root and path
+    details: dict | None          # with `spec.trace`, the walk's numbers
+
+
+def score_and_verify(spec, params, state: DecodeState, candidates: Candidates, keys,
+                     taps: tuple[int, ...] = ()) -> Verified:
+    """Steps 2 and 3 of a tree step: the target scores every node of the tree in one call, and
+    the spec's rule (`spec.rules.verify_tree`: `rejection.verify_tree` unless the caller gave
+    other rules) walks it and accepts a path.
 
     Args:
-      tokens: [B, n] the nodes' tokens, node 0 being each row's last token; valid: [B, n] bool;
-      draft_probs: [B, n, V] or None; keys: [B]; rule: the verification rule of the scheme;
-      tree: the tree (default spec.tree), or `RowTrees` for one tree per row.
+      candidates: the drafted tree; keys: [B] the walk's keys; taps: the target layers whose
+        states an EAGLE-3 drafter reads (`transformer.tapped_states`), () for the final-normed
+        hidden states.
     Returns:
-      new tokens [B, D + 1] (the accepted path, then the residual or bonus token), n_accepted
-      [B], the accepted path [B, D] (node indices), the target's cache with the path in
-      consecutive slots, whether a NaN was seen, and the target's features (final-normed hidden
-      states) along the tree's root and the accepted path [B, D + 1, D_model]: entry j is the
-      state that produced the path's token j + 1 (entries past n_accepted are stale). Medusa
-      heads read entry n_accepted, the state that produced the new last token; an EAGLE
-      drafter reads them all; other drafters ignore them. With `taps`, the features are the
-      tapped states instead (`transformer.tapped_states`): an EAGLE-3 drafter's. Last, with
-      `spec.trace`, the walk's numbers (`trace.verify_tree`; else None).
+      `Verified`. Its features are the target's states along the tree's root and the accepted
+      path [B, D + 1, D']: entry j is the state that produced the path's token j + 1 (entries
+      past n_accepted are stale). Medusa heads read entry n_accepted, the state that produced
+      the new last token; an EAGLE drafter reads them all; other drafters ignore them.
     """
-    tree = spec.tree if tree is None else tree
+    tokens, valid, tree = candidates.tokens, candidates.valid, candidates.tree
     _, root = last_tokens(state, 1)
     root = root[:, 0]                                                  # [B] slot = position
     x, tapped, cache = tapped_states(params.target, spec.target_config, tokens,
@@ -103,8 +129,11 @@ def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_prob
     logits = lm_head(params.target, spec.target_config, x)                  # [B, n, V']
     target_probs = probs_from_logits(pad_vocab(logits, spec.vocab_size),
                                      state.settings.sampling)
-    n_accepted, path, next_token, details = trace.verify_tree(spec, tree, rule, tokens, valid,
-                                                              draft_probs, target_probs, keys)
+    walk = (tree, candidates.rule, tokens, valid, candidates.probs, target_probs, keys)
+    if spec.trace:      # the same rule, returning its numbers too (`specjax.explain`)
+        n_accepted, path, next_token, details = spec.rules.verify_tree(*walk, with_details=True)
+    else:
+        (n_accepted, path, next_token), details = spec.rules.verify_tree(*walk), None
     new = jnp.take_along_axis(tokens, path, axis=1)                    # [B, D]
     new = jnp.concatenate([new, jnp.zeros_like(new[:, :1])], axis=1)   # [B, D + 1]
     new = new.at[jnp.arange(new.shape[0]), n_accepted].set(next_token)
@@ -112,5 +141,20 @@ def score_and_verify(spec, params, state: DecodeState, tokens, valid, draft_prob
     nodes = jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1)   # [B, D + 1]
     features = jnp.take_along_axis(x if tapped is None else tapped, nodes[:, :, None],
                                    axis=1)                                  # [B, D + 1, D']
-    return new, n_accepted, path, cache, any_nan(logits), features, details
+    return Verified(new, n_accepted, path, cache, any_nan(logits), features, details)
 
+
+def step(spec, params, state: DecodeState, candidates: Candidates, keys, *,
+         draft_calls: int = 0, taps: tuple[int, ...] = ()) -> tuple[DecodeState, Verified]:
+    """Steps 2 to 4 of every tree step, whichever drafter filled the tree: score and walk
+    (`score_and_verify`), keep the numbers for `specjax.explain` (`trace.record_tree`), commit.
+
+    Returns the committed state and the `Verified` result, from which a method updates its own
+    carry (a draft cache to put in order, the hidden state or features of the next step).
+    """
+    verified = score_and_verify(spec, params, state, candidates, keys, taps)
+    state = trace.record_tree(spec, state, candidates.tree, candidates.tokens, candidates.valid,
+                              verified.new, verified.n_accepted, verified.details)
+    return commit(spec, state, verified.new, verified.n_accepted, verified.cache,
+                  drafted=jnp.sum(candidates.valid[:, 1:], axis=1), draft_calls=draft_calls,
+                  nan=candidates.nan | verified.nan), verified

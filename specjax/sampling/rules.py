@@ -9,11 +9,16 @@ rule that is exact for its candidate scheme. Passing other rules to `specjax.gen
 rules=Rules(verify=...))` runs every method with them, so that a rule can be studied under the
 distribution tests: the negative controls of tests/test_distribution.py pass deliberately
 broken rules and the tests must catch them.
+
+`specjax.explain` runs the same rules with `with_details=True`: a `verify` or `verify_tree` it
+shows must take that keyword (as the defaults do) and return its numbers, so the numbers shown
+are those of the rule that chose the tokens (`returns_details`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Callable
 
 import jax
@@ -59,7 +64,6 @@ def candidates(scheme: str, key, logits, p, width: int):
     return tokens.astype(jnp.int32), scores > -jnp.inf
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Rules:
     """Static (hashable) like the rest of a decoding spec; each field is a function with the
@@ -68,3 +72,14 @@ class Rules:
     candidates: Callable = candidates
     verify: Callable = verify
     verify_tree: Callable = verify_tree
+
+
+def returns_details(rule: Callable) -> bool:
+    """Whether a verification rule takes `with_details` (and so can return the numbers it
+    computed, as `rejection.verify` and `rejection.verify_tree` do)."""
+    try:
+        parameters = inspect.signature(rule).parameters
+    except (TypeError, ValueError):       # a builtin or C function: nothing to read
+        return False
+    return "with_details" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
