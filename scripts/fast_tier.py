@@ -22,12 +22,17 @@ LIST = Path(__file__).resolve().parent.parent / "tests" / "fast_tier.txt"
 
 
 def measured(junit: Path) -> dict[str, float]:
-    """{node id: seconds (setup, call and teardown)} from a pytest --junitxml file."""
+    """{node id: seconds (setup, call and teardown)} from a pytest --junitxml file, and for each
+    parametrized function the sum over its parameters."""
     times = {}
     for case in ElementTree.parse(junit).iter("testcase"):
         module = case.get("classname").replace(".", "/") + ".py"
         name = case.get("name").split("@", 1)[0]       # pytest-xdist's group suffix
-        times[f"{module}::{name}"] = float(case.get("time"))
+        node_id, seconds = f"{module}::{name}", float(case.get("time"))
+        times[node_id] = seconds
+        if "[" in name:         # a line naming the function stands for all its parameters
+            function = node_id.split("[", 1)[0]
+            times[function] = times.get(function, 0.0) + seconds
     return times
 
 

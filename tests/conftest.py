@@ -89,8 +89,8 @@ _FAST_COLLECTED = pytest.StashKey["FastCollected"]()
 
 
 def fast_tier() -> dict[str, float]:
-    """tests/fast_tier.txt as {node id: seconds}: a line is `seconds node-id`; `#` starts a
-    comment."""
+    """tests/fast_tier.txt as {node id: seconds}: a line is `seconds node-id`, where a test
+    function named without `[...]` stands for all its parameters; `#` starts a comment."""
     tests = {}
     for number, line in enumerate(FAST_TIER.read_text().splitlines(), 1):
         line = line.split("#", 1)[0].strip()
@@ -104,6 +104,12 @@ def fast_tier() -> dict[str, float]:
 
 def _node_id(item) -> str:
     return item.nodeid.split("@", 1)[0]          # without pytest-xdist's `@group` suffix
+
+
+def _listed(node_id: str, listed) -> bool:
+    """Whether the list names the test, or its function with every parameter (a line without
+    `[...]`: test_layout's one case per module, test_docs' per page)."""
+    return node_id in listed or node_id.split("[", 1)[0] in listed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,13 +133,13 @@ def pytest_collection_modifyitems(config, items):
         frozenset(map(_node_id, items)),
         frozenset(_node_id(item) for item in items if item.get_closest_marker("fast")),
         whole_suite)
-    for item in items:
-        if _node_id(item) in listed:
-            item.add_marker(pytest.mark.fast)
+    fast = [item for item in items if _listed(_node_id(item), listed)]
+    for item in fast:
+        item.add_marker(pytest.mark.fast)
     if config.getoption("all_tiers") or not whole_suite:
         return
-    config.hook.pytest_deselected(items=[item for item in items if _node_id(item) not in listed])
-    items[:] = [item for item in items if _node_id(item) in listed]
+    config.hook.pytest_deselected(items=[item for item in items if item not in fast])
+    items[:] = fast
 
 
 def pytest_report_header(config):
