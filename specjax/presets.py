@@ -68,6 +68,9 @@ def add_model_arguments(parser: argparse.ArgumentParser,
     group.add_argument("--dtype", choices=("float32", "bfloat16", "int8"), default="float32",
                        help="the weights' dtype (default: float32); int8: 8-bit matrices "
                             "(GGUF Q8_0's layout), float32 activations")
+    group.add_argument("--drafter-dtype", choices=("float32", "bfloat16", "int8"),
+                       help="the dtype the draft model, Medusa heads or EAGLE drafter runs in "
+                            "(default: --dtype)")
     group.add_argument("--mesh", metavar="data=N,model=M",
                        help="run on a device mesh: rows split over N devices, the target's "
                             "heads, MLP and vocabulary over M (default: one device; on a CPU "

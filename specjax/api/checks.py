@@ -16,6 +16,7 @@ from specjax.heads.eagle import Drafter
 from specjax.heads.medusa import Heads
 from specjax.io.checkpoint import Model
 from specjax.io.sidecar import check_target
+from specjax.model.config import DTYPES
 from specjax.sampling.logits import Sampling, SamplingParams
 from specjax.sampling.tree import DynamicTree, Tree, TreeError
 
@@ -224,6 +225,25 @@ def check_drafter(drafter, tree, target, k: int, all_greedy: bool = True):
     if not all_greedy and drafter.sampled_tree is not None:
         return drafter.sampled_tree
     return drafter.tree if drafter.tree is not None else Tree.chain(k)
+
+
+# The methods with a drafter of their own, and the dtypes it can run in.
+DRAFTER_METHODS = ("speculative", "medusa", "eagle")
+
+
+def check_drafter_dtype(dtype, method: str, target: Model, mesh=None) -> str:
+    """The dtype the method's drafter runs in: `dtype`, else the target's."""
+    if dtype is None:
+        return target.config.dtype
+    if method not in DRAFTER_METHODS:
+        raise GenerationError(f"drafter_dtype applies to methods {', '.join(DRAFTER_METHODS)}, "
+                              f"not {method!r}")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise GenerationError(f"drafter_dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype == "int8" and mesh is not None:
+        raise GenerationError("drafter_dtype 'int8' does not run on a device mesh (8-bit "
+                              "matrices have no sharding table): use float32 or bfloat16")
+    return dtype
 
 
 def check_tree_fits_heads(tree: Tree, heads: Heads) -> None:

@@ -31,6 +31,7 @@ from specjax.api.checks import (
     bucket,
     check_compatible,
     check_drafter,
+    check_drafter_dtype,
     check_heads,
     check_int,
     check_sampling,
@@ -53,6 +54,7 @@ from specjax.heads import eagle
 from specjax.heads.eagle import Drafter
 from specjax.heads.medusa import Heads, runtime_weights
 from specjax.io.checkpoint import Model
+from specjax.model.transformer import in_dtype
 from specjax.sampling.rules import Rules
 from specjax.sampling.tree import DynamicTree
 
@@ -93,7 +95,8 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
             heads: Heads | None = None, drafter: Drafter | None = None,
             k_schedule: str = "constant", k_start: int | None = None,
             confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
-            rules: Rules | None = None, kernels: bool | None = None, **unknown) -> Request:
+            rules: Rules | None = None, kernels: bool | None = None,
+            drafter_dtype: str | None = None, **unknown) -> Request:
     """Validates everything and builds the static spec and the device inputs: `generate`'s
     arguments (its docstring says what each means) as a `Request`."""
     if unknown:
@@ -102,6 +105,7 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
         raise GenerationError(f"rules must be a specjax.sampling.rules.Rules, got {rules!r}")
     if method not in METHODS:
         raise GenerationError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    drafter_dtype = check_drafter_dtype(drafter_dtype, method, target, mesh)
     if method != "autoregressive":
         check_int("k", k, 1)
     sampling = check_sampling(temperature, top_k, top_p, min_p)
@@ -112,7 +116,7 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
     all_greedy = not np.any(sampling.temperature)
     if method == "eagle":
         tree = check_drafter(drafter, tree, target, k, all_greedy)
-        drafter = eagle.resolve_taps(drafter, target.config)
+        drafter = eagle.with_dtype(eagle.resolve_taps(drafter, target.config), drafter_dtype)
     elif drafter is not None:
         raise GenerationError(f"drafter applies to method 'eagle', not {method!r}")
     tree, candidates = check_tree(method, tree, candidates, all_greedy, target)
@@ -129,6 +133,7 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
         if draft is None:
             raise GenerationError("method 'speculative' needs a draft model (draft=...)")
         check_compatible(target, draft)
+        draft = in_dtype(draft, drafter_dtype)
     else:
         draft = None
     prompt_array, lengths = prompt_matrix(target, prompts)
@@ -188,7 +193,7 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
                       mesh=mesh, shard_draft=shard_draft, rules=rules or Rules(),
                       kernels=kernels_switch(kernels) and mesh is None and specjax_kernels.ensure())
     weights = Weights(target.params, draft.params if draft else None,
-                      runtime_weights(heads, target) if method == "medusa" else None,
+                      runtime_weights(heads, target, drafter_dtype) if method == "medusa" else None,
                       eagle.runtime_weights(drafter, target) if method == "eagle" else None)
     settings = RowSettings(sampling, max_new, stops)
     request = Request(spec, weights, prompt_array.astype(np.int32), lengths,
@@ -232,6 +237,7 @@ def generate(target: Model | Request, prompts=None, *, method: str = "autoregres
              k_schedule: str = "constant", k_start: int | None = None,
              confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
              rules: Rules | None = None, kernels: bool | None = None,
+            drafter_dtype: str | None = None,
              **unknown) -> GenerationResult:
     """Generates up to `max_new_tokens` tokens for each prompt with the chosen method.
 
@@ -289,6 +295,9 @@ def generate(target: Model | Request, prompts=None, *, method: str = "autoregres
         built on first use; without a compiler, on a GPU or on a mesh XLA's formulation runs.
         Outputs are the same up to float32 rounding; the switch is part of the compiled
         program's key.
+      drafter_dtype: the dtype the draft model, Medusa heads or EAGLE drafter runs in:
+        "float32", "bfloat16" or "int8" (default: the target's, so their products take the
+        same kernels as the target's).
     """
     request = _request(target, prompts, collect_options(locals()))
     compiled, compile_s = _compiled(request)
@@ -306,6 +315,7 @@ def stream(target: Model | Request, prompts=None, *, method: str = "autoregressi
            k_schedule: str = "constant", k_start: int | None = None,
            confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
            rules: Rules | None = None, kernels: bool | None = None,
+            drafter_dtype: str | None = None,
            **unknown) -> Iterator[tuple[list[list[int]], GenerationResult | None]]:
     """Generates step by step from Python, yielding each step's new tokens per row.
 

@@ -117,7 +117,7 @@ def parse_settings(args) -> dict:
                     k_schedules=_schedules(args.k_schedules),
                     confidence_threshold=args.confidence_threshold,
                     batch=positive_ints("--batch", args.batch) if args.batch else [],
-                    mesh=parse_mesh(args.mesh),
+                    mesh=parse_mesh(args.mesh), drafter_dtype=args.drafter_dtype,
                     peers=args.peers if args.peers is not None else not args.quick)
     for name, minimum in (("reps", 1), ("warmup", 0), ("max_new_tokens", 1), ("max_ngram", 1),
                           ("seed", 0)):

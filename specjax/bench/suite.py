@@ -324,6 +324,8 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, beside=No
             extra = dict(draft=draft, k=k or 1)
         if schedule != CONSTANT:
             extra["k_schedule"] = schedule
+        if method in ("speculative", "medusa", "eagle") and settings.get("drafter_dtype"):
+            extra["drafter_dtype"] = settings["drafter_dtype"]
         if schedule == "confidence":
             extra["confidence_threshold"] = settings["confidence_threshold"]
         request = prepare(model, [prompt["ids"]], method=method, **extra,

@@ -145,7 +145,8 @@ def run_generate(args) -> int:
                    top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed, max_ngram=args.max_ngram,
                    min_ngram=args.min_ngram, tree=read_tree(args, methods),
                    candidates=args.candidates, k_schedule=args.k_schedule, k_start=args.k_start,
-                   confidence_threshold=args.confidence_threshold)
+                   confidence_threshold=args.confidence_threshold,
+                   drafter_dtype=args.drafter_dtype)
     check_numbers(methods, options)
     mesh_shape = parse_mesh(args.mesh)
     if args.trace is not None and args.trace < 1:
@@ -269,6 +270,8 @@ def for_method(method: str, options: dict, several: bool) -> dict:
     no_schedule = dict(k_schedule="constant", k_start=None, confidence_threshold=None)
     if several and method in ("autoregressive", "medusa", "eagle"):
         options = dict(options, **no_schedule)
+    if several and method in ("autoregressive", "ngram"):   # no drafter of their own
+        options = dict(options, drafter_dtype=None)
     if several and method == "autoregressive":
         return dict(options, tree=None, candidates=None)
     if several and method == "ngram":

@@ -54,17 +54,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.heads.shared import full_logits, projection, target_identity
+from specjax.heads.shared import full_logits, in_dtype, projection, target_identity
 from specjax.model.cache import KVCache, TreeAttention
 from specjax.model.config import ModelConfig
 from specjax.model.layers import lookup, rms_norm
+from specjax.model.linear import linear
 from specjax.model.transformer import Model, decoder_layers, final_norm, init_params
 from specjax.model.transformer import param_shapes as transformer_param_shapes
 from specjax.sampling.tree import DynamicTree, Tree
 
 __all__ = ["HEADS", "KINDS", "MODEL_TYPE", "STYLES", "Drafter", "DrafterConfig",
            "default_taps", "draft_features", "draft_logits", "embedding", "from_target",
-           "full_logits", "init_drafter", "param_shapes", "resolve_taps", "runtime_weights"]
+           "full_logits", "init_drafter", "param_shapes", "resolve_taps", "runtime_weights",
+           "with_dtype"]
 
 MODEL_TYPE = "eagle"
 KINDS = ("eagle1", "eagle3")
@@ -173,6 +175,17 @@ def resolve_taps(drafter: "Drafter", target_config: ModelConfig) -> "Drafter":
     config = dataclasses.replace(drafter.config, taps=default_taps(target_config.n_layers),
                                  defer_taps=False)
     return dataclasses.replace(drafter, config=config)
+
+
+def with_dtype(drafter: "Drafter", dtype: str) -> "Drafter":
+    """`drafter` with its weights, activations and cache in `dtype` ("float32", "bfloat16" or
+    "int8": 8-bit matrices, float32 activations), itself when they are. `generate` gives it
+    its target's dtype unless told otherwise (`drafter_dtype`)."""
+    if drafter.config.layer.dtype == dtype:
+        return drafter
+    layer = drafter.config.layer.replace(dtype=dtype)
+    return dataclasses.replace(drafter, config=dataclasses.replace(drafter.config, layer=layer),
+                               params=in_dtype(drafter.params, dtype))
 
 
 def layer_config(config: ModelConfig) -> ModelConfig:
@@ -285,12 +298,12 @@ def embedding(weights: dict, target_weights: dict) -> jax.Array:
 def runtime_weights(drafter: Drafter, target: Model) -> dict:
     """What the compiled step reads: the drafter's weights, the target ids of its logits and
     the head's rows `proj` [S, D] (the target's LM head, its rows for the subset, or the
-    drafter's own lm_head)."""
+    drafter's own lm_head), all in the drafter's dtype (`with_dtype`)."""
     config = drafter.config
     if config.head == "own":
         proj = drafter.params["lm_head"]
     else:
-        proj = projection(target, drafter.token_ids)
+        proj = projection(target, drafter.token_ids, config.layer.dtype)
     weights = {k: v for k, v in drafter.params.items() if k != "lm_head"}
     return dict(weights, ids=jnp.asarray(drafter.token_ids), proj=proj)
 
@@ -300,8 +313,7 @@ def from_target(weights: dict, config: DrafterConfig, features: jax.Array) -> ja
     hidden states as they are, or EAGLE-3's taps [..., n * D_t] reduced by fc."""
     if config.kind != "eagle3":
         return features
-    w = weights["fc"]["w"]
-    return jnp.einsum("...E,DE->...D", features.astype(w.dtype), w)
+    return linear(features.astype(config.layer.compute_dtype), weights["fc"]["w"])  # .E,DE->.D
 
 
 def draft_features(weights: dict, config: DrafterConfig, embed, features, tokens, positions,
@@ -313,8 +325,9 @@ def draft_features(weights: dict, config: DrafterConfig, embed, features, tokens
     among themselves, causally, as in training). `embed`: `embedding(...)`, [V, D]."""
     layer = weights["layers"][0]
     eps = config.layer.norm_eps
-    e = lookup(embed, tokens)                                                 # [B, T, D]
-    features = features.astype(e.dtype)
+    dtype = config.layer.compute_dtype
+    e = lookup(embed, tokens).astype(dtype)                                   # [B, T, D]
+    features = features.astype(dtype)
     if config.kind == "eagle3":
         hidden = rms_norm(features, layer["hidden_norm"]["scale"], eps)
         attn_input = jnp.concatenate([rms_norm(e, layer["attn_norm"]["scale"], eps), hidden],
@@ -322,8 +335,8 @@ def draft_features(weights: dict, config: DrafterConfig, embed, features, tokens
         x = hidden if config.norm_before_residual else features
     else:
         pair = [features, e] if config.style == "specjax" else [e, features]
-        x = jnp.einsum("BTE,DE->BTD", jnp.concatenate(pair, axis=-1), weights["fc"]["w"]) \
-            + weights["fc"]["b"]
+        x = linear(jnp.concatenate(pair, axis=-1), weights["fc"]["w"]) \
+            + weights["fc"]["b"]                                                    # BTE,DE->BTD
         attn_input = None if config.style == "specjax" else x   # published: no input norm
     x, cache = decoder_layers(weights["layers"], config.layer, x, positions, cache, tree,
                               attn_input)
@@ -337,5 +350,4 @@ def draft_logits(weights: dict, config: DrafterConfig, out: jax.Array) -> jax.Ar
     (EAGLE-3 normalises first: its norm sits before the head, not on what is fed back)."""
     if config.kind == "eagle3":
         out = final_norm(weights, config.layer, out)
-    return jnp.einsum("...D,SD->...S", out, weights["proj"],
-                      preferred_element_type=jnp.float32).astype(jnp.float32)
+    return linear(out, weights["proj"], out_dtype=jnp.float32)                 # .D,SD->.S

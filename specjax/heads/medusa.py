@@ -37,7 +37,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.heads.shared import full_logits, projection, target_identity
+from specjax.heads.shared import full_logits, in_dtype, projection, target_identity
+from specjax.model.linear import linear
+from specjax.model.quant import Int8Weight
 from specjax.model.transformer import Model
 from specjax.sampling.tree import Tree
 
@@ -113,22 +115,33 @@ def init_heads(config: HeadsConfig, target: Model, token_ids=None, seed: int = 0
     return Heads(config, params, token_ids, target_identity(target, token_ids), tree)
 
 
-def runtime_weights(heads: Heads, target: Model) -> dict:
-    """What the compiled step reads: the blocks, the ids of the logits and the head's rows
-    (`proj`: the subset's rows of the target's LM head [S, D], or each head's own [K, V, D])."""
-    proj = (jnp.stack(heads.params["lm_heads"]) if heads.config.head == "own"
-            else projection(target, heads.token_ids))
-    return {"blocks": heads.params["blocks"], "ids": jnp.asarray(heads.token_ids), "proj": proj}
+def runtime_weights(heads: Heads, target: Model, dtype: str = "float32") -> dict:
+    """What the compiled step reads, in `dtype` (`generate` passes the target's unless told
+    otherwise, `drafter_dtype`): the blocks (`runtime_blocks`), the ids of the logits and the
+    head's rows (`proj`: the subset's rows of the target's LM head [S, D], or each head's own
+    [K, V, D])."""
+    if heads.config.head == "own":
+        proj = in_dtype({"proj": jnp.stack(heads.params["lm_heads"])}, dtype)["proj"]
+    else:
+        proj = projection(target, heads.token_ids, dtype)
+    blocks = in_dtype({"blocks": runtime_blocks(heads.params["blocks"])}, dtype)["blocks"]
+    return {"blocks": blocks, "ids": jnp.asarray(heads.token_ids), "proj": proj}
+
+
+def runtime_blocks(blocks: list) -> list:
+    """The heads' blocks as `features` reads them: each "w" [out, in], as every matrix the
+    model multiplies by (`specjax.model.linear`); `Heads.params` keeps Medusa's [in, out]."""
+    return [[dict(block, w=jnp.transpose(block["w"])) for block in head] for head in blocks]
 
 
 def features(weights: dict, hidden: jax.Array, count: int | None = None) -> jax.Array:
     """The first `count` heads' residual blocks (default all K) on hidden states [..., D]:
-    [..., count, D]."""
+    [..., count, D]. The blocks are `runtime_blocks`."""
     out = []
     for blocks in weights["blocks"][:count]:
         z = hidden
         for block in blocks:
-            z = z + jax.nn.silu(z @ block["w"] + block["b"])
+            z = z + jax.nn.silu(linear(z, block["w"]) + block["b"])       # .D,ED->.E
         out.append(z)
     return jnp.stack(out, axis=-2)
 
@@ -138,7 +151,13 @@ def subset_logits(weights: dict, hidden: jax.Array, count: int | None = None) ->
     [..., count, S], float32 (default all K heads; a tree of depth d needs only d)."""
     z, proj = features(weights, hidden, count), weights["proj"]
     if proj.ndim == 3:                              # each head its own LM head [K, V, D]
-        return jnp.einsum("...KD,KSD->...KS", z, proj[:z.shape[-2]],
-                          preferred_element_type=jnp.float32).astype(jnp.float32)
-    return jnp.einsum("...KD,SD->...KS", z, proj,
-                      preferred_element_type=jnp.float32).astype(jnp.float32)
+        return jnp.stack([linear(z[..., k, :], _head(proj, k), out_dtype=jnp.float32)
+                          for k in range(z.shape[-2])], axis=-2)          # .KD,KSD->.KS
+    return linear(z, proj, out_dtype=jnp.float32)                         # .KD,SD->.KS
+
+
+def _head(proj, k: int):
+    """Head k's own LM head of the stacked [K, V, D] (an 8-bit one's values and scales)."""
+    if isinstance(proj, Int8Weight):
+        return Int8Weight(proj.values[k], proj.scales[k])
+    return proj[k]

@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.model.quant import rows
+from specjax.model.quant import MATRICES, Int8Weight, convert, rows
 from specjax.model.transformer import Model
 
-__all__ = ["PROJECTION", "TARGET_FIELDS", "full_logits", "projection", "target_identity",
-           "tokenizer_digest"]
+__all__ = ["DRAFTER_MATRICES", "PROJECTION", "TARGET_FIELDS", "full_logits", "in_dtype",
+           "projection", "target_identity", "tokenizer_digest"]
 
 PROJECTION = "target_lm_head_subset"
 # Architecture fields of the target that a drafter is bound to.
@@ -38,11 +38,27 @@ def tokenizer_digest(tokenizer) -> str | None:
     return hashlib.sha256(json.dumps(vocab, sort_keys=True).encode()).hexdigest()
 
 
-def projection(target: Model, token_ids) -> jax.Array:
-    """The target's LM-head rows for `token_ids`: [S, D] (float32 for an 8-bit target: its
-    rows dequantised)."""
+# The matrices of drafters' weight trees (`runtime_weights`): the model's, and Medusa's block
+# and EAGLE's fusion "w", the head's rows "proj".
+DRAFTER_MATRICES = (*MATRICES, "w", "proj")
+
+
+def projection(target: Model, token_ids, dtype: str | None = None) -> jax.Array:
+    """The target's LM-head rows for `token_ids`: [S, D], in `dtype` (default: the target's
+    weights' own, float32 for an 8-bit target, its rows dequantised). An 8-bit target's rows
+    in "int8" are its own values and scales, not quantised again."""
     ids = jnp.asarray(token_ids)
-    return rows(target.params["embed" if target.config.tie_embeddings else "lm_head"], ids)
+    head = target.params["embed" if target.config.tie_embeddings else "lm_head"]
+    if dtype == "int8" and isinstance(head, Int8Weight):
+        return Int8Weight(head.values[ids], head.scales[ids])
+    picked = rows(head, ids)
+    return picked if dtype is None else in_dtype({"proj": picked}, dtype)["proj"]
+
+
+def in_dtype(weights: dict, dtype: str) -> dict:
+    """A drafter's weight tree in `dtype` (`specjax.model.quant.convert`): the target's dtype
+    by default, so its products take the same kernels as the target's (`linear`)."""
+    return convert(weights, dtype, DRAFTER_MATRICES)
 
 
 def target_identity(target: Model, token_ids) -> dict:

@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["BLOCK", "MATRICES", "Int8Weight", "dequantize", "quantize", "quantize_params", "rows"]
+__all__ = ["BLOCK", "MATRICES", "Int8Weight", "convert", "dequantize", "quantize", "quantize_params",
+           "rows"]
 
 BLOCK = 32
 # Parameters whose last two axes are inputs (the rest: only the last).
@@ -113,12 +114,28 @@ def rows(table, ids: jax.Array) -> jax.Array:
     return dequantize(picked)
 
 
-def quantize_params(params: dict) -> dict:
-    """A parameter tree (`specjax.model.transformer`) with every matrix in `MATRICES` as an
-    `Int8Weight`; other parameters as float32."""
-    def convert(path, leaf):
-        name = path[-1].key if isinstance(path[-1], jax.tree_util.DictKey) else None
-        if name in MATRICES:
-            return quantize(leaf, 2 if name in _TWO_INPUT_AXES else 1)
-        return jnp.asarray(leaf, jnp.float32)
-    return jax.tree_util.tree_map_with_path(convert, params)
+def quantize_params(params: dict, matrices=MATRICES) -> dict:
+    """A parameter tree (`specjax.model.transformer`) with every matrix named in `matrices` as
+    an `Int8Weight`; other parameters as float32."""
+    return convert(params, "int8", matrices)
+
+
+def convert(tree, dtype: str, matrices=MATRICES):
+    """A tree of weights in `dtype`: "float32" or "bfloat16" casts every floating leaf (an
+    `Int8Weight` dequantised first); "int8" quantises the leaves whose dict key is in
+    `matrices` (an `Int8Weight` kept as it is) and casts the other floating leaves to float32.
+    Integer leaves (token ids) are kept. Drafters use it to follow their target's dtype with
+    their own matrix names (`specjax.heads.shared.in_dtype`)."""
+    def leaf_of(path, leaf):
+        name = path[-1].key if path and isinstance(path[-1], jax.tree_util.DictKey) else None
+        if isinstance(leaf, Int8Weight):
+            return leaf if dtype == "int8" else dequantize(leaf).astype(dtype)
+        if not jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.floating):
+            return leaf
+        if dtype == "int8":
+            if name in matrices:
+                return quantize(leaf, 2 if name in _TWO_INPUT_AXES else 1)
+            return jnp.asarray(leaf, jnp.float32)
+        return jnp.asarray(leaf, dtype)
+    return jax.tree_util.tree_map_with_path(leaf_of, tree,
+                                            is_leaf=lambda a: isinstance(a, Int8Weight))

@@ -53,7 +53,7 @@ from specjax.model.layers import (
     rope_tables,
 )
 from specjax.model.linear import linear
-from specjax.model.quant import Int8Weight, quantize_params
+from specjax.model.quant import Int8Weight, convert, quantize_params
 
 Params = dict
 
@@ -325,10 +325,17 @@ def unstack_layers(stacked: dict, n_layers: int) -> list[dict]:
 
 
 def cast_params(params: Params, dtype) -> Params:
-    """Every parameter in `dtype` ("int8": the matrices quantised, `specjax.model.quant`)."""
-    if jnp.dtype(dtype) == jnp.int8:
-        return quantize_params(params)
-    return jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
+    """Every parameter in `dtype` ("int8": the matrices quantised, `specjax.model.quant`; 8-bit
+    matrices cast to a float dtype are dequantised first)."""
+    return convert(params, str(jnp.dtype(dtype)) if dtype != "int8" else "int8")
+
+
+def in_dtype(model: Model, dtype: str) -> Model:
+    """`model` with its weights, activations and cache in `dtype` (itself when they are)."""
+    if model.config.dtype == dtype:
+        return model
+    return dataclasses.replace(model, config=model.config.replace(dtype=dtype),
+                               params=cast_params(model.params, dtype))
 
 
 def count_params(params: Params) -> int:

@@ -113,7 +113,8 @@ def labels(features: Features, heads: int, index: np.ndarray) -> np.ndarray:
 def _loss(trainable, frozen, batch, config: heads_math.HeadsConfig, decay: float):
     """The heads' weighted cross-entropy and, per head, [loss, top-1 accuracy] for the log."""
     proj = jnp.stack(trainable["lm_heads"]) if config.head == "own" else frozen["proj"]
-    logits = heads_math.subset_logits({"blocks": trainable["blocks"], "proj": proj},
+    logits = heads_math.subset_logits({"blocks": heads_math.runtime_blocks(trainable["blocks"]),
+                                       "proj": proj},
                                       batch["final"])                          # [B, T, K, S]
     target = batch["labels"]                                                   # [B, T, K]
     mask = (target >= 0).astype(jnp.float32)

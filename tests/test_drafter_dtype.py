@@ -1,0 +1,137 @@
+"""Drafters in their target's dtype: the draft model, Medusa heads and EAGLE drafters run in the
+target's dtype by default (`drafter_dtype=` / `--drafter-dtype` override it), and every product
+they make goes through `specjax.model.linear`, so the CPU kernels serve it as they serve the
+target's. Each dtype keeps greedy decoding equal to greedy autoregressive decoding."""
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from specjax.api.generate import GenerationError, generate, prepare
+from specjax.heads import eagle, medusa
+from specjax.model.cache import KVCache
+from specjax.model.linear import use_kernels
+from specjax.model.quant import Int8Weight
+from specjax.model.transformer import in_dtype
+from specjax import kernels as specjax_kernels
+from specjax.testing.law import llama_config
+
+V = 16
+PROMPTS = [[1, 2, 3, 4, 5], [7, 3, 9]]
+
+
+@pytest.fixture(scope="module")
+def models():
+    """A target (64 wide: 8-bit blocks of 32) and a smaller draft, float32."""
+    target = specjax.random_model(llama_config(V, d=64, layers=2, heads=4, kv_heads=2), seed=1,
+                                  std=0.5)
+    draft = specjax.random_model(llama_config(V, d=32, layers=1, heads=2, kv_heads=1), seed=2,
+                                 std=0.5)
+    ids = np.random.default_rng(0).permutation(V)[:12]
+    drafter = eagle.init_drafter(target, token_ids=ids, seed=3, std=0.3, style="specjax",
+                                 tree=specjax.Tree.full((2, 2)))
+    heads = specjax.init_heads(specjax.HeadsConfig(num_heads=3, num_blocks=1, hidden_size=64,
+                                                   vocab_size=V, subset_size=12),
+                               target, ids, seed=4, std=0.3, tree=specjax.Tree.full((2, 2)))
+    return target, draft, drafter, heads
+
+
+def _leaves(tree):
+    return jax.tree.leaves(tree, is_leaf=lambda a: isinstance(a, Int8Weight))
+
+
+def _floating_dtypes(tree) -> set[str]:
+    return {str(a.dtype) for a in _leaves(tree)
+            if not isinstance(a, Int8Weight) and jnp.issubdtype(a.dtype, jnp.floating)}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_drafters_follow_the_target_dtype_unless_told(models, dtype):
+    target, draft, drafter, heads = models
+    t = in_dtype(target, dtype)
+    for override in (None, "float32"):
+        want = override or dtype
+        options = {} if override is None else dict(drafter_dtype=override)
+        r = prepare(t, PROMPTS, method="eagle", drafter=drafter, temperature=0.0, **options)
+        assert r.spec.drafter_config.layer.dtype == want
+        w = r.weights.drafter
+        m = prepare(t, PROMPTS, method="medusa", heads=heads, temperature=0.0, **options).weights
+        s = prepare(t, PROMPTS, method="speculative", draft=draft, temperature=0.0, **options)
+        assert s.spec.draft_config.dtype == want
+        if want == "int8":
+            for matrix in (w["fc"]["w"], w["proj"], w["layers"][0]["wq"],
+                           m.heads["blocks"][0][0]["w"], m.heads["proj"],
+                           s.weights.draft["layers"][0]["w_up"]):
+                assert isinstance(matrix, Int8Weight)
+            # The target's own 8-bit rows, not quantised again.
+            head = t.params["lm_head"]
+            assert np.array_equal(w["proj"].values, head.values[drafter.token_ids])
+            assert _floating_dtypes((w, m.heads, s.weights.draft)) == {"float32"}
+        else:
+            assert _floating_dtypes((w, m.heads, s.weights.draft)) == {want}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_greedy_decoding_with_drafters_in_the_target_dtype_equals_autoregressive(models, dtype):
+    target, draft, drafter, heads = models
+    t = in_dtype(target, dtype)
+    want = generate(t, PROMPTS, max_new_tokens=12, temperature=0.0).tokens
+    for method, extra in (("speculative", dict(draft=draft, k=3)), ("medusa", dict(heads=heads)),
+                          ("eagle", dict(drafter=drafter))):
+        got = generate(t, PROMPTS, method=method, max_new_tokens=12, temperature=0.0, **extra)
+        assert got.tokens == want, method
+
+
+@pytest.mark.skipif(not specjax_kernels.ensure(), reason="needs the CPU kernels (a C++ compiler)")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_every_drafter_product_is_a_kernel_call(models, dtype):
+    # A drafting call of each drafter (EAGLE: 4 pairs read with its cache), lowered for the CPU
+    # with the kernels on: no XLA dot is left in it (an einsum beside `linear` would be one).
+    target, _, drafter, heads = models
+    t = in_dtype(target, dtype)
+    d = eagle.with_dtype(drafter, dtype)
+    weights, config = eagle.runtime_weights(d, t), d.config
+    h = jnp.zeros((1, 4, 64), t.config.compute_dtype)
+    tokens = jnp.zeros((1, 4), jnp.int32)
+
+    def eagle_call(weights, h):
+        cache = KVCache.init(config.layer, 1, 16, first=config.first_slot)
+        out, _ = eagle.draft_features(weights, config, eagle.embedding(weights, t.params), h,
+                                      tokens, jnp.arange(4)[None], cache)
+        return eagle.draft_logits(weights, config, out)
+
+    def medusa_call(weights, h):      # two rows' states (one row is XLA's mat-vec in float32)
+        return medusa.subset_logits(weights, h[0, :2])
+
+    heads_weights = medusa.runtime_weights(heads, t, dtype)
+    with use_kernels(True):
+        for fn, w in ((eagle_call, weights), (medusa_call, heads_weights)):
+            text = jax.jit(fn).lower(w, h).as_text()
+            assert "specjax_few_rows" in text, fn.__name__
+            assert "dot_general" not in text, fn.__name__
+
+
+def test_bad_drafter_dtypes_are_named_errors(models):
+    target, draft, drafter, _ = models
+    with pytest.raises(GenerationError, match="drafter_dtype must be one of"):
+        prepare(target, PROMPTS, method="eagle", drafter=drafter, drafter_dtype="float16")
+    with pytest.raises(GenerationError, match="drafter_dtype must be one of"):
+        prepare(target, PROMPTS, method="speculative", draft=draft, drafter_dtype=32)
+    with pytest.raises(GenerationError, match="drafter_dtype applies to methods"):
+        prepare(target, PROMPTS, method="ngram", drafter_dtype="bfloat16")
+
+
+def test_the_cli_refuses_a_bad_drafter_dtype():
+    out = subprocess.run([sys.executable, "-m", "specjax", "generate", "--preset", "tiny-llama",
+                          "--method", "autoregressive", "--drafter-dtype", "bfloat16",
+                          "--prompt", "hi", "-n", "2"], capture_output=True, text=True)
+    assert out.returncode == 2, out
+    assert out.stderr.strip().count("\n") == 0 and "drafter_dtype" in out.stderr, out.stderr
+    out = subprocess.run([sys.executable, "-m", "specjax", "generate", "--drafter-dtype",
+                          "float16"], capture_output=True, text=True)
+    assert out.returncode == 2 and "--drafter-dtype" in out.stderr

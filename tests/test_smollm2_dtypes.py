@@ -1,0 +1,94 @@
+"""SmolLM2-135M-Instruct in bfloat16 and int8: every method gives greedy autoregressive decoding's
+tokens, with the draft model, heads and drafter in the target's dtype (their default), and in
+bfloat16 a verify call's logits equal one-token steps' bit for bit.
+
+Why the bit-identity holds in bfloat16 (with the CPU kernels, for calls of at most 32 rows): the
+few-row kernel and the few-query attention compute each row alone, in an order that does not
+depend on the call's width (specjax/kernels/few_rows.cc), every product that feeds a sum is a
+bfloat16 times a bfloat16 (exact in float32), and every activation between them is rounded to
+bfloat16. (Yet bfloat16 Medusa leaves the greedy output: `KNOWN` below.) In int8 (float32
+activations) and float32 the two differ by up to about 4e-5
+(XLA's elementwise code between the products, not the products, is the suspect); greedy
+equality there is checked below on these prompts, not proved.
+"""
+
+import functools
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import specjax
+from specjax.api.forward import forward
+from specjax.api.generate import generate
+from specjax.io.fetch import fetch
+from specjax.model.cache import KVCache
+from specjax import kernels as specjax_kernels
+
+pytestmark = [pytest.mark.xdist_group("smollm2-dtypes"), pytest.mark.deep_model]
+
+WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+PROMPTS = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+           "<|im_start|>user\nWhat is the capital of France, and why is it famous?<|im_end|>\n"
+           "<|im_start|>assistant\n"]
+NEW = 48
+
+
+@functools.lru_cache(maxsize=None)
+def load(dtype: str):
+    return specjax.load(fetch("smollm2"), dtype=dtype)
+
+
+@pytest.mark.skipif(not specjax_kernels.ensure(), reason="needs the CPU kernels (a C++ compiler)")
+def test_bfloat16_verify_calls_equal_one_token_steps_bit_for_bit():
+    model = load("bfloat16")
+    config = model.config
+    tokens = np.asarray(model.tokenizer.encode(PROMPTS[0] + "    if n < 2:\n        return n\n"
+                                               "    a, b = 0, 1\n").ids)
+    prefill = 20
+    assert len(tokens) >= prefill + 17
+    step = jax.jit(lambda t, p, c: forward(model.params, config, t, p, c, kernels=True))
+    _, cache = step(tokens[None, :prefill], np.arange(prefill)[None], KVCache.init(config, 1, 64))
+    steps, c = [], cache
+    for i in range(prefill, prefill + 17):
+        logits, c = step(tokens[None, i:i + 1], np.array([[i]]), c)
+        steps.append(np.asarray(logits[0, 0]))
+    for n in (2, 9, 17):
+        call, _ = step(tokens[None, prefill:prefill + n], np.arange(prefill, prefill + n)[None],
+                       cache)
+        assert np.array_equal(np.asarray(call[0]), np.stack(steps[:n])), n
+
+
+METHODS = ["speculative", "ngram", "medusa", "eagle"]
+# Medusa with the shipped heads (a tree of 4 nodes, well within the kernels' rows) leaves greedy
+# autoregressive decoding at token 39 of the chat prompt in bfloat16, with the heads in
+# bfloat16 or float32 and with the kernels on or off: a divergence in the target's verify calls
+# that the other methods' calls do not meet here, found by this test and not yet explained
+# (issue 62's notes). Strict: the day it passes, this mark must go.
+KNOWN = {("bfloat16", "medusa"): "bfloat16 Medusa leaves the greedy output (issue 62)"}
+
+
+@functools.lru_cache(maxsize=None)
+def greedy(dtype: str) -> tuple:
+    return tuple(tuple(generate(load(dtype), [p], max_new_tokens=NEW, temperature=0.0).tokens[0])
+                 for p in PROMPTS)
+
+
+@pytest.mark.parametrize("dtype,method", [
+    pytest.param(d, m, marks=[pytest.mark.xfail(strict=True, reason=KNOWN[d, m])]
+                 if (d, m) in KNOWN else []) for d in ("bfloat16", "int8") for m in METHODS])
+def test_every_method_gives_the_greedy_output(dtype, method):
+    # One prompt a call: the verify calls (a chain of 4, the drafter's and the heads' trees)
+    # stay within the kernels' 32 rows. The drafters follow the target's dtype (float32 on disk).
+    model = load(dtype)
+    extra = {"speculative": lambda: dict(draft=specjax.load(WEIGHTS / "smollm2-draft"), k=4),
+             "ngram": lambda: dict(k=4),
+             "medusa": lambda: dict(heads=specjax.load(WEIGHTS / "smollm2-medusa")),
+             "eagle": lambda: dict(drafter=specjax.load(WEIGHTS / "smollm2-eagle"))}[method]()
+    for prompt, want in zip(PROMPTS, greedy(dtype)):
+        got = generate(model, [prompt], method=method, max_new_tokens=NEW, temperature=0.0,
+                       **extra)
+        assert tuple(got.tokens[0]) == want, (dtype, method, prompt)
+        if method != "ngram":
+            assert got.stats.accepted > 0, (dtype, method)
