@@ -480,7 +480,7 @@ static void chunk_rows(const float* const* qr, const bool* const* mr, const C* k
         __builtin_prefetch(kr + SV * VW + line);
       for (int v = 0; v < SV; ++v) {
         const Vec kv = load(kr + v * VW);
-        for (int j = 0; j < QB; ++j) acc[j][v] += qr[j][h] * kv;
+        for (int j = 0; j < QB; ++j) acc[j][v] = fma(Vec{} + qr[j][h], kv, acc[j][v]);
       }
     }
     for (int j = 0; j < QB; ++j) std::memcpy(&scores[j][s], acc[j], sizeof acc[j]);
@@ -489,14 +489,15 @@ static void chunk_rows(const float* const* qr, const bool* const* mr, const C* k
     Vec acc[QB] = {};
     for (int64_t h = 0; h < H; ++h) {
       const Vec kv = load(kb + h * S + s0 + s);
-      for (int j = 0; j < QB; ++j) acc[j] += qr[j][h] * kv;
+      for (int j = 0; j < QB; ++j) acc[j] = fma(Vec{} + qr[j][h], kv, acc[j]);
     }
     for (int j = 0; j < QB; ++j) std::memcpy(&scores[j][s], &acc[j], sizeof(Vec));
   }
   for (; s < n; ++s)
     for (int j = 0; j < QB; ++j) {
       float acc = 0.0f;
-      for (int64_t h = 0; h < H; ++h) acc += qr[j][h] * to_float(kb[h * S + s0 + s]);
+      for (int64_t h = 0; h < H; ++h)
+        acc = std::fma(qr[j][h], to_float(kb[h * S + s0 + s]), acc);
       scores[j][s] = acc;
     }
   for (int64_t j = 0; j < group; ++j) {
@@ -513,7 +514,18 @@ static void chunk_rows(const float* const* qr, const bool* const* mr, const C* k
         Vec e = exp_vec(load(sc + i) - top);
         std::memcpy(sc + i, &e, sizeof e);
       }
-      for (; i < n; ++i) sc[i] = std::exp(sc[i] - top);
+      // The tail through exp_vec too (padded with -inf, which gives 0): a slot's weight must
+      // not depend on whether the slots in use put it in a whole vector or in the tail, or a
+      // verify call (more slots in use) and a one-token step weigh the same key differently
+      // (seen: greedy Medusa in bfloat16 left greedy autoregressive decoding on SmolLM2).
+      // Likewise every multiply-add of the scores and outputs is fused explicitly.
+      if (i < n) {
+        alignas(64) float tail[VW];
+        for (int l = 0; l < VW; ++l) tail[l] = i + l < n ? sc[i + l] : -INFINITY;
+        Vec e = exp_vec(load(tail) - top);
+        std::memcpy(tail, &e, sizeof e);
+        for (const int64_t first = i; i < n; ++i) sc[i] = tail[i - first];
+      }
       for (i = 0; i < n; ++i) total += sc[i];
     }
     part[j * stride] = top;
@@ -528,7 +540,7 @@ static void chunk_rows(const float* const* qr, const bool* const* mr, const C* k
       if (part[j * stride] == -INFINITY) continue;
       const float p = scores[j][i];
       float* o = part + j * stride + 2;
-      for (int64_t h = 0; h < H; ++h) o[h] += p * to_float(vr[h]);
+      for (int64_t h = 0; h < H; ++h) o[h] = std::fma(p, to_float(vr[h]), o[h]);
     }
   }
 }
@@ -600,7 +612,7 @@ static ffi::Error FewQueryAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> 
           if (part[0] == -INFINITY) continue;
           const float weight = std::exp(part[0] - top);
           total += weight * part[1];
-          for (int64_t h = 0; h < H; ++h) o[h] += weight * part[2 + h];
+          for (int64_t h = 0; h < H; ++h) o[h] = std::fma(weight, part[2 + h], o[h]);
         }
         // Every query sees at least its own slot, so total > 0 (a padded query, which may see
         // nothing, gets zeros: its output is never used).
