@@ -22,9 +22,7 @@ bfloat16 weights halve the bytes a step reads, but XLA's CPU products on them ru
 memory's speed (its bf16 mat-vec is slower than its float32 one over twice the bytes), so with
 bfloat16 weights the kernel takes one-row calls too. It widens each weight to float32 as it
 loads it and sums in float32; x is cast to float32 first and the result to the output dtype
-(`FEW_ROWS`). Past 5 rows it widens each block of weight rows once into an L1 scratch and runs
-the float32 path on it (8-bit weights likewise, dequantised): the same bits, without widening
-them again for every 5 rows of x.
+(`FEW_ROWS`).
 
 8-bit weights (`specjax.model.quant.Int8Weight`: int8 values, a float16 scale per block of 32
 inputs) read a quarter of float32's bytes. The kernel takes them for 1-32 rows
