@@ -287,67 +287,13 @@ static void block_all_x(const float* x, W w, float* y, int64_t T, int64_t n_in,
   block_rest<rows>(T - t, x + t * n_in, w, y + t * n_out, n_in, n_out);
 }
 
-// `rows` rows of w from `w` on, as float32, into out [rows, n_in]: bfloat16 widened, 8-bit
-// values times their block's scale (both exact), read once from memory with a prefetch ahead.
-template <int rows>
-static void widen(const bf16* w, float* out, int64_t n_in) {
-  for (int r = 0; r < rows; ++r) {
-    const bf16* wr = w + r * n_in;
-    int64_t i = 0;
-    for (; i + VW <= n_in; i += VW) {
-      __builtin_prefetch(wr + i + kPrefetch<bf16>);
-      const Vec v = load(wr + i);
-      std::memcpy(out + r * n_in + i, &v, sizeof v);
-    }
-    for (; i < n_in; ++i) out[r * n_in + i] = to_float(wr[i]);
-  }
-}
-
-template <int rows>
-static void widen(Q8Rows w, float* out, int64_t n_in) {
-  const int64_t blocks = n_in / w.block;
-  for (int r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const Vec scale = Vec{} + half_to_float(w.d[r * blocks + b]);
-      for (int64_t i = b * w.block; i < (b + 1) * w.block; i += VW) {
-        __builtin_prefetch(w.q + r * n_in + i + kPrefetch<int8_t>);
-        const Vec v = load(w.q + r * n_in + i, scale);
-        std::memcpy(out + r * n_in + i, &v, sizeof v);
-      }
-    }
-}
-
-// Every row of x against `rows` rows of w that are not float32. Past one block of x rows, the
-// rows of w are widened once into a float32 scratch (in L1) and the float32 path reads them
-// there: widening them again for each block of TB rows of x made bfloat16 and 8-bit calls of
-// 9 or 17 rows run out of arithmetic before memory (../shared/notes/low-precision-kernels.md,
-// design D1). The float32 path on the widened weights is the law of these weights anyway (the
-// file's header), so a row's bits do not change.
-template <int rows, typename W>
-static void block_all_x_widened(const float* x, W w, float* y, int64_t T, int64_t n_in,
-                                int64_t n_out) {
-  if constexpr (std::is_same_v<W, const float*>) {
-    block_all_x<rows>(x, w, y, T, n_in, n_out);
-  } else {
-    if (T <= TB) return block_all_x<rows>(x, w, y, T, n_in, n_out);
-    thread_local std::unique_ptr<float[]> scratch;
-    thread_local int64_t capacity = 0;
-    if (capacity < rows * n_in) {
-      scratch.reset(new float[R * n_in]);
-      capacity = R * n_in;
-    }
-    widen<rows>(w, scratch.get(), n_in);
-    block_all_x<rows>(x, static_cast<const float*>(scratch.get()), y, T, n_in, n_out);
-  }
-}
-
 // Outputs [o0, o1) of every row.
 template <typename W>
 static void span(const float* x, W w, float* y, int64_t T, int64_t n_in,
                  int64_t n_out, int64_t o0, int64_t o1) {
   int64_t o = o0;
-  for (; o + R <= o1; o += R) block_all_x_widened<R>(x, w + o * n_in, y + o, T, n_in, n_out);
-  for (; o < o1; ++o) block_all_x_widened<1>(x, w + o * n_in, y + o, T, n_in, n_out);
+  for (; o + R <= o1; o += R) block_all_x<R>(x, w + o * n_in, y + o, T, n_in, n_out);
+  for (; o < o1; ++o) block_all_x<1>(x, w + o * n_in, y + o, T, n_in, n_out);
 }
 
 // Below this many bytes of operands a call runs on the calling thread alone: waking a helper
