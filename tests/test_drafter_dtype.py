@@ -13,6 +13,7 @@ import pytest
 
 import specjax
 from specjax.api.generate import GenerationError, generate, prepare
+from specjax.cli.main import main
 from specjax.heads import eagle, medusa
 from specjax.model.cache import KVCache
 from specjax.model.linear import use_kernels
@@ -135,3 +136,12 @@ def test_the_cli_refuses_a_bad_drafter_dtype():
     out = subprocess.run([sys.executable, "-m", "specjax", "generate", "--drafter-dtype",
                           "float16"], capture_output=True, text=True)
     assert out.returncode == 2 and "--drafter-dtype" in out.stderr
+
+
+@pytest.mark.parametrize("run", ["--oracle", "--settings"])
+def test_the_bench_refuses_a_drafter_dtype_its_run_would_ignore(run, capsys, tmp_path):
+    assert main(["bench", "--quick", run, "--drafter-dtype", "bfloat16",
+                 "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"--drafter-dtype does not apply to {run}" in err[0], err
+    assert not (tmp_path / "results.json").exists()

@@ -237,8 +237,7 @@ def generate(target: Model | Request, prompts=None, *, method: str = "autoregres
              k_schedule: str = "constant", k_start: int | None = None,
              confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
              rules: Rules | None = None, kernels: bool | None = None,
-            drafter_dtype: str | None = None,
-             **unknown) -> GenerationResult:
+             drafter_dtype: str | None = None, **unknown) -> GenerationResult:
     """Generates up to `max_new_tokens` tokens for each prompt with the chosen method.
 
     `generate(request)` runs a `Request` made by `prepare(target, prompts, ...)`, which takes
@@ -315,7 +314,7 @@ def stream(target: Model | Request, prompts=None, *, method: str = "autoregressi
            k_schedule: str = "constant", k_start: int | None = None,
            confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
            rules: Rules | None = None, kernels: bool | None = None,
-            drafter_dtype: str | None = None,
+           drafter_dtype: str | None = None,
            **unknown) -> Iterator[tuple[list[list[int]], GenerationResult | None]]:
     """Generates step by step from Python, yielding each step's new tokens per row.
 

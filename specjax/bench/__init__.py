@@ -134,6 +134,8 @@ def parse_settings(args) -> dict:
         raise CLIError("--mesh does not apply to --settings (one device)")
     if settings["mesh"] and args.oracle:
         raise CLIError("--mesh does not apply to --oracle (it counts calls, on one device)")
+    if args.drafter_dtype and (args.oracle or args.settings):
+        raise CLIError(f"--drafter-dtype does not apply to {runs[0]} (its draft runs in --dtype)")
     if settings["dynamic_trees"] and "eagle" not in settings["methods"]:
         raise CLIError("--dynamic-trees applies when --methods includes eagle")
     ignored = [name for name, given in (("--trees", settings["trees"]),

@@ -140,7 +140,9 @@ def _specjax_job(rows, settings, target, draft, method, k):
         request = prepare(target, [p["ids"] for p in rows], method=method, draft=draft,
                           k=k or 1, max_new_tokens=min(p["max_new_tokens"] for p in rows),
                           temperature=settings["temperature"], top_p=settings["top_p"],
-                          max_ngram=settings["max_ngram"], mesh=make_mesh(settings["mesh"]))
+                          max_ngram=settings["max_ngram"], mesh=make_mesh(settings["mesh"]),
+                          drafter_dtype=(settings["drafter_dtype"] if method == "speculative"
+                                         else None))
         results, compile_s = timed_runs(settings, lambda seed: generate(request.reseeded(seed)))
         records = [dict(new_tokens=r.stats.new_tokens, run_s=r.stats.run_s,
                         target_calls=r.stats.target_calls, drafted=r.stats.drafted,

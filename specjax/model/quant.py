@@ -31,8 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["BLOCK", "MATRICES", "Int8Weight", "convert", "dequantize", "quantize", "quantize_params",
-           "rows"]
+__all__ = ["BLOCK", "MATRICES", "Int8Weight", "convert", "dequantize", "quantize",
+           "quantize_params", "rows"]
 
 BLOCK = 32
 # Parameters whose last two axes are inputs (the rest: only the last).
@@ -114,10 +114,10 @@ def rows(table, ids: jax.Array) -> jax.Array:
     return dequantize(picked)
 
 
-def quantize_params(params: dict, matrices=MATRICES) -> dict:
-    """A parameter tree (`specjax.model.transformer`) with every matrix named in `matrices` as
-    an `Int8Weight`; other parameters as float32."""
-    return convert(params, "int8", matrices)
+def quantize_params(params: dict) -> dict:
+    """A parameter tree (`specjax.model.transformer`) with every matrix in `MATRICES` as an
+    `Int8Weight`; other parameters as float32."""
+    return convert(params, "int8")
 
 
 def convert(tree, dtype: str, matrices=MATRICES):
