@@ -1,14 +1,14 @@
 """SmolLM2-135M-Instruct in bfloat16 and int8: every method gives greedy autoregressive decoding's
-tokens, with the draft model, heads and drafter in the target's dtype (their default), and in
-bfloat16 a verify call's logits equal one-token steps' bit for bit.
+tokens, with the draft model, heads and drafter in the target's dtype (their default); and in
+float32, bfloat16 and int8 a verify call's logits equal one-token steps' bit for bit.
 
-Why the bit-identity holds in bfloat16 (with the CPU kernels, for calls of at most 32 rows): the
-few-row kernel and the few-query attention compute each row alone, in an order that does not
-depend on the call's width (specjax/kernels/few_rows.cc), every product that feeds a sum is a
-bfloat16 times a bfloat16 (exact in float32), and every activation between them is rounded to
-bfloat16. In int8 (float32 activations) and float32 the two differ by up to about 4e-5
-(XLA's elementwise code between the products, not the products, is the suspect); greedy
-equality there is checked below on these prompts, not proved.
+Why the bit-identity holds (with the CPU kernels, for calls of at most 32 rows): every product
+of such a call or step is the few-row kernel's and its attention the few-query kernel's, each
+computing a row alone in an order that does not depend on the call's width
+(specjax/kernels/few_rows.cc); RoPE is the RoPE kernel's (`layers.apply_rope`: XLA's rotation
+of the keys, fused into the cache write, parted float32 and int8 calls from steps by up to 3e-5
+here); and the norms sum in one written order (`layers.row_sum`). tests/test_one_law.py checks
+the same on a small model, trees and batches included.
 """
 
 import functools
@@ -40,14 +40,18 @@ def load(dtype: str):
 
 
 @pytest.mark.skipif(not specjax_kernels.ensure(), reason="needs the CPU kernels (a C++ compiler)")
-def test_bfloat16_verify_calls_equal_one_token_steps_bit_for_bit():
-    model = load("bfloat16")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_verify_calls_equal_one_token_steps_bit_for_bit(dtype):
+    model = load(dtype)
     config = model.config
     tokens = np.asarray(model.tokenizer.encode(PROMPTS[0] + "    if n < 2:\n        return n\n"
                                                "    a, b = 0, 1\n").ids)
     prefill = 20
     assert len(tokens) >= prefill + 17
-    step = jax.jit(lambda t, p, c: forward(model.params, config, t, p, c, kernels=True))
+    # The weights as an argument, not closed over: as constants of the program they made its
+    # compiles take 6.8 minutes in float32 here (the suite's compile options), 50 s so.
+    run = jax.jit(lambda w, t, p, c: forward(w, config, t, p, c, kernels=True))
+    step = functools.partial(run, model.params)
     _, cache = step(tokens[None, :prefill], np.arange(prefill)[None], KVCache.init(config, 1, 64))
     steps, c = [], cache
     for i in range(prefill, prefill + 17):
@@ -56,7 +60,7 @@ def test_bfloat16_verify_calls_equal_one_token_steps_bit_for_bit():
     for n in (2, 9, 17):
         call, _ = step(tokens[None, prefill:prefill + n], np.arange(prefill, prefill + n)[None],
                        cache)
-        assert np.array_equal(np.asarray(call[0]), np.stack(steps[:n])), n
+        assert np.array_equal(np.asarray(call[0]), np.stack(steps[:n])), (dtype, n)
 
 
 METHODS = ["speculative", "ngram", "medusa", "eagle"]

@@ -41,7 +41,7 @@ from specjax.model import linear
 __all__ = ["BuildError", "SOURCE", "build", "ensure", "load"]
 
 SOURCE = Path(__file__).with_name("few_rows.cc")
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-fPIC", "-shared")
 
 
 class BuildError(RuntimeError):

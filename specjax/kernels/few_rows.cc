@@ -635,3 +635,73 @@ static ffi::Error FewQueryAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> 
 
 SPECJAX_FEW_QUERY_ATTENTION(specjax_few_query_attention, float)
 SPECJAX_FEW_QUERY_ATTENTION(specjax_few_query_attention_bf16, bf16)
+
+// ---------------------------------------------------------------------------------------------
+// RoPE for calls of a few tokens, in two calls: the tables once per forward call, then each
+// layer's queries and keys. Why not XLA's elementwise code: XLA fuses the rotation into its
+// consumers, and the keys' consumer is the cache write, a transpose whose code differs with the
+// call's width; a key rotated in a 9-token call and in a one-token step came out a rounding
+// apart (float32 and int8 models, SmolLM2), and so did the logits after it. Here each value is
+// computed by the same written operations whatever the call:
+//
+//   angle = float(position) * inv_freq[j]                  (one rounding, as XLA computes it)
+//   c, s  = cosf(angle), sinf(angle)                       (the C library's, per value)
+//   out[j]        = fma(x[j],        c, -(x[j + H/2] * s))  (rotate_half: [-x2, x1])
+//   out[j + H/2]  = fma(x[j + H/2],  c,   x[j] * s)
+
+// positions [B, T] int32, inv_freq [H/2] -> tables [2, B, T, H/2]: the cosines, then the sines.
+static ffi::Error RopeTables(ffi::Buffer<ffi::S32> positions, ffi::Buffer<ffi::F32> inv_freq,
+                             ffi::ResultBuffer<ffi::F32> tables) {
+  const int64_t n = positions.element_count(), half = inv_freq.element_count();
+  if (tables->element_count() != 2 * n * half)
+    return ffi::Error::InvalidArgument("tables must be [2, B, T, H/2]");
+  const int32_t* p = positions.typed_data();
+  const float* f = inv_freq.typed_data();
+  float* cosines = tables->typed_data();
+  float* sines = cosines + n * half;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < half; ++j) {
+      const float angle = static_cast<float>(p[i]) * f[j];
+      cosines[i * half + j] = std::cos(angle);
+      sines[i * half + j] = std::sin(angle);
+    }
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_rope_tables, RopeTables,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()   /* positions [B, T] */
+                                  .Arg<ffi::Buffer<ffi::F32>>()   /* inv_freq [H/2] */
+                                  .Ret<ffi::Buffer<ffi::F32>>()); /* tables [2, B, T, H/2] */
+
+// x [B, T, N, H] and tables [2, B, T, H/2] -> x rotated, [B, T, N, H].
+static ffi::Error Rope(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> tables,
+                       ffi::ResultBuffer<ffi::F32> out) {
+  auto d = x.dimensions();
+  if (d.size() != 4 || d[3] % 2 != 0) return ffi::Error::InvalidArgument("x: [B, T, N, H]");
+  const int64_t rows = d[0] * d[1], N = d[2], H = d[3], half = H / 2;
+  if (tables.element_count() != 2 * rows * half)
+    return ffi::Error::InvalidArgument("tables must be [2, B, T, H/2] for x [B, T, N, H]");
+  const float* X = x.typed_data();
+  const float* cosines = tables.typed_data();
+  const float* sines = cosines + rows * half;
+  float* Y = out->typed_data();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* xr = X + (r * N + n) * H;
+      float* yr = Y + (r * N + n) * H;
+      for (int64_t j = 0; j < half; ++j) {
+        const float c = cosines[r * half + j], s = sines[r * half + j];
+        const float x1 = xr[j], x2 = xr[j + half];
+        yr[j] = std::fma(x1, c, -(x2 * s));
+        yr[j + half] = std::fma(x2, c, x1 * s);
+      }
+    }
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_rope, Rope,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   /* x [B, T, N, H] */
+                                  .Arg<ffi::Buffer<ffi::F32>>()   /* tables [2, B, T, H/2] */
+                                  .Ret<ffi::Buffer<ffi::F32>>()); /* out [B, T, N, H] */

@@ -16,7 +16,8 @@ from jax import lax
 
 from specjax.model.cache import TreeAttention, attention_mask, windows
 from specjax.model.config import ModelConfig
-from specjax.model.linear import attention_uses_kernel, few_query_attention
+from specjax.model.linear import attention_uses_kernel, few_query_attention, rope_uses_kernel
+from specjax.model.linear import rope as rope_kernel, rope_tables as rope_tables_kernel
 from specjax.model.quant import Int8Weight, rows
 
 
@@ -118,11 +119,19 @@ def rope_frequencies(config: ModelConfig) -> np.ndarray:
 def rope_tables(positions, inv_freq):
     """cos and sin of every position's rotation angles, [B, T, 1, H] each (float32).
 
-    Computed once per forward call and shared by every layer's queries and keys.
+    Computed once per forward call and shared by every layer's queries and keys; on a CPU with
+    the kernels on, for calls of at most 32 tokens, by the tables kernel (`apply_rope`).
 
     Args:
       positions: [B, T] int; inv_freq: [H/2] (`rope_frequencies`).
     """
+    if rope_uses_kernel(positions.shape[1]):          # decoding steps and verify calls
+        return lax.platform_dependent(positions, inv_freq, cpu=rope_tables_kernel,
+                                      default=_rope_tables)
+    return _rope_tables(positions, inv_freq)
+
+
+def _rope_tables(positions, inv_freq):
     angles = positions.astype(jnp.float32)[..., None] * inv_freq       # [B, T, H/2]
     angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, H]
     return jnp.cos(angles), jnp.sin(angles)
@@ -131,10 +140,27 @@ def rope_tables(positions, inv_freq):
 def apply_rope(x, tables):
     """Half-split ("rotate_half") RoPE, the Hugging Face Llama layout.
 
+    A call on at most 32 tokens (decoding steps, verify calls) on a CPU with the kernels on
+    rotates by the RoPE kernel (`specjax.model.linear.rope`), as its tables come from the
+    tables kernel (`rope_tables`). Why: XLA fuses this arithmetic into its consumers, and the
+    keys' consumer is the cache write, a transpose whose code differs with the call's width; a
+    key rotated in a 9-token call and in a one-token step came out a rounding apart (float32
+    and int8 SmolLM2: the logits then differed by up to 3e-5), so greedy speculation could
+    leave greedy decoding at a near-tie. The kernel computes every value by the same written
+    operations whatever the call (specjax/kernels/few_rows.cc gives them).
+
     Args:
       x: [B, T, heads, H]; tables: (cos, sin) from `rope_tables`.
     """
     cos, sin = tables
+    if rope_uses_kernel(x.shape[1], x.dtype):          # decoding steps and verify calls
+        def kernel(x, cos, sin):
+            return rope_kernel(x, cos, sin).astype(x.dtype)
+        return lax.platform_dependent(x, cos, sin, cpu=kernel, default=_apply_rope)
+    return _apply_rope(x, cos, sin)
+
+
+def _apply_rope(x, cos, sin):
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
     return (x.astype(jnp.float32) * cos + rotated * sin).astype(x.dtype)

@@ -7,22 +7,26 @@ depends on how many rows x has, which is static under `jit`:
 
 | rows | who calls                                | formulation                                 |
 |------|------------------------------------------|---------------------------------------------|
-| 1    | a decoding step                          | XLA's mat-vec (bf16, int8 weights: the kernel) |
-| 2-32 | verify calls (a chain or tree of drafts) | the few-row kernel                          |
+| 1-32 | decoding steps, verify calls (a chain or tree of drafts) | the few-row kernel          |
 | more | prefill, training, large batches         | XLA's dot (a GEMM)                          |
 
 Decoding a small batch is bound by reading the weights, and a verify call reads the same
 weights as a one-token step, so it should cost about one step. XLA's CPU dot costs about twice
 that for 2-32 rows; the kernel reads each weight once whatever the rows
-(`specjax/kernels/few_rows.cc`). One row stays XLA's mat-vec, which streams faster than the
-kernel's one-row case; past 32 rows the product is compute-bound and XLA's GEMM, which packs
-and tiles for that, is the better one.
+(`specjax/kernels/few_rows.cc`). It sums each output in one written order whatever the call's
+width, so a one-token step takes it too: a verify call's row and the step at that position get
+the same bits (issue 62; float32's one-row step was XLA's mat-vec before, which sums in another
+order, and on the 2-core Zen 4 host the kernel's step is as fast: 26.3 against 26.8 ms on
+SmolLM2). Past 32 rows the product is compute-bound and XLA's GEMM, which packs and tiles for
+that, is the better one.
 
-bfloat16 weights halve the bytes a step reads, but XLA's CPU products on them run far below the
-memory's speed (its bf16 mat-vec is slower than its float32 one over twice the bytes), so with
-bfloat16 weights the kernel takes one-row calls too. It widens each weight to float32 as it
-loads it and sums in float32; x is cast to float32 first and the result to the output dtype
-(`FEW_ROWS`).
+bfloat16 weights halve the bytes a step reads (XLA's CPU products on them run far below the
+memory's speed: its bf16 mat-vec is slower than its float32 one over twice the bytes). The
+kernel widens each weight to float32 as it loads it and sums in float32; x is cast to float32
+first and the result to the output dtype (`FEW_ROWS`).
+
+RoPE of a call on at most 32 tokens is the kernels' too (`rope_tables`, `rope`; the reason is
+in `layers.apply_rope`).
 
 8-bit weights (`specjax.model.quant.Int8Weight`: int8 values, a float16 scale per block of 32
 inputs) read a quarter of float32's bytes. The kernel takes them for 1-32 rows
@@ -66,13 +70,14 @@ from jax import lax
 from specjax.model.quant import Int8Weight, dequantize
 
 __all__ = ["ATTENTION_TARGET", "FEW_QUERIES", "FEW_ROWS", "INT8_ROWS", "INT8_TARGET",
-           "KERNEL_BLOCK", "KERNEL_DTYPES", "PRODUCT_TARGET", "TARGETS", "attention_uses_kernel",
-           "few_query_attention", "few_rows", "linear", "mark_registered", "product_int8",
-           "registered", "switch", "use_kernels", "xla_products"]
+           "KERNEL_BLOCK", "KERNEL_DTYPES", "PRODUCT_TARGET", "ROPE_TABLES_TARGET", "ROPE_TARGET",
+           "TARGETS", "attention_uses_kernel", "few_query_attention", "few_rows", "linear",
+           "mark_registered", "product_int8", "registered", "rope", "rope_tables",
+           "rope_uses_kernel", "switch", "use_kernels", "xla_products"]
 
 # The numbers of rows (all leading axes of x together) that the few-row kernel computes, for
 # float32 weights; for bfloat16 weights one row too (`few_rows`).
-FEW_ROWS = range(2, 33)
+FEW_ROWS = range(1, 33)
 # The numbers of tokens per row of a call whose attention to the cache is the kernel's.
 FEW_QUERIES = range(1, 33)
 
@@ -84,8 +89,10 @@ KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 PRODUCT_TARGET = "specjax_few_rows"
 ATTENTION_TARGET = "specjax_few_query_attention"
 INT8_TARGET = PRODUCT_TARGET + "_q8"
+ROPE_TARGET = "specjax_rope"
+ROPE_TABLES_TARGET = "specjax_rope_tables"
 TARGETS = (PRODUCT_TARGET, PRODUCT_TARGET + "_bf16", INT8_TARGET, ATTENTION_TARGET,
-           ATTENTION_TARGET + "_bf16")
+           ATTENTION_TARGET + "_bf16", ROPE_TARGET, ROPE_TABLES_TARGET)
 
 # 8-bit weights take the kernel for one row too (XLA would read a float32 copy), and their
 # blocks must be whole vectors of the widest kernel (16 floats, AVX-512).
@@ -132,7 +139,7 @@ def xla_products():
 
 def few_rows(weight_dtype) -> range:
     """The numbers of rows the few-row kernel computes for weights of this dtype."""
-    return range(1, 33) if jnp.dtype(weight_dtype) == jnp.bfloat16 else FEW_ROWS
+    return FEW_ROWS
 
 
 def linear(x: jax.Array, w: jax.Array | Int8Weight, out_dtype=None) -> jax.Array:
@@ -180,6 +187,36 @@ def attention_uses_kernel(q, cache_k, cache_v) -> bool:
     `layers.attend_cache`, still puts it behind `lax.platform_dependent`)."""
     return (q.shape[1] in FEW_QUERIES and cache_k.dtype == cache_v.dtype
             and _kernels_apply(q.dtype, cache_k.dtype))
+
+
+def rope_uses_kernel(tokens: int, dtype=jnp.float32) -> bool:
+    """Whether RoPE on a call of `tokens` tokens per row is the kernels' (`rope_tables`,
+    `rope`): exactly when its attention is (`FEW_QUERIES`), so a call's keys go into the cache
+    and its queries into the attention kernel rotated by the same written operations whatever
+    the call's width (`layers.apply_rope` says why)."""
+    return tokens in FEW_QUERIES and _kernels_apply(dtype)
+
+
+def rope_tables(positions: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The RoPE tables kernel: positions [B, T] int32, inv_freq [H/2] float32 -> (cos, sin),
+    each [B, T, 1, H] float32 with its two halves equal (`layers.rope_tables`' layout)."""
+    b, t = positions.shape
+    half = inv_freq.shape[0]
+    out = jax.ShapeDtypeStruct((2, b, t, half), jnp.float32)
+    tables = jax.ffi.ffi_call(ROPE_TABLES_TARGET, out, vmap_method="sequential")(
+        positions.astype(jnp.int32), inv_freq.astype(jnp.float32))
+    tables = jnp.concatenate([tables, tables], axis=-1)[:, :, :, None, :]
+    return tables[0], tables[1]
+
+
+def rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """The RoPE kernel: x [B, T, N, H] (cast to float32) rotated by tables cos, sin
+    [B, T, 1, H] (`rope_tables`) -> [B, T, N, H] float32."""
+    out = jax.ShapeDtypeStruct(x.shape, jnp.float32)
+    b, t, _, h = x.shape
+    cos, sin = (jnp.broadcast_to(a, (b, t, 1, h))[..., :h // 2] for a in (cos, sin))
+    return jax.ffi.ffi_call(ROPE_TARGET, out, vmap_method="sequential")(
+        x.astype(jnp.float32), jnp.stack([cos, sin]))
 
 
 def _kernels_apply(*dtypes) -> bool:
