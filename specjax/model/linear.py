@@ -39,7 +39,7 @@ which reads the cache in place and only up to the slots in use, where XLA's atte
 static window of the cache (a copy of it). Prefill chunks keep XLA's windows. The measurements
 behind these choices are in docs/benchmarks.md ("The engine, round two").
 
-The kernels are a CPU plug-in. This module holds the two calls by their XLA target names and
+The kernels are a CPU plug-in. This module holds the calls by their XLA target names and
 decides when to use them; building the C++ and registering it with XLA is `specjax.kernels`'s
 job (`specjax.kernels.ensure()`), outside the model layer, and nothing else refers to them. A
 kernel is used only when all of these hold while a function is traced:
@@ -75,8 +75,8 @@ __all__ = ["ATTENTION_TARGET", "FEW_QUERIES", "FEW_ROWS", "INT8_ROWS", "INT8_TAR
            "mark_registered", "product_int8", "registered", "rope", "rope_tables",
            "rope_uses_kernel", "switch", "use_kernels", "xla_products"]
 
-# The numbers of rows (all leading axes of x together) that the few-row kernel computes, for
-# float32 weights; for bfloat16 weights one row too (`few_rows`).
+# The numbers of rows (all leading axes of x together) that the few-row kernel computes, in
+# every dtype: one row too, so that a step sums as a verify call's rows do.
 FEW_ROWS = range(1, 33)
 # The numbers of tokens per row of a call whose attention to the cache is the kernel's.
 FEW_QUERIES = range(1, 33)
