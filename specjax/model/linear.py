@@ -16,8 +16,8 @@ that for 2-32 rows; the kernel reads each weight once whatever the rows
 (`specjax/kernels/few_rows.cc`). It sums each output in one written order whatever the call's
 width, so a one-token step takes it too: a verify call's row and the step at that position get
 the same bits (issue 62; float32's one-row step was XLA's mat-vec before, which sums in another
-order, and on the 2-core Zen 4 host the kernel's step is as fast: 26.3 against 26.8 ms on
-SmolLM2). Past 32 rows the product is compute-bound and XLA's GEMM, which packs and tiles for
+order; on the 2-core Zen 4 host the kernel's float32 step was faster, 24.0 against 26.4 ms on
+SmolLM2, bench/smollm2-one-law). Past 32 rows the product is compute-bound and XLA's GEMM, which packs and tiles for
 that, is the better one.
 
 bfloat16 weights halve the bytes a step reads (XLA's CPU products on them run far below the
