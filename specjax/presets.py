@@ -20,6 +20,7 @@ import jax
 from specjax import mesh as meshes
 from specjax.io.checkpoint import load
 from specjax.io.fetch import FetchError, cache_root, fetch
+from specjax.model.config import DTYPES
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 DEFAULT_PRESET = "tiny-llama"          # bench's default
@@ -65,10 +66,11 @@ def add_model_arguments(parser: argparse.ArgumentParser,
                        help="Medusa heads for method medusa (default: the preset's)")
     group.add_argument("--drafter", metavar="DIR",
                        help="an EAGLE drafter for method eagle (default: the preset's)")
-    group.add_argument("--dtype", choices=("float32", "bfloat16", "int8"), default="float32",
+    group.add_argument("--dtype", choices=DTYPES, default="float32",
                        help="the weights' dtype (default: float32); int8: 8-bit matrices "
-                            "(GGUF Q8_0's layout), float32 activations")
-    group.add_argument("--drafter-dtype", choices=("float32", "bfloat16", "int8"),
+                            "(GGUF Q8_0's layout), float32 activations; q8_0: the same "
+                            "matrices, activations quantised at each product (llama.cpp's Q8_0)")
+    group.add_argument("--drafter-dtype", choices=DTYPES,
                        help="the dtype the draft model, Medusa heads or EAGLE drafter runs in "
                             "(default: --dtype)")
     group.add_argument("--mesh", metavar="data=N,model=M",

@@ -240,8 +240,8 @@ def check_drafter_dtype(dtype, method: str, target: Model, mesh=None) -> str:
                               f"not {method!r}")
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise GenerationError(f"drafter_dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if dtype == "int8" and mesh is not None:
-        raise GenerationError("drafter_dtype 'int8' does not run on a device mesh (8-bit "
+    if dtype in ("int8", "q8_0") and mesh is not None:
+        raise GenerationError(f"drafter_dtype {dtype!r} does not run on a device mesh (8-bit "
                               "matrices have no sharding table): use float32 or bfloat16")
     return dtype
 

@@ -176,8 +176,9 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
             raise GenerationError(str(e)) from None
         # 8-bit matrices have no sharding table (their scales are a second array per matrix).
         for name, model in (("target", target), ("draft", draft)):
-            if getattr(getattr(model, "config", None), "dtype", None) == "int8":
-                raise GenerationError(f"the {name} has int8 weights, which do not run on a "
+            dtype = getattr(getattr(model, "config", None), "dtype", None)
+            if dtype in ("int8", "q8_0"):
+                raise GenerationError(f"the {name} has {dtype} weights, which do not run on a "
                                       f"device mesh: load it as float32 or bfloat16")
     if not isinstance(shard_draft, bool):
         raise GenerationError(f"shard_draft must be True or False, got {shard_draft!r}")
@@ -295,7 +296,7 @@ def generate(target: Model | Request, prompts=None, *, method: str = "autoregres
         Outputs are the same up to float32 rounding; the switch is part of the compiled
         program's key.
       drafter_dtype: the dtype the draft model, Medusa heads or EAGLE drafter runs in:
-        "float32", "bfloat16" or "int8" (default: the target's, so their products take the
+        "float32", "bfloat16", "int8" or "q8_0" (default: the target's, so their products take the
         same kernels as the target's).
     """
     request = _request(target, prompts, collect_options(locals()))

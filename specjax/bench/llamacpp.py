@@ -5,7 +5,7 @@ the same run as specjax and transformers.
 What runs and how it is measured:
 - The weights: the GGUF the target came from (the `smollm2` preset's download, or a
   `--target FILE.gguf`), re-encoded with the `gguf` package at the bench's --dtype: F32 for
-  float32, BF16 for bfloat16, Q8_0 for int8 (the norms, vectors, stay F32, as llama.cpp's
+  float32, BF16 for bfloat16, Q8_0 for int8 and q8_0 (the norms, vectors, stay F32, as llama.cpp's
   converter writes them). Every tensor is dequantised and written again with the same metadata, so llama.cpp
   runs the numbers specjax runs (specjax dequantises the same file when it loads it, and its
   int8 quantiser gives the Q8_0 file's very values and scales, `specjax.model.quant`). The
@@ -43,7 +43,7 @@ from specjax.io.fetch import cache_root, source_gguf
 __all__ = ["LlamaCpp", "gguf_at", "target_gguf"]
 
 # The GGUF tensor type for each --dtype.
-GGUF_TYPES = {"float32": "F32", "bfloat16": "BF16", "int8": "Q8_0"}
+GGUF_TYPES = {"float32": "F32", "bfloat16": "BF16", "int8": "Q8_0", "q8_0": "Q8_0"}
 
 
 def target_gguf(target) -> Path | None:

@@ -49,7 +49,8 @@ class Peers:
         threads = usable_threads()
         torch.set_num_threads(threads)
         device = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
-        # transformers has no 8-bit CPU path without further packages: with int8 it runs float32.
+        # transformers has no 8-bit CPU path without further packages: in int8 or q8_0 it runs
+        # float32.
         torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
         dtype_arg = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
 
@@ -60,7 +61,8 @@ class Peers:
                  f"torch.set_num_threads({threads}), the {threads} cores JAX's CPU backend uses")
         notes.append(f"transformers {transformers.__version__} / torch {torch.__version__}: "
                      f"{where}; peer speedups are over transformers' own generate"
-                     + ("; int8: transformers runs float32" if dtype == "int8" else ""))
+                     + (f"; {dtype}: transformers runs float32" if dtype in ("int8", "q8_0")
+                        else ""))
         if draft is not None and importlib.util.find_spec("sklearn") is None:
             notes.append("transformers speculative-dynamic: scikit-learn is not installed, so "
                          "assistant_confidence_threshold stays at 0.4 instead of being re-fitted")

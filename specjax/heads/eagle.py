@@ -178,9 +178,9 @@ def resolve_taps(drafter: "Drafter", target_config: ModelConfig) -> "Drafter":
 
 
 def with_dtype(drafter: "Drafter", dtype: str) -> "Drafter":
-    """`drafter` with its weights, activations and cache in `dtype` ("float32", "bfloat16" or
-    "int8": 8-bit matrices, float32 activations), itself when they are. `generate` gives it
-    its target's dtype unless told otherwise (`drafter_dtype`)."""
+    """`drafter` with its weights, activations and cache in `dtype` ("float32", "bfloat16",
+    "int8": 8-bit matrices, float32 activations, or "q8_0": those quantised too), itself when
+    they are. `generate` gives it its target's dtype unless told otherwise (`drafter_dtype`)."""
     if drafter.config.layer.dtype == dtype:
         return drafter
     layer = drafter.config.layer.replace(dtype=dtype)

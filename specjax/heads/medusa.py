@@ -159,5 +159,5 @@ def subset_logits(weights: dict, hidden: jax.Array, count: int | None = None) ->
 def _head(proj, k: int):
     """Head k's own LM head of the stacked [K, V, D] (an 8-bit one's values and scales)."""
     if isinstance(proj, Int8Weight):
-        return Int8Weight(proj.values[k], proj.scales[k])
+        return type(proj)(proj.values[k], proj.scales[k])
     return proj[k]

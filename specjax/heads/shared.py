@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.model.quant import MATRICES, Int8Weight, convert, rows
+from specjax.model.quant import EIGHT_BIT, MATRICES, Int8Weight, as_dtype, convert, rows
 from specjax.model.transformer import Model
 
 __all__ = ["DRAFTER_MATRICES", "PROJECTION", "TARGET_FIELDS", "full_logits", "in_dtype",
@@ -46,11 +46,11 @@ DRAFTER_MATRICES = (*MATRICES, "w", "proj")
 def projection(target: Model, token_ids, dtype: str | None = None) -> jax.Array:
     """The target's LM-head rows for `token_ids`: [S, D], in `dtype` (default: the target's
     weights' own, float32 for an 8-bit target, its rows dequantised). An 8-bit target's rows
-    in "int8" are its own values and scales, not quantised again."""
+    in "int8" or "q8_0" are its own values and scales, not quantised again."""
     ids = jnp.asarray(token_ids)
     head = target.params["embed" if target.config.tie_embeddings else "lm_head"]
-    if dtype == "int8" and isinstance(head, Int8Weight):
-        return Int8Weight(head.values[ids], head.scales[ids])
+    if dtype in EIGHT_BIT and isinstance(head, Int8Weight):
+        return as_dtype(Int8Weight(head.values[ids], head.scales[ids]), dtype)
     picked = rows(head, ids)
     return picked if dtype is None else in_dtype({"proj": picked}, dtype)["proj"]
 

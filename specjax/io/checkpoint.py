@@ -30,7 +30,7 @@ from specjax.io.gguf import convert_gguf, q8_0_matrices
 from specjax.io.medusa import is_heads_dir, load_heads
 from specjax.io.sidecar import json_object
 from specjax.model.config import ConfigError, ModelConfig
-from specjax.model.quant import Int8Weight, dequantize, quantize_params
+from specjax.model.quant import EIGHT_BIT, Int8Weight, convert, dequantize
 from specjax.model.transformer import Model, Params, init_params, param_shapes
 
 # -- Name tables --------------------------------------------------------------------------------
@@ -244,7 +244,7 @@ def load_params(directory: Path, config: ModelConfig, mesh=None) -> Params:
                           else meshes.place(array, _leaf(shardings, path), dtype))
     # 8-bit weights are quantised from the float32 ones here, as ggml's Q8_0 quantiser does
     # (a Q8_0 GGUF is read as it is instead: `load`).
-    return quantize_params(params) if config.dtype == "int8" else params
+    return convert(params, config.dtype) if config.dtype in EIGHT_BIT else params
 
 
 def _ignorable(name: str, config: ModelConfig) -> bool:
@@ -268,7 +268,9 @@ def load(path: str | Path, dtype: str = "float32", mesh=None):
       path: a directory with config.json, safetensors weights and (optionally) tokenizer.json.
       dtype: "float32" (default) or "bfloat16" for parameters and compute, or "int8": every
         matrix in 8 bits (`specjax.model.quant`), quantised at load as ggml's Q8_0 does, or,
-        from a GGUF file, its Q8_0 tensors as they are stored; activations in float32.
+        from a GGUF file, its Q8_0 tensors as they are stored; activations in float32. "q8_0":
+        the same matrices, and every product quantises its activations too (llama.cpp's
+        Q8_0 x Q8_0, `specjax.model.linear`).
       mesh: a "data" x "model" device mesh (`specjax.make_mesh`): each weight goes from the
         host straight to its shards (`specjax.mesh`), never whole onto one device. Medusa heads
         ignore it (they are replicated when `generate` runs on a mesh).
@@ -302,15 +304,15 @@ def load(path: str | Path, dtype: str = "float32", mesh=None):
     config = _with_generation_eos(config, path)
     config = config.replace(dtype=dtype)
     if mesh is not None:
-        if dtype == "int8":
-            raise CheckpointError("int8 weights do not run on a device mesh: load them without "
+        if dtype in EIGHT_BIT:
+            raise CheckpointError(f"{dtype} weights do not run on a device mesh: load them without "
                                   "one, or as float32 or bfloat16")
         try:
             meshes.check_mesh(mesh)
         except meshes.MeshError as e:
             raise CheckpointError(str(e)) from None
     params = load_params(path, config, mesh)
-    if gguf_file is not None and dtype == "int8":
+    if gguf_file is not None and dtype in EIGHT_BIT:
         params = _stored_q8_0(params, config, q8_0_matrices(gguf_file))
     tokenizer = load_tokenizer(path)
     if tokenizer is not None and tokenizer.get_vocab_size(with_added_tokens=True) > config.vocab_size:
@@ -331,8 +333,8 @@ def _stored_q8_0(params: Params, config: ModelConfig, stored: dict) -> Params:
             node = _leaf(params, path[:-1])
             quantized = node[path[-1]]
             values, scales = stored[name]
-            node[path[-1]] = Int8Weight(jnp.asarray(values.reshape(quantized.values.shape)),
-                                        jnp.asarray(scales.reshape(quantized.scales.shape)))
+            node[path[-1]] = type(quantized)(jnp.asarray(values.reshape(quantized.values.shape)),
+                                             jnp.asarray(scales.reshape(quantized.scales.shape)))
     return params
 
 

@@ -417,6 +417,219 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_few_rows_q8, FewRowsQ8,
                                   .Ret<ffi::Buffer<ffi::F32>>()); /* y [..., O] */
 
 // ---------------------------------------------------------------------------------------------
+// The q8_0 product: 8-bit weights times 8-bit activations, llama.cpp's Q8_0 x Q8_0.
+//
+// In: xq [T, I] int8 and dx [T, I / B] float32 (the activations quantised per block of B
+// inputs, `specjax.model.quant.quantize_rows`), values [O, I] int8 and scales [O, I / B]
+// float16 (the weights). Out: y [T, O] float32, each output by this law (ggml's reference
+// vec_dot_q8_0_q8_0, every operation rounded on its own, nothing fused):
+//
+//   acc = 0
+//   for each block b in order:
+//     sumi = sum over the block of values[o, i] * xq[t, i]       (an integer: exact)
+//     acc  = acc + float(sumi) * (float(scales[o, b]) * dx[t, b])
+//
+// The integer sums are exact whatever computes them, so only the float operations need an
+// order, and every path here, and XLA's (`specjax.model.linear`), does them in this one: a
+// one-token step, a verify call and a prefill give the same bits on every instruction set.
+// (float(scales) * dx is exact too: two float16 values' product fits a float32.)
+//
+// With AVX-512 VNNI and blocks of 32, 16 outputs are computed at once, one per lane: a tile of
+// 16 rows of w is transposed (per block, eight vectors of 16 lanes x 4 bytes, byte group g of
+// each row in lane `row`), then each activation row's 4-byte groups are broadcast and
+// multiplied in with VPDPBUSD (unsigned x signed bytes, summed into int32 lanes). VPDPBUSD
+// wants unsigned activations: it is given xq + 128, and 128 * sum(w) is taken off again.
+// Elsewhere each output is summed on its own.
+
+// xq + 128 as unsigned bytes (xq in [-128, 127]): flips the sign bit.
+static inline uint8_t offset_byte(int8_t v) { return static_cast<uint8_t>(v) ^ 0x80u; }
+
+static inline int32_t block_dot(const int8_t* a, const int8_t* b, int64_t n) {
+  int32_t s = 0;
+  for (int64_t i = 0; i < n; ++i) s += int32_t{a[i]} * int32_t{b[i]};
+  return s;
+}
+
+// Output o of rows [t0, t1), summed on its own (any block size, any instruction set).
+static void q8_0_output(const int8_t* xq, const float* dx, const int8_t* q, const uint16_t* d,
+                        float* y, int64_t t0, int64_t t1, int64_t o, int64_t n_in,
+                        int64_t n_out, int64_t block) {
+  const int64_t blocks = n_in / block;
+  for (int64_t t = t0; t < t1; ++t) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int32_t sumi = block_dot(q + o * n_in + b * block, xq + t * n_in + b * block, block);
+      const float scale = half_to_float(d[o * blocks + b]) * dx[t * blocks + b];
+      const float term = static_cast<float>(sumi) * scale;
+      acc = acc + term;
+    }
+    y[t * n_out + o] = acc;
+  }
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+constexpr bool kVnniTiles = true;
+
+// The vpermt2d indices of the tile transpose, in three stages of 8 two-source permutes each.
+// Stage 1 takes A_k = [row 2k | row 2k + 1] (8 dwords each) in pairs and gives, for rows
+// 4m..4m+3, dwords 4h..4h+3 of each; stage 2, for rows 8p..8p+7, dwords 4h+2q, 4h+2q+1; stage 3,
+// for all 16 rows, dword 4h+2q+r: lane j is row j's.
+struct TransposeIndex {
+  alignas(64) int32_t s1[2][16], s2[2][16], s3[2][16];
+  TransposeIndex() {
+    for (int v = 0; v < 2; ++v)
+      for (int l = 0; l < 16; ++l) {
+        const int row1 = l / 4, row2 = l / 2;
+        s1[v][l] = (row1 < 2 ? 0 : 16) + (row1 % 2) * 8 + 4 * v + l % 4;
+        s2[v][l] = (row2 < 4 ? 0 : 16) + (row2 % 4) * 4 + 2 * v + l % 2;
+        s3[v][l] = (l < 8 ? 0 : 16) + 2 * (l % 8) + v;
+      }
+  }
+};
+static const TransposeIndex kTranspose;
+
+// Rows q[0..15] (n_in apart), block b (32 bytes each) -> w[g], g = 0..7: lane j = bytes
+// 4g..4g+3 of row j.
+static inline void transpose_tile(const int8_t* q, int64_t n_in, __m512i w[8]) {
+  __m512i a[8], s1[8], s2[8];
+  for (int k = 0; k < 8; ++k)
+    a[k] = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(q + (2 * k) * n_in))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + (2 * k + 1) * n_in)), 1);
+  for (int v = 0; v < 2; ++v) {
+    const __m512i i1 = _mm512_load_si512(kTranspose.s1[v]);
+    for (int m = 0; m < 4; ++m) s1[2 * m + v] = _mm512_permutex2var_epi32(a[2 * m], i1, a[2 * m + 1]);
+  }
+  // s1[2m + h]: rows 4m..4m+3, dwords 4h..4h+3.
+  for (int q2 = 0; q2 < 2; ++q2) {
+    const __m512i i2 = _mm512_load_si512(kTranspose.s2[q2]);
+    for (int p = 0; p < 2; ++p)
+      for (int h = 0; h < 2; ++h)
+        s2[4 * p + 2 * h + q2] =
+            _mm512_permutex2var_epi32(s1[2 * (2 * p) + h], i2, s1[2 * (2 * p + 1) + h]);
+  }
+  // s2[4p + 2h + q]: rows 8p..8p+7, dwords 4h+2q, 4h+2q+1.
+  for (int r = 0; r < 2; ++r) {
+    const __m512i i3 = _mm512_load_si512(kTranspose.s3[r]);
+    for (int h = 0; h < 2; ++h)
+      for (int q2 = 0; q2 < 2; ++q2)
+        w[4 * h + 2 * q2 + r] =
+            _mm512_permutex2var_epi32(s2[2 * h + q2], i3, s2[4 + 2 * h + q2]);
+  }
+}
+
+// Rows of x computed together against one tile: their float sums stay in registers.
+constexpr int kTileRows = 8;
+
+// Outputs [o, o + 16) of every row: the tile's blocks transposed once into `packed`
+// (blocks x 8 vectors), with their 128 * sum(w) and scales, then kTileRows rows at a time.
+static void q8_0_tile(const uint8_t* xu, const float* dx, const int8_t* q, const uint16_t* d,
+                      float* y, int64_t T, int64_t o, int64_t n_in, int64_t n_out,
+                      __m512i* packed, __m512i* correction, __m512* scale) {
+  const int64_t blocks = n_in / 32;
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int8_t* tile = q + o * n_in + b * 32;
+    for (int j = 0; j < 16; j += 2) __builtin_prefetch(tile + (16 + j) * n_in);
+    transpose_tile(tile, n_in, packed + 8 * b);
+    __m512i c = _mm512_setzero_si512();
+    for (int g = 0; g < 8; ++g) c = _mm512_dpbusd_epi32(c, bias, packed[8 * b + g]);
+    correction[b] = c;
+    alignas(64) float s[16];
+    for (int j = 0; j < 16; ++j) s[j] = half_to_float(d[(o + j) * blocks + b]);
+    scale[b] = _mm512_load_ps(s);
+  }
+  for (int64_t t0 = 0; t0 < T; t0 += kTileRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kTileRows, T - t0));
+    __m512 acc[kTileRows];
+    for (int r = 0; r < kTileRows; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const __m512i* w = packed + 8 * b;
+      for (int r = 0; r < rows; ++r) {
+        const uint8_t* xr = xu + (t0 + r) * n_in + b * 32;
+        __m512i sum = _mm512_setzero_si512();
+        for (int g = 0; g < 8; ++g) {
+          int32_t group;
+          std::memcpy(&group, xr + 4 * g, 4);
+          sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi32(group), w[g]);
+        }
+        const __m512 term = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, correction[b])),
+            _mm512_mul_ps(scale[b], _mm512_set1_ps(dx[(t0 + r) * blocks + b])));
+        acc[r] = _mm512_add_ps(acc[r], term);
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      alignas(64) float out[16];
+      _mm512_store_ps(out, acc[r]);
+      std::memcpy(y + (t0 + r) * n_out + o, out, sizeof out);
+    }
+  }
+}
+#else
+constexpr bool kVnniTiles = false;
+#endif
+
+static ffi::Error FewRowsQ80(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> xq,
+                             ffi::Buffer<ffi::F32> dx, ffi::Buffer<ffi::S8> values,
+                             ffi::Buffer<ffi::F16> scales, ffi::ResultBuffer<ffi::F32> y) {
+  auto w_dims = values.dimensions(), s_dims = scales.dimensions();
+  if (w_dims.size() != 2 || s_dims.size() != 2 || s_dims[0] != w_dims[0] || s_dims[1] == 0)
+    return ffi::Error::InvalidArgument("values must be [O, I] and scales [O, I / block]");
+  const int64_t n_out = w_dims[0], n_in = w_dims[1], blocks = s_dims[1], block = n_in / blocks;
+  if (block * blocks != n_in) return ffi::Error::InvalidArgument("blocks must split I");
+  if (n_in == 0 || xq.element_count() % n_in != 0)
+    return ffi::Error::InvalidArgument("xq's last axis must be the weights' I");
+  const int64_t T = xq.element_count() / n_in;
+  if (dx.element_count() != T * blocks)
+    return ffi::Error::InvalidArgument("dx must be [..., I / block]");
+  const int8_t* xd = static_cast<const int8_t*>(xq.untyped_data());
+  const float* sd = dx.typed_data();
+  const int8_t* q = static_cast<const int8_t*>(values.untyped_data());
+  const uint16_t* d = static_cast<const uint16_t*>(scales.untyped_data());
+  float* yd = y->typed_data();
+  const int64_t tiles = kVnniTiles && block == 32 ? n_out / 16 : 0;
+  // Work items: 4 tiles of 16 outputs each, then the outputs left one by one in groups of 16.
+  constexpr int64_t kTilesPerItem = 4;
+  const int64_t tile_items = (tiles + kTilesPerItem - 1) / kTilesPerItem;
+  const int64_t rest0 = tiles * 16, rest_items = (n_out - rest0 + 15) / 16;
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+  std::unique_ptr<uint8_t[]> xu;
+  if (tiles > 0) {
+    xu.reset(new uint8_t[T * n_in]);
+    for (int64_t i = 0; i < T * n_in; ++i) xu[i] = offset_byte(xd[i]);
+  }
+  const uint8_t* xup = xu.get();
+#endif
+  parallel_for(pool, tile_items + rest_items, n_out * n_in, [=](int64_t item) {
+    if (item < tile_items) {
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+      std::unique_ptr<__m512i[]> packed(new __m512i[blocks * 9]);
+      std::unique_ptr<__m512[]> scale(new __m512[blocks]);
+      for (int64_t k = item * kTilesPerItem; k < std::min(tiles, (item + 1) * kTilesPerItem); ++k)
+        q8_0_tile(xup, sd, q, d, yd, T, k * 16, n_in, n_out, packed.get(),
+                  packed.get() + 8 * blocks, scale.get());
+#endif
+      return;
+    }
+    const int64_t o0 = rest0 + (item - tile_items) * 16;
+    for (int64_t o = o0; o < std::min(n_out, o0 + 16); ++o)
+      q8_0_output(xd, sd, q, d, yd, 0, T, o, n_in, n_out, block);
+  });
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_few_rows_q8_0, FewRowsQ80,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()    /* xq [..., I] */
+                                  .Arg<ffi::Buffer<ffi::F32>>()   /* dx [..., I / block] */
+                                  .Arg<ffi::Buffer<ffi::S8>>()    /* values [O, I] */
+                                  .Arg<ffi::Buffer<ffi::F16>>()   /* scales [O, I / block] */
+                                  .Ret<ffi::Buffer<ffi::F32>>()); /* y [..., O] */
+
+// ---------------------------------------------------------------------------------------------
 // Attention of a few queries to a layer's KV cache, reading only the slots in use.
 //
 // q [B, T, N, H]; the cache's keys [B, K, H, S] and values [B, K, S, H] (specjax.model.cache);

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 ARCHITECTURES = ("gpt2", "llama")
-DTYPES = ("float32", "bfloat16", "int8")
+DTYPES = ("float32", "bfloat16", "int8", "q8_0")
+EIGHT_BIT = ("int8", "q8_0")          # 8-bit matrices, float32 activations and cache
 _LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
                 "gelu": "gelu", "silu": "silu", "swish": "silu"}
@@ -53,8 +54,9 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     model_type: str = ""           # the original Hugging Face model_type
-    # The weights' dtype: "float32", "bfloat16" (also the activations' and the cache's), or
-    # "int8" (8-bit matrices, `specjax.model.quant`; activations and cache float32).
+    # The weights' dtype: "float32", "bfloat16" (also the activations' and the cache's), "int8"
+    # (8-bit matrices, `specjax.model.quant`; activations and cache float32) or "q8_0" (the
+    # same matrices, each product quantising its activations too: llama.cpp's Q8_0).
     dtype: str = "float32"
 
     def __post_init__(self):
@@ -74,8 +76,8 @@ class ModelConfig:
 
     @property
     def compute_dtype(self) -> str:
-        """The activations' and the KV cache's dtype: the weights' own, float32 for int8."""
-        return "float32" if self.dtype == "int8" else self.dtype
+        """The activations' and the KV cache's dtype: the weights' own, float32 for 8-bit ones."""
+        return "float32" if self.dtype in EIGHT_BIT else self.dtype
 
     @property
     def n_groups(self) -> int:

@@ -67,12 +67,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.model.quant import Int8Weight, dequantize
+from specjax.model.quant import Int8Weight, Q8_0Weight, dequantize, quantize_rows, unfused
 
 __all__ = ["ATTENTION_TARGET", "FEW_QUERIES", "FEW_ROWS", "INT8_ROWS", "INT8_TARGET",
-           "KERNEL_BLOCK", "KERNEL_DTYPES", "PRODUCT_TARGET", "ROPE_TABLES_TARGET", "ROPE_TARGET",
+           "KERNEL_BLOCK", "KERNEL_DTYPES", "PRODUCT_TARGET", "Q8_0_TARGET", "ROPE_TABLES_TARGET", "ROPE_TARGET",
            "TARGETS", "attention_uses_kernel", "few_query_attention", "few_rows", "linear",
-           "mark_registered", "product_int8", "registered", "rope", "rope_tables",
+           "mark_registered", "product_int8", "product_q8_0", "q8_0_law", "registered", "rope", "rope_tables",
            "rope_uses_kernel", "switch", "use_kernels", "xla_products"]
 
 # The numbers of rows (all leading axes of x together) that the few-row kernel computes, in
@@ -89,9 +89,10 @@ KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 PRODUCT_TARGET = "specjax_few_rows"
 ATTENTION_TARGET = "specjax_few_query_attention"
 INT8_TARGET = PRODUCT_TARGET + "_q8"
+Q8_0_TARGET = PRODUCT_TARGET + "_q8_0"
 ROPE_TARGET = "specjax_rope"
 ROPE_TABLES_TARGET = "specjax_rope_tables"
-TARGETS = (PRODUCT_TARGET, PRODUCT_TARGET + "_bf16", INT8_TARGET, ATTENTION_TARGET,
+TARGETS = (PRODUCT_TARGET, PRODUCT_TARGET + "_bf16", INT8_TARGET, Q8_0_TARGET, ATTENTION_TARGET,
            ATTENTION_TARGET + "_bf16", ROPE_TARGET, ROPE_TABLES_TARGET)
 
 # 8-bit weights take the kernel for one row too (XLA would read a float32 copy), and their
@@ -145,6 +146,8 @@ def few_rows(weight_dtype) -> range:
 def linear(x: jax.Array, w: jax.Array | Int8Weight, out_dtype=None) -> jax.Array:
     """x [..., I] times w [O, I] over I -> [..., O] (in out_dtype, else x's dtype). w may be
     an `Int8Weight` (`specjax.model.quant`): its dequantised weights."""
+    if isinstance(w, Q8_0Weight):
+        return _linear_q8_0(x, w, out_dtype)
     if isinstance(w, Int8Weight):
         return _linear_int8(x, w, out_dtype)
     if math.prod(x.shape[:-1]) in few_rows(w.dtype) and _kernels_apply(x.dtype, w.dtype,
@@ -171,6 +174,53 @@ def _linear_int8(x, w: Int8Weight, out_dtype):
             return _dot(x, dequantize(Int8Weight(values, scales)), out_dtype)
         return lax.platform_dependent(x, w.values, w.scales, cpu=kernel, default=default)
     return _dot(x, dequantize(w), out_dtype)
+
+
+def _linear_q8_0(x, w: Q8_0Weight, out_dtype):
+    """`linear` in the q8_0 dtype: x quantised per row and block (`quantize_rows`), then the
+    q8_0 law (`q8_0_law`), the few-row kernel's for 1-32 rows, XLA's elsewhere: the same bits
+    either way."""
+    dtype = out_dtype or x.dtype
+    lead = x.shape[:-1]
+    xq, dx = quantize_rows(x.reshape(-1, x.shape[-1]), w.block)
+    values, scales = w.values.reshape(-1, x.shape[-1]), w.scales.reshape(-1, xq.shape[-1] // w.block)
+    if math.prod(lead) in FEW_ROWS and _kernels_apply(x.dtype, dtype):
+        y = lax.platform_dependent(xq, dx, values, scales, cpu=product_q8_0, default=q8_0_law)
+    else:
+        y = q8_0_law(xq, dx, values, scales)
+    return y.reshape(*lead, values.shape[0]).astype(dtype)
+
+
+def q8_0_law(xq: jax.Array, dx: jax.Array, values: jax.Array, scales: jax.Array) -> jax.Array:
+    """The q8_0 product, its law written in JAX: xq [T, I] int8 and dx [T, I / B] float32 (the
+    activations, `quantize_rows`), values [O, I] int8 and scales [O, I / B] float16 -> y [T, O]
+    float32, where for each block b in order
+
+        acc = acc + float(sum over the block of values * xq) * (float(scales[:, b]) * dx[:, b])
+
+    starting from 0: ggml's reference Q8_0 x Q8_0 dot product (vec_dot_q8_0_q8_0), each
+    operation rounded on its own. The block sums are integers (exact); `quant.unfused` keeps XLA
+    from fusing each block's product into the add (an fma of them, rounded once). The kernel (`product_q8_0`) computes the same operations in the same order."""
+    t, inputs = xq.shape
+    blocks = dx.shape[-1]
+    block = inputs // blocks
+
+    def add_block(b, acc):
+        xb = lax.dynamic_slice_in_dim(xq, b * block, block, axis=1)
+        wb = lax.dynamic_slice_in_dim(values, b * block, block, axis=1)
+        sums = jnp.einsum("ti,oi->to", xb, wb, preferred_element_type=jnp.int32)
+        scale = (lax.dynamic_index_in_dim(scales, b, axis=1, keepdims=False)
+                 .astype(jnp.float32)[None, :]
+                 * lax.dynamic_index_in_dim(dx, b, axis=1, keepdims=True))
+        return acc + unfused(sums.astype(jnp.float32) * scale, b >= blocks)
+    return lax.fori_loop(0, blocks, add_block, jnp.zeros((t, values.shape[0]), jnp.float32))
+
+
+def product_q8_0(xq: jax.Array, dx: jax.Array, values: jax.Array, scales: jax.Array) -> jax.Array:
+    """The few-row kernel's q8_0 product (`q8_0_law`'s arguments and bits; CPU, the targets
+    registered; not differentiable)."""
+    out = jax.ShapeDtypeStruct((xq.shape[0], values.shape[0]), jnp.float32)
+    return jax.ffi.ffi_call(Q8_0_TARGET, out, vmap_method="sequential")(xq, dx, values, scales)
 
 
 def product_int8(x: jax.Array, values: jax.Array, scales: jax.Array) -> jax.Array:

@@ -31,13 +31,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["BLOCK", "MATRICES", "Int8Weight", "convert", "dequantize", "quantize",
-           "quantize_params", "rows"]
+__all__ = ["BLOCK", "EIGHT_BIT", "MATRICES", "Int8Weight", "Q8_0Weight", "as_dtype", "convert",
+           "dequantize", "quantize", "quantize_params", "quantize_rows", "rows", "unfused"]
 
 BLOCK = 32
 # Parameters whose last two axes are inputs (the rest: only the last).
 _TWO_INPUT_AXES = ("wo",)
 # Parameters that are quantised: the model's matrices (norms and biases stay float32).
+# The dtypes whose matrices are 8-bit (activations, cache and sums float32): "int8" multiplies
+# the float32 activations by the dequantised weights; "q8_0" quantises the activations too.
+EIGHT_BIT = ("int8", "q8_0")
 MATRICES = ("embed", "lm_head", "wq", "wk", "wv", "wo", "w_in", "w_out", "w_gate", "w_up",
             "w_down")
 
@@ -75,7 +78,18 @@ class Int8Weight:
         if values.shape[-1] % self.block:
             raise ValueError(f"cannot reshape an Int8Weight of blocks of {self.block} to "
                              f"{values.shape}: the last axis must hold whole blocks")
-        return Int8Weight(values, self.scales.reshape(*values.shape[:-1], -1))
+        return dataclasses.replace(self, values=values,
+                                   scales=self.scales.reshape(*values.shape[:-1], -1))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Q8_0Weight(Int8Weight):
+    """The "q8_0" dtype's matrix: the same values and scales as an `Int8Weight`, but a product
+    with it quantises the activations too, per row and per block of the weights' B inputs
+    (`quantize_rows`), and sums integers: llama.cpp's Q8_0 x Q8_0 (`specjax.model.linear`,
+    `linear`'s law for it). A different model from "int8", which multiplies float32 activations
+    by the dequantised weights."""
 
 
 def quantize(w, input_axes: int = 1) -> Int8Weight:
@@ -99,6 +113,34 @@ def quantize(w, input_axes: int = 1) -> Int8Weight:
                       jnp.asarray(scale.astype(np.float16).reshape(*outputs, inputs // block)))
 
 
+def quantize_rows(x: jax.Array, block: int) -> tuple[jax.Array, jax.Array]:
+    """Activations x [..., I] (float32) -> (values [..., I] int8, scales [..., I / block]
+    float32): `quantize`'s law, in JAX, per row and per block of `block` inputs (ggml's
+    quantize_row_q8_0_ref: scale = max |x| / 127, value = x * (1 / scale) rounded half away
+    from zero, the scale then rounded to float16; here given back as that float16's float32).
+    Every operation is exact or rounded once on its own (`unfused` keeps XLA from fusing the
+    product into the rounding's subtraction)."""
+    x = x.astype(jnp.float32)
+    blocks = x.reshape(*x.shape[:-1], -1, block)
+    scale = jnp.max(jnp.abs(blocks), axis=-1, keepdims=True) / jnp.float32(127)
+    inverse = jnp.where(scale == 0, jnp.float32(0), jnp.float32(1) / jnp.where(scale == 0, 1, scale))
+    scaled = unfused(blocks * inverse, jnp.isnan(scale))
+    whole = jnp.trunc(scaled)
+    values = whole + jnp.where(jnp.abs(scaled - whole) >= 0.5, jnp.sign(scaled), 0)
+    return (values.astype(jnp.int8).reshape(x.shape),
+            scale[..., 0].astype(jnp.float16).astype(jnp.float32))
+
+
+def unfused(product: jax.Array, false: jax.Array) -> jax.Array:
+    """`product` (float32), such that XLA cannot fuse it into an add or a subtraction it feeds:
+    XLA's CPU and GPU code contracts a multiply and an add into one fma (rounded once, not
+    twice), and it drops `lax.optimization_barrier` before it does. Here the product's bits
+    pass through an integer xor with `false`, a traced boolean that is False for every input
+    that matters but not known to XLA to be, so the add's operand is no longer a multiply."""
+    bits = jax.lax.bitcast_convert_type(product, jnp.int32) ^ false.astype(jnp.int32)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
 def dequantize(w: Int8Weight) -> jax.Array:
     """The float32 weights w stands for: each value times its block's scale (exact)."""
     blocks = w.values.reshape(*w.scales.shape, -1).astype(jnp.float32)      # [O..., I'/B, B]
@@ -110,8 +152,7 @@ def rows(table, ids: jax.Array) -> jax.Array:
     to float32 (only those rows are read)."""
     if not isinstance(table, Int8Weight):
         return table[ids]
-    picked = Int8Weight(table.values[ids], table.scales[ids])
-    return dequantize(picked)
+    return dequantize(Int8Weight(table.values[ids], table.scales[ids]))
 
 
 def quantize_params(params: dict) -> dict:
@@ -120,21 +161,28 @@ def quantize_params(params: dict) -> dict:
     return convert(params, "int8")
 
 
+def as_dtype(w: Int8Weight, dtype: str) -> Int8Weight:
+    """The same values and scales as the 8-bit dtype `dtype`'s matrix ("int8": `Int8Weight`,
+    "q8_0": `Q8_0Weight`)."""
+    kind = Q8_0Weight if dtype == "q8_0" else Int8Weight
+    return w if type(w) is kind else kind(w.values, w.scales)
+
+
 def convert(tree, dtype: str, matrices=MATRICES):
     """A tree of weights in `dtype`: "float32" or "bfloat16" casts every floating leaf (an
-    `Int8Weight` dequantised first); "int8" quantises the leaves whose dict key is in
-    `matrices` (an `Int8Weight` kept as it is) and casts the other floating leaves to float32.
-    Integer leaves (token ids) are kept. Drafters use it to follow their target's dtype with
-    their own matrix names (`specjax.heads.shared.in_dtype`)."""
+    8-bit matrix dequantised first); "int8" or "q8_0" quantises the leaves whose dict key is in
+    `matrices` (an 8-bit matrix keeps its values and scales) and casts the other floating
+    leaves to float32. Integer leaves (token ids) are kept. Drafters use it to follow their
+    target's dtype with their own matrix names (`specjax.heads.shared.in_dtype`)."""
     def leaf_of(path, leaf):
         name = path[-1].key if path and isinstance(path[-1], jax.tree_util.DictKey) else None
         if isinstance(leaf, Int8Weight):
-            return leaf if dtype == "int8" else dequantize(leaf).astype(dtype)
+            return as_dtype(leaf, dtype) if dtype in EIGHT_BIT else dequantize(leaf).astype(dtype)
         if not jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.floating):
             return leaf
-        if dtype == "int8":
+        if dtype in EIGHT_BIT:
             if name in matrices:
-                return quantize(leaf, 2 if name in _TWO_INPUT_AXES else 1)
+                return as_dtype(quantize(leaf, 2 if name in _TWO_INPUT_AXES else 1), dtype)
             return jnp.asarray(leaf, jnp.float32)
         return jnp.asarray(leaf, dtype)
     return jax.tree_util.tree_map_with_path(leaf_of, tree,

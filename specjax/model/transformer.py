@@ -53,7 +53,7 @@ from specjax.model.layers import (
     rope_tables,
 )
 from specjax.model.linear import linear
-from specjax.model.quant import Int8Weight, convert, quantize_params
+from specjax.model.quant import EIGHT_BIT, Int8Weight, convert
 
 Params = dict
 
@@ -295,7 +295,7 @@ def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> Param
 
     params = jax.tree.unflatten(treedef, [init(p, s, k) for (p, s), k in zip(leaves, keys)])
     params = dict(params, layers=unstack_layers(params["layers"], config.n_layers))
-    return quantize_params(params) if config.dtype == "int8" else params
+    return convert(params, config.dtype) if config.dtype in EIGHT_BIT else params
 
 
 # Matrices are drawn in the [in, out] layout specjax stored before it stored them [out, in], and
@@ -325,9 +325,9 @@ def unstack_layers(stacked: dict, n_layers: int) -> list[dict]:
 
 
 def cast_params(params: Params, dtype) -> Params:
-    """Every parameter in `dtype` ("int8": the matrices quantised, `specjax.model.quant`; 8-bit
-    matrices cast to a float dtype are dequantised first)."""
-    return convert(params, str(jnp.dtype(dtype)) if dtype != "int8" else "int8")
+    """Every parameter in `dtype` ("int8" or "q8_0": the matrices quantised,
+    `specjax.model.quant`; 8-bit matrices cast to a float dtype are dequantised first)."""
+    return convert(params, dtype if dtype in EIGHT_BIT else str(jnp.dtype(dtype)))
 
 
 def in_dtype(model: Model, dtype: str) -> Model:
