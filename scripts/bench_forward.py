@@ -34,6 +34,7 @@ import numpy as np
 import specjax
 from specjax import kernels
 from specjax.model.cache import KVCache
+from specjax.model.config import DTYPES
 from specjax.model.linear import use_kernels
 from specjax.model.quant import Int8Weight, dequantize
 from specjax.model.transformer import count_params, forward
@@ -42,8 +43,9 @@ from specjax.model.transformer import count_params, forward
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="a checkpoint directory (default: a random Llama)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "int8"), default="float32",
-                        help="the weights' dtype (and the cache's, but for int8: float32)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="the weights' dtype (and the cache's, but for int8 and q8_0: "
+                             "float32)")
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--d-model", type=int, default=768)
     parser.add_argument("--heads", type=int, default=12)

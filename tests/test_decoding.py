@@ -243,9 +243,9 @@ def test_each_method_owns_its_state(models):
     assert len(set(map(str, shared.values()))) == 1, shared
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "q8_0"])
 def test_low_precision_greedy_equality_for_every_method_batched_and_alone(dtype):
-    # In bfloat16 and int8 every call of up to 32 tokens, the one-token step included, runs on
+    # In bfloat16, int8 and q8_0 every call of up to 32 tokens, the one-token step included, runs on
     # the kernels, whose rows get the same bits at every width: so a verify call scores each
     # token exactly as the autoregressive step does, and greedy speculation must reproduce
     # autoregressive greedy decoding token for token, as in float32.
@@ -258,7 +258,7 @@ def test_low_precision_greedy_equality_for_every_method_batched_and_alone(dtype)
         return specjax.random_model(config, seed=seed, std=0.5)
 
     target, draft = model(2, 1), model(1, 2)
-    assert target.params["embed"].dtype == jax.numpy.dtype(dtype)
+    assert target.params["embed"].dtype == jax.numpy.dtype(dtype if dtype != "q8_0" else "int8")
     kwargs = dict(max_new_tokens=16, temperature=0.0, eos_ids=())
     want = generate(target, PROMPTS, **kwargs).tokens
     for method, extra in (("speculative", dict(draft=draft, k=3)),
@@ -269,10 +269,10 @@ def test_low_precision_greedy_equality_for_every_method_batched_and_alone(dtype)
     assert alone.tokens == want[:1]
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "q8_0"])
 def test_low_precision_greedy_equality_for_medusa_and_eagle_batched_and_alone(dtype):
-    # The embedded target in bfloat16 or int8 with its shipped Medusa heads and EAGLE drafter
-    # (kept in float32): their verify calls score every token as the autoregressive step does.
+    # The embedded target in bfloat16, int8 or q8_0 with its shipped Medusa heads and EAGLE
+    # drafter (in the target's dtype): their verify calls score every token as the autoregressive step does.
     from pathlib import Path
 
     weights = Path(specjax.__file__).resolve().parent.parent / "weights"

@@ -17,9 +17,10 @@ Negative controls. The same test, same seeds and sample size, must REJECT (p < t
 per-case level) each deliberately broken sampler below; this shows the test has the power to
 see those bugs, which are the ones found in public speculative-sampling code.
 
-Precisions. A chain, a static tree and EAGLE's dynamic tree run again with the pair in bfloat16
-and in int8 (8-bit matrices), each against the exact law of the target in that precision, with
-a negative control of each family in each precision: Theorem 1 is about the model that runs.
+Precisions. A chain, a static tree and EAGLE's dynamic tree run again with the pair in
+bfloat16, in int8 (8-bit matrices) and in q8_0 (8-bit matrices and activations), each against
+the exact law of the target in that precision, with a negative control of each family in each
+precision: Theorem 1 is about the model that runs.
 
 Token trees draw N = 30,000 samples per case: a tree call feeds several times the tokens of a
 chain, and at 30,000 every tree negative control below is rejected with p < 1e-100 (measured;
@@ -147,11 +148,11 @@ POSITIVE = {
                                         k_start=1),
 }
 # Every precision runs the same samplers on the model that runs (DESIGN.md, "Precision is a
-# property of the loaded model"): the pair in bfloat16 and in int8, each sampled against the
+# property of the loaded model"): the pair in bfloat16, int8 and q8_0, each sampled against the
 # exact law of its own target (enumerated with that target), for a chain, a static tree and
 # EAGLE's dynamic tree; the negative controls below include the same three families per
 # precision.
-PRECISIONS = ("bfloat16", "int8")
+PRECISIONS = ("bfloat16", "int8", "q8_0")
 for _dtype in PRECISIONS:
     POSITIVE.update({
         f"speculative-k2-t1-{_dtype}": dict(case("speculative", k=2), dtype=_dtype),

@@ -78,17 +78,19 @@ def test_decoding_loop_exports_for_gpu_and_tpu(name):
     assert export.deserialize(exported.serialize()).platforms == ("cuda", "tpu")
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "q8_0"])
 def test_low_precision_programs_export_for_gpu_and_tpu(dtype):
-    # bfloat16 and int8 weights: XLA's products there (int8: of the dequantised weights), no
-    # CPU kernel in the exported module; the CPU program does call the kernels.
+    # bfloat16 and 8-bit weights: XLA's products there (int8: of the dequantised weights; q8_0:
+    # its law, `linear.q8_0_law`), no CPU kernel in the exported module; the CPU program does
+    # call the kernels.
     req = request(METHODS["speculative-chain"], dtype)
     program, leaves = flat_program(req)
     text = export.export(program, platforms=("cuda", "tpu"))(*leaves).mlir_module()
     assert "while" in text
     assert not any(c.startswith("specjax_") for c in custom_calls(text)), custom_calls(text)
     cpu = loop.programs(req.spec)[2].lower(req.weights, *req.inputs).as_text()
-    kernel = "specjax_few_rows_q8" if dtype == "int8" else "specjax_few_rows_bf16"
+    kernel = {"int8": "specjax_few_rows_q8", "q8_0": "specjax_few_rows_q8_0"}.get(
+        dtype, "specjax_few_rows_bf16")
     assert kernel in custom_calls(cpu)
 
 

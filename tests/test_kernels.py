@@ -50,10 +50,11 @@ def test_greedy_tokens_are_the_same_with_the_kernels_on_and_off(method):
     assert on.stats.target_calls == off.stats.target_calls
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "q8_0"])
 def test_low_precision_greedy_tokens_are_the_same_with_the_kernels_on_and_off(dtype):
     # The kernels' path per dtype (int8: the 8-bit kernel; off: XLA's product of the
-    # dequantised weights) against XLA's, through a chain's verify calls.
+    # dequantised weights; q8_0: its kernel, off: its law in XLA) against XLA's, through a
+    # chain's verify calls.
     if not kernels.ensure():
         pytest.skip("the kernels cannot be built here (no C++ compiler)")
     pair = testing.pair()

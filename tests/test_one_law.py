@@ -74,14 +74,14 @@ def steps_and_calls(model, kernels, batch=2):
     return np.stack(out, 1), calls
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "q8_0"])
 def test_verify_calls_equal_one_token_steps_bit_for_bit(target, dtype):
     steps, calls = steps_and_calls(in_dtype(target, dtype), kernels=True)
     for n, call in calls.items():
         np.testing.assert_array_equal(call, steps[:, :n], err_msg=f"{dtype}, {n} tokens")
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "q8_0"])
 def test_a_tree_node_equals_the_steps_along_its_branch(target, dtype):
     for node, (call, step) in tree_and_steps(in_dtype(target, dtype)).items():
         np.testing.assert_array_equal(call, step, err_msg=f"{dtype}, node {node}")

@@ -419,9 +419,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_few_rows_q8, FewRowsQ8,
 // ---------------------------------------------------------------------------------------------
 // The q8_0 product: 8-bit weights times 8-bit activations, llama.cpp's Q8_0 x Q8_0.
 //
-// In: xq [T, I] int8 and dx [T, I / B] float32 (the activations quantised per block of B
-// inputs, `specjax.model.quant.quantize_rows`), values [O, I] int8 and scales [O, I / B]
-// float16 (the weights). Out: y [T, O] float32, each output by this law (ggml's reference
+// In: x [T, I] float32, values [O, I] int8 and scales [O, I / B] float16 (the weights). x is
+// quantised per row and block of B inputs first (quantize_rows, below: xq int8 and dx, each
+// block's float16 scale). Out: y [T, O] float32, each output by this law (ggml's reference
 // vec_dot_q8_0_q8_0, every operation rounded on its own, nothing fused):
 //
 //   acc = 0
@@ -437,12 +437,67 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_few_rows_q8, FewRowsQ8,
 // With AVX-512 VNNI and blocks of 32, 16 outputs are computed at once, one per lane: a tile of
 // 16 rows of w is transposed (per block, eight vectors of 16 lanes x 4 bytes, byte group g of
 // each row in lane `row`), then each activation row's 4-byte groups are broadcast and
-// multiplied in with VPDPBUSD (unsigned x signed bytes, summed into int32 lanes). VPDPBUSD
-// wants unsigned activations: it is given xq + 128, and 128 * sum(w) is taken off again.
+// multiplied in with VPDPBUSD (unsigned x signed bytes, summed into int32 lanes). VPDPBUSD's
+// unsigned operand is the weights + 128 (their sign bit flipped), so 128 times the block's
+// sum of activations is taken off again.
 // Elsewhere each output is summed on its own.
 
-// xq + 128 as unsigned bytes (xq in [-128, 127]): flips the sign bit.
-static inline uint8_t offset_byte(int8_t v) { return static_cast<uint8_t>(v) ^ 0x80u; }
+// A float32 as the nearest float16 (ties to even; its bits), as XLA's conversion gives it.
+static inline uint16_t float_to_half(float f) {
+#if defined(__F16C__)
+  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const uint32_t sign = (u >> 16) & 0x8000u, magnitude = u & 0x7fffffffu;
+  if (magnitude >= 0x7f800000u)                             // inf or NaN
+    return static_cast<uint16_t>(sign | 0x7c00u | (magnitude > 0x7f800000u ? 0x200u : 0u));
+  if (magnitude >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (magnitude < 0x38800000u) {                            // a float16 subnormal (or zero)
+    // magnitude * 2^24 rounded to an integer, ties to even: the subnormal's mantissa.
+    float scaled;
+    const uint32_t m = magnitude;
+    std::memcpy(&scaled, &m, sizeof scaled);
+    scaled *= 16777216.0f;                                  // exact (a power of two)
+    const uint32_t whole = static_cast<uint32_t>(scaled);
+    const float rest = scaled - static_cast<float>(whole);
+    const uint32_t mantissa = whole + (rest > 0.5f || (rest == 0.5f && (whole & 1u)));
+    return static_cast<uint16_t>(sign | mantissa);
+  }
+  // Normal: drop 13 mantissa bits, ties to even (a carry into the exponent is right).
+  const uint32_t rebased = magnitude - 0x38000000u;          // exponent - 112
+  const uint32_t half = (rebased + 0x0fffu + ((rebased >> 13) & 1u)) >> 13;
+  return static_cast<uint16_t>(sign | half);
+#endif
+}
+
+// Rows x [T, I] quantised per block of `block` inputs, as `specjax.model.quant.quantize_rows`
+// (ggml's quantize_row_q8_0_ref): scale = max |x| / 127, value = x * (1 / scale) rounded half
+// away from zero, the scale rounded to float16. Gives the values (xq), 128 times each block's
+// sum of values (bias: what VPDPBUSD's unsigned weights add, below), and the float16 scales
+// as float32 (dx).
+static void quantize_rows(const float* x, int64_t T, int64_t n_in, int64_t block, int8_t* xq,
+                          int32_t* bias, float* dx) {
+  const int64_t blocks = n_in / block;
+  for (int64_t k = 0; k < T * blocks; ++k) {
+    const float* xb = x + k * block;
+    float top = 0.0f;
+    for (int64_t i = 0; i < block; ++i) top = std::max(top, std::fabs(xb[i]));
+    const float scale = top / 127.0f;
+    const float inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+    int32_t sum = 0;
+    for (int64_t i = 0; i < block; ++i) {
+      const float v = xb[i] * inverse;
+      int32_t whole = static_cast<int32_t>(v);              // toward zero
+      const float rest = v - static_cast<float>(whole);
+      whole += (rest >= 0.5f) - (rest <= -0.5f);
+      xq[k * block + i] = static_cast<int8_t>(whole);
+      sum += whole;
+    }
+    bias[k] = 128 * sum;
+    dx[k] = half_to_float(float_to_half(scale));
+  }
+}
 
 static inline int32_t block_dot(const int8_t* a, const int8_t* b, int64_t n) {
   int32_t s = 0;
@@ -519,26 +574,34 @@ static inline void transpose_tile(const int8_t* q, int64_t n_in, __m512i w[8]) {
   }
 }
 
+#ifndef Q80_PREFETCH
+#define Q80_PREFETCH 3
+#endif
+constexpr int64_t kQ80PrefetchTiles = Q80_PREFETCH;
+
 // Rows of x computed together against one tile: their float sums stay in registers.
 constexpr int kTileRows = 8;
 
 // Outputs [o, o + 16) of every row: the tile's blocks transposed once into `packed`
-// (blocks x 8 vectors), with their 128 * sum(w) and scales, then kTileRows rows at a time.
-static void q8_0_tile(const uint8_t* xu, const float* dx, const int8_t* q, const uint16_t* d,
-                      float* y, int64_t T, int64_t o, int64_t n_in, int64_t n_out,
-                      __m512i* packed, __m512i* correction, __m512* scale) {
+// (blocks x 8 vectors, sign bits flipped), with their scales, then kTileRows rows at a time.
+static void q8_0_tile(const int8_t* xq, const int32_t* bias, const float* dx, const int8_t* q,
+                      const uint16_t* d, float* y, int64_t T, int64_t o, int64_t n_in,
+                      int64_t n_out, __m512i* packed, __m512* scale) {
   const int64_t blocks = n_in / 32;
-  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < blocks; ++b) {
     const int8_t* tile = q + o * n_in + b * 32;
-    for (int j = 0; j < 16; j += 2) __builtin_prefetch(tile + (16 + j) * n_in);
+    // The rows kQ80PrefetchTiles tiles ahead, a 64-byte line each every other block.
+    if (b % 2 == 0)
+      for (int j = 0; j < 16; ++j) __builtin_prefetch(tile + (16 * kQ80PrefetchTiles + j) * n_in);
     transpose_tile(tile, n_in, packed + 8 * b);
-    __m512i c = _mm512_setzero_si512();
-    for (int g = 0; g < 8; ++g) c = _mm512_dpbusd_epi32(c, bias, packed[8 * b + g]);
-    correction[b] = c;
-    alignas(64) float s[16];
-    for (int j = 0; j < 16; ++j) s[j] = half_to_float(d[(o + j) * blocks + b]);
-    scale[b] = _mm512_load_ps(s);
+    for (int g = 0; g < 8; ++g) packed[8 * b + g] = _mm512_xor_si512(packed[8 * b + g], sign);
+    // The 16 rows' scales of block b: 32-bit gathers (a float16 in the low half of each).
+    const __m512i at = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6,
+                                                           5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(static_cast<int32_t>(blocks)));
+    const __m512i halves = _mm512_i32gather_epi32(at, d + o * blocks + b, 2);
+    scale[b] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(halves));
   }
   for (int64_t t0 = 0; t0 < T; t0 += kTileRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kTileRows, T - t0));
@@ -547,15 +610,24 @@ static void q8_0_tile(const uint8_t* xu, const float* dx, const int8_t* q, const
     for (int64_t b = 0; b < blocks; ++b) {
       const __m512i* w = packed + 8 * b;
       for (int r = 0; r < rows; ++r) {
-        const uint8_t* xr = xu + (t0 + r) * n_in + b * 32;
-        __m512i sum = _mm512_setzero_si512();
-        for (int g = 0; g < 8; ++g) {
+        const int8_t* xr = xq + (t0 + r) * n_in + b * 32;
+        // Four chains of two, so the multiplies overlap.
+        __m512i s[4];
+        for (int g = 0; g < 4; ++g) {
           int32_t group;
           std::memcpy(&group, xr + 4 * g, 4);
-          sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi32(group), w[g]);
+          s[g] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[g], _mm512_set1_epi32(group));
         }
+        for (int g = 4; g < 8; ++g) {
+          int32_t group;
+          std::memcpy(&group, xr + 4 * g, 4);
+          s[g - 4] = _mm512_dpbusd_epi32(s[g - 4], w[g], _mm512_set1_epi32(group));
+        }
+        const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_add_epi32(s[0], s[1]),
+                                                              _mm512_add_epi32(s[2], s[3])),
+                                             _mm512_set1_epi32(bias[(t0 + r) * blocks + b]));
         const __m512 term = _mm512_mul_ps(
-            _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, correction[b])),
+            _mm512_cvtepi32_ps(sum),
             _mm512_mul_ps(scale[b], _mm512_set1_ps(dx[(t0 + r) * blocks + b])));
         acc[r] = _mm512_add_ps(acc[r], term);
       }
@@ -571,21 +643,24 @@ static void q8_0_tile(const uint8_t* xu, const float* dx, const int8_t* q, const
 constexpr bool kVnniTiles = false;
 #endif
 
-static ffi::Error FewRowsQ80(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> xq,
-                             ffi::Buffer<ffi::F32> dx, ffi::Buffer<ffi::S8> values,
-                             ffi::Buffer<ffi::F16> scales, ffi::ResultBuffer<ffi::F32> y) {
+static ffi::Error FewRowsQ80(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                             ffi::Buffer<ffi::S8> values, ffi::Buffer<ffi::F16> scales,
+                             ffi::ResultBuffer<ffi::F32> y) {
   auto w_dims = values.dimensions(), s_dims = scales.dimensions();
   if (w_dims.size() != 2 || s_dims.size() != 2 || s_dims[0] != w_dims[0] || s_dims[1] == 0)
     return ffi::Error::InvalidArgument("values must be [O, I] and scales [O, I / block]");
   const int64_t n_out = w_dims[0], n_in = w_dims[1], blocks = s_dims[1], block = n_in / blocks;
   if (block * blocks != n_in) return ffi::Error::InvalidArgument("blocks must split I");
-  if (n_in == 0 || xq.element_count() % n_in != 0)
-    return ffi::Error::InvalidArgument("xq's last axis must be the weights' I");
-  const int64_t T = xq.element_count() / n_in;
-  if (dx.element_count() != T * blocks)
-    return ffi::Error::InvalidArgument("dx must be [..., I / block]");
-  const int8_t* xd = static_cast<const int8_t*>(xq.untyped_data());
-  const float* sd = dx.typed_data();
+  if (n_in == 0 || x.element_count() % n_in != 0)
+    return ffi::Error::InvalidArgument("x's last axis must be the weights' I");
+  const int64_t T = x.element_count() / n_in;
+  std::unique_ptr<int8_t[]> xq(new int8_t[T * n_in]);
+  std::unique_ptr<int32_t[]> bias(new int32_t[T * blocks]);
+  std::unique_ptr<float[]> dx(new float[T * blocks]);
+  quantize_rows(x.typed_data(), T, n_in, block, xq.get(), bias.get(), dx.get());
+  const int8_t* xd = xq.get();
+  const int32_t* xb = bias.get();
+  const float* sd = dx.get();
   const int8_t* q = static_cast<const int8_t*>(values.untyped_data());
   const uint16_t* d = static_cast<const uint16_t*>(scales.untyped_data());
   float* yd = y->typed_data();
@@ -594,22 +669,13 @@ static ffi::Error FewRowsQ80(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> xq,
   constexpr int64_t kTilesPerItem = 4;
   const int64_t tile_items = (tiles + kTilesPerItem - 1) / kTilesPerItem;
   const int64_t rest0 = tiles * 16, rest_items = (n_out - rest0 + 15) / 16;
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
-  std::unique_ptr<uint8_t[]> xu;
-  if (tiles > 0) {
-    xu.reset(new uint8_t[T * n_in]);
-    for (int64_t i = 0; i < T * n_in; ++i) xu[i] = offset_byte(xd[i]);
-  }
-  const uint8_t* xup = xu.get();
-#endif
   parallel_for(pool, tile_items + rest_items, n_out * n_in, [=](int64_t item) {
     if (item < tile_items) {
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
-      std::unique_ptr<__m512i[]> packed(new __m512i[blocks * 9]);
+      std::unique_ptr<__m512i[]> packed(new __m512i[blocks * 8]);
       std::unique_ptr<__m512[]> scale(new __m512[blocks]);
       for (int64_t k = item * kTilesPerItem; k < std::min(tiles, (item + 1) * kTilesPerItem); ++k)
-        q8_0_tile(xup, sd, q, d, yd, T, k * 16, n_in, n_out, packed.get(),
-                  packed.get() + 8 * blocks, scale.get());
+        q8_0_tile(xd, xb, sd, q, d, yd, T, k * 16, n_in, n_out, packed.get(), scale.get());
 #endif
       return;
     }
@@ -623,8 +689,7 @@ static ffi::Error FewRowsQ80(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> xq,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_few_rows_q8_0, FewRowsQ80,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::S8>>()    /* xq [..., I] */
-                                  .Arg<ffi::Buffer<ffi::F32>>()   /* dx [..., I / block] */
+                                  .Arg<ffi::Buffer<ffi::F32>>()   /* x [..., I] */
                                   .Arg<ffi::Buffer<ffi::S8>>()    /* values [O, I] */
                                   .Arg<ffi::Buffer<ffi::F16>>()   /* scales [O, I / block] */
                                   .Ret<ffi::Buffer<ffi::F32>>()); /* y [..., O] */

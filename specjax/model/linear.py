@@ -181,13 +181,16 @@ def _linear_q8_0(x, w: Q8_0Weight, out_dtype):
     q8_0 law (`q8_0_law`), the few-row kernel's for 1-32 rows, XLA's elsewhere: the same bits
     either way."""
     dtype = out_dtype or x.dtype
-    lead = x.shape[:-1]
-    xq, dx = quantize_rows(x.reshape(-1, x.shape[-1]), w.block)
-    values, scales = w.values.reshape(-1, x.shape[-1]), w.scales.reshape(-1, xq.shape[-1] // w.block)
-    if math.prod(lead) in FEW_ROWS and _kernels_apply(x.dtype, dtype):
-        y = lax.platform_dependent(xq, dx, values, scales, cpu=product_q8_0, default=q8_0_law)
+    lead, inputs = x.shape[:-1], x.shape[-1]
+    x = x.reshape(-1, inputs).astype(jnp.float32)
+    values, scales = w.values.reshape(-1, inputs), w.scales.reshape(-1, inputs // w.block)
+
+    def law(x, values, scales):
+        return q8_0_law(*quantize_rows(x, w.block), values, scales)
+    if math.prod(lead) in FEW_ROWS and _kernels_apply(dtype):
+        y = lax.platform_dependent(x, values, scales, cpu=product_q8_0, default=law)
     else:
-        y = q8_0_law(xq, dx, values, scales)
+        y = law(x, values, scales)
     return y.reshape(*lead, values.shape[0]).astype(dtype)
 
 
@@ -216,11 +219,12 @@ def q8_0_law(xq: jax.Array, dx: jax.Array, values: jax.Array, scales: jax.Array)
     return lax.fori_loop(0, blocks, add_block, jnp.zeros((t, values.shape[0]), jnp.float32))
 
 
-def product_q8_0(xq: jax.Array, dx: jax.Array, values: jax.Array, scales: jax.Array) -> jax.Array:
-    """The few-row kernel's q8_0 product (`q8_0_law`'s arguments and bits; CPU, the targets
-    registered; not differentiable)."""
-    out = jax.ShapeDtypeStruct((xq.shape[0], values.shape[0]), jnp.float32)
-    return jax.ffi.ffi_call(Q8_0_TARGET, out, vmap_method="sequential")(xq, dx, values, scales)
+def product_q8_0(x: jax.Array, values: jax.Array, scales: jax.Array) -> jax.Array:
+    """The few-row kernel's q8_0 product: x [T, I] float32 quantised as `quantize_rows` does,
+    then `q8_0_law`, in one call, to the same bits (CPU, the targets registered; not
+    differentiable)."""
+    out = jax.ShapeDtypeStruct((x.shape[0], values.shape[0]), jnp.float32)
+    return jax.ffi.ffi_call(Q8_0_TARGET, out, vmap_method="sequential")(x, values, scales)
 
 
 def product_int8(x: jax.Array, values: jax.Array, scales: jax.Array) -> jax.Array:
