@@ -1,6 +1,7 @@
-"""SmolLM2-135M-Instruct in bfloat16 and int8: every method gives greedy autoregressive decoding's
-tokens, with the draft model, heads and drafter in the target's dtype (their default); and in
-float32, bfloat16 and int8 a verify call's logits equal one-token steps' bit for bit.
+"""SmolLM2-135M-Instruct in bfloat16, int8 and q8_0: every method gives greedy autoregressive
+decoding's tokens, with the draft model, heads and drafter in the target's dtype (their
+default); and in float32, bfloat16, int8 and q8_0 a verify call's logits equal one-token steps'
+bit for bit.
 
 Why the bit-identity holds (with the CPU kernels, for calls of at most 32 rows): every product
 of such a call or step is the few-row kernel's and its attention the few-query kernel's, each
@@ -40,7 +41,7 @@ def load(dtype: str):
 
 
 @pytest.mark.skipif(not specjax_kernels.ensure(), reason="needs the CPU kernels (a C++ compiler)")
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "q8_0"])
 def test_verify_calls_equal_one_token_steps_bit_for_bit(dtype):
     model = load(dtype)
     config = model.config
@@ -77,7 +78,7 @@ def greedy(dtype: str) -> tuple:
 
 
 @pytest.mark.parametrize("dtype,method", [
-    (d, m) for d in ("bfloat16", "int8") for m in METHODS])
+    (d, m) for d in ("bfloat16", "int8", "q8_0") for m in METHODS])
 def test_every_method_gives_the_greedy_output(dtype, method):
     # One prompt a call: the verify calls (a chain of 4, the drafter's and the heads' trees)
     # stay within the kernels' 32 rows. The drafters follow the target's dtype (float32 on disk).
