@@ -272,14 +272,17 @@ def test_quantized_tensors_are_dequantized_in_torch_layout(tmp_path):
         assert np.abs(got[name] - sd[name]).max() < tol, name  # quantization error only, rows in HF order
 
 
-def test_q8_0_gguf_loads_as_int8_as_stored_and_other_matrices_are_quantized_as_ggml_does(tmp_path):
+def test_q8_0_gguf_loads_as_8_bits_as_stored_and_other_matrices_are_quantized_as_ggml_does(
+        tmp_path):
     # Every matrix Q8_0 but one layer's up projection, left float32. load(dtype="int8") takes
     # the Q8_0 tensors' bytes as they are (q and k rows back in Hugging Face order): their
     # dequantised weights are exactly what dequantising the file gives, which is what the
     # float32 load holds. The float32 matrix is quantised at load to the very bytes the gguf
     # package's Q8_0 quantiser (ggml's reference) writes.
+    import jax
+
     import specjax
-    from specjax.model.quant import Int8Weight, dequantize
+    from specjax.model.quant import Int8Weight, Q8_0Weight, dequantize
 
     model = tiny_llama(num_kv_heads=2, tied=False)
     q8 = gguf.GGMLQuantizationType.Q8_0
@@ -290,6 +293,14 @@ def test_q8_0_gguf_loads_as_int8_as_stored_and_other_matrices_are_quantized_as_g
     write_gguf(tmp_path / "q8.gguf", model, quant=quant)
     int8, float32 = (specjax.load(tmp_path / "q8.gguf", dtype=d) for d in ("int8", "float32"))
     assert int8.config.dtype == "int8" and int8.config.compute_dtype == "float32"
+    # As q8_0: the same stored values and scales, as the q8_0 dtype's matrices.
+    q8_0 = specjax.load(tmp_path / "q8.gguf", dtype="q8_0")
+    for a, b in zip(jax.tree.leaves(q8_0.params, is_leaf=lambda a: isinstance(a, Int8Weight)),
+                    jax.tree.leaves(int8.params, is_leaf=lambda a: isinstance(a, Int8Weight))):
+        assert isinstance(a, Q8_0Weight) == isinstance(b, Int8Weight)
+        if isinstance(b, Int8Weight):
+            np.testing.assert_array_equal(np.asarray(a.values), np.asarray(b.values))
+            np.testing.assert_array_equal(np.asarray(a.scales), np.asarray(b.scales))
     pairs = [(int8.params[n], float32.params[n]) for n in ("embed", "lm_head")]
     pairs += [(a[n], b[n]) for i, (a, b) in enumerate(zip(int8.params["layers"],
                                                           float32.params["layers"]))
@@ -310,7 +321,6 @@ def test_q8_0_gguf_loads_as_int8_as_stored_and_other_matrices_are_quantized_as_g
     np.testing.assert_array_equal(np.asarray(ours.values).reshape(-1, 32), stored[:, 2:].view(np.int8))
     # And the int8 model runs the float32 model of its dequantised weights (to float32
     # rounding: the kernel's sums and XLA's are in different orders).
-    import jax
 
     dense = jax.tree.map(lambda a: dequantize(a) if isinstance(a, Int8Weight) else a,
                          int8.params, is_leaf=lambda a: isinstance(a, Int8Weight))
@@ -871,15 +881,16 @@ def test_llama_cpp_peer_greedy_text_equals_specjax_on_the_same_weights(quantized
     assert rows["specjax", "ngram"]["same_tokens_as_specjax_autoregressive"] is True
 
 
-def test_a_damaged_q8_0_gguf_loaded_as_int8_is_one_named_error_or_its_float32_load(tmp_path):
-    # The int8 path reads the Q8_0 bytes itself (`q8_0_matrices`) after the conversion has read
-    # them: a damaged file (overwritten, truncated; fixed seed, 24 damages) is either one
-    # CheckpointError naming it, or loads as int8 with exactly the weights its float32 load has.
+def test_a_damaged_q8_0_gguf_loaded_as_8_bits_is_one_named_error_or_its_float32_load(tmp_path):
+    # The int8 and q8_0 paths read the Q8_0 bytes themselves (`q8_0_matrices`) after the
+    # conversion has read them: a damaged file (overwritten, truncated; fixed seed, 24 damages,
+    # loaded as int8 and q8_0 in turn) is either one CheckpointError naming it, or loads with
+    # exactly the weights its float32 load has.
     import jax
 
     import specjax
     from specjax.io.errors import CheckpointError
-    from specjax.model.quant import Int8Weight, dequantize
+    from specjax.model.quant import Int8Weight, Q8_0Weight, dequantize
 
     q8 = gguf.GGMLQuantizationType.Q8_0
     model = tiny_llama(num_kv_heads=2, tied=True)
@@ -897,13 +908,15 @@ def test_a_damaged_q8_0_gguf_loaded_as_int8_is_one_named_error_or_its_float32_lo
             damaged[at:at + 8] = rng.integers(0, 256, 8, dtype=np.uint8).tobytes()
         path = tmp_path / f"damaged{case}.gguf"
         path.write_bytes(bytes(damaged))
+        dtype = ("int8", "q8_0")[case % 2]
         try:
-            int8 = specjax.load(path, dtype="int8")
+            int8 = specjax.load(path, dtype=dtype)
         except CheckpointError as e:
             assert str(path) in str(e), e
             outcomes.add("error")
             continue
         float32 = specjax.load(path)
+        assert isinstance(int8.params["embed"], Q8_0Weight) == (dtype == "q8_0")
         dense = jax.tree.map(lambda a: dequantize(a) if isinstance(a, Int8Weight) else a,
                              int8.params, is_leaf=lambda a: isinstance(a, Int8Weight))
         for name in ("wq", "wk", "w_down"):
