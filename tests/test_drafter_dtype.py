@@ -17,7 +17,7 @@ from specjax.cli.main import main
 from specjax.heads import eagle, medusa
 from specjax.model.cache import KVCache
 from specjax.model.linear import use_kernels
-from specjax.model.quant import Int8Weight
+from specjax.model.quant import Int8Weight, Q8_0Weight
 from specjax.model.transformer import in_dtype
 from specjax import kernels as specjax_kernels
 from specjax.testing.law import llama_config
@@ -51,7 +51,7 @@ def _floating_dtypes(tree) -> set[str]:
             if not isinstance(a, Int8Weight) and jnp.issubdtype(a.dtype, jnp.floating)}
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "q8_0"])
 def test_drafters_follow_the_target_dtype_unless_told(models, dtype):
     target, draft, drafter, heads = models
     t = in_dtype(target, dtype)
@@ -64,11 +64,11 @@ def test_drafters_follow_the_target_dtype_unless_told(models, dtype):
         m = prepare(t, PROMPTS, method="medusa", heads=heads, temperature=0.0, **options).weights
         s = prepare(t, PROMPTS, method="speculative", draft=draft, temperature=0.0, **options)
         assert s.spec.draft_config.dtype == want
-        if want == "int8":
+        if want in ("int8", "q8_0"):
             for matrix in (w["fc"]["w"], w["proj"], w["layers"][0]["wq"],
                            m.heads["blocks"][0][0]["w"], m.heads["proj"],
                            s.weights.draft["layers"][0]["w_up"]):
-                assert isinstance(matrix, Int8Weight)
+                assert type(matrix) is (Q8_0Weight if want == "q8_0" else Int8Weight)
             # The target's own 8-bit rows, not quantised again.
             head = t.params["lm_head"]
             assert np.array_equal(w["proj"].values, head.values[drafter.token_ids])
@@ -77,7 +77,7 @@ def test_drafters_follow_the_target_dtype_unless_told(models, dtype):
             assert _floating_dtypes((w, m.heads, s.weights.draft)) == {want}
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "q8_0"])
 def test_greedy_decoding_with_drafters_in_the_target_dtype_equals_autoregressive(models, dtype):
     target, draft, drafter, heads = models
     t = in_dtype(target, dtype)
@@ -89,7 +89,7 @@ def test_greedy_decoding_with_drafters_in_the_target_dtype_equals_autoregressive
 
 
 @pytest.mark.skipif(not specjax_kernels.ensure(), reason="needs the CPU kernels (a C++ compiler)")
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "q8_0"])
 def test_every_drafter_product_is_a_kernel_call(models, dtype):
     # A drafting call of each drafter (EAGLE: 4 pairs read with its cache), lowered for the CPU
     # with the kernels on: no XLA dot is left in it (an einsum beside `linear` would be one).
