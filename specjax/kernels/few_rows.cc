@@ -596,12 +596,23 @@ static void q8_0_tile(const int8_t* xq, const int32_t* bias, const float* dx, co
       for (int j = 0; j < 16; ++j) __builtin_prefetch(tile + (16 * kQ80PrefetchTiles + j) * n_in);
     transpose_tile(tile, n_in, packed + 8 * b);
     for (int g = 0; g < 8; ++g) packed[8 * b + g] = _mm512_xor_si512(packed[8 * b + g], sign);
-    // The 16 rows' scales of block b: 32-bit gathers (a float16 in the low half of each).
-    const __m512i at = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6,
-                                                           5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32(static_cast<int32_t>(blocks)));
-    const __m512i halves = _mm512_i32gather_epi32(at, d + o * blocks + b, 2);
-    scale[b] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(halves));
+  }
+  // The 16 rows' scales of each block: 32-bit gathers, each bringing a row's float16 scales of
+  // blocks b and b + 1 (the last block of an odd count alone, in the low half).
+  const __m512i at = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5,
+                                                         4, 3, 2, 1, 0),
+                                        _mm512_set1_epi32(static_cast<int32_t>(blocks)));
+  for (int64_t b = 0; b < blocks; b += 2) {
+    const uint16_t* first = d + o * blocks + b;
+    if (b + 1 < blocks) {
+      const __m512i pairs = _mm512_i32gather_epi32(at, first, 2);
+      scale[b] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(pairs));
+      scale[b + 1] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16)));
+    } else {
+      alignas(64) float s[16];
+      for (int j = 0; j < 16; ++j) s[j] = half_to_float(first[j * blocks]);
+      scale[b] = _mm512_load_ps(s);
+    }
   }
   for (int64_t t0 = 0; t0 < T; t0 += kTileRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kTileRows, T - t0));
