@@ -267,10 +267,10 @@ AVX2_SCRIPT = """
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
 from specjax import kernels
-kernels.FLAGS = kernels.FLAGS + ("-mno-avx512f",)
+kernels.FLAGS = kernels.FLAGS + ("-mno-avx512f", "-mno-f16c")
 assert kernels.load(cache_dir=sys.argv[1])
 from specjax.model import linear as L
-from specjax.model.quant import dequantize, quantize
+from specjax.model.quant import dequantize, quantize, quantize_rows
 rng = np.random.default_rng(0)
 bad = []
 for O, I in ((37, 64), (5, 577), (64, 48), (3, 24)):
@@ -281,6 +281,11 @@ for O, I in ((37, 64), (5, 577), (64, 48), (3, 24)):
     if I % 16 == 0:
         forms["int8"] = (L.product_int8, (q.values, q.scales))
     full = {k: np.asarray(jax.jit(f)(x, *a)) for k, (f, a) in forms.items()}
+    law = jax.jit(lambda x: L.q8_0_law(*quantize_rows(x, q.block), q.values, q.scales))
+    for rows in (1, 2, 17, 32):          # q8_0: the kernel's portable path is the law
+        if not np.array_equal(np.asarray(jax.jit(L.product_q8_0)(x[:rows], q.values, q.scales)),
+                              np.asarray(law(x[:rows]))):
+            bad.append(["q8_0", O, I, rows])
     for rows in (1, 2, 3, 5, 6, 9, 17):
         for k, (f, a) in forms.items():
             if not np.array_equal(np.asarray(jax.jit(f)(x[:rows], *a)), full[k][:rows]):
@@ -296,10 +301,11 @@ print(json.dumps(bad))
 
 
 def test_an_avx2_build_keeps_the_bits_contracts(tmp_path):
-    # The kernels built without AVX-512 (the AVX2 hosts' code; on an AVX2 host the flag changes
-    # nothing), in a process of its own (its targets have the names of this process's): a row
-    # gets the same bits whatever the width, in every dtype, and the bfloat16 and int8 products
-    # are the float32 kernel's on the widened or dequantised weights. Odd numbers of rows of w
+    # The kernels built without AVX-512 and F16C (the AVX2 hosts' code, and the portable
+    # float16 conversions; on an AVX2 host the first flag changes nothing), in a process of its
+    # own (its targets have the names of this process's): a row gets the same bits whatever
+    # the width, in every dtype, the bfloat16 and int8 products are the float32 kernel's on the
+    # widened or dequantised weights, and the q8_0 product (no VNNI tiles here) is its law. Odd numbers of rows of w
     # (a one-row block) and of x (6 = 5 + 1) included: there GCC had left `acc += a * b`
     # unfused for AVX2, until the kernel fused it explicitly.
     import json

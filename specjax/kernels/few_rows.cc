@@ -6,7 +6,10 @@
 //   specjax_few_query_attention  attention to a layer's KV cache, read in place (at the end);
 //   ..._bf16                     the same two with w, or the cache, in bfloat16;
 //   specjax_few_rows_q8          the product with w in 8 bits: int8 values, a float16 scale
-//                                per block of consecutive inputs (GGUF's Q8_0 for blocks of 32).
+//                                per block of consecutive inputs (GGUF's Q8_0 for blocks of 32);
+//   specjax_few_rows_q8_0        the q8_0 dtype's product: those weights times activations
+//                                rounded to 8 bits too, integer sums (llama.cpp's Q8_0 x Q8_0);
+//   specjax_rope(_tables)        RoPE for calls of a few tokens (at the end).
 //
 // bfloat16 operands are widened to float32 as they are loaded (a bfloat16 is the top half of a
 // float32, so the widening is exact) and every sum is a float32 sum in the same order as the
@@ -575,7 +578,7 @@ static inline void transpose_tile(const int8_t* q, int64_t n_in, __m512i w[8]) {
 }
 
 #ifndef Q80_PREFETCH
-#define Q80_PREFETCH 3
+#define Q80_PREFETCH 8
 #endif
 constexpr int64_t kQ80PrefetchTiles = Q80_PREFETCH;
 
@@ -591,9 +594,14 @@ static void q8_0_tile(const int8_t* xq, const int32_t* bias, const float* dx, co
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < blocks; ++b) {
     const int8_t* tile = q + o * n_in + b * 32;
-    // The rows kQ80PrefetchTiles tiles ahead, a 64-byte line each every other block.
-    if (b % 2 == 0)
-      for (int j = 0; j < 16; ++j) __builtin_prefetch(tile + (16 * kQ80PrefetchTiles + j) * n_in);
+    // The tile kQ80PrefetchTiles tiles ahead (16 rows, contiguous), in order: a block's share
+    // of its 64-byte lines per block.
+    {
+      const int8_t* ahead = q + (o + 16 * kQ80PrefetchTiles) * n_in;
+      const int64_t lines = (16 * n_in + 63) / 64, per = (lines + blocks - 1) / blocks;
+      for (int64_t l = b * per; l < std::min(lines, (b + 1) * per); ++l)
+        __builtin_prefetch(ahead + 64 * l);
+    }
     transpose_tile(tile, n_in, packed + 8 * b);
     for (int g = 0; g < 8; ++g) packed[8 * b + g] = _mm512_xor_si512(packed[8 * b + g], sign);
   }

@@ -33,6 +33,12 @@ inputs) read a quarter of float32's bytes. The kernel takes them for 1-32 rows
 (`INT8_ROWS`), dequantising each value as it loads it; XLA has no such product, so past 32
 rows, and wherever the kernel does not run, XLA's dot multiplies the dequantised weights.
 
+The q8_0 dtype's matrices (`quant.Q8_0Weight`, the same values and scales) multiply by another
+law, llama.cpp's Q8_0 x Q8_0: the activations rounded to 8 bits per row and block
+(`quant.quantize_rows`), integer block sums, the blocks combined in float32 in ggml's reference
+order (`q8_0_law`). Its kernel (1-32 rows) and its XLA form (every other width, the kernels
+off, other platforms) give the same bits, so a q8_0 product does not depend on who computes it.
+
 Attention to the KV cache (`layers.attend_cache`) of a call on at most 32 tokens (`FEW_QUERIES`:
 decoding steps and verify calls, one token included) uses the few-query attention kernel,
 which reads the cache in place and only up to the slots in use, where XLA's attention reads a

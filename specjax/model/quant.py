@@ -21,6 +21,11 @@ the float32 kernel's product with `dequantize(w)` (`specjax.model.linear`).
 What is quantised (`quantize_params`): every matrix the model multiplies by, the embeddings and
 an untied LM head included (llama.cpp's Q8_0 files hold them in Q8_0 too). Norms and biases,
 vectors, stay float32, and so do the activations, the KV cache and every sum.
+
+Two dtypes hold such matrices (`EIGHT_BIT`). "int8" (`Int8Weight`) multiplies float32
+activations by the dequantised weights. "q8_0" (`Q8_0Weight`, the same values and scales)
+rounds the activations of each product to 8 bits as well (`quantize_rows`) and sums integers:
+llama.cpp's Q8_0 model (`specjax.model.linear.q8_0_law`).
 """
 
 from __future__ import annotations
