@@ -122,23 +122,24 @@ def test_the_rope_kernel_follows_its_written_law():
     positions = np.array([[0, 1, 7, 513], [2048, 9, 100_000, 31]], np.int32)
     inv_freq = (1.0 / 10000.0 ** (np.arange(0, 24, 2) / 24)).astype(np.float32)
     x = rng.standard_normal((2, 4, 3, 24)).astype(np.float32)
+    keys = rng.standard_normal((2, 4, 1, 24)).astype(np.float32)
     with use_kernels(True):
-        cos, sin = jax.jit(rope_tables)(positions, inv_freq)
-        ours = np.asarray(jax.jit(rope)(x, cos, sin))
-    cos, sin = np.asarray(cos), np.asarray(sin)
-    np.testing.assert_array_equal(cos[..., :12], cos[..., 12:])        # the halves repeat
+        tables = jax.jit(rope_tables)(positions, inv_freq)
+        ours, ours_k = (np.asarray(a) for a in jax.jit(rope)(x, keys, tables))
+    cos, sin = np.asarray(tables)[0][:, :, None, :], np.asarray(tables)[1][:, :, None, :]
     angle = (positions.astype(np.float32)[..., None] * inv_freq).astype(np.float64)
-    for ours_t, exact in ((cos[:, :, 0, :12], np.cos(angle)), (sin[:, :, 0, :12], np.sin(angle))):
+    for ours_t, exact in ((cos[:, :, 0], np.cos(angle)), (sin[:, :, 0], np.sin(angle))):
         ulp = np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)
         assert np.all(np.abs(ours_t - exact) <= ulp)
-    c, s = cos[..., :12].astype(np.float64), sin[..., :12].astype(np.float64)
-    x1, x2 = x[..., :12].astype(np.float64), x[..., 12:].astype(np.float64)
-    first = (x1 * c - (x[..., 12:] * sin[..., :12]).astype(np.float64)).astype(np.float32)
-    second = (x2 * c + (x[..., :12] * sin[..., :12]).astype(np.float64)).astype(np.float32)
-    np.testing.assert_array_equal(ours, np.concatenate([first, second], -1))
-    # And it is RoPE: XLA's formulation on the same tables, to float32 rounding.
-    xla = np.asarray(layers._apply_rope(jnp.asarray(x), jnp.asarray(cos), jnp.asarray(sin)))
-    np.testing.assert_allclose(ours, xla, rtol=0, atol=1e-6)
+    for value, got in ((x, ours), (keys, ours_k)):    # the queries and the keys, one call
+        c = cos.astype(np.float64)
+        v1, v2 = value[..., :12].astype(np.float64), value[..., 12:].astype(np.float64)
+        first = (v1 * c - (value[..., 12:] * sin).astype(np.float64)).astype(np.float32)
+        second = (v2 * c + (value[..., :12] * sin).astype(np.float64)).astype(np.float32)
+        np.testing.assert_array_equal(got, np.concatenate([first, second], -1))
+        # And it is RoPE: XLA's formulation on the same tables, to float32 rounding.
+        xla = np.asarray(layers._apply_rope(jnp.asarray(value), tables))
+        np.testing.assert_allclose(got, xla, rtol=0, atol=1e-6)
 
 
 def test_steps_and_calls_pick_the_rope_kernel_up_to_32_tokens():

@@ -971,18 +971,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_rope_tables, RopeTables,
                                   .Arg<ffi::Buffer<ffi::F32>>()   /* inv_freq [H/2] */
                                   .Ret<ffi::Buffer<ffi::F32>>()); /* tables [2, B, T, H/2] */
 
-// x [B, T, N, H] and tables [2, B, T, H/2] -> x rotated, [B, T, N, H].
-static ffi::Error Rope(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> tables,
-                       ffi::ResultBuffer<ffi::F32> out) {
-  auto d = x.dimensions();
-  if (d.size() != 4 || d[3] % 2 != 0) return ffi::Error::InvalidArgument("x: [B, T, N, H]");
-  const int64_t rows = d[0] * d[1], N = d[2], H = d[3], half = H / 2;
-  if (tables.element_count() != 2 * rows * half)
-    return ffi::Error::InvalidArgument("tables must be [2, B, T, H/2] for x [B, T, N, H]");
-  const float* X = x.typed_data();
-  const float* cosines = tables.typed_data();
-  const float* sines = cosines + rows * half;
-  float* Y = out->typed_data();
+// x [B, T, N, H] rotated by tables [2, B, T, H/2] into y.
+static void rotate(const float* X, int64_t rows, int64_t N, int64_t H, const float* cosines,
+                   const float* sines, float* Y) {
+  const int64_t half = H / 2;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t n = 0; n < N; ++n) {
       const float* xr = X + (r * N + n) * H;
@@ -994,11 +986,31 @@ static ffi::Error Rope(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> tables,
         yr[j + half] = std::fma(x2, c, x1 * s);
       }
     }
+}
+
+// A layer's queries q [B, T, N, H] and keys k [B, T, K, H], rotated in one call (one custom
+// call a layer, not two) by tables [2, B, T, H/2].
+static ffi::Error Rope(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                       ffi::Buffer<ffi::F32> tables, ffi::ResultBuffer<ffi::F32> q_out,
+                       ffi::ResultBuffer<ffi::F32> k_out) {
+  auto dq = q.dimensions(), dk = k.dimensions();
+  if (dq.size() != 4 || dk.size() != 4 || dq[3] % 2 != 0 || dk[3] != dq[3] ||
+      dk[0] != dq[0] || dk[1] != dq[1])
+    return ffi::Error::InvalidArgument("q: [B, T, N, H] and k: [B, T, K, H]");
+  const int64_t rows = dq[0] * dq[1], H = dq[3], half = H / 2;
+  if (tables.element_count() != 2 * rows * half)
+    return ffi::Error::InvalidArgument("tables must be [2, B, T, H/2] for q [B, T, N, H]");
+  const float* cosines = tables.typed_data();
+  const float* sines = cosines + rows * half;
+  rotate(q.typed_data(), rows, dq[2], H, cosines, sines, q_out->typed_data());
+  rotate(k.typed_data(), rows, dk[2], H, cosines, sines, k_out->typed_data());
   return ffi::Error::Success();
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_rope, Rope,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()   /* x [B, T, N, H] */
+                                  .Arg<ffi::Buffer<ffi::F32>>()   /* q [B, T, N, H] */
+                                  .Arg<ffi::Buffer<ffi::F32>>()   /* k [B, T, K, H] */
                                   .Arg<ffi::Buffer<ffi::F32>>()   /* tables [2, B, T, H/2] */
-                                  .Ret<ffi::Buffer<ffi::F32>>()); /* out [B, T, N, H] */
+                                  .Ret<ffi::Buffer<ffi::F32>>()   /* q rotated */
+                                  .Ret<ffi::Buffer<ffi::F32>>()); /* k rotated */

@@ -117,7 +117,8 @@ def rope_frequencies(config: ModelConfig) -> np.ndarray:
 
 
 def rope_tables(positions, inv_freq):
-    """cos and sin of every position's rotation angles, [B, T, 1, H] each (float32).
+    """cos and sin of every position's rotation angles: [2, B, T, H/2] float32, the cosines
+    then the sines, each angle once (the rotation uses it for both halves of a head).
 
     Computed once per forward call and shared by every layer's queries and keys; on a CPU with
     the kernels on, for calls of at most 32 tokens, by the tables kernel (`apply_rope`).
@@ -133,11 +134,10 @@ def rope_tables(positions, inv_freq):
 
 def _rope_tables(positions, inv_freq):
     angles = positions.astype(jnp.float32)[..., None] * inv_freq       # [B, T, H/2]
-    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, H]
-    return jnp.cos(angles), jnp.sin(angles)
+    return jnp.stack([jnp.cos(angles), jnp.sin(angles)])
 
 
-def apply_rope(x, tables):
+def apply_rope(q, k, tables):
     """Half-split ("rotate_half") RoPE, the Hugging Face Llama layout.
 
     A call on at most 32 tokens (decoding steps, verify calls) on a CPU with the kernels on
@@ -147,20 +147,27 @@ def apply_rope(x, tables):
     key rotated in a 9-token call and in a one-token step came out a rounding apart (float32
     and int8 SmolLM2: the logits then differed by up to 3e-5), so greedy speculation could
     leave greedy decoding at a near-tie. The kernel computes every value by the same written
-    operations whatever the call (specjax/kernels/few_rows.cc gives them).
+    operations whatever the call (specjax/kernels/few_rows.cc gives them), queries and keys in
+    one call.
 
     Args:
-      x: [B, T, heads, H]; tables: (cos, sin) from `rope_tables`.
+      q: [B, T, N, H]; k: [B, T, K, H]; tables: [2, B, T, H/2] from `rope_tables`.
+    Returns:
+      (q, k) rotated, in their dtypes.
     """
-    cos, sin = tables
-    if rope_uses_kernel(x.shape[1], x.dtype):          # decoding steps and verify calls
-        def kernel(x, cos, sin):
-            return rope_kernel(x, cos, sin).astype(x.dtype)
-        return lax.platform_dependent(x, cos, sin, cpu=kernel, default=_apply_rope)
-    return _apply_rope(x, cos, sin)
+    def xla(q, k, tables):
+        return _apply_rope(q, tables), _apply_rope(k, tables)
+    if rope_uses_kernel(q.shape[1], q.dtype):          # decoding steps and verify calls
+        def kernel(q, k, tables):
+            rq, rk = rope_kernel(q, k, tables)
+            return rq.astype(q.dtype), rk.astype(k.dtype)
+        return lax.platform_dependent(q, k, tables, cpu=kernel, default=xla)
+    return xla(q, k, tables)
 
 
-def _apply_rope(x, cos, sin):
+def _apply_rope(x, tables):
+    """XLA's rotation of x [B, T, heads, H] by tables [2, B, T, H/2]."""
+    cos, sin = (jnp.concatenate([t, t], axis=-1)[:, :, None, :] for t in tables)  # [B, T, 1, H]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
     return (x.astype(jnp.float32) * cos + rotated * sin).astype(x.dtype)

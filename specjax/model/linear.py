@@ -257,26 +257,21 @@ def rope_uses_kernel(tokens: int, dtype=jnp.float32) -> bool:
     return tokens in FEW_QUERIES and _kernels_apply(dtype)
 
 
-def rope_tables(positions: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The RoPE tables kernel: positions [B, T] int32, inv_freq [H/2] float32 -> (cos, sin),
-    each [B, T, 1, H] float32 with its two halves equal (`layers.rope_tables`' layout)."""
+def rope_tables(positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """The RoPE tables kernel: positions [B, T] int32, inv_freq [H/2] float32 -> tables
+    [2, B, T, H/2] float32, the cosines then the sines (`layers.rope_tables`' layout)."""
     b, t = positions.shape
-    half = inv_freq.shape[0]
-    out = jax.ShapeDtypeStruct((2, b, t, half), jnp.float32)
-    tables = jax.ffi.ffi_call(ROPE_TABLES_TARGET, out, vmap_method="sequential")(
+    out = jax.ShapeDtypeStruct((2, b, t, inv_freq.shape[0]), jnp.float32)
+    return jax.ffi.ffi_call(ROPE_TABLES_TARGET, out, vmap_method="sequential")(
         positions.astype(jnp.int32), inv_freq.astype(jnp.float32))
-    tables = jnp.concatenate([tables, tables], axis=-1)[:, :, :, None, :]
-    return tables[0], tables[1]
 
 
-def rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """The RoPE kernel: x [B, T, N, H] (cast to float32) rotated by tables cos, sin
-    [B, T, 1, H] (`rope_tables`) -> [B, T, N, H] float32."""
-    out = jax.ShapeDtypeStruct(x.shape, jnp.float32)
-    b, t, _, h = x.shape
-    cos, sin = (jnp.broadcast_to(a, (b, t, 1, h))[..., :h // 2] for a in (cos, sin))
+def rope(q: jax.Array, k: jax.Array, tables: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The RoPE kernel: a layer's queries q [B, T, N, H] and keys k [B, T, K, H] (cast to
+    float32) rotated by tables [2, B, T, H/2] (`rope_tables`), in one call -> (q, k) float32."""
+    out = (jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct(k.shape, jnp.float32))
     return jax.ffi.ffi_call(ROPE_TARGET, out, vmap_method="sequential")(
-        x.astype(jnp.float32), jnp.stack([cos, sin]))
+        q.astype(jnp.float32), k.astype(jnp.float32), tables)
 
 
 def _kernels_apply(*dtypes) -> bool:

@@ -158,7 +158,7 @@ def decoder_layers(layers: list, config: ModelConfig, x: jax.Array, positions: j
         if config.qkv_bias:
             q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
         if config.arch == "llama":
-            q, k = apply_rope(q, rope), apply_rope(k, rope)
+            q, k = apply_rope(q, k, rope)
         if cache is None:
             keys, values = jnp.transpose(k, (0, 2, 3, 1)), jnp.transpose(v, (0, 2, 1, 3))
             attn = attend(q, keys, values, kv.attention_mask(slots, slots, tree))  # [B, T, N, H]
