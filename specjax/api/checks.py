@@ -16,7 +16,7 @@ from specjax.heads.eagle import Drafter
 from specjax.heads.medusa import Heads
 from specjax.io.checkpoint import Model
 from specjax.io.sidecar import check_target
-from specjax.model.config import DTYPES
+from specjax.model.config import DTYPES, EIGHT_BIT
 from specjax.sampling.logits import Sampling, SamplingParams
 from specjax.sampling.tree import DynamicTree, Tree, TreeError
 
@@ -240,7 +240,7 @@ def check_drafter_dtype(dtype, method: str, target: Model, mesh=None) -> str:
                               f"not {method!r}")
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise GenerationError(f"drafter_dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if dtype in ("int8", "q8_0") and mesh is not None:
+    if dtype in EIGHT_BIT and mesh is not None:
         raise GenerationError(f"drafter_dtype {dtype!r} does not run on a device mesh (8-bit "
                               "matrices have no sharding table): use float32 or bfloat16")
     return dtype

@@ -54,6 +54,7 @@ from specjax.heads import eagle
 from specjax.heads.eagle import Drafter
 from specjax.heads.medusa import Heads, runtime_weights
 from specjax.io.checkpoint import Model
+from specjax.model.config import EIGHT_BIT
 from specjax.model.transformer import in_dtype
 from specjax.sampling.rules import Rules
 from specjax.sampling.tree import DynamicTree
@@ -177,7 +178,7 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
         # 8-bit matrices have no sharding table (their scales are a second array per matrix).
         for name, model in (("target", target), ("draft", draft)):
             dtype = getattr(getattr(model, "config", None), "dtype", None)
-            if dtype in ("int8", "q8_0"):
+            if dtype in EIGHT_BIT:
                 raise GenerationError(f"the {name} has {dtype} weights, which do not run on a "
                                       f"device mesh: load it as float32 or bfloat16")
     if not isinstance(shard_draft, bool):
@@ -296,8 +297,8 @@ def generate(target: Model | Request, prompts=None, *, method: str = "autoregres
         Outputs are the same up to float32 rounding; the switch is part of the compiled
         program's key.
       drafter_dtype: the dtype the draft model, Medusa heads or EAGLE drafter runs in:
-        "float32", "bfloat16", "int8" or "q8_0" (default: the target's, so their products take the
-        same kernels as the target's).
+        "float32", "bfloat16", "int8" or "q8_0" (default: the target's, so their products take
+        the same kernels as the target's).
     """
     request = _request(target, prompts, collect_options(locals()))
     compiled, compile_s = _compiled(request)

@@ -5,8 +5,8 @@ the same run as specjax and transformers.
 What runs and how it is measured:
 - The weights: the GGUF the target came from (the `smollm2` preset's download, or a
   `--target FILE.gguf`), re-encoded with the `gguf` package at the bench's --dtype: F32 for
-  float32, BF16 for bfloat16, Q8_0 for int8 and q8_0 (the norms, vectors, stay F32, as llama.cpp's
-  converter writes them). Every tensor is dequantised and written again with the same metadata, so llama.cpp
+  float32, BF16 for bfloat16, Q8_0 for int8 and q8_0 (the norms, vectors, stay F32, as
+  llama.cpp's converter writes them). Every tensor is dequantised and written again with the same metadata, so llama.cpp
   runs the numbers specjax runs (specjax dequantises the same file when it loads it, and its
   int8 quantiser gives the Q8_0 file's very values and scales, `specjax.model.quant`). The
   re-encoded file is kept in <cache>/gguf/.

@@ -305,8 +305,8 @@ def load(path: str | Path, dtype: str = "float32", mesh=None):
     config = config.replace(dtype=dtype)
     if mesh is not None:
         if dtype in EIGHT_BIT:
-            raise CheckpointError(f"{dtype} weights do not run on a device mesh: load them without "
-                                  "one, or as float32 or bfloat16")
+            raise CheckpointError(f"{dtype} weights do not run on a device mesh: load them "
+                                  "without one, or as float32 or bfloat16")
         try:
             meshes.check_mesh(mesh)
         except meshes.MeshError as e:

@@ -411,13 +411,17 @@ static ffi::Error FewRowsQ8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   return ffi::Error::Success();
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_few_rows_q8, FewRowsQ8,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()   /* x [..., I] */
-                                  .Arg<ffi::Buffer<ffi::S8>>()    /* values [O, I] */
-                                  .Arg<ffi::Buffer<ffi::F16>>()   /* scales [O, I / block] */
-                                  .Ret<ffi::Buffer<ffi::F32>>()); /* y [..., O] */
+// Both products with 8-bit weights (this one and q8_0's, below) take these operands.
+#define SPECJAX_EIGHT_BIT_PRODUCT(name, fn)                                          \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, fn,                                            \
+                                ffi::Ffi::Bind()                                     \
+                                    .Ctx<ffi::ThreadPool>()                          \
+                                    .Arg<ffi::Buffer<ffi::F32>>()   /* x [..., I] */ \
+                                    .Arg<ffi::Buffer<ffi::S8>>()    /* values [O, I] */ \
+                                    .Arg<ffi::Buffer<ffi::F16>>()   /* scales [O, I / block] */ \
+                                    .Ret<ffi::Buffer<ffi::F32>>()); /* y [..., O] */
+
+SPECJAX_EIGHT_BIT_PRODUCT(specjax_few_rows_q8, FewRowsQ8)
 
 // ---------------------------------------------------------------------------------------------
 // The q8_0 product: 8-bit weights times 8-bit activations, llama.cpp's Q8_0 x Q8_0.
@@ -705,13 +709,7 @@ static ffi::Error FewRowsQ80(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   return ffi::Error::Success();
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_few_rows_q8_0, FewRowsQ80,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()   /* x [..., I] */
-                                  .Arg<ffi::Buffer<ffi::S8>>()    /* values [O, I] */
-                                  .Arg<ffi::Buffer<ffi::F16>>()   /* scales [O, I / block] */
-                                  .Ret<ffi::Buffer<ffi::F32>>()); /* y [..., O] */
+SPECJAX_EIGHT_BIT_PRODUCT(specjax_few_rows_q8_0, FewRowsQ80)
 
 // ---------------------------------------------------------------------------------------------
 // Attention of a few queries to a layer's KV cache, reading only the slots in use.

@@ -21,7 +21,9 @@ from typing import Any
 
 ARCHITECTURES = ("gpt2", "llama")
 DTYPES = ("float32", "bfloat16", "int8", "q8_0")
-EIGHT_BIT = ("int8", "q8_0")          # 8-bit matrices, float32 activations and cache
+# The dtypes whose matrices are 8-bit (activations, cache and sums float32): "int8" multiplies
+# the float32 activations by the dequantised weights; "q8_0" quantises the activations too.
+EIGHT_BIT = ("int8", "q8_0")
 _LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
                 "gelu": "gelu", "silu": "silu", "swish": "silu"}

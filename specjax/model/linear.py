@@ -76,10 +76,10 @@ from jax import lax
 from specjax.model.quant import Int8Weight, Q8_0Weight, dequantize, quantize_rows, unfused
 
 __all__ = ["ATTENTION_TARGET", "FEW_QUERIES", "FEW_ROWS", "INT8_ROWS", "INT8_TARGET",
-           "KERNEL_BLOCK", "KERNEL_DTYPES", "PRODUCT_TARGET", "Q8_0_TARGET", "ROPE_TABLES_TARGET", "ROPE_TARGET",
-           "TARGETS", "attention_uses_kernel", "few_query_attention", "few_rows", "linear",
-           "mark_registered", "product_int8", "product_q8_0", "q8_0_law", "registered", "rope", "rope_tables",
-           "rope_uses_kernel", "switch", "use_kernels", "xla_products"]
+           "KERNEL_BLOCK", "KERNEL_DTYPES", "PRODUCT_TARGET", "Q8_0_TARGET", "ROPE_TABLES_TARGET",
+           "ROPE_TARGET", "TARGETS", "attention_uses_kernel", "few_query_attention", "few_rows",
+           "linear", "mark_registered", "product_int8", "product_q8_0", "q8_0_law", "registered",
+           "rope", "rope_tables", "rope_uses_kernel", "switch", "use_kernels", "xla_products"]
 
 # The numbers of rows (all leading axes of x together) that the few-row kernel computes, in
 # every dtype: one row too, so that a step sums as a verify call's rows do.
@@ -151,7 +151,8 @@ def few_rows(weight_dtype) -> range:
 
 def linear(x: jax.Array, w: jax.Array | Int8Weight, out_dtype=None) -> jax.Array:
     """x [..., I] times w [O, I] over I -> [..., O] (in out_dtype, else x's dtype). w may be
-    an `Int8Weight` (`specjax.model.quant`): its dequantised weights."""
+    an `Int8Weight` (`specjax.model.quant`): its dequantised weights; or a `Q8_0Weight`: the
+    q8_0 law (`q8_0_law`)."""
     if isinstance(w, Q8_0Weight):
         return _linear_q8_0(x, w, out_dtype)
     if isinstance(w, Int8Weight):

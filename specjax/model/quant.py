@@ -36,6 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.model.config import EIGHT_BIT
+
 __all__ = ["BLOCK", "EIGHT_BIT", "MATRICES", "Int8Weight", "Q8_0Weight", "as_dtype", "convert",
            "dequantize", "quantize", "quantize_params", "quantize_rows", "rows", "unfused"]
 
@@ -43,9 +45,6 @@ BLOCK = 32
 # Parameters whose last two axes are inputs (the rest: only the last).
 _TWO_INPUT_AXES = ("wo",)
 # Parameters that are quantised: the model's matrices (norms and biases stay float32).
-# The dtypes whose matrices are 8-bit (activations, cache and sums float32): "int8" multiplies
-# the float32 activations by the dequantised weights; "q8_0" quantises the activations too.
-EIGHT_BIT = ("int8", "q8_0")
 MATRICES = ("embed", "lm_head", "wq", "wk", "wv", "wo", "w_in", "w_out", "w_gate", "w_up",
             "w_down")
 
