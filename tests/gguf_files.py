@@ -82,6 +82,7 @@ def write_gguf(
     drop=(),
     extra=(),
     add_bos: bool = False,
+    file_type: int | None = None,
 ) -> None:
     """Write a Llama model to GGUF like convert_hf_to_gguf.py (q/k permuted).
 
@@ -115,6 +116,8 @@ def write_gguf(
     w.add_unk_token_id(0)
     w.add_add_bos_token(add_bos)
     w.add_chat_template(CHATML)
+    if file_type is not None:           # general.file_type, as llama.cpp's quantiser writes it
+        w.add_file_type(file_type)
 
     n, k = c["num_attention_heads"], c["num_key_value_heads"]
     for name, t in tensors.items():

@@ -808,7 +808,8 @@ def test_gguf_at_reencodes_every_tensor_with_the_same_metadata(quantized_gguf, t
     source = gguf.GGUFReader(quantized_gguf)
     originals = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in source.tensors}
     for dtype, kind in (("float32", gguf.GGMLQuantizationType.F32),
-                        ("bfloat16", gguf.GGMLQuantizationType.BF16)):
+                        ("bfloat16", gguf.GGMLQuantizationType.BF16),
+                        ("F16", gguf.GGMLQuantizationType.F16)):
         out = gguf_at(quantized_gguf, dtype, tmp_path)
         assert gguf_at(quantized_gguf, dtype, tmp_path) == out      # made once, then reused
         reader = gguf.GGUFReader(out)
@@ -823,6 +824,8 @@ def test_gguf_at_reencodes_every_tensor_with_the_same_metadata(quantized_gguf, t
             want = originals[t.name]
             if dtype == "bfloat16" and not vector:      # rounded to bfloat16, nothing more
                 want = np.asarray(jnp.asarray(want, jnp.bfloat16).astype(jnp.float32))
+            if dtype == "F16" and not vector:           # rounded to float16, nothing more
+                want = want.astype(np.float16).astype(np.float32)
             np.testing.assert_array_equal(got, want, err_msg=t.name)
     # specjax reads the float32 file as the very numbers it reads from the quantized one.
     ids = np.array([[5, 17, 200, 3, 3, 99]])
@@ -830,6 +833,23 @@ def test_gguf_at_reencodes_every_tensor_with_the_same_metadata(quantized_gguf, t
     logits = [np.asarray(specjax.forward(m.params, m.config, ids, np.arange(6)[None])[0])
               for m in (a, b)]
     np.testing.assert_array_equal(*logits)
+
+
+def test_gguf_at_runs_a_file_of_that_type_as_it_is(tmp_path):
+    # llama.cpp's fastest precision is the download as users run it: a file whose header says
+    # MOSTLY_Q4_1 is used for Q4_1 as it is, and re-encoded for any other type.
+    from specjax.bench.llamacpp import gguf_at
+
+    q41 = gguf.GGMLQuantizationType.Q4_1
+    path = tmp_path / "q41.gguf"
+    model = tiny_llama(num_kv_heads=2, tied=True)
+    write_gguf(path, model, quant={f"blk.{i}.{m}.weight": q41 for i in (0, 1)
+                                   for m in ("attn_q", "ffn_up")},
+               file_type=gguf.LlamaFileType.MOSTLY_Q4_1)
+    assert gguf_at(path, "Q4_1", tmp_path / "out") == path
+    assert not (tmp_path / "out").exists()
+    other = gguf_at(path, "Q8_0", tmp_path / "out")
+    assert other != path and other.is_file()
 
 
 def test_source_gguf_names_the_file_a_fetch_converted(tiny_gguf, fake_index, tmp_path):
@@ -857,16 +877,39 @@ def test_llama_cpp_peer_greedy_text_equals_specjax_on_the_same_weights(quantized
     notes = []
     peer = LlamaCpp.create(target, settings, "float32", notes)
     assert peer is not None and "llama.cpp (xllamacpp" in notes[0], notes
+    # llama.cpp's plain decoding in F16 too, for the ratio to its fastest precision.
+    other = LlamaCpp.create(target, settings, "float32", notes, "F16")
+    assert other.engine == "llama.cpp F16" and other.path.name == "tiny.F16.gguf", notes
     prompts = [dict(id="p", category="c", ids=[5, 17, 200, 3, 3, 99, 5, 17], max_new_tokens=12)]
-    jobs = suite._jobs(prompts, settings, target, None, None, {}, peer)
+    jobs = suite._jobs(prompts, settings, target, None, None, {}, peer, [other])
     assert [(j["engine"], j["method"]) for j in jobs] == [
         ("specjax", "autoregressive"), ("specjax", "ngram"), ("specjax", "prefill"),
-        ("llama.cpp", "autoregressive"), ("llama.cpp", "ngram")]
+        ("llama.cpp", "autoregressive"), ("llama.cpp", "ngram"),
+        ("llama.cpp F16", "autoregressive")]
     for job in jobs:
         job["result"] = job.pop("run")()
     ours = target.tokenizer.decode(jobs[0]["result"]["records"][0]["tokens"])
-    for job in jobs[3:]:
+    for job in jobs[3:5]:
         assert [r["text"] for r in job["result"]["records"]] == [ours, ours], job["method"]
+    summary = {(r["engine"], r["method"]): r for r in suite.summarize(suite._rows(jobs, settings),
+                                                                     "all")}
+    plain = [summary[e, "autoregressive"] for e in ("llama.cpp", "llama.cpp F16")]
+    for column, key in (("tokens_per_second", "vs_fastest_llamacpp"),
+                        ("decode_tokens_per_second", "decode_vs_fastest_llamacpp")):
+        fastest = max(r[column] for r in plain)
+        for row in summary.values():
+            # (specjax's decode speed on 12 tiny tokens may be unknown: see below)
+            want = None if row[column] is None else pytest.approx(row[column] / fastest)
+            assert row[key] == want, (row["engine"], key)
+        assert max(r[key] for r in plain) == 1.0
+    from specjax.bench.report import markdown
+    text = markdown(dict(settings=dict(settings, target="t", draft=None, dtype="float32",
+                                       max_new_tokens=12),
+                         machine=dict(cpu_model="c", cpu_count=2, threads=2, platform="p",
+                                      python="3", device="cpu"),
+                         prompts=prompts, summary=list(summary.values()), by_category=[],
+                         context_sweep=[], notes=[], suite_version=1, created="now"))
+    assert "| end to end tokens/s | decode vs llama.cpp's fastest |" in text
     rows = {(r["engine"], r["method"]): r for r in suite._rows(jobs, settings)}
     for engine in ("specjax", "llama.cpp"):
         row = rows[engine, "autoregressive"]

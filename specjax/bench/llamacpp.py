@@ -13,6 +13,11 @@ What runs and how it is measured:
 - The methods: `autoregressive` (llama.cpp's plain decoding) and `ngram` (its n-gram
   speculation, `ngram-map-k`: a match of at most --max-ngram tokens in the context proposes up
   to K tokens), greedy or at the bench's temperature and top-p (top-k off).
+- Its fastest: plain decoding also runs in each of `FASTEST_KINDS` (F16, Q8_0, Q4_1) that is
+  not the bench's own, as engine "llama.cpp F16" and so on, so that every specjax row has a
+  ratio to llama.cpp's fastest plain decode of the same model in the same run, in whatever
+  precision that is (issue 62). A kind the source file is already stored in (the `smollm2`
+  download's Q4_1) runs that file as downloaded, the file llama.cpp's users run.
 - The threads: the cores JAX's CPU backend uses, for both prompt and decode.
 - The process: each job (a prompt and a method) runs llama.cpp in a child process, away from
   torch's OpenMP runtime, which halved llama.cpp's speed when the two shared this one
@@ -40,10 +45,13 @@ import numpy as np
 from specjax.bench.common import ratio, usable_threads
 from specjax.io.fetch import cache_root, source_gguf
 
-__all__ = ["LlamaCpp", "gguf_at", "target_gguf"]
+__all__ = ["FASTEST_KINDS", "LlamaCpp", "gguf_at", "target_gguf"]
 
 # The GGUF tensor type for each --dtype.
 GGUF_TYPES = {"float32": "F32", "bfloat16": "BF16", "int8": "Q8_0", "q8_0": "Q8_0"}
+# The precisions llama.cpp's plain decoding also runs in, for its fastest (any one of them may
+# be, depending on the host: F16 on hosts whose products on it are fast, else a quantised one).
+FASTEST_KINDS = ("F16", "Q8_0", "Q4_1")
 
 
 def target_gguf(target) -> Path | None:
@@ -52,12 +60,17 @@ def target_gguf(target) -> Path | None:
     return source_gguf(target.path)
 
 
-def gguf_at(source: Path, dtype: str, directory: Path | None = None) -> Path:
-    """`source` re-encoded with every matrix as GGUF_TYPES[dtype] (vectors as F32) and the same
-    metadata, in `directory` (default <cache>/gguf); made once, reused after."""
+def gguf_at(source: Path, precision: str, directory: Path | None = None) -> Path:
+    """`source` re-encoded with every matrix in `precision` (a --dtype, as GGUF_TYPES maps it,
+    or a GGUF type's name: F16, Q4_1, ...; vectors as F32) and the same metadata, in
+    `directory` (default <cache>/gguf); made once, reused after. `source` itself when its
+    header says it is a file of that type (`general.file_type`, as llama.cpp's quantiser
+    writes it: the `smollm2` download is MOSTLY_Q4_1, with its embeddings in Q8_0)."""
     import gguf    # optional: the llamacpp extra (and the test extra)
 
-    kind = GGUF_TYPES[dtype]
+    kind = GGUF_TYPES.get(precision, precision)
+    if _file_type(source) == kind:
+        return source
     directory = Path(directory or cache_root() / "gguf")
     out = directory / f"{source.stem}.{kind}.gguf"
     if out.is_file() and out.stat().st_mtime >= source.stat().st_mtime:
@@ -82,6 +95,8 @@ def gguf_at(source: Path, dtype: str, directory: Path | None = None) -> Path:
             # backend has no float32-by-bfloat16 elementwise product (it aborts on one).
             if kind == "F32" or values.ndim == 1:
                 writer.add_tensor(tensor.name, values)
+            elif kind == "F16":
+                writer.add_tensor(tensor.name, values.astype(np.float16))
             else:
                 writer.add_tensor(tensor.name, gguf.quants.quantize(values, qtype),
                                   raw_dtype=qtype)
@@ -91,6 +106,21 @@ def gguf_at(source: Path, dtype: str, directory: Path | None = None) -> Path:
         writer.close()
         os.replace(partial, out)
     return out
+
+
+def _file_type(source: Path) -> str | None:
+    """The GGUF type `source`'s header says its matrices are in (`general.file_type`: 3 is
+    MOSTLY_Q4_1, so "Q4_1"), or None without one."""
+    import gguf
+
+    field = gguf.GGUFReader(source).fields.get("general.file_type")
+    if field is None:
+        return None
+    try:
+        name = gguf.LlamaFileType(int(field.contents())).name
+    except ValueError:
+        return None
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
 class LlamaCpp:
@@ -103,11 +133,15 @@ class LlamaCpp:
     parent, 83.2 before and 87.2 after). A job's process loads the GGUF and runs its
     completions; the timings are llama.cpp's own, as before."""
 
-    def __init__(self, path: Path, settings: dict, threads: int):
-        self.path, self.settings, self.threads = path, settings, threads
+    def __init__(self, path: Path, settings: dict, threads: int, engine: str = "llama.cpp"):
+        self.path, self.settings, self.threads, self.engine = path, settings, threads, engine
 
     @classmethod
-    def create(cls, target, settings: dict, dtype: str, notes: list[str]) -> "LlamaCpp | None":
+    def create(cls, target, settings: dict, dtype: str, notes: list[str],
+               kind: str | None = None) -> "LlamaCpp | None":
+        """llama.cpp on the target's GGUF at the bench's dtype (engine "llama.cpp"), or in
+        another GGUF type `kind` (engine "llama.cpp KIND"); None, with a note, when it cannot
+        run."""
         source = target_gguf(target)
         if source is None:
             notes.append(f"llama.cpp peer skipped: {target.name} was not loaded from a GGUF "
@@ -121,13 +155,17 @@ class LlamaCpp:
             notes.append("llama.cpp peer skipped: xllamacpp and gguf are not installed "
                          "(pip install specjax[llamacpp])")
             return None
-        path = gguf_at(source, dtype)
+        own = kind is None or kind == GGUF_TYPES[dtype]
+        kind = GGUF_TYPES[dtype] if own else kind
+        path = gguf_at(source, kind)
         threads = usable_threads()
-        notes.append(f"llama.cpp (xllamacpp {_version(xllamacpp)}): {path.name} "
-                     f"({GGUF_TYPES[dtype]}, re-encoded from {source.name}), {threads} threads, "
-                     "each job in a process of its own; ngram is its ngram-map-k speculation; "
-                     "prompt and decode speeds are its own timings")
-        return cls(path, settings, threads)
+        engine = "llama.cpp" if own else f"llama.cpp {kind}"
+        made = "as downloaded" if path == source else f"re-encoded from {source.name}"
+        notes.append(f"{engine} (xllamacpp {_version(xllamacpp)}): {path.name} ({kind}, {made}), "
+                     f"{threads} threads, each job in a process of its own"
+                     + ("; ngram is its ngram-map-k speculation; prompt and decode speeds are its "
+                        "own timings" if own else "; plain decoding, for llama.cpp's fastest"))
+        return cls(path, settings, threads, engine)
 
     def job(self, prompt, method: str, k: int | None):
         """A suite job: max(1, --warmup) untimed and --reps timed completions of one method,

@@ -80,17 +80,27 @@ def markdown(results: dict, heading: bool = True) -> str:
                   "drafted per step under that lookahead schedule (no chain theory); "
                   "drafted/call: tokens drafted per target call."]
     apart = any(r.get("prompt_tokens_per_second") is not None for r in results["summary"])
+    # Results written before llama.cpp ran in several precisions have no such ratios.
+    peer = any(r.get("vs_fastest_llamacpp") is not None for r in results["summary"])
     lines += [] if not apart else [
               "", "Prompt and decode apart (medians over prompts; prompt: prompt tokens / "
                   "prefill time; decode: the tokens after the first / the time after the "
-                  "prefill, for llama.cpp its own prompt and predicted timings):", "",
-              "| engine | method | K | prompt tokens/s | decode tokens/s | end to end tokens/s |",
-              "|---|---|--:|--:|--:|--:|"]
+                  "prefill, for llama.cpp its own prompt and predicted timings"
+                  + ("; vs llama.cpp's fastest: the row's tokens/s over the fastest llama.cpp "
+                     "plain decoding in the run, whatever its precision, in decode tokens/s "
+                     "and end to end, each against the fastest of its own column" if peer
+                     else "") + "):", "",
+              "| engine | method | K | prompt tokens/s | decode tokens/s | end to end tokens/s |"
+              + (" decode vs llama.cpp's fastest | end to end vs llama.cpp's fastest |"
+                 if peer else ""),
+              "|---|---|--:|--:|--:|--:|" + ("--:|--:|" if peer else "")]
     for r in results["summary"] if apart else ():
         lines.append(f"| {r['engine']} | {r['method']} | {k_label(r)} | "
                      f"{fmt(r.get('prompt_tokens_per_second'), ',.0f')} | "
                      f"{fmt(r.get('decode_tokens_per_second'), ',.1f')} | "
-                     f"{fmt(r['tokens_per_second'], ',.1f')} |")
+                     f"{fmt(r['tokens_per_second'], ',.1f')} |"
+                     + (f" {fmt(r.get('decode_vs_fastest_llamacpp'), '.2f', 'x')} | "
+                        f"{fmt(r.get('vs_fastest_llamacpp'), '.2f', 'x')} |" if peer else ""))
     lines += ["", "By category (speedup / acceptance; medians over the category's prompts):", "",
               "| category | engine | method | K | tokens/s | speedup (ratio of medians) | "
               "acceptance | tokens/call | drafted/call |",

@@ -15,6 +15,11 @@ holds the medians of those over the prompts:
                     autoregressive row's)
   vs specjax AR     the same ratio over specjax's autoregressive tokens/s (transformers
                     against specjax)
+  vs llama.cpp's fastest
+                    with llama.cpp beside it (`specjax.bench.llamacpp`, which also runs its
+                    plain decoding in F16, Q8_0 and Q4_1): tokens/s over the fastest llama.cpp
+                    plain decoding in the run, in decode tokens/s and end to end, each over the
+                    fastest of its own column (the precision it ran in is the row's engine)
   spread            the run-to-run spread of the ratio to its left: timed run i of every prompt
                     makes suite run i, whose ratio is the median over the prompts of their
                     run-i tokens/s over the baseline's; spread = (max - min) / median of the
@@ -126,7 +131,7 @@ from specjax.bench.common import (
     timed_runs,
     write_report,
 )
-from specjax.bench.llamacpp import LlamaCpp
+from specjax.bench.llamacpp import FASTEST_KINDS, GGUF_TYPES, LlamaCpp
 from specjax.bench.peers import Peers
 from specjax.bench.prompts import SUITE
 from specjax.bench.report import k_label, markdown, plots
@@ -140,6 +145,8 @@ METRICS = ("tokens_per_second", "speedup", "speedup_vs_specjax_autoregressive", 
            "tokens_per_target_call", "step_cost", "cost_ratio", "theoretical_speedup",
            "measured_over_theoretical", "mean_draft_length", "prompt_tokens_per_second",
            "decode_tokens_per_second")
+# llama.cpp's engines: "llama.cpp" at the bench's precision, "llama.cpp F16" and so on beside it.
+LLAMACPP = "llama.cpp"
 # Jobs that time something a row needs, not rows themselves.
 HELPER_METHODS = ("draft-autoregressive", "prefill")
 
@@ -160,9 +167,11 @@ def run(args, settings: dict) -> int:
     contexts = _sweep_prompts(target, settings["contexts"], notes)
     peers = Peers.create(target, draft, settings, args.dtype, notes) if settings["peers"] else None
     llamacpp = LlamaCpp.create(target, settings, args.dtype, notes) if settings["peers"] else None
+    fastest = [LlamaCpp.create(target, settings, args.dtype, notes, kind)
+               for kind in FASTEST_KINDS if kind != GGUF_TYPES[args.dtype]] if llamacpp else []
 
     suite_jobs = _jobs(prompts, settings, target, draft, peers, dict(heads=heads, drafter=drafter),
-                       llamacpp)
+                       llamacpp, [peer for peer in fastest if peer is not None])
     sweep_jobs = _sweep_jobs(contexts, settings, target, peers)
     progress = Progress(len(suite_jobs) + len(sweep_jobs))
     for job in suite_jobs + sweep_jobs:
@@ -243,11 +252,13 @@ def _sweep_prompts(target, contexts: list[int], notes: list[str]) -> list[dict]:
 
 # -- Measurements -------------------------------------------------------------------------------
 
-def _jobs(prompts, settings, target, draft, peers, beside=None, llamacpp=None) -> list[dict]:
+def _jobs(prompts, settings, target, draft, peers, beside=None, llamacpp=None,
+          llamacpp_others=()) -> list[dict]:
     """One job per (prompt, engine, method, K or tree); `run` returns the timed runs' records.
     `beside`: the Medusa heads and the EAGLE drafter, {"heads": ..., "drafter": ...}. Per prompt
     and engine also a "prefill" job (specjax, transformers): autoregressive runs that make one
-    token, whose time is the prompt's prefill (llama.cpp reports its own)."""
+    token, whose time is the prompt's prefill (llama.cpp reports its own). `llamacpp_others`:
+    llama.cpp in other precisions, plain decoding only (its fastest, `summarize`)."""
     beside = beside or {}
     jobs = []
 
@@ -300,7 +311,9 @@ def _jobs(prompts, settings, target, draft, peers, beside=None, llamacpp=None) -
         if llamacpp is not None:
             for method in (m for m in settings["methods"] if m in ("autoregressive", "ngram")):
                 for k in ks[method]:
-                    add(p, "llama.cpp", method, k, llamacpp.job(p, method, k))
+                    add(p, llamacpp.engine, method, k, llamacpp.job(p, method, k))
+        for other in llamacpp_others:
+            add(p, other.engine, "autoregressive", None, other.job(p, "autoregressive", None))
     return jobs
 
 
@@ -489,6 +502,14 @@ def summarize(rows: list[dict], category: str) -> list[dict]:
     def baseline(engine: str) -> list[dict]:
         return groups.get((engine, "autoregressive", None, None, CONSTANT), [])
 
+    # llama.cpp's fastest plain decoding, in whichever precision it ran fastest: end to end
+    # and in decode tokens/s, each the fastest of its own column.
+    plain = [rows for (engine, method, _, _, _), rows in groups.items()
+             if engine.startswith(LLAMACPP) and method == "autoregressive"]
+    fastest = {m: max((median([r[m] for r in g]) for g in plain), default=None,
+                      key=lambda v: -1.0 if v is None else v)
+               for m in ("tokens_per_second", "decode_tokens_per_second")}
+
     out = []
     for (engine, method, k, tree, schedule), group in groups.items():
         same = [r["same_tokens_as_specjax_autoregressive"] for r in group]
@@ -502,6 +523,10 @@ def summarize(rows: list[dict], category: str) -> list[dict]:
                 ratio(a, b) for a, b in zip(_suite_runs(group, "per_run_tokens_per_second"),
                                             _suite_runs(base, "per_run_tokens_per_second"))])
         medians["step_cost"] = ratio(medians["tokens_per_target_call"], medians["speedup"])
+        medians["vs_fastest_llamacpp"] = ratio(medians["tokens_per_second"],
+                                               fastest["tokens_per_second"])
+        medians["decode_vs_fastest_llamacpp"] = ratio(medians["decode_tokens_per_second"],
+                                                      fastest["decode_tokens_per_second"])
         medians["measured_over_theoretical"] = ratio(medians["speedup"],
                                                      medians["theoretical_speedup"])
         out.append(dict(category=category, engine=engine, method=method, k=k, tree=tree,
