@@ -59,6 +59,8 @@ HF_TO_GGUF_LAYER = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",          # Qwen3
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
 }
 HF_TO_GGUF = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -83,8 +85,10 @@ def write_gguf(
     extra=(),
     add_bos: bool = False,
     file_type: int | None = None,
+    pre: str = "smollm",
 ) -> None:
-    """Write a Llama model to GGUF like convert_hf_to_gguf.py (q/k permuted).
+    """Write a Llama model to GGUF like convert_hf_to_gguf.py (q/k permuted), or a Qwen3
+    (arch="qwen3": q/k as they are, its key length and q/k norms written).
 
     Args:
         config: its Hugging Face config.json, parsed.
@@ -100,6 +104,9 @@ def write_gguf(
     w.add_head_count(c["num_attention_heads"])
     w.add_head_count_kv(c["num_key_value_heads"])
     w.add_rope_dimension_count(c["head_dim"])
+    if arch == "qwen3":
+        w.add_key_length(c["head_dim"])
+        w.add_value_length(c["head_dim"])
     w.add_rope_freq_base(c["rope_parameters"]["rope_theta"])
     if c["rope_parameters"].get("rope_type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -107,7 +114,7 @@ def write_gguf(
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
     w.add_vocab_size(c["vocab_size"])
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
@@ -127,9 +134,9 @@ def write_gguf(
         if gname in drop:
             continue
         a = np.asarray(t, np.float32)
-        if gname.endswith("attn_q.weight"):
+        if gname.endswith("attn_q.weight") and arch == "llama":
             a = llama_cpp_permute(a, n, n)
-        elif gname.endswith("attn_k.weight"):
+        elif gname.endswith("attn_k.weight") and arch == "llama":
             a = llama_cpp_permute(a, n, k)
         qtype = (quant or {}).get(gname)
         if qtype is None:

@@ -21,7 +21,7 @@ def tiny_gpt2(tmp_path, *, vocab=97, d=32, layers=2, heads=4, n_inner=None, posi
 
 def tiny_llama(tmp_path, *, vocab=97, d=32, layers=2, heads=4, kv_heads=2, head_dim=None,
                ff=48, positions=128, tied=False, rope_theta=10000.0, rope_scaling=None,
-               model_type="llama", seed=0):
+               model_type="llama", seed=0, attention_bias=False):
     torch.manual_seed(seed)
     rope = {"rope_type": "default", "rope_theta": rope_theta}
     rope.update(rope_scaling or {})
@@ -33,6 +33,10 @@ def tiny_llama(tmp_path, *, vocab=97, d=32, layers=2, heads=4, kv_heads=2, head_
         kwargs["head_dim"] = head_dim
     if model_type == "qwen2":
         config, cls = transformers.Qwen2Config(**kwargs), transformers.Qwen2ForCausalLM
+    elif model_type == "qwen3":     # its q_norm / k_norm; head_dim defaults to 128 there
+        kwargs.setdefault("head_dim", d // heads)
+        config, cls = (transformers.Qwen3Config(attention_bias=attention_bias, **kwargs),
+                       transformers.Qwen3ForCausalLM)
     elif model_type == "mistral":
         config, cls = (transformers.MistralConfig(sliding_window=None, **kwargs),
                        transformers.MistralForCausalLM)

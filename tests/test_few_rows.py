@@ -93,6 +93,35 @@ def test_linear_picks_the_kernel_for_few_rows_only():
     assert formulation(5) == "kernel"                                     # the context ended
 
 
+def test_a_large_batchs_decoding_call_takes_the_kernel_in_calls_of_at_most_32_rows():
+    # Rows of at most 32 tokens (decoding steps and verify calls) take the kernel whatever the
+    # batch, in calls as even as they divide; longer rows (prefill) take XLA's GEMM. Every row
+    # gets the bits it gets alone, in float32, bfloat16 and 8-bit weights.
+    from specjax.model.linear import kernel_chunks, prefill_products
+    from specjax.model.quant import quantize
+
+    assert kernel_chunks((5, 24)) == (5,)
+    assert kernel_chunks((4, 9, 24)) == (18, 18)
+    assert kernel_chunks((64, 1, 24)) == (32, 32)
+    assert kernel_chunks((11, 3, 24)) == (17, 16)
+    assert kernel_chunks((2, 33, 24)) == ()                  # a prefill: XLA's GEMM
+    assert kernel_chunks((40, 24)) == (20, 20)               # rows of one token
+    assert len(kernel_chunks((1024, 1, 24))) == 32
+    assert kernel_chunks((1025, 1, 24)) == ()                # past CHUNKED_ROWS: XLA's GEMM
+    assert formulation(36) == "xla"                          # [1, 36, I]: one row of 36 tokens
+    x = random((4, 9, 576), 12)
+    for w in (random((70, 576), 13), jnp.asarray(random((70, 576), 13), jnp.bfloat16),
+              quantize(random((70, 576), 13))):
+        text = jax.jit(linear).lower(x, w).as_text()       # lowered for this CPU
+        assert "specjax_few_rows" in text and "dot_general" not in text
+        with prefill_products():                    # a prefill's: XLA's GEMM
+            assert "dot_general" in jax.jit(lambda x, w: linear(x, w)).lower(x, w).as_text()
+        ours = np.asarray(jax.jit(linear)(x, w))
+        alone = np.stack([np.asarray(jax.jit(linear)(x[b, t][None], w))[0]
+                          for b in range(4) for t in range(9)]).reshape(ours.shape)
+        np.testing.assert_array_equal(ours, alone)
+
+
 def test_bfloat16_weights_give_the_float32_kernels_bits_on_the_widened_weights():
     # The bfloat16 kernel widens each weight exactly and sums in the float32 kernel's order, so
     # its products are the float32 kernel's on w.astype(float32), bit for bit, at every width;
@@ -128,8 +157,8 @@ def test_int8_weights_give_the_float32_kernels_bits_on_the_dequantized_weights()
         for rows in (1, 2, 5, 17, 32):
             ours = np.asarray(product_int8(x[:rows], w.values, w.scales))
             np.testing.assert_array_equal(ours, np.asarray(product(x[:rows], dense)))
-        # linear() takes the kernel for 1-32 rows and XLA's product of the dequantised weights
-        # past them; the two agree to float32 rounding.
+        # linear() takes the kernel, and XLA's product of the dequantised weights where the
+        # kernels are off; the two agree to float32 rounding.
         np.testing.assert_array_equal(np.asarray(jax.jit(linear)(x[:1], w)),
                                       np.asarray(product(x[:1], dense)))
         with xla_products():

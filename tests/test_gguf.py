@@ -213,6 +213,53 @@ def test_tiny_gguf_round_trip_gives_the_same_logits(tmp_path, num_kv_heads, tied
     np.testing.assert_allclose(_logits(loaded, ids), _logits(model, ids), atol=1e-5, rtol=0)
 
 
+def test_a_qwen3_gguf_converts_to_qwen3_with_its_norms_rows_and_tokenizer(tmp_path):
+    # Qwen3 in GGUF (issue 63): llama.cpp's converter stores its q and k rows as Hugging Face
+    # does (it runs NEOX RoPE), adds attn_q_norm / attn_k_norm and an explicit key length
+    # (12 here, not D / N = 8), and names the qwen2 pre-tokenizer. Converted, it is the same
+    # Qwen3ForCausalLM; loaded in 8 bits from its Q8_0 tensors as stored, the same model.
+    from tokenizers import Tokenizer
+
+    import specjax
+    from specjax.model.quant import dequantize
+
+    tokens, _, _ = tiny_vocab()
+    config = transformers.Qwen3Config(
+        vocab_size=len(tokens), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=128,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True, bos_token_id=1,
+        eos_token_id=2)
+    torch.manual_seed(3)
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3 if p.ndim == 1 else 0.05).add_(1.0 if p.ndim == 1 else 0.0)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    write_gguf(tmp_path / "qwen3.gguf", model, arch="qwen3", pre="qwen2",
+               quant={f"blk.{i}.attn_{m}.weight": q8 for i in (0, 1) for m in "qk"})
+    out = convert_gguf(tmp_path / "qwen3.gguf", tmp_path / "hf")
+    hf = json.loads((out / "config.json").read_text())
+    assert (hf["model_type"], hf["head_dim"], hf["architectures"]) == (
+        "qwen3", 12, ["Qwen3ForCausalLM"])
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = [5, 17, 200, 3, 3, 99, 260, 1, 42, 0, 7]
+    # Q8_0's rounding on q and k, nothing more (a permuted row would move logits by far more).
+    np.testing.assert_allclose(_logits(loaded, ids), _logits(model, ids), atol=2e-2, rtol=0)
+    ours = specjax.load(tmp_path / "qwen3.gguf")
+    assert ours.config.qk_norm
+    logits = np.asarray(specjax.forward(ours.params, ours.config, np.array([ids]),
+                                        np.arange(len(ids))[None])[0][0])
+    np.testing.assert_allclose(logits, _logits(loaded, ids), atol=1e-4, rtol=0)
+    eight = specjax.load(tmp_path / "qwen3.gguf", dtype="int8")
+    np.testing.assert_array_equal(                  # the stored Q8_0 blocks, rows unpermuted
+        np.asarray(dequantize(eight.params["layers"][1]["wk"])),
+        np.asarray(ours.params["layers"][1]["wk"]))
+    # The qwen2 pre-tokenizer: digits one a piece, a letter run with one leading non-letter.
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    pieces = tok.pre_tokenizer.pre_tokenize_str("x 2026 it's,ok\n\n")
+    assert [p for p, _ in pieces] == ["x", "Ġ", "2", "0", "2", "6", "Ġit", "'s", ",ok", "ĊĊ"]
+
+
 def test_tiny_gguf_tokenizer_and_tokenizer_files(tiny_gguf, tmp_path):
     from tokenizers import Tokenizer
 

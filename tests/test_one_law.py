@@ -59,7 +59,8 @@ def stepper(model, kernels):
 def steps_and_calls(model, kernels, batch=2):
     """Logits of 16 one-token steps after a prefill, and of calls of 2, 9 and 16 tokens on the
     same cache: ([B, 16, V], {n: [B, n, V]}). The kernels take calls of at most 32 rows (batch
-    times tokens), which 2 x 16 is; past that XLA's GEMM sums in its own order."""
+    times tokens) in one call, and larger batches of such rows in several
+    (`linear.kernel_chunks`)."""
     tokens = np.random.default_rng(7).integers(0, V, (batch, PREFILL + 16))
     step = stepper(model, kernels)
     _, cache = step(tokens[:, :PREFILL], np.tile(np.arange(PREFILL), (batch, 1)),
@@ -77,6 +78,15 @@ def steps_and_calls(model, kernels, batch=2):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "q8_0"])
 def test_verify_calls_equal_one_token_steps_bit_for_bit(target, dtype):
     steps, calls = steps_and_calls(in_dtype(target, dtype), kernels=True)
+    for n, call in calls.items():
+        np.testing.assert_array_equal(call, steps[:, :n], err_msg=f"{dtype}, {n} tokens")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "q8_0"])
+def test_a_large_batchs_verify_calls_equal_its_steps_bit_for_bit(target, dtype):
+    # A batch of 4: calls of 36 and 64 rows, past one kernel call's 32, take the kernels in
+    # calls of at most 32 rows; a row's bits do not depend on the call it is in.
+    steps, calls = steps_and_calls(in_dtype(target, dtype), kernels=True, batch=4)
     for n, call in calls.items():
         np.testing.assert_array_equal(call, steps[:, :n], err_msg=f"{dtype}, {n} tokens")
 

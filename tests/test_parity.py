@@ -28,6 +28,11 @@ LLAMA_CASES = {
     "rope-linear": dict(rope_scaling={"rope_type": "linear", "factor": 4.0}),
     "qwen2-bias": dict(model_type="qwen2"),
     "mistral": dict(model_type="mistral"),
+    # Qwen3 (issue 63): q_norm / k_norm before RoPE, an explicit head_dim.
+    "qwen3-gqa": dict(model_type="qwen3", heads=4, kv_heads=2, head_dim=12),
+    "qwen3-tied-mha": dict(model_type="qwen3", tied=True, heads=4, kv_heads=4),
+    "qwen3-odd-mqa": dict(model_type="qwen3", d=36, heads=3, kv_heads=1, head_dim=10),
+    "qwen3-bias": dict(model_type="qwen3", attention_bias=True),
 }
 
 GPT2_CASES = {
@@ -105,6 +110,27 @@ def test_round_trip_save_load(tmp_path):
     b, _ = forward(again.params, again.config, tokens, positions)
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert_logits_close(b, hf_logits(hf, tokens))
+
+
+def test_qwen3_saves_as_qwen3_and_transformers_reads_it(tmp_path):
+    # Saved by specjax, a Qwen3 is a Qwen3 checkpoint again: transformers loads it as one
+    # (its q/k norms included) and gives the logits specjax gives.
+    tiny_llama(tmp_path / "hf", model_type="qwen3", heads=4, kv_heads=2, head_dim=12)
+    model = specjax.load(tmp_path / "hf")
+    assert model.config.qk_norm and model.config.head_dim == 12
+    specjax.save(model, tmp_path / "again")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "again").eval()
+    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    tokens, positions = tokens_and_positions(97)
+    ours, _ = forward(model.params, model.config, tokens, positions)
+    assert_logits_close(ours, hf_logits(hf, tokens))
+    # The norms are read: without them the logits part.
+    plain = model.config.replace(qk_norm=False)
+    layers = [{k: v for k, v in layer.items() if k not in ("q_norm", "k_norm")}
+              for layer in model.params["layers"]]
+    other, _ = forward(dict(model.params, layers=layers), plain, tokens, positions)
+    assert np.abs(np.asarray(other) - hf_logits(hf, tokens)).max() > 10 * TOL * np.abs(
+        np.asarray(ours)).max()
 
 
 def test_bfloat16_is_close_to_float32(tmp_path):

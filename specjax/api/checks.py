@@ -228,7 +228,7 @@ def check_drafter(drafter, tree, target, k: int, all_greedy: bool = True):
 
 
 # The methods with a drafter of their own, and the dtypes it can run in.
-DRAFTER_METHODS = ("speculative", "medusa", "eagle")
+DRAFTER_METHODS = ("speculative", "medusa", "eagle", "dflash")
 
 
 def check_drafter_dtype(dtype, method: str, target: Model, mesh=None) -> str:

@@ -81,7 +81,7 @@ class TreeStep:
     new_tokens: list[int]                # what the step appended (fewer at EOS or the limit)
 
 
-METHODS = ("speculative", "ngram", "medusa", "eagle")
+METHODS = ("speculative", "ngram", "medusa", "eagle", "dflash")
 
 
 def _top(distribution: np.ndarray, top: int) -> list[tuple[int, float]]:
@@ -123,7 +123,7 @@ def _tree_step(trace: dict, top: int, new_tokens: list[int]) -> TreeStep:
 
 
 def explain(target: Model, prompt, *, steps: int = 4, top: int = 3,
-            method: str = "autoregressive", draft: Model | None = None, k: int = 4,
+            method: str = "autoregressive", draft: Model | None = None, k: int | None = None,
             max_new_tokens=64, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
             seed: int | Sequence[int] = 0, eos_ids=None, max_ngram: int = 3,
             min_ngram: int = 1, tree=None, candidates: str | None = None,

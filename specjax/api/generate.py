@@ -50,14 +50,19 @@ from specjax.decoding import loop
 from specjax.decoding.loop import METHODS, DecodeSpec, Weights
 from specjax.decoding.sharding import weight_shardings
 from specjax.decoding.state import RowSettings
-from specjax.heads import eagle
+from specjax.heads import dflash, eagle
+from specjax.heads.dflash import BlockDrafter
 from specjax.heads.eagle import Drafter
+from specjax.io.dflash import check_target as check_block_drafter
 from specjax.heads.medusa import Heads, runtime_weights
 from specjax.io.checkpoint import Model
 from specjax.model.config import EIGHT_BIT
 from specjax.model.transformer import in_dtype
 from specjax.sampling.rules import Rules
-from specjax.sampling.tree import DynamicTree
+from specjax.sampling.tree import DynamicTree, Tree
+
+# The drafts a step verifies when k is not given (a DFlash drafter's block sets its own).
+DEFAULT_K = 4
 
 __all__ = ["KERNELS_ENV", "GenerationError", "GenerationResult", "Request", "RowStats", "Stats",
            "acceptance_by_position", "check_compatible", "encode_prompts", "generate", "prepare",
@@ -90,10 +95,11 @@ class Request:
 
 
 def prepare(target: Model, prompts, *, method: str = "autoregressive",
-            draft: Model | None = None, k: int = 4, max_new_tokens=64, temperature=1.0, top_k=0,
-            top_p=1.0, min_p=0.0, seed: int | Sequence[int] = 0, eos_ids=None,
-            max_ngram: int = 3, min_ngram: int = 1, tree=None, candidates: str | None = None,
-            heads: Heads | None = None, drafter: Drafter | None = None,
+            draft: Model | None = None, k: int | None = None, max_new_tokens=64,
+            temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed: int | Sequence[int] = 0,
+            eos_ids=None, max_ngram: int = 3, min_ngram: int = 1, tree=None,
+            candidates: str | None = None, heads: Heads | None = None,
+            drafter: Drafter | BlockDrafter | None = None,
             k_schedule: str = "constant", k_start: int | None = None,
             confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
             rules: Rules | None = None, kernels: bool | None = None,
@@ -107,6 +113,10 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
     if method not in METHODS:
         raise GenerationError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
     drafter_dtype = check_drafter_dtype(drafter_dtype, method, target, mesh)
+    if method == "dflash":       # k defaults to the drafter's block (`_check_dflash`)
+        _check_block_drafter(drafter, target)
+        k = drafter.config.drafts if k is None else k
+    k = DEFAULT_K if k is None else k
     if method != "autoregressive":
         check_int("k", k, 1)
     sampling = check_sampling(temperature, top_k, top_p, min_p)
@@ -118,9 +128,14 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
     if method == "eagle":
         tree = check_drafter(drafter, tree, target, k, all_greedy)
         drafter = eagle.with_dtype(eagle.resolve_taps(drafter, target.config), drafter_dtype)
+    elif method == "dflash":
+        tree, candidates = _check_dflash(drafter, tree, candidates, k, all_greedy, mesh)
+        drafter = dflash.with_dtype(drafter, drafter_dtype)
     elif drafter is not None:
-        raise GenerationError(f"drafter applies to method 'eagle', not {method!r}")
-    tree, candidates = check_tree(method, tree, candidates, all_greedy, target)
+        raise GenerationError(f"drafter applies to methods 'eagle' and 'dflash', not "
+                              f"{method!r}")
+    if method != "dflash":
+        tree, candidates = check_tree(method, tree, candidates, all_greedy, target)
     if method == "medusa":
         check_tree_fits_heads(tree, heads)
     if method == "eagle" and tree.max_width > drafter.config.subset_size:
@@ -164,11 +179,13 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
         k_eff = tree.size
     if isinstance(tree, DynamicTree):      # the drafter reads its frontiers past the tree's end
         k_eff = max(tree.size, (tree.depth - 1) * tree.top_k)
+    # A DFlash block is written to the drafter's cache whole, past the k drafts verified.
+    room = drafter.config.drafts if method == "dflash" else k_eff
     # Room for the prompt, the new tokens and one step's K + 1 writes past the end (a tree's
     # nodes take one slot each). Attention reads only the filled prefix (`layers.attend_cache`:
     # a decoding step's kernel reads the slots in use, XLA's path the shortest window that
     # holds them), so capacity beyond that costs memory, not time.
-    buffer_length = bucket(longest + int(max_new.max()) + k_eff + 1)
+    buffer_length = bucket(longest + int(max_new.max()) + max(k_eff, room) + 1)
 
     if mesh is not None:
         try:
@@ -191,16 +208,55 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
                       max_ngram=max_ngram, min_ngram=min_ngram, buffer_length=buffer_length,
                       tree=tree, candidates=candidates,
                       heads_config=heads.config if method == "medusa" else None,
-                      drafter_config=drafter.config if method == "eagle" else None, **schedule,
+                      drafter_config=drafter.config if method == "eagle" else None,
+                      dflash_config=drafter.config if method == "dflash" else None, **schedule,
                       mesh=mesh, shard_draft=shard_draft, rules=rules or Rules(),
                       kernels=kernels_switch(kernels) and mesh is None and specjax_kernels.ensure())
     weights = Weights(target.params, draft.params if draft else None,
                       runtime_weights(heads, target, drafter_dtype) if method == "medusa" else None,
-                      eagle.runtime_weights(drafter, target) if method == "eagle" else None)
+                      eagle.runtime_weights(drafter, target) if method == "eagle"
+                      else dflash.runtime_weights(drafter) if method == "dflash" else None)
     settings = RowSettings(sampling, max_new, stops)
     request = Request(spec, weights, prompt_array.astype(np.int32), lengths,
                       row_keys(seed, rows), settings, target.tokenizer, rows=rows)
     return request if mesh is None else _on_mesh(request)
+
+
+def _check_block_drafter(drafter, target: Model) -> None:
+    """Method dflash's drafter must be a DFlash drafter that fits the target (a mismatch is a
+    CheckpointError naming the drafter's file and field: `io.dflash.check_target`)."""
+    if drafter is None:
+        raise GenerationError("method 'dflash' needs a DFlash drafter "
+                              "(drafter=specjax.load(DIR))")
+    if not isinstance(drafter, BlockDrafter):
+        raise GenerationError(f"drafter must be a DFlash drafter from specjax.load for method "
+                              f"'dflash', got {type(drafter).__name__}")
+    check_block_drafter(drafter, target)
+
+
+def _check_dflash(drafter: BlockDrafter, tree, candidates, k: int, all_greedy: bool, mesh):
+    """DFlash verifies the first k of the block's drafts as a chain: k at most the block's
+    drafts; no tree; candidates "top" (the argmax of each position, the default when every
+    row is greedy) or "iid" (a draw from each position's own distribution, the default when
+    a row samples). Returns (the chain, the scheme)."""
+    if k > drafter.config.drafts:
+        raise GenerationError(f"k={k} is more than the {drafter.config.drafts} tokens a block "
+                              f"of {drafter.name} drafts (block_size "
+                              f"{drafter.config.block_size})")
+    if tree is not None:
+        raise GenerationError("method 'dflash' verifies its block as a chain; tree does not "
+                              "apply (k says how many of the block's drafts to verify)")
+    if mesh is not None:
+        raise GenerationError("method 'dflash' does not run on a device mesh yet")
+    if candidates is None:
+        candidates = "top" if all_greedy else "iid"
+    if candidates not in ("top", "iid"):
+        raise GenerationError(f"candidates for method 'dflash' must be 'top' or 'iid' (one "
+                              f"draft per position), got {candidates!r}")
+    if all_greedy and candidates != "top":
+        raise GenerationError("every row is greedy (temperature 0): each position's "
+                              "distribution is its argmax; use candidates='top'")
+    return Tree.chain(k), candidates
 
 
 def _on_mesh(request: Request) -> Request:
@@ -232,7 +288,7 @@ def _placed_keys(keys: jax.Array, mesh, extra: int) -> jax.Array:
 
 
 def generate(target: Model | Request, prompts=None, *, method: str = "autoregressive",
-             draft: Model | None = None, k: int = 4, max_new_tokens=64, temperature=1.0,
+             draft: Model | None = None, k: int | None = None, max_new_tokens=64, temperature=1.0,
              top_k=0, top_p=1.0, min_p=0.0, seed: int | Sequence[int] = 0, eos_ids=None,
              max_ngram: int = 3, min_ngram: int = 1, tree=None, candidates: str | None = None,
              heads: Heads | None = None, drafter: Drafter | None = None,
@@ -252,9 +308,10 @@ def generate(target: Model | Request, prompts=None, *, method: str = "autoregres
       target: the model whose distribution is sampled (from `specjax.load`).
       prompts: a list of texts (needs the target's tokenizer) or of token-id lists; ragged.
       method: "autoregressive", "speculative" (needs `draft`), "ngram", "medusa" (needs
-        `heads`) or "eagle" (needs `drafter`).
+        `heads`), "eagle" (needs an EAGLE `drafter`) or "dflash" (needs a DFlash `drafter`).
       draft: the draft model for speculative sampling; same tokenizer as the target.
-      k: tokens drafted per step (speculative and ngram), >= 1.
+      k: tokens drafted per step (speculative and ngram), >= 1; default 4. For dflash, how
+        many of the block's drafts a step verifies, at most block_size - 1 (the default).
       max_new_tokens: tokens to generate per row, >= 1 (an int, or one per row); fewer only if
         an EOS id comes first.
       temperature, top_k, top_p, min_p: the sampling parameters (`specjax.sampling.logits`),
@@ -275,7 +332,7 @@ def generate(target: Model | Request, prompts=None, *, method: str = "autoregres
       heads: Medusa heads for this target (`specjax.load` of a heads directory), method
         "medusa" only.
       drafter: an EAGLE drafter for this target (`specjax.load` of an EAGLE directory), method
-        "eagle" only.
+        "eagle"; or a DFlash drafter (`specjax.load` of a DFlash directory), method "dflash".
       k_schedule: how many of the k tokens each row drafts per step (`decoding.lookahead`):
         "constant" (k every step, the default), "heuristic" (a per-row length starting at
         k_start, + 2 after a fully accepted step, - 1 otherwise; speculative and ngram) or
@@ -309,7 +366,7 @@ def generate(target: Model | Request, prompts=None, *, method: str = "autoregres
 
 
 def stream(target: Model | Request, prompts=None, *, method: str = "autoregressive",
-           draft: Model | None = None, k: int = 4, max_new_tokens=64, temperature=1.0, top_k=0,
+           draft: Model | None = None, k: int | None = None, max_new_tokens=64, temperature=1.0, top_k=0,
            top_p=1.0, min_p=0.0, seed: int | Sequence[int] = 0, eos_ids=None,
            max_ngram: int = 3, min_ngram: int = 1, tree=None, candidates: str | None = None,
            heads: Heads | None = None, drafter: Drafter | None = None,

@@ -17,6 +17,7 @@ from specjax.api.checks import GenerationError, check_compatible, check_int, enc
 from specjax.api import options
 from specjax.api.generate import METHODS, generate, prepare, stream
 from specjax.cli.interrupt import Interrupt
+from specjax.heads.dflash import BlockDrafter
 from specjax.heads.eagle import Drafter
 from specjax.heads.medusa import Heads
 from specjax.io import chat as chat_template
@@ -76,7 +77,7 @@ text; with --temperature > 0 each method still samples exactly from the target's
                                "acceptance_by_position"}]}]}
 """
 
-METHOD_CHOICES = ("autoregressive", "speculative", "ngram", "medusa", "eagle", "all")
+METHOD_CHOICES = ("autoregressive", "speculative", "ngram", "medusa", "eagle", "dflash", "all")
 DEMO_PROMPT = "import os\nimport sys\n\n\ndef read_lines(path):\n    lines = []\n"   # bench --quick's
 GREEN, RESET, DIM = "\x1b[32m", "\x1b[0m", "\x1b[2m"
 
@@ -93,8 +94,9 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--method", choices=METHOD_CHOICES, default="speculative",
                    help="default: speculative; all runs every method and compares them")
     d.add_argument("-n", "--max-new-tokens", type=int, default=64, help="default: 64")
-    d.add_argument("-k", type=int, default=4,
-                   help="tokens drafted per step (speculative, ngram); default: 4")
+    d.add_argument("-k", type=int, default=None,
+                   help="tokens drafted per step (speculative, ngram); default: 4; for dflash, "
+                        "how many of the block's drafts a step verifies (default: all)")
     d.add_argument("--k-schedule", default="constant", metavar="SCHEDULE",
                    help="how many of the k tokens each step drafts: constant (k, the default), "
                         "heuristic (per row: + 2 after a fully accepted step, - 1 otherwise; "
@@ -160,7 +162,7 @@ def run_generate(args) -> int:
     args.preset, note = generate_preset(args)
     if note is None and args.preset and args.preset.startswith("tiny-"):
         note = TINY_NOTE
-    target, draft, heads, drafter = load_models(args, methods, mesh)
+    target, draft, heads, drafter, block_drafter = load_models(args, methods, mesh)
     if mesh is not None:
 
         print(f"specjax: mesh data={mesh_shape[0]} x model={mesh_shape[1]}: "
@@ -173,9 +175,11 @@ def run_generate(args) -> int:
         methods.remove("medusa")
     if drafter is None and "eagle" in methods and len(methods) > 1:
         methods.remove("eagle")
+    if block_drafter is None and "dflash" in methods and len(methods) > 1:
+        methods.remove("dflash")
     ids = prompt_ids(target, prompt, args.chat)
-    options = {m: for_method(m, dict(options, heads=heads, drafter=drafter, mesh=mesh),
-                             len(methods) > 1)
+    options = {m: for_method(m, dict(options, heads=heads, drafter=drafter,
+                                     block_drafter=block_drafter, mesh=mesh), len(methods) > 1)
                for m in methods}
     # Every error before the first token is printed; each method's request is checked and
     # placed once, then streamed and timed.
@@ -223,7 +227,7 @@ def check_numbers(methods: list[str], options: dict) -> None:
     """Rejects bad numbers before any model is loaded (generate.prepare checks them again)."""
 
     check_int("max_new_tokens (-n)", options["max_new_tokens"], 1)
-    if set(methods) - {"autoregressive"}:
+    if set(methods) - {"autoregressive"} and options["k"] is not None:
         check_int("k (-k)", options["k"], 1)
     if "ngram" in methods:
         check_int("--min-ngram", options["min_ngram"], 1)
@@ -262,18 +266,22 @@ def for_method(method: str, options: dict, several: bool) -> dict:
     """The options that apply to `method`. With --method all (`several`), the tree is for the
     drafting methods only and --candidates for the draft model and the heads only; given for one
     method, an option that does not apply to it stays, for `generate` to refuse. The heads go to
-    method medusa only and the drafter to eagle only (each is loaded for no other)."""
+    method medusa only and the drafter to eagle only, a DFlash drafter to dflash only (each is
+    loaded for no other)."""
     if method != "medusa":
         options = {k: v for k, v in options.items() if k != "heads"}
-    if method != "eagle":
+    block_drafter = options.pop("block_drafter", None)
+    if method == "dflash":
+        options = dict(options, drafter=block_drafter)
+    elif method != "eagle":
         options = {k: v for k, v in options.items() if k != "drafter"}
     no_schedule = dict(k_schedule="constant", k_start=None, confidence_threshold=None)
-    if several and method in ("autoregressive", "medusa", "eagle"):
+    if several and method in ("autoregressive", "medusa", "eagle", "dflash"):
         options = dict(options, **no_schedule)
     if several and method in ("autoregressive", "ngram"):   # no drafter of their own
         options = dict(options, drafter_dtype=None)
-    if several and method == "autoregressive":
-        return dict(options, tree=None, candidates=None)
+    if several and method in ("autoregressive", "dflash"):   # dflash: its whole block
+        return dict(options, tree=None, candidates=None, k=None)
     if several and method == "ngram":
         if options["k_schedule"] == "confidence":   # n-gram lookup has no probabilities
             options = dict(options, **no_schedule)
@@ -322,12 +330,38 @@ def load_beside(args, methods: list[str], method: str, kind: type, what: str, fl
     return loaded
 
 
+def load_drafters(args, methods: list[str]):
+    """The EAGLE drafter and the DFlash drafter the methods need: --drafter's directory or the
+    preset's, which holds one or the other; a method whose kind it is not is skipped with a
+    note when other methods run, an error when it runs alone."""
+    wanted = [m for m in ("eagle", "dflash") if m in methods]
+    if not wanted:
+        if args.drafter:
+            raise CLIError("--drafter applies to --method eagle, dflash or all")
+        return None, None
+    path, missing = drafter_path(args)
+    loaded = load(path) if path is not None else None
+    found = {}
+    for method, kind, what in (("eagle", Drafter, "an EAGLE drafter"),
+                               ("dflash", BlockDrafter, "a DFlash drafter")):
+        if method not in wanted:
+            continue
+        if isinstance(loaded, kind):
+            found[method] = loaded
+            continue
+        why = missing if loaded is None else f"{path} is not {what}"
+        if methods == [method]:
+            raise CLIError(f"method {method} needs {what}: {why}; pass --drafter DIR")
+        print(f"specjax: note: skipping {method}: {why}", file=sys.stderr)
+    return found.get("eagle"), found.get("dflash")
+
+
 def load_models(args, methods: list[str], mesh=None):
-    """The target, the draft, the Medusa heads and the EAGLE drafter (each None when not
-    needed or not found) the methods need; on `mesh`, the target split and the draft
-    replicated."""
+    """The target, the draft, the Medusa heads, the EAGLE drafter and the DFlash drafter (each
+    None when not needed or not found) the methods need; on `mesh`, the target split and the
+    draft replicated."""
     heads = load_beside(args, methods, "medusa", Heads, "Medusa heads", "heads")
-    drafter = load_beside(args, methods, "eagle", Drafter, "an EAGLE drafter", "drafter")
+    drafter, block_drafter = load_drafters(args, methods)
     want_draft = "speculative" in methods
     target_path, draft_path, no_draft = model_paths(args, want_draft)
     if want_draft and draft_path is None:
@@ -337,7 +371,7 @@ def load_models(args, methods: list[str], mesh=None):
         print(f"specjax: note: skipping speculative: {no_draft}", file=sys.stderr)
     target = load_model(target_path, args.dtype, mesh)
     draft = load_model(draft_path, args.dtype, mesh, shard=False) if draft_path else None
-    return target, draft, heads, drafter
+    return target, draft, heads, drafter, block_drafter
 
 
 def prompt_ids(target, prompt: str, chat: bool) -> list[int]:
@@ -492,7 +526,8 @@ def json_report(target, draft, prompt: str, ids: list[int], requests, options, a
             "draft_path": str(draft.path) if draft is not None and "speculative" in methods else None,
             "prompt": prompt, "prompt_tokens": len(ids), "prefill_s": prefill_s,
             "heads": options["medusa"]["heads"].name if "medusa" in methods else None,
-            "drafter": options["eagle"]["drafter"].name if "eagle" in methods else None,
+            "drafter": options["eagle"]["drafter"].name if "eagle" in methods
+            else options["dflash"]["drafter"].name if "dflash" in methods else None,
             "settings": dict({k: v for k, v in settings.items()
                               if k not in ("heads", "drafter", "mesh")},
                              chat=args.chat, dtype=args.dtype, method=args.method, mesh=args.mesh,

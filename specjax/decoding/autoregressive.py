@@ -8,6 +8,7 @@ from jax import lax
 
 from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, step_keys
 from specjax.model.cache import KVCache
+from specjax.model.linear import prefill_products
 from specjax.model.transformer import forward, hidden_states, tapped_states
 from specjax.sampling.logits import probs_from_logits, sample_rows
 
@@ -114,7 +115,14 @@ def prefill(params, config, prompts, prompt_length, slots: int,
 
 
 def _prefill_rows(params, config, prompts, prompt_length, slots, chunk, with_hidden, taps):
-    """`prefill` of one group of rows, all in every call."""
+    """`prefill` of one group of rows, all in every call (a batch's calls of more than 32 rows
+    by XLA's GEMM: `linear.prefill_products`)."""
+    with prefill_products():
+        return _read_rows(params, config, prompts, prompt_length, slots, chunk, with_hidden,
+                          taps)
+
+
+def _read_rows(params, config, prompts, prompt_length, slots, chunk, with_hidden, taps):
     b, p = prompts.shape
     chunk = min(p, chunk or prefill_chunk(b))
     n_chunks = (jnp.max(prompt_length) - 1 + chunk - 1) // chunk

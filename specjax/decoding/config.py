@@ -13,13 +13,14 @@ import jax
 
 from specjax import mesh as meshes
 from specjax.decoding import lookahead
+from specjax.heads.dflash import DFlashConfig
 from specjax.heads.eagle import DrafterConfig
 from specjax.heads.medusa import HeadsConfig
 from specjax.model.config import ModelConfig
 from specjax.sampling.rules import Rules
 from specjax.sampling.tree import Tree
 
-METHODS = ("autoregressive", "speculative", "ngram", "medusa", "eagle")
+METHODS = ("autoregressive", "speculative", "ngram", "medusa", "eagle", "dflash")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,7 @@ class DecodeSpec:
     candidates: str = "top"        # how a drafter fills a tree (`decoding.trees.SCHEMES`)
     heads_config: HeadsConfig | None = None     # method "medusa" (`specjax.heads.medusa`)
     drafter_config: DrafterConfig | None = None  # method "eagle" (`specjax.heads.eagle`)
+    dflash_config: DFlashConfig | None = None    # method "dflash" (`specjax.heads.dflash`)
     # How many of the k tokens a row drafts each step (`decoding.lookahead`).
     k_schedule: str = "constant"
     k_start: int = lookahead.DEFAULT_K_START
@@ -81,4 +83,4 @@ class Weights:
     target: dict
     draft: dict | None = None
     heads: dict | None = None      # `heads.medusa.runtime_weights`
-    drafter: dict | None = None    # `heads.eagle.runtime_weights`
+    drafter: dict | None = None    # `heads.eagle.runtime_weights`, `heads.dflash.runtime_weights`

@@ -40,6 +40,7 @@ from specjax.decoding.autoregressive import prefill, prefill_chunk
 from specjax.decoding.state import DecodeState, any_nan, step_keys
 from specjax.heads import eagle
 from specjax.model.cache import KVCache, TreeAttention
+from specjax.model.linear import prefill_products
 from specjax.sampling.logits import probs_from_logits
 from specjax.sampling.tree import DynamicTree, RowTrees
 
@@ -96,8 +97,9 @@ def prefill_drafter(spec, weights, prompts, prompt_length, slots: int):
         return cache
 
     n_chunks = (jnp.max(prompt_length) + chunk - 1) // chunk
-    draft_cache = lax.fori_loop(0, n_chunks, run_chunk, KVCache.init(config.layer, b, slots,
-                                                              first=config.first_slot))
+    with prefill_products():
+        draft_cache = lax.fori_loop(0, n_chunks, run_chunk,
+                                    KVCache.init(config.layer, b, slots, first=config.first_slot))
     last = jnp.take_along_axis(features, jnp.maximum(prompt_length - 2, 0)[:, None, None], 1)
     last = jnp.where((prompt_length >= 2)[:, None, None], last, 0)
     return target_cache, draft_cache, last

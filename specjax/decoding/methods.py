@@ -13,7 +13,7 @@ docs/layout.md says why they stay apart.
 
 from __future__ import annotations
 
-from specjax.decoding import autoregressive, eagle, medusa, ngram, speculative
+from specjax.decoding import autoregressive, dflash, eagle, medusa, ngram, speculative
 
 MODULES = {"autoregressive": autoregressive, "speculative": speculative, "ngram": ngram,
-           "medusa": medusa, "eagle": eagle}
+           "medusa": medusa, "eagle": eagle, "dflash": dflash}

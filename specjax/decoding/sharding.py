@@ -24,7 +24,8 @@ def weight_shardings(spec: DecodeSpec) -> Weights:
     one = meshes.replicated(mesh)
     return Weights(meshes.param_shardings(spec.target_config, mesh), draft,
                    one if spec.heads_config is not None else None,
-                   one if spec.drafter_config is not None else None)
+                   one if spec.drafter_config is not None or spec.dflash_config is not None
+                   else None)
 
 
 def state_shardings(spec: DecodeSpec) -> DecodeState:

@@ -39,8 +39,8 @@ def tokenizer_digest(tokenizer) -> str | None:
 
 
 # The matrices of drafters' weight trees (`runtime_weights`): the model's, and Medusa's block
-# and EAGLE's fusion "w", the head's rows "proj".
-DRAFTER_MATRICES = (*MATRICES, "w", "proj")
+# and EAGLE's fusion "w", the head's rows "proj", DFlash's fusion "fc".
+DRAFTER_MATRICES = (*MATRICES, "w", "proj", "fc")
 
 
 def projection(target: Model, token_ids, dtype: str | None = None) -> jax.Array:

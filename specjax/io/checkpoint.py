@@ -23,6 +23,7 @@ from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
 from specjax import mesh as meshes
+from specjax.io.dflash import is_dflash_dir, load_block_drafter
 from specjax.io.eagle import is_eagle_dir, load_drafter
 from specjax.io.errors import CheckpointError
 from specjax.io.fetch import cache_root
@@ -115,6 +116,9 @@ def _llama_table(c: ModelConfig) -> list[Entry]:
         t += [Entry(layer + "self_attn.q_proj.bias", ("layers", "bq"), *bias(N)),
               Entry(layer + "self_attn.k_proj.bias", ("layers", "bk"), *bias(K)),
               Entry(layer + "self_attn.v_proj.bias", ("layers", "bv"), *bias(K))]
+    if c.qk_norm:
+        t += [Entry(layer + "self_attn.q_norm.weight", ("layers", "q_norm", "scale"), _same, _same),
+              Entry(layer + "self_attn.k_norm.weight", ("layers", "k_norm", "scale"), _same, _same)]
     if c.out_bias:
         t.append(Entry(layer + "self_attn.o_proj.bias", ("layers", "bo"), _same, _same))
     if c.mlp_bias:
@@ -262,7 +266,9 @@ def _leaf(tree, path):
 
 def load(path: str | Path, dtype: str = "float32", mesh=None):
     """Loads a Hugging Face checkpoint directory (or a GGUF file, converted first) as a `Model`,
-    or a directory of Medusa heads (config.json's model_type "medusa") as `medusa.Heads`.
+    or a directory of Medusa heads (config.json's model_type "medusa") as `medusa.Heads`, an
+    EAGLE drafter's as `eagle.Drafter`, a DFlash drafter's (`specjax.io.dflash`) as
+    `dflash.BlockDrafter`.
 
     Args:
       path: a directory with config.json, safetensors weights and (optionally) tokenizer.json.
@@ -289,6 +295,8 @@ def load(path: str | Path, dtype: str = "float32", mesh=None):
         raise CheckpointError(f"{str(path)!r} is not a checkpoint directory (or a .gguf file)")
     if is_heads_dir(path):
         return load_heads(path)
+    if is_dflash_dir(path):          # before EAGLE's: its weights have fc and layers.0 too
+        return load_block_drafter(path)
     if is_eagle_dir(path):
         return load_drafter(path)
     file = path / "config.json"

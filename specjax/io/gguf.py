@@ -1,4 +1,4 @@
-"""Convert a llama-architecture GGUF file into a Hugging Face checkpoint directory.
+"""Convert a llama- or qwen3-architecture GGUF file into a Hugging Face checkpoint directory.
 
 GGUF is llama.cpp's single-file format: hyperparameters, the tokenizer and (often quantized)
 tensors in one file. specjax itself only reads Hugging Face layout (config.json +
@@ -26,17 +26,23 @@ from typing import Any
 
 import numpy as np
 from safetensors.numpy import save_file
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from specjax.io.errors import CheckpointError
 from specjax.model.config import ConfigError, ModelConfig
 
-_ARCH = "llama"
+# The GGUF architectures that convert, and the Hugging Face model_type each becomes. llama.cpp's
+# converter permutes Llama's q and k rows for its interleaved RoPE (`unpermute_rope_rows`);
+# Qwen3 runs llama.cpp's NEOX RoPE, on rows stored as Hugging Face stores them, and adds a norm
+# per head of q and k (attn_q_norm, attn_k_norm).
+_ARCHES = {"llama": "llama", "qwen3": "qwen3"}
+_PERMUTED = ("llama",)
 _MISSING = object()
 
 
 @dataclass(frozen=True)
 class _Hparams:
+    arch: str
     L: int
     V: int
     D: int
@@ -97,6 +103,9 @@ def _name_table(hp: _Hparams) -> dict[str, tuple[str, tuple[int, ...]]]:
             g + "ffn_up.weight": (h + "mlp.up_proj.weight", (F, D)),
             g + "ffn_down.weight": (h + "mlp.down_proj.weight", (D, F)),
         }
+        if hp.arch == "qwen3":
+            table |= {g + "attn_q_norm.weight": (h + "self_attn.q_norm.weight", (H,)),
+                      g + "attn_k_norm.weight": (h + "self_attn.k_norm.weight", (H,))}
     return table
 
 
@@ -207,11 +216,12 @@ def _f32(x: float) -> float:
 
 def _hparams(meta: dict[str, Any], path: Path) -> _Hparams:
     arch = _get(meta, "general.architecture", path)
-    if arch != _ARCH:
-        raise CheckpointError(f"{path}: unsupported architecture {arch!r} (only {_ARCH!r} GGUF files convert)")
+    if arch not in _ARCHES:
+        raise CheckpointError(f"{path}: unsupported architecture {arch!r} (only "
+                              f"{', '.join(map(repr, _ARCHES))} GGUF files convert)")
 
     def get(key, default=_MISSING, kind="a positive integer"):
-        return _get(meta, f"{_ARCH}.{key}", path, default, kind)
+        return _get(meta, f"{arch}.{key}", path, default, kind)
 
     D, N = get("embedding_length"), get("attention.head_count")
     vocab_size = get("vocab_size", None)
@@ -227,6 +237,7 @@ def _hparams(meta: dict[str, Any], path: Path) -> _Hparams:
         raise CheckpointError(f"{path}: unsupported rope scaling {scaling!r}")
 
     return _Hparams(
+        arch=arch,
         L=get("block_count"),
         V=vocab_size,
         D=D,
@@ -271,9 +282,9 @@ def _tensors(reader, hp: _Hparams, path: Path) -> dict[str, np.ndarray]:
             )
         w = np.array(w, dtype=np.float32)  # own the memory: the reader's arrays are a memmap
         try:
-            if t.name.endswith("attn_q.weight"):
+            if t.name.endswith("attn_q.weight") and hp.arch in _PERMUTED:
                 w = unpermute_rope_rows(w, hp.N)
-            elif t.name.endswith("attn_k.weight"):
+            elif t.name.endswith("attn_k.weight") and hp.arch in _PERMUTED:
                 w = unpermute_rope_rows(w, hp.K)
         except ValueError as e:  # an odd head size
             raise CheckpointError(f"{path}: tensor {t.name!r}: {e}") from None
@@ -314,7 +325,7 @@ def q8_0_matrices(gguf_path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarr
         scales = np.ascontiguousarray(raw[..., :2]).view(np.float16).reshape(rows, blocks)
         values = np.ascontiguousarray(raw[..., 2:]).view(np.int8).reshape(rows, blocks * 32)
         heads = {"attn_q.weight": hp.N, "attn_k.weight": hp.K}.get(t.name.split(".", 2)[-1])
-        if heads is not None:
+        if heads is not None and hp.arch in _PERMUTED:
             values, scales = unpermute_rope_rows(values, heads), unpermute_rope_rows(scales, heads)
         out[hf_name] = (values, scales)
     return out
@@ -331,7 +342,20 @@ def _pre_tokenizer(pre: str, path: Path):
         # llama.cpp (llama-vocab.cpp) splits every digit into its own piece ("\p{N}") before
         # GPT-2's regex, as SmolLM's own tokenizer.json does with Digits(individual_digits).
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    raise CheckpointError(f"{path}: unsupported tokenizer.ggml.pre {pre!r} (supported: 'gpt-2', 'smollm')")
+    if pre == "qwen2":
+        # Qwen2's and Qwen3's split (llama-vocab.cpp's QWEN2 pre-type, the Split of their
+        # tokenizer.json): one digit a piece, letters with at most one leading non-letter; then
+        # the byte mapping without GPT-2's own regex. (tokenizer.json also NFC-normalises;
+        # llama.cpp does not, and this follows the file's engine.)
+        split = pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated", invert=False)
+        return pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(
+            add_prefix_space=False, trim_offsets=False, use_regex=False)])
+    raise CheckpointError(f"{path}: unsupported tokenizer.ggml.pre {pre!r} (supported: 'gpt-2', "
+                          "'smollm', 'qwen2')")
+
+
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 # llama.cpp's token types (tokenizer.ggml.token_type).
@@ -415,7 +439,8 @@ SOURCE_FILE = "gguf_source.json"
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
-    """Convert a llama-architecture GGUF file into a Hugging Face checkpoint directory.
+    """Convert a llama- or qwen3-architecture GGUF file into a Hugging Face checkpoint
+    directory.
 
     Args:
         gguf_path: the .gguf file (any tensor type the gguf package dequantizes).
@@ -424,7 +449,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
             special_tokens_map.json and gguf_source.json (the GGUF file's absolute path) are
             (over)written there.
     Returns:
-        out_dir as a Path, loadable by transformers' LlamaForCausalLM and by specjax.
+        out_dir as a Path, loadable by transformers' LlamaForCausalLM (Qwen3ForCausalLM for
+        qwen3) and by specjax.
     Raises:
         FileNotFoundError: no such file.
         CheckpointError: a corrupt or truncated file, another architecture, an unknown or
@@ -444,9 +470,10 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
 
     # bos/eos/pad ids go into config.json and generation_config.json; unk has no place there.
     token_ids = {f"{k}_token_id": i for k, i in special_ids.items() if k != "unk"}
+    model_type = _ARCHES[hp.arch]
     config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": ["Qwen3ForCausalLM" if model_type == "qwen3" else "LlamaForCausalLM"],
+        "model_type": model_type,
         "vocab_size": hp.V,
         "hidden_size": hp.D,
         "intermediate_size": hp.F,

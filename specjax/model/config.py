@@ -8,7 +8,9 @@ Two architectures cover every supported `model_type`:
 
 - ``gpt2``: learned absolute positions, LayerNorm, gelu MLP, biases everywhere.
 - ``llama``: RoPE, RMSNorm, SwiGLU MLP, grouped-query attention. `mistral` (without a sliding
-  window) and `qwen2` (q/k/v biases) differ from Llama only in config, so they map here too.
+  window), `qwen2` (q/k/v biases) and `qwen3` (an RMSNorm over each head's queries and keys
+  before RoPE, `qk_norm`; an explicit head_dim) differ from Llama only in config, so they map
+  here too.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ DTYPES = ("float32", "bfloat16", "int8", "q8_0")
 # The dtypes whose matrices are 8-bit (activations, cache and sums float32): "int8" multiplies
 # the float32 activations by the dequantised weights; "q8_0" quantises the activations too.
 EIGHT_BIT = ("int8", "q8_0")
-_LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+_LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
                 "gelu": "gelu", "silu": "silu", "swish": "silu"}
 
@@ -50,6 +52,7 @@ class ModelConfig:
     qkv_bias: bool = False         # GPT-2, Qwen2, Llama with attention_bias
     out_bias: bool = False         # GPT-2, Llama with attention_bias
     mlp_bias: bool = False         # GPT-2, Llama with mlp_bias
+    qk_norm: bool = False          # Qwen3: RMSNorm of each head's q and k (weights [H]) before RoPE
     rope_theta: float = 10000.0
     # Hashable form of the rope scaling dict, e.g. (("factor", 8.0), ("rope_type", "llama3"), ...).
     rope_scaling: tuple[tuple[str, Any], ...] | None = None
@@ -71,6 +74,8 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.qk_norm and self.arch != "llama":
+            raise ConfigError(f"qk_norm applies to the llama architecture, not {self.arch!r}")
         if self.arch == "llama" and self.head_dim % 2:
             raise ConfigError(f"RoPE needs an even head_dim, got {self.head_dim}")
         if self.dtype not in DTYPES:
@@ -136,8 +141,9 @@ class ModelConfig:
                 window = hf["sliding_window"]
                 if window < hf.get("max_position_embeddings", 0):
                     raise ConfigError(f"{source}: mistral sliding_window={window} is not supported")
-            if model_type == "qwen2" and hf.get("use_sliding_window"):
-                raise ConfigError(f"{source}: qwen2 use_sliding_window=true is not supported")
+            if model_type in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
+                raise ConfigError(f"{source}: {model_type} use_sliding_window=true is not "
+                                  "supported")
             d, n = need("hidden_size"), need("num_attention_heads")
             # transformers v5 moved rope_theta and rope_scaling into one `rope_parameters` dict.
             rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
@@ -155,7 +161,7 @@ class ModelConfig:
                          tie_embeddings=hf.get("tie_word_embeddings", False),
                          qkv_bias=attention_bias or model_type == "qwen2",
                          out_bias=attention_bias, mlp_bias=bool(hf.get("mlp_bias", False)),
-                         rope_theta=theta, rope_scaling=scaling)
+                         qk_norm=model_type == "qwen3", rope_theta=theta, rope_scaling=scaling)
 
         raise ConfigError(f"{source}: unknown model_type {model_type!r}; "
                           f"supported: gpt2, {', '.join(_LLAMA_FAMILY)}")
@@ -187,7 +193,11 @@ class ModelConfig:
                     "layer_norm_epsilon": self.norm_eps, "activation_function": act, **common}
         rope = {"rope_type": "default", "rope_theta": self.rope_theta}
         rope.update(self.rope_scaling_dict or {})
-        return {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+        # Qwen3's q/k norms need its own model_type: no other reads them.
+        family = (dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"],
+                       use_sliding_window=False) if self.qk_norm
+                  else dict(model_type="llama", architectures=["LlamaForCausalLM"]))
+        return {**family,
                 "hidden_size": self.d_model, "num_hidden_layers": self.n_layers,
                 "num_attention_heads": self.n_heads, "num_key_value_heads": self.n_kv_heads,
                 "head_dim": self.head_dim, "intermediate_size": self.d_ff,

@@ -165,6 +165,13 @@ def apply_rope(q, k, tables):
     return xla(q, k, tables)
 
 
+def rotate(x, tables):
+    """RoPE of one tensor x [B, T, heads, H] by tables [2, B, T, H/2] (`rope_tables`), XLA's
+    formulation at every width: for what is not a model's own query or key (a DFlash drafter's
+    context keys), where no verify call has to match a step."""
+    return _apply_rope(x, tables)
+
+
 def _apply_rope(x, tables):
     """XLA's rotation of x [B, T, heads, H] by tables [2, B, T, H/2]."""
     cos, sin = (jnp.concatenate([t, t], axis=-1)[:, :, None, :] for t in tables)  # [B, T, 1, H]

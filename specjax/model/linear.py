@@ -5,10 +5,11 @@ The model multiplies activations x [..., I] by weights w [O, I] (stored [out, in
 `specjax.model.transformer` explains): `linear(x, w)`. How that product is best computed
 depends on how many rows x has, which is static under `jit`:
 
-| rows | who calls                                | formulation                                 |
-|------|------------------------------------------|---------------------------------------------|
-| 1-32 | decoding steps, verify calls (a chain or tree of drafts) | the few-row kernel          |
-| more | prefill, training, large batches         | XLA's dot (a GEMM)                          |
+| rows                      | who calls                                      | formulation       |
+|---------------------------|------------------------------------------------|-------------------|
+| 1-32                      | decoding steps, verify calls (a chain or tree of drafts) | the few-row kernel |
+| 33-1,024, of 1-32 tokens each | the same calls on a large batch            | the kernel, in calls of at most 32 rows (`kernel_chunks`) |
+| more, or of longer rows   | prefill, training, huge batches                | XLA's dot (a GEMM) |
 
 Decoding a small batch is bound by reading the weights, and a verify call reads the same
 weights as a one-token step, so it should cost about one step. XLA's CPU dot costs about twice
@@ -17,8 +18,9 @@ that for 2-32 rows; the kernel reads each weight once whatever the rows
 width, so a one-token step takes it too: a verify call's row and the step at that position get
 the same bits (issue 62; float32's one-row step was XLA's mat-vec before, which sums in another
 order; on the 2-core Zen 4 host the kernel's float32 step was faster, 24.0 against 26.4 ms on
-SmolLM2, bench/smollm2-one-law). Past 32 rows the product is compute-bound and XLA's GEMM, which packs and tiles for
-that, is the better one.
+SmolLM2, bench/smollm2-one-law). A large batch's decoding calls take the kernel too, in calls
+of at most 32 rows, so that a row's bits never depend on the batch it decodes in. Prefill is
+compute-bound, and XLA's GEMM, which packs and tiles for that, is the better one there.
 
 bfloat16 weights halve the bytes a step reads (XLA's CPU products on them run far below the
 memory's speed: its bf16 mat-vec is slower than its float32 one over twice the bytes). The
@@ -29,9 +31,9 @@ RoPE of a call on at most 32 tokens is the kernels' too (`rope_tables`, `rope`; 
 in `layers.apply_rope`).
 
 8-bit weights (`specjax.model.quant.Int8Weight`: int8 values, a float16 scale per block of 32
-inputs) read a quarter of float32's bytes. The kernel takes them for 1-32 rows
-(`INT8_ROWS`), dequantising each value as it loads it; XLA has no such product, so past 32
-rows, and wherever the kernel does not run, XLA's dot multiplies the dequantised weights.
+inputs) read a quarter of float32's bytes. The kernel takes them as it takes float32's,
+dequantising each value as it loads it; XLA has no such product, so for prefill, and wherever
+the kernel does not run, XLA's dot multiplies the dequantised weights.
 
 The q8_0 dtype's matrices (`quant.Q8_0Weight`, the same values and scales) multiply by another
 law, llama.cpp's Q8_0 x Q8_0: the activations rounded to 8 bits per row and block
@@ -75,10 +77,11 @@ from jax import lax
 
 from specjax.model.quant import Int8Weight, Q8_0Weight, dequantize, quantize_rows, unfused
 
-__all__ = ["ATTENTION_TARGET", "FEW_QUERIES", "FEW_ROWS", "INT8_ROWS", "INT8_TARGET",
+__all__ = ["ATTENTION_TARGET", "CHUNKED_ROWS", "FEW_QUERIES", "FEW_ROWS", "INT8_TARGET",
            "KERNEL_BLOCK", "KERNEL_DTYPES", "PRODUCT_TARGET", "Q8_0_TARGET", "ROPE_TABLES_TARGET",
-           "ROPE_TARGET", "TARGETS", "attention_uses_kernel", "few_query_attention", "few_rows",
-           "linear", "mark_registered", "product_int8", "product_q8_0", "q8_0_law", "registered",
+           "ROPE_TARGET", "TARGETS", "attention_uses_kernel", "few_query_attention", "in_chunks", "kernel_chunks",
+           "linear", "mark_registered", "prefill_products", "product_int8", "product_q8_0",
+           "q8_0_law", "registered",
            "rope", "rope_tables", "rope_uses_kernel", "switch", "use_kernels", "xla_products"]
 
 # The numbers of rows (all leading axes of x together) that the few-row kernel computes, in
@@ -86,6 +89,10 @@ __all__ = ["ATTENTION_TARGET", "FEW_QUERIES", "FEW_ROWS", "INT8_ROWS", "INT8_TAR
 FEW_ROWS = range(1, 33)
 # The numbers of tokens per row of a call whose attention to the cache is the kernel's.
 FEW_QUERIES = range(1, 33)
+# The most rows a decoding call computes in calls of at most 32 rows (`kernel_chunks`): a batch
+# of 32 rows verifying 32 tokens each, or 1,024 rows stepping. Past it, XLA's GEMM: on a 2-core
+# Zen 4, 100,000 rows (the distribution tests' batches) ran 1.4-1.7x slower in 32-row calls.
+CHUNKED_ROWS = 1024
 
 # The dtypes of weights and caches the kernels read; activations of either are cast to float32.
 KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
@@ -101,13 +108,12 @@ ROPE_TABLES_TARGET = "specjax_rope_tables"
 TARGETS = (PRODUCT_TARGET, PRODUCT_TARGET + "_bf16", INT8_TARGET, Q8_0_TARGET, ATTENTION_TARGET,
            ATTENTION_TARGET + "_bf16", ROPE_TARGET, ROPE_TABLES_TARGET)
 
-# 8-bit weights take the kernel for one row too (XLA would read a float32 copy), and their
-# blocks must be whole vectors of the widest kernel (16 floats, AVX-512).
-INT8_ROWS = range(1, 33)
+# 8-bit weights' blocks must be whole vectors of the widest kernel (16 floats, AVX-512).
 KERNEL_BLOCK = 16
 
 _registered = False
 _switch: bool | None = None       # None: on once registered
+_chunked = True                   # off inside `prefill_products`
 
 
 def mark_registered() -> None:
@@ -139,14 +145,21 @@ def use_kernels(on: bool):
         _switch = before
 
 
+@contextlib.contextmanager
+def prefill_products():
+    """Within it, functions traced compute calls of more than 32 rows by XLA's GEMM, whatever
+    their tokens per row (`kernel_chunks`): what a prefill traces its calls in."""
+    global _chunked
+    before, _chunked = _chunked, False
+    try:
+        yield
+    finally:
+        _chunked = before
+
+
 def xla_products():
     """`use_kernels(False)`: XLA's formulations throughout (for comparing the two)."""
     return use_kernels(False)
-
-
-def few_rows(weight_dtype) -> range:
-    """The numbers of rows the few-row kernel computes for weights of this dtype."""
-    return FEW_ROWS
 
 
 def linear(x: jax.Array, w: jax.Array | Int8Weight, out_dtype=None) -> jax.Array:
@@ -157,25 +170,65 @@ def linear(x: jax.Array, w: jax.Array | Int8Weight, out_dtype=None) -> jax.Array
         return _linear_q8_0(x, w, out_dtype)
     if isinstance(w, Int8Weight):
         return _linear_int8(x, w, out_dtype)
-    if math.prod(x.shape[:-1]) in few_rows(w.dtype) and _kernels_apply(x.dtype, w.dtype,
-                                                                        out_dtype or x.dtype):
+    chunks = kernel_chunks(x.shape)
+    if chunks and _kernels_apply(x.dtype, w.dtype, out_dtype or x.dtype):
         def kernel(x, w):
-            return product(x.astype(jnp.float32), w).astype(out_dtype or x.dtype)
+            y = in_chunks(lambda rows: product(rows.astype(jnp.float32), w), x, chunks)
+            return y.astype(out_dtype or x.dtype)
         return lax.platform_dependent(x, w, cpu=kernel,
                                       default=lambda x, w: _dot(x, w, out_dtype))
     return _dot(x, w, out_dtype)
 
 
+def kernel_chunks(shape) -> tuple[int, ...]:
+    """The rows of each few-row kernel call that computes the product of x of this shape
+    ([..., T, I]), or () where XLA's dot does: one call for 1-32 rows (`FEW_ROWS`); for more
+    rows of at most 32 tokens each (`FEW_QUERIES`: decoding steps and verify calls of a large
+    batch), up to `CHUNKED_ROWS` in all, calls of at most 32 rows, as even as they divide. A row's bits do not depend on
+    the call it is in, so every decoding call, whatever its batch, is the kernel's law, as its
+    RoPE and attention are (issue 62). Longer rows (prefill, training) take XLA's GEMM, and so
+    does every call of more than 32 rows traced inside `prefill_products()`: a prefill's
+    products need not match anything (every method reads the same prompt the same way), and
+    a large batch's prefill is compute-bound, XLA's GEMM's ground."""
+    rows = math.prod(shape[:-1])
+    if rows in FEW_ROWS:
+        return (rows,)
+    tokens = shape[-2] if len(shape) >= 3 else 1
+    if rows > CHUNKED_ROWS or tokens not in FEW_QUERIES or not _chunked:
+        return ()
+    calls = -(-rows // FEW_ROWS[-1])
+    return tuple(rows // calls + (i < rows % calls) for i in range(calls))
+
+
+def in_chunks(product_rows, x: jax.Array, chunks: tuple[int, ...]) -> jax.Array:
+    """product_rows(rows [r, I]) -> [r, O] applied to x [..., I]'s rows in calls of the sizes
+    `chunks` (`kernel_chunks`), the results put back together -> [..., O]. Several calls are
+    one loop (`lax.map`) over blocks of the largest size, the last padded with zero rows, so a
+    batch of 100,000 rows compiles to one call in a loop, not to 3,000 calls."""
+    lead, inputs = x.shape[:-1], x.shape[-1]
+    rows = x.reshape(-1, inputs)
+    if len(chunks) == 1:
+        y = product_rows(rows)
+    else:
+        size, total = max(chunks), rows.shape[0]
+        padded = jnp.pad(rows, ((0, len(chunks) * size - total), (0, 0)))
+        y = lax.map(product_rows, padded.reshape(len(chunks), size, inputs))
+        y = y.reshape(len(chunks) * size, y.shape[-1])[:total]
+    return y.reshape(*lead, y.shape[-1])
+
+
 def _linear_int8(x, w: Int8Weight, out_dtype):
-    """`linear` with 8-bit weights: the few-row kernel for 1-32 rows (it dequantises as it
-    reads, a quarter of float32's bytes), else XLA's dot on the dequantised weights (prefill,
-    which is compute-bound; and every width without the kernels, where a step pays for writing
-    and reading the float32 copy)."""
+    """`linear` with 8-bit weights: the few-row kernel where it takes the call
+    (`kernel_chunks`; it dequantises as it reads, a quarter of float32's bytes), else XLA's dot
+    on the dequantised weights (prefill, which is compute-bound; and every width without the
+    kernels, where a step pays for writing and reading the float32 copy)."""
     dtype = out_dtype or x.dtype
-    if (math.prod(x.shape[:-1]) in INT8_ROWS and w.block % KERNEL_BLOCK == 0
-            and _kernels_apply(x.dtype, dtype)):
+    chunks = kernel_chunks(x.shape)
+    if chunks and w.block % KERNEL_BLOCK == 0 and _kernels_apply(x.dtype, dtype):
         def kernel(x, values, scales):
-            return product_int8(x.astype(jnp.float32), values, scales).astype(dtype)
+            y = in_chunks(lambda rows: product_int8(rows.astype(jnp.float32), values, scales),
+                          x, chunks)
+            return y.astype(dtype)
 
         def default(x, values, scales):
             return _dot(x, dequantize(Int8Weight(values, scales)), out_dtype)

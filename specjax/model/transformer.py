@@ -12,6 +12,7 @@ Parameters are a plain dict pytree:
     layers       a list of L dicts, one per layer:
       attn_norm, mlp_norm          {"scale": [D]} (+ "bias": [D] for GPT-2's LayerNorm)
       wq [N, H, D]  wk, wv [K, H, D]  wo [D, N, H]     (+ bq [N, H], bk, bv [K, H], bo [D])
+      q_norm, k_norm               Qwen3 only: {"scale": [H]}, RMSNorm of each head before RoPE
       GPT-2:  w_in [F, D], w_out [D, F]                (+ b_in [F], b_out [D])
       Llama:  w_gate, w_up [F, D], w_down [D, F]       (+ b_gate, b_up [F], b_down [D])
     final_norm   {"scale": [D]} (+ "bias")
@@ -157,6 +158,9 @@ def decoder_layers(layers: list, config: ModelConfig, x: jax.Array, positions: j
         q, k, v = (_project(h, p[name]) for name in ("wq", "wk", "wv"))  # [B, T, heads, H]
         if config.qkv_bias:
             q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+        if config.qk_norm:                      # Qwen3: each head's q and k, over H
+            q = rms_norm(q, p["q_norm"]["scale"], config.norm_eps)
+            k = rms_norm(k, p["k_norm"]["scale"], config.norm_eps)
         if config.arch == "llama":
             q, k = apply_rope(q, k, rope)
         if cache is None:
@@ -231,6 +235,8 @@ def param_shapes(config: ModelConfig) -> Params:
              "wq": (N, H, D), "wk": (K, H, D), "wv": (K, H, D), "wo": (D, N, H)}
     if c.qkv_bias:
         layer.update(bq=(N, H), bk=(K, H), bv=(K, H))
+    if c.qk_norm:
+        layer.update(q_norm={"scale": (H,)}, k_norm={"scale": (H,)})
     if c.out_bias:
         layer.update(bo=(D,))
     if c.arch == "gpt2":

@@ -1,0 +1,125 @@
+"""DFlash decoding (arXiv 2602.06036): a block drafter proposes a chain in one call.
+
+The drafter (`specjax.heads.dflash`) keeps a KV cache of the context: slot s holds the keys and
+values of the target's fused features at position s. Its slots line up with the target's.
+
+One step, for every row at once:
+
+  1. Draft: one drafter call reads the context the last step committed (the target's tapped
+     states at the m = accepted + 1 positions it verified, `Carry.features` and
+     `Carry.pending`; written to the drafter's cache) and the block: the row's last token
+     x_{L-1} at slot L - 1 and `block_size - 1` mask tokens after it. Block position j's
+     logits give the draft of position L - 1 + j, for every j at once. Each draft is the argmax
+     ("top" candidates: greedy rows) or a draw from its own position's distribution p_j
+     ("iid": sampling rows), given the row's sampling settings.
+  2. Verify: the first k drafts are a chain (a token tree of one child per node), which one
+     target call scores and `rejection.verify_tree` walks with the rule exact for how they
+     were drawn (`trees.step`): a draw from p_j is accepted with probability
+     min(1, q_j / p_j), and on a rejection the next token comes from the residual.
+  3. Commit, and keep the target's tapped states along the accepted path: the next step's
+     context.
+
+Why it is exact: the drafts depend only on committed tokens, the target's states at committed
+positions and the step's drafting key, never on the verification's coins, and each draft's
+p_j is the law it was drawn from given all of that (the drafts of one block are drawn
+independently of each other, which the chain rule allows: a proposal may be any law fixed
+before the draw). So Theorem 1 holds for the chain as it does for a draft model's.
+
+The prefill writes the prompt's context (all positions before its last token) to the drafter's
+cache in one call, so a step's context window is at most k + 1 positions wide; entries of the
+window past a row's real context are written, then overwritten by the block before anything
+reads them (the window starts at L - 1 - pending, and pending <= k + 1 <= block_size).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax.decoding import trees
+from specjax.decoding.autoregressive import prefill
+from specjax.decoding.state import DecodeState, any_nan, pad_vocab, step_keys
+from specjax.heads import dflash
+from specjax.model.cache import KVCache
+from specjax.model.linear import prefill_products
+from specjax.sampling.logits import probs_from_logits
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Carry:
+    """What DFlash carries from step to step (`DecodeState.carry`)."""
+    draft_cache: KVCache    # the drafter's: slot s holds the context's keys and values at s
+    features: jax.Array     # [B, k + 1, n D] the target's tapped states not read yet
+    pending: jax.Array      # [B] how many of them there are (the first `pending` entries)
+
+
+def init(spec, weights, prompts, prompt_length):
+    """Prefill: the target's cache and tapped states, then the drafter's context for every
+    prompt position before the last (the first step feeds the last token in the block)."""
+    config = spec.dflash_config
+    target_cache, features = prefill(weights.target, spec.target_config, prompts, prompt_length,
+                                     spec.buffer_length, with_hidden="all",
+                                     shards=spec.data_shards, taps=config.taps)
+    b, p = prompts.shape
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    with prefill_products():
+        cache = dflash.context_kv(weights.drafter, config, features, positions,
+                                  KVCache.init(config.layer, b, spec.buffer_length))
+    width = spec.k + 1
+    carry = Carry(cache, jnp.zeros((b, width, features.shape[-1]), features.dtype),
+                  jnp.zeros_like(prompt_length))
+    return target_cache, carry
+
+
+def layout(spec, rows, cache) -> Carry:
+    """The carry's layout on a device mesh (`decoding.sharding`): the drafter's cache whole on
+    each device of a row block (its weights are replicated)."""
+    return Carry(cache(spec.dflash_config.layer, False, 0), rows, rows)
+
+
+def draft(spec, params, state: DecodeState, keys):
+    """Step 1: the block's drafts. Returns the chain's `Candidates` (node 0 the row's last
+    token, nodes 1..k the first k drafts) and the drafter's cache."""
+    config, carry = spec.dflash_config, state.carry
+    b, width = carry.features.shape[:2]
+    block_size, k = config.block_size, spec.k
+    rows = jnp.arange(b)
+    root = state.length - 1                                                      # [B]
+    context_slots = (root - carry.pending)[:, None] + jnp.arange(width, dtype=jnp.int32)
+    block_slots = root[:, None] + jnp.arange(block_size, dtype=jnp.int32)
+    block = jnp.full((b, block_size), config.mask_token_id, jnp.int32)
+    block = block.at[:, 0].set(state.tokens[rows, root])
+    states, cache = dflash.draft_block(params.drafter, config, params.target["embed"],
+                                       carry.features, context_slots, block, block_slots,
+                                       carry.draft_cache)
+    logits = dflash.draft_logits(config, params.target, spec.target_config,
+                                 states[:, 1:k + 1])                             # [B, k, V]
+    logits = pad_vocab(logits, spec.vocab_size)
+    nan = any_nan(logits)
+    if spec.candidates == "top":
+        drafts, probs = jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+    else:
+        p = probs_from_logits(logits, state.settings.sampling)                  # [B, k, V]
+        cand, _ = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
+            spec.candidates, keys, logits, p, 1)                                 # [B, k, 1]
+        drafts = cand[..., 0].astype(jnp.int32)
+        probs = jnp.concatenate([p, jnp.zeros_like(p[:, :1])], axis=1)          # [B, k + 1, V]
+    tokens = jnp.concatenate([block[:, :1], drafts], axis=1)                    # [B, k + 1]
+    candidates = trees.Candidates(tokens, jnp.ones(tokens.shape, bool), probs,
+                                  trees.SCHEMES[spec.candidates], spec.tree, nan)
+    return candidates, cache
+
+
+def step(spec, params, state: DecodeState) -> DecodeState:
+    k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
+    candidates, draft_cache = draft(spec, params, state, k_draft)
+    active = ~state.done
+    state, verified = trees.step(spec, params, state, candidates, k_verify, draft_calls=1,
+                                 taps=spec.dflash_config.taps)
+    old = state.carry
+    return state.replace(carry=Carry(
+        draft_cache, jnp.where(active[:, None, None], verified.features, old.features),
+        jnp.where(active, verified.n_accepted + 1, old.pending)))

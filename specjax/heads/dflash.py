@@ -1,0 +1,296 @@
+"""DFlash drafters (arXiv 2602.06036; z-lab/dflash): a block drafter that proposes a whole block
+of tokens in one call.
+
+The drafter is a small stack of Qwen3-style decoder layers beside a frozen target. It reads two
+things:
+
+- the context: the target's residual streams after the layers `taps` names (the published
+  `dflash_config.target_layer_ids`, each + 1: hidden state id + 1 is the output of layer id),
+  concatenated and reduced once by `fc` (no bias) and `hidden_norm`. Every draft layer projects
+  these fused features to its keys and values (with its k_norm and RoPE at their positions, but
+  no input norm), so the context is the drafter's KV cache, written once per position;
+- the block: the row's last committed token followed by `block_size - 1` copies of
+  `mask_token_id`, embedded by the target's embeddings (times `input_embedding_scale`). The
+  block's states run through the layers as usual (input norm, q/k/v with q_norm / k_norm,
+  RoPE at their positions, o, MLP); their keys and values sit after the context's.
+
+Attention: every block query reads the whole context and every position of the block, before
+and after itself (not causal), unless the config says `causal`. The final norm, then the
+target's LM head (times `output_multiplier`, soft-capped by `final_logit_softcapping` if set),
+gives block position j's logits for the token at position j itself: the draft for the j-th
+masked slot. One call gives all `block_size - 1` drafts, independently given the past; the
+target verifies them as a chain (`specjax.decoding.dflash`).
+
+Written from the published description and the reference forward (z-lab/dflash,
+`dflash/model.py`); checkpoints in that layout are read and written by `specjax.io.dflash`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.heads.shared import in_dtype, target_identity
+from specjax.model import cache as kv
+from specjax.model.cache import KVCache
+from specjax.model.config import ModelConfig
+from specjax.model.layers import (activation, apply_rope, attend_cache, lookup, rms_norm,
+                                  rope_frequencies, rope_tables, rotate)
+from specjax.model.linear import linear
+from specjax.model.transformer import Model, init_params, lm_head
+from specjax.model.transformer import param_shapes as transformer_param_shapes
+
+__all__ = ["MODEL_TYPE", "BlockDrafter", "DFlashConfig", "context_kv", "default_taps",
+           "draft_block", "draft_logits", "init_block_drafter", "param_shapes",
+           "runtime_weights", "with_dtype"]
+
+MODEL_TYPE = "dflash"
+
+
+def default_taps(target_layers: int, draft_layers: int) -> tuple[int, ...]:
+    """The published default of `target_layer_ids` (z-lab/dflash's `build_target_layer_ids`)
+    as layer counts: the middle layer for one draft layer, else draft_layers ids spread evenly
+    from 1 to target_layers - 3, rounded; + 1 each."""
+    if draft_layers == 1:
+        ids = [target_layers // 2]
+    else:
+        start, end = 1, target_layers - 3
+        ids = [int(round(start + i * (end - start) / (draft_layers - 1)))
+               for i in range(draft_layers)]
+    return tuple(i + 1 for i in ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class DFlashConfig:
+    """The static shape of a block drafter (hashable: part of the compiled spec)."""
+    layer: ModelConfig          # its decoder layers: a Qwen3-shaped config (L its layer count,
+    #                             D the target's width, V the target's vocabulary)
+    block_size: int             # the block: the last token and block_size - 1 drafts
+    mask_token_id: int          # the token the masked slots are embedded as
+    taps: tuple[int, ...]       # the target's layer counts whose outputs it reads (ids + 1)
+    target_layers: int = 0      # the target's depth it was made for (0: not recorded)
+    causal: bool = False        # attention inside the block causal (the published default: not)
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+
+    def __post_init__(self):
+        if self.layer.arch != "llama":
+            raise ValueError(f"DFlash draft layers are Llama/Qwen3 layers, not "
+                             f"{self.layer.arch!r}")
+        b = self.block_size
+        if isinstance(b, bool) or not isinstance(b, int) or b < 2:
+            raise ValueError(f"block_size must be an integer >= 2, got {b!r}")
+        m = self.mask_token_id
+        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < self.layer.vocab_size:
+            raise ValueError(f"mask_token_id must be a token id in [0, "
+                             f"{self.layer.vocab_size}), got {m!r}")
+        t = self.taps
+        if not isinstance(t, tuple) or not t or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in t):
+            raise ValueError(f"taps must be a non-empty tuple of layer counts >= 1, got {t!r}")
+        for name in ("input_embedding_scale", "output_multiplier"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+                    not np.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        cap = self.final_logit_softcapping
+        if cap is not None and (not isinstance(cap, (int, float)) or isinstance(cap, bool)
+                                or not np.isfinite(cap) or cap <= 0):
+            raise ValueError(f"final_logit_softcapping must be a positive number or null, "
+                             f"got {cap!r}")
+
+    @property
+    def hidden_size(self) -> int:
+        return self.layer.d_model
+
+    @property
+    def drafts(self) -> int:
+        """Tokens drafted per call: block_size - 1."""
+        return self.block_size - 1
+
+    @property
+    def target_layer_ids(self) -> list[int]:
+        """The published field: the target layers whose outputs it reads (taps - 1)."""
+        return [n - 1 for n in self.taps]
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockDrafter:
+    """What `specjax.load` returns for a DFlash directory."""
+    config: DFlashConfig
+    params: dict                 # "fc" [D, n D], "hidden_norm" {"scale"}, "layers" [L dicts, the
+    #                              model's names, with q_norm / k_norm], "final_norm" {"scale"}
+    target: dict | None = None   # the identity of the target it was trained on, when known
+    path: Path | None = None
+    extra: dict = dataclasses.field(default_factory=dict)   # config.json fields kept as read
+
+    @property
+    def name(self) -> str:
+        return self.path.name if self.path else "random-dflash-drafter"
+
+
+def param_shapes(config: DFlashConfig, target_width: int | None = None) -> dict:
+    """The shape of every parameter of a drafter of `config`."""
+    d = config.hidden_size
+    layers = transformer_param_shapes(config.layer)["layers"]
+    return {"fc": (d, len(config.taps) * (target_width or d)), "hidden_norm": {"scale": (d,)},
+            "layers": layers, "final_norm": {"scale": (d,)}}
+
+
+def init_block_drafter(target: Model, layers: int = 1, block_size: int = 8,
+                       mask_token_id: int | None = None, taps: tuple[int, ...] | None = None,
+                       seed: int = 0, std: float = 0.02) -> BlockDrafter:
+    """A new drafter for `target`: `layers` Qwen3-shaped layers of the target's width and
+    heads, normal(0, std) matrices, unit norms; taps default as the published code's
+    (`default_taps`); the mask token defaults to the target's last id."""
+    t = target.config
+    if t.arch != "llama":
+        raise ValueError(f"DFlash drafters serve Llama-family targets, not {t.arch!r}")
+    layer = dataclasses.replace(t, n_layers=layers, dtype="float32", qk_norm=True,
+                                model_type="qwen3", bos_token_id=None, eos_token_ids=())
+    taps = default_taps(t.n_layers, layers) if taps is None else tuple(taps)
+    config = DFlashConfig(layer, block_size,
+                          t.vocab_size - 1 if mask_token_id is None else mask_token_id,
+                          taps, t.n_layers)
+    key_fc, key_layers = jax.random.split(jax.random.key(seed))
+    base = init_params(layer, key_layers, std=std)
+    d = t.d_model
+    n = len(taps)
+    params = {"fc": jnp.tile(jnp.eye(d), (1, n)) / n
+              + std * jax.random.normal(key_fc, (d, n * d)),
+              "hidden_norm": {"scale": jnp.ones((d,))}, "layers": base["layers"],
+              "final_norm": base["final_norm"]}
+    return BlockDrafter(config, params, target_identity(target, np.arange(t.vocab_size)))
+
+
+def with_dtype(drafter: BlockDrafter, dtype: str) -> BlockDrafter:
+    """`drafter` running in `dtype` (the target's, by default: `decoding` picks it)."""
+    if drafter.config.layer.dtype == dtype:
+        return drafter
+    layer = drafter.config.layer.replace(dtype=dtype)
+    return dataclasses.replace(drafter, config=dataclasses.replace(drafter.config, layer=layer),
+                               params=in_dtype(drafter.params, dtype))
+
+
+def runtime_weights(drafter: BlockDrafter) -> dict:
+    """What the compiled step reads: the drafter's weights (the target's embeddings and LM
+    head are read from the target's own weights)."""
+    return dict(drafter.params)
+
+
+def _project(x, w):
+    """x [B, T, D] through w [heads, H, D] -> [B, T, heads, H]."""
+    heads, h, d = w.shape
+    return linear(x, w.reshape(heads * h, d)).reshape(*x.shape[:2], heads, h)
+
+
+def fuse_context(weights: dict, config: DFlashConfig, features: jax.Array) -> jax.Array:
+    """The target's tapped states [B, T, n D] -> the fused context [B, T, D]:
+    hidden_norm(fc(features))."""
+    dtype = config.layer.compute_dtype
+    fused = linear(features.astype(dtype), weights["fc"])                    # BTE,DE->BTD
+    return rms_norm(fused, weights["hidden_norm"]["scale"], config.layer.norm_eps)
+
+
+def _context_kv(p: dict, config: DFlashConfig, context: jax.Array, tables: jax.Array):
+    """One layer's keys and values of the fused context [B, T, D]: k_proj, its k_norm and
+    RoPE; v_proj. No input norm: the context is already normed."""
+    c = config.layer
+    k, v = _project(context, p["wk"]), _project(context, p["wv"])          # [B, T, K, H]
+    if c.qkv_bias:
+        k, v = k + p["bk"], v + p["bv"]
+    return rotate(rms_norm(k, p["k_norm"]["scale"], c.norm_eps), tables), v
+
+
+def context_kv(weights: dict, config: DFlashConfig, features: jax.Array, slots: jax.Array,
+               cache: KVCache) -> KVCache:
+    """Writes the context's keys and values for the target's tapped states [B, T, n D] at
+    positions (= slots) [B, T], consecutive per row, into every layer of the drafter's cache:
+    what the prefill does for the prompt."""
+    context = fuse_context(weights, config, features)
+    tables = rope_tables(slots, jnp.asarray(rope_frequencies(config.layer)))
+    new_k, new_v = [], []
+    for p, layer_k, layer_v in zip(weights["layers"], cache.k, cache.v):
+        k, v = _context_kv(p, config, context, tables)
+        layer_k, layer_v = kv.write(layer_k, layer_v, k, v, slots)
+        new_k.append(layer_k)
+        new_v.append(layer_v)
+    return KVCache(tuple(new_k), tuple(new_v), cache.length, cache.first)
+
+
+def draft_block(weights: dict, config: DFlashConfig, embed: jax.Array, features: jax.Array,
+                context_slots: jax.Array, block: jax.Array, block_slots: jax.Array,
+                cache: KVCache) -> tuple[jax.Array, KVCache]:
+    """One drafter call: the context not yet read and the block.
+
+    Args:
+      weights: `runtime_weights`; embed: the target's embeddings [V, D].
+      features: [B, W, n D] the target's tapped states at `context_slots` [B, W] (consecutive
+        per row); entries past a row's real context are stale, and the block's slots must cover
+        them (they are written first, then overwritten by the block's).
+      block: [B, T] the last committed token, then mask tokens, at `block_slots` [B, T]
+        (consecutive, positions = slots).
+      cache: the drafter's: slot s holds the context's keys and values at position s.
+    Returns:
+      the block's final-normed states [B, T, D] (`draft_logits` reads them) and the cache.
+    """
+    c = config.layer
+    eps = c.norm_eps
+    dtype = c.compute_dtype
+    inv_freq = jnp.asarray(rope_frequencies(c))
+    context = fuse_context(weights, config, features)
+    context_tables = rope_tables(context_slots, inv_freq)
+    block_tables = rope_tables(block_slots, inv_freq)
+    x = lookup(embed, block).astype(dtype)
+    if config.input_embedding_scale != 1.0:
+        x = x * jnp.asarray(config.input_embedding_scale, dtype)
+    # Every query reads up to the block's last slot, unless the block is causal.
+    queries = block_slots if config.causal else jnp.broadcast_to(block_slots[:, -1:],
+                                                                  block_slots.shape)
+    new_k, new_v = [], []
+    for p, layer_k, layer_v in zip(weights["layers"], cache.k, cache.v):
+        k_context, v_context = _context_kv(p, config, context, context_tables)
+        layer_k, layer_v = kv.write(layer_k, layer_v, k_context, v_context, context_slots)
+        h = rms_norm(x, p["attn_norm"]["scale"], eps)
+        q, k, v = (_project(h, p[name]) for name in ("wq", "wk", "wv"))
+        if c.qkv_bias:
+            q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+        q = rms_norm(q, p["q_norm"]["scale"], eps)
+        k = rms_norm(k, p["k_norm"]["scale"], eps)
+        q, k = apply_rope(q, k, block_tables)
+        layer_k, layer_v = kv.write(layer_k, layer_v, k, v, block_slots)
+        new_k.append(layer_k)
+        new_v.append(layer_v)
+        attn = attend_cache(q, layer_k, layer_v, queries, None, cache.first)    # [B, T, N, H]
+        b, t, n, h_ = attn.shape
+        out = linear(attn.reshape(b, t, n * h_), p["wo"].reshape(-1, n * h_))
+        if c.out_bias:
+            out = out + p["bo"]
+        x = x + out
+        m = rms_norm(x, p["mlp_norm"]["scale"], eps)
+        gate, up = linear(m, p["w_gate"]), linear(m, p["w_up"])
+        if c.mlp_bias:
+            gate, up = gate + p["b_gate"], up + p["b_up"]
+        down = linear(activation(c.activation, gate) * up, p["w_down"])
+        x = x + (down + p["b_down"] if c.mlp_bias else down)
+    x = rms_norm(x, weights["final_norm"]["scale"], eps)
+    return x, KVCache(tuple(new_k), tuple(new_v), cache.length, cache.first)
+
+
+def draft_logits(config: DFlashConfig, target_params: dict, target_config: ModelConfig,
+                 states: jax.Array) -> jax.Array:
+    """The block's states [..., T, D] -> logits [..., T, V] float32 through the target's LM
+    head, times `output_multiplier`, soft-capped (cap * tanh(logits / cap)) if the config
+    says so."""
+    logits = lm_head(target_params, target_config, states)
+    if config.output_multiplier != 1.0:
+        logits = logits * jnp.float32(config.output_multiplier)
+    cap = config.final_logit_softcapping
+    if cap is not None:
+        logits = jnp.float32(cap) * jnp.tanh(logits / jnp.float32(cap))
+    return logits
