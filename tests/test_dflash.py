@@ -333,3 +333,39 @@ def test_a_block_verified_as_if_drawn_when_it_was_the_argmax_is_caught(pair):
     target, drafter = pair
     p_value, _ = draw(target, drafter, CASES["t1"], rules=Rules(candidates=_argmax_as_if_sampled))
     assert p_value < ALPHA, f"not caught: p = {p_value:.3g}"
+
+
+def test_the_command_line_runs_a_dflash_drafter(tmp_path, capsys):
+    # `generate --method dflash --drafter DIR`: greedy text equal to autoregressive decoding's,
+    # a --trace of its verify steps, and a bad -k as one line on stderr with exit status 2.
+    from pathlib import Path
+
+    from specjax.cli.main import main
+
+    weights = Path(specjax.__file__).resolve().parent.parent / "weights"
+    target = specjax.load(weights / "llama-target")
+    save_block_drafter(dflash.init_block_drafter(target, layers=1, block_size=4, std=0.3),
+                       tmp_path / "block")
+
+    def run(*args):
+        try:
+            code = main(["generate", "--preset", "tiny-llama", "-n", "12", "--prompt",
+                         "def add(a, b):", *args])
+        except SystemExit as e:
+            code = e.code
+        return code, *capsys.readouterr()
+
+    texts = {}
+    for method in ("autoregressive", "dflash"):
+        code, out, err = run("--method", method, "--drafter", str(tmp_path / "block"), "--json") \
+            if method == "dflash" else run("--method", method, "--json")
+        assert code == 0, err
+        (result,) = json.loads(out)["results"]
+        texts[method] = result["text"]
+    assert texts["dflash"] == texts["autoregressive"]
+    code, out, err = run("--method", "dflash", "--drafter", str(tmp_path / "block"),
+                         "--temperature", "1", "--trace", "2")
+    assert code == 0, err
+    assert out.count("step ") == 2 and ("-> accept" in out or "-> reject" in out)
+    code, out, err = run("--method", "dflash", "--drafter", str(tmp_path / "block"), "-k", "9")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "k=9 is more than" in err

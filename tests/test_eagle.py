@@ -178,7 +178,7 @@ def test_bad_eagle_requests_are_errors(target, drafter_dir):
     drafter = specjax.load(drafter_dir)
     cases = {
         "EAGLE drafter": dict(method="eagle"),
-        "drafter applies to method 'eagle'": dict(method="speculative", draft=target,
+        "drafter applies to methods 'eagle' and 'dflash'": dict(method="speculative", draft=target,
                                                    drafter=drafter),
         "candidates='iid'": dict(method="eagle", drafter=drafter, candidates="iid",
                                  temperature=0.0),

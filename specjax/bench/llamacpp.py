@@ -111,7 +111,7 @@ def gguf_at(source: Path, precision: str, directory: Path | None = None) -> Path
 def _file_type(source: Path) -> str | None:
     """The GGUF type `source`'s header says its matrices are in (`general.file_type`: 3 is
     MOSTLY_Q4_1, so "Q4_1"), or None without one."""
-    import gguf
+    import gguf    # optional: the llamacpp extra (and the test extra)
 
     field = gguf.GGUFReader(source).fields.get("general.file_type")
     if field is None:
