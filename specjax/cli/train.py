@@ -6,6 +6,7 @@
     train eagle3    a published EAGLE-3 drafter (the EAGLE repo's, SpecForge's or speculators')
     train eagle     a published EAGLE-1/2 drafter (the EAGLE repo's layout)
     train medusa    published Medusa-1 heads (FasterDecoding's layout)
+    train dflash    a DFlash block drafter (its authors' layout)
     train draft     a draft model: a small Llama LM (a Hugging Face checkpoint)
 
 For example:
@@ -51,9 +52,11 @@ import numpy as np
 from specjax.api.generate import generate
 from specjax.bench.common import machine
 from specjax.io import chat as chat_template
+from specjax.heads import dflash
 from specjax.heads.eagle import Drafter
 from specjax.io.checkpoint import load as load_checkpoint
 from specjax.io.checkpoint import save as save_model
+from specjax.io.dflash import save_block_drafter
 from specjax.io.eagle import save_drafter
 from specjax.presets import (DEFAULT_PRESET, PRESETS, CLIError, load_model, make_mesh,
                              model_paths, parse_mesh)
@@ -64,12 +67,17 @@ from specjax.io.sidecar import check_target, tree_to_json
 from specjax.model.transformer import count_params
 from specjax.io.published import HEADS_FORMATS
 from specjax.train import card, data, draft, eagle3, medusa
+from specjax.train import dflash as dflash_train
 from specjax.train import prompts as prompt_sets
 from specjax.train.state import StepProgress, on_mesh
 
 DESCRIPTION = __doc__
 BUILTIN_PREFIX = "builtin:"
 FORMATS = ("eagle", "speculators", "specjax")
+DFLASH_HELP = {"block_size": "the block: the last token and N - 1 drafts (default 8)",
+               "layers": "draft layers, of the target's width and heads (default 1)",
+               "anchors": "blocks a sequence a step, at random positions (default 8)",
+               "decay": "block position j's loss weight exp(-(j - 1) / D) (default 4)"}
 OPTION_HELP = {"noise": "half-width H of EAGLE-1's uniform noise U(-H, H) on the first pass's "
                         "feature inputs (default 0: none; the EAGLE paper's is 0.1)",
                "slots": "in place of --batch sequences a step: sequences of like length, about "
@@ -187,6 +195,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "trains): fine-tuning it, e.g. with a larger --unroll")
         p.set_defaults(run=run_train, draft=None, drafter_kind=kind, **(
             {} if kind == "eagle3" else {"draft_vocab": defaults.draft_vocab}))
+
+    x = kinds.add_parser("dflash", help="a DFlash block drafter (its authors' published layout)",
+                         description=DESCRIPTION,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    _target_arguments(x)
+    _data_arguments(x)
+    _features_arguments(x, out=True, taps=False)
+    x.add_argument("--taps", metavar="A,B",
+                   help="the target's layer counts whose outputs it reads, >= 1 (default: the "
+                        "published code's, one per draft layer: the middle layer for one)")
+    defaults = dflash_train.TrainConfig()
+    for option, type_ in (("steps", int), ("batch", int), ("learning_rate", float),
+                          ("warmup", int), ("clip", float), ("seed", int),
+                          ("checkpoint_every", int), ("slots", int), ("block_size", int),
+                          ("layers", int), ("anchors", int), ("decay", float)):
+        x.add_argument("--" + option.replace("_", "-"), type=type_,
+                       default=getattr(defaults, option),
+                       help=DFLASH_HELP.get(option, OPTION_HELP.get(
+                           option, f"default {getattr(defaults, option)}")))
+    x.add_argument("--mask-token-id", type=int, metavar="ID",
+                   help="the token the block's masked slots are embedded as (default: the "
+                        "target's last id)")
+    x.set_defaults(run=run_dflash, draft=None)
 
     m = kinds.add_parser("medusa", help="published Medusa-1 heads (FasterDecoding's layout)",
                          description=DESCRIPTION,
@@ -453,6 +484,55 @@ def run_train(args) -> int:
     return 0
 
 
+def run_dflash(args) -> int:
+    """`train dflash`: data, the features at the drafter's taps, training, the published
+    layout, the held-out evaluation and the card."""
+    try:
+        config = dflash_train.TrainConfig(**{
+            k: getattr(args, k) for k in ("steps", "batch", "learning_rate", "warmup", "clip",
+                                          "seed", "checkpoint_every", "slots", "block_size",
+                                          "layers", "anchors", "decay")})
+    except dflash_train.TrainError as e:
+        raise CLIError(str(e)) from None
+    _check_data_arguments(args)
+    if args.mesh:
+        raise CLIError("train dflash runs on one device (no --mesh)")
+    target_path, _, _ = model_paths(args, want_draft=False)
+    target = load_model(target_path, "float32")
+    if target.config.arch != "llama":
+        raise CLIError(f"{target.name} is a {target.config.arch} model; DFlash drafters serve "
+                       f"Llama-family targets")
+    n = target.config.n_layers
+    taps = dflash.default_taps(n, config.layers)
+    if args.taps:
+        try:
+            taps = tuple(int(t) for t in args.taps.split(","))
+        except ValueError:
+            raise CLIError(f"--taps must be comma-separated layer counts, got {args.taps!r}") \
+                from None
+    if not taps or list(taps) != sorted(set(taps)) or taps[0] < 1 or taps[-1] >= n:
+        raise CLIError(f"--taps must be increasing layer counts in [1, {n}), got {list(taps)}")
+    mask = args.mask_token_id
+    if mask is not None and not 0 <= mask < target.config.vocab_size:
+        raise CLIError(f"--mask-token-id must be a token id in [0, {target.config.vocab_size}), "
+                       f"got {mask}")
+    out, work = _out_and_work(args)
+    started = time.time()
+    sequences, held_out = _training_data(args, target, work)
+    features = _features(target, sequences, taps, args)
+    progress = _progress(args, config, "loss/accuracy/accepted prefix", target, held_out,
+                         "dflash")
+    drafter = dflash_train.train(target, features, config, checkpoint=work / "checkpoint",
+                                 progress=progress, mask_token_id=mask)
+    save_block_drafter(drafter, out)
+    log = {"target": str(target_path), "format": "dflash", "kind": "dflash",
+           "taps": list(taps), "config": vars(config),
+           "train_sequences": int(len(sequences.length)), "held_out_prompts": len(held_out),
+           "seconds": round(time.time() - started, 1)}
+    _finish(out, log, target, held_out, args, method="dflash", drafter=drafter)
+    return 0
+
+
 def _dynamic_trees(texts: list[str], target) -> list[DynamicTree | None]:
     """--dynamic-tree as trees that fit `target`'s context ([None] for "none")."""
     if "none" in texts:
@@ -619,11 +699,13 @@ def _progress(args, config, label: str, target, held_out, keyword: str,
     temperature 0 every --eval-every steps: the model as it stands, passed as `keyword`
     (drafter, heads or draft) to `generate` with the method that reads it (and `tree`, the one
     it will be written with)."""
-    method = {"drafter": "eagle", "heads": "medusa", "draft": "speculative"}[keyword]
+    method = {"drafter": "eagle", "heads": "medusa", "draft": "speculative",
+              "dflash": "dflash"}[keyword]
     every = args.eval_every if args.eval_every is not None else max(1, config.steps // 5)
 
     def evaluate(model) -> float:
-        result = generate(target, held_out, method=method, **{keyword: model}, tree=tree,
+        given = {"drafter": model} if keyword == "dflash" else {keyword: model, "tree": tree}
+        result = generate(target, held_out, method=method, **given,
                           max_new_tokens=args.max_new_tokens, temperature=0.0)
         return result.stats.tokens_per_target_call
 

@@ -38,14 +38,14 @@ from specjax.heads.shared import in_dtype, target_identity
 from specjax.model import cache as kv
 from specjax.model.cache import KVCache
 from specjax.model.config import ModelConfig
-from specjax.model.layers import (activation, apply_rope, attend_cache, lookup, rms_norm,
+from specjax.model.layers import (activation, apply_rope, attend, attend_cache, lookup, rms_norm,
                                   rope_frequencies, rope_tables, rotate)
 from specjax.model.linear import linear
 from specjax.model.transformer import Model, init_params, lm_head
 from specjax.model.transformer import param_shapes as transformer_param_shapes
 
-__all__ = ["MODEL_TYPE", "BlockDrafter", "DFlashConfig", "context_kv", "default_taps",
-           "draft_block", "draft_logits", "init_block_drafter", "param_shapes",
+__all__ = ["MODEL_TYPE", "BlockDrafter", "DFlashConfig", "blocks_states", "context_kv",
+           "default_taps", "draft_block", "draft_logits", "init_block_drafter", "param_shapes",
            "runtime_weights", "with_dtype"]
 
 MODEL_TYPE = "dflash"
@@ -294,3 +294,68 @@ def draft_logits(config: DFlashConfig, target_params: dict, target_config: Model
     if cap is not None:
         logits = jnp.float32(cap) * jnp.tanh(logits / jnp.float32(cap))
     return logits
+
+
+def blocks_states(weights: dict, config: DFlashConfig, embed: jax.Array, features: jax.Array,
+                  tokens: jax.Array, anchors: jax.Array) -> jax.Array:
+    """Many blocks of one sequence batch at once, teacher-forced, without a cache: what
+    training reads.
+
+    Block a of row b starts at position anchors[b, a] with the token there, then mask tokens;
+    it reads the context at every position before its anchor (the target's tapped states
+    `features` [B, T, n D], fused) and its own block, as a decoding step's block does
+    (`draft_block`), and no other block. Returns the blocks' final-normed states
+    [B, A, block_size, D].
+    """
+    c = config.layer
+    eps, dtype = c.norm_eps, c.compute_dtype
+    b, t = tokens.shape
+    a, size = anchors.shape[1], config.block_size
+    inv_freq = jnp.asarray(rope_frequencies(c))
+    context = fuse_context(weights, config, features)                          # [B, T, D]
+    ctx_positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    ctx_tables = rope_tables(ctx_positions, inv_freq)
+    positions = (anchors[:, :, None] + jnp.arange(size, dtype=jnp.int32)).reshape(b, a * size)
+    tables = rope_tables(positions, inv_freq)
+    block = jnp.full((b, a, size), config.mask_token_id, jnp.int32)
+    block = block.at[:, :, 0].set(jnp.take_along_axis(tokens, anchors, axis=1))
+    x = lookup(embed, block.reshape(b, a * size)).astype(dtype)
+    if config.input_embedding_scale != 1.0:
+        x = x * jnp.asarray(config.input_embedding_scale, dtype)
+    # Query (a, j) reads the context before anchor a, and every position of block a (its own
+    # positions up to its own, if the block is causal).
+    query_block = jnp.repeat(jnp.arange(a), size)                               # [A*S]
+    query_index = jnp.tile(jnp.arange(size), a)
+    sees_context = jnp.arange(t)[None, None, :] < jnp.repeat(anchors, size, axis=1)[:, :, None]
+    same = query_block[:, None] == query_block[None, :]
+    if config.causal:
+        same = same & (query_index[None, :] <= query_index[:, None])
+    mask = jnp.concatenate([sees_context, jnp.broadcast_to(same, (b, a * size, a * size))],
+                           axis=2)                                                # [B, AS, T+AS]
+    # A query with no context (an anchor at 0) still sees its block: no row is empty.
+    for p in weights["layers"]:
+        k_context, v_context = _context_kv(p, config, context, ctx_tables)
+        h = rms_norm(x, p["attn_norm"]["scale"], eps)
+        q, k, v = (_project(h, p[name]) for name in ("wq", "wk", "wv"))
+        if c.qkv_bias:
+            q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+        q = rms_norm(q, p["q_norm"]["scale"], eps)
+        k = rms_norm(k, p["k_norm"]["scale"], eps)
+        q, k = apply_rope(q, k, tables)
+        keys = jnp.concatenate([k_context, k], axis=1)                            # [B, S, K, H]
+        values = jnp.concatenate([v_context, v], axis=1)
+        attn = attend(q, jnp.transpose(keys, (0, 2, 3, 1)), jnp.transpose(values, (0, 2, 1, 3)),
+                      mask)                                                       # [B, AS, N, H]
+        n, h_ = attn.shape[2:]
+        out = linear(attn.reshape(b, a * size, n * h_), p["wo"].reshape(-1, n * h_))
+        if c.out_bias:
+            out = out + p["bo"]
+        x = x + out
+        m = rms_norm(x, p["mlp_norm"]["scale"], eps)
+        gate, up = linear(m, p["w_gate"]), linear(m, p["w_up"])
+        if c.mlp_bias:
+            gate, up = gate + p["b_gate"], up + p["b_up"]
+        down = linear(activation(c.activation, gate) * up, p["w_down"])
+        x = x + (down + p["b_down"] if c.mlp_bias else down)
+    x = rms_norm(x, weights["final_norm"]["scale"], eps)
+    return x.reshape(b, a, size, -1)

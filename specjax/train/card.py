@@ -17,6 +17,8 @@ FORMATS = {
     "hf": "a Hugging Face `LlamaForCausalLM` with the target's tokenizer, which any engine's "
           "draft-model speculation reads",
     "specjax": "specjax's own layout, which `specjax.load` reads",
+    "dflash": "the DFlash authors' layout (`config.json` with `dflash_config`, "
+              "`model.safetensors`), which their code and the engines that serve DFlash read",
 }
 
 
@@ -65,6 +67,8 @@ def _kind(log: dict) -> tuple[str, str, str]:
         return "A draft model (a small Llama)", "speculative", "--draft"
     if log.get("kind") == "eagle3":
         return "An EAGLE-3 drafter (Li et al. 2025)", "eagle", "--drafter"
+    if log.get("kind") == "dflash":
+        return "A DFlash block drafter (arXiv 2602.06036)", "dflash", "--drafter"
     if log.get("kind") == "eagle1":
         style = log["config"].get("style", "published")
         return ("An EAGLE-1/2 drafter (Li et al. 2024)" if style == "published" else
@@ -77,7 +81,8 @@ def _needs(method: str) -> str:
     if method == "speculative":
         return ("It drafts for any model with the target's tokenizer; it was trained on this "
                 "target's outputs.")
-    reads = "hidden states and embeddings" if method == "eagle" else "final hidden states"
+    reads = ("hidden states and embeddings" if method in ("eagle", "dflash")
+             else "final hidden states")
     return f"It runs only with the target it was trained for: it reads that model's {reads}."
 
 
@@ -108,6 +113,9 @@ def _trees(log: dict, method: str) -> str:
     """How the evaluation decoded: the tree or chain for greedy and for sampled rows."""
     if method == "speculative":
         return "decoded with a chain of the draft's tokens (`--k` 4, the default)"
+    if method == "dflash":
+        return (f"each step verifying its whole block of {log['config']['block_size'] - 1} "
+                f"drafts as a chain")
     if method == "medusa":
         tree = log.get("tree")
         if not tree:

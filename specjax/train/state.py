@@ -251,7 +251,8 @@ class StepProgress:
         if not (self.tty or evaluated or step % self.log_every == 0 or step == self.steps):
             return
         rate = (step - self.first) / max(time.time() - self.started, 1e-9)
-        parts = " ".join(f"{loss:.3f}/{agree:.2f}" for loss, agree in np.asarray(metrics))
+        parts = " ".join(f"{row[0]:.3f}/" + "/".join(f"{v:.2f}" for v in row[1:])
+                         for row in np.asarray(metrics))
         line = f"train: step {step}/{self.steps}, {self.label} {parts}"
         if self.held_out is not None:
             line += f", held out {self.held_out:.2f} tokens/call"
