@@ -216,6 +216,7 @@ def test_each_method_owns_its_state(models):
     from specjax.api.generate import prepare
     from specjax.decoding import loop
     from specjax.decoding.methods import MODULES
+    from specjax.heads.dflash import init_block_drafter
 
     target, draft = models
     heads = specjax.init_heads(specjax.HeadsConfig(num_heads=2, num_blocks=1,
@@ -224,7 +225,8 @@ def test_each_method_owns_its_state(models):
     drafter = specjax.init_drafter(target, seed=3)
     beside = {"speculative": dict(draft=draft, k=2), "ngram": dict(k=2),
               "medusa": dict(heads=heads, tree=specjax.Tree.full((2, 1))),
-              "eagle": dict(drafter=drafter, tree=specjax.Tree.full((2, 1)))}
+              "eagle": dict(drafter=drafter, tree=specjax.Tree.full((2, 1))),
+              "dflash": dict(drafter=init_block_drafter(target, block_size=3, seed=3))}
     assert set(MODULES) == set(specjax.decoding.config.METHODS)
     shared = {}
     for method, module in MODULES.items():

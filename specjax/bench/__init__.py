@@ -22,7 +22,7 @@ from specjax.presets import CLIError, add_model_arguments, enable_compile_cache,
 from specjax.sampling.logits import SamplingParams
 from specjax.sampling.tree import DynamicTree, parse_widths
 
-ALL_METHODS = ("autoregressive", "speculative", "ngram", "medusa", "eagle")
+ALL_METHODS = ("autoregressive", "speculative", "ngram", "medusa", "eagle", "dflash")
 FULL = dict(ks="2,4,6", reps=5, warmup=1, max_new_tokens=128, contexts="50,500,1500")
 QUICK = dict(ks="2", reps=1, warmup=0, max_new_tokens=16, contexts="none")
 DESCRIPTION = suite.__doc__     # `bench --help`: what the suite measures and writes

@@ -19,6 +19,8 @@ from specjax.api.checks import check_compatible, encode_prompts
 from specjax.api.generate import generate
 from specjax.bench.common import Progress, fmt, machine, write_report
 from specjax.bench.prompts import SUITE
+from specjax.heads.dflash import BlockDrafter
+from specjax.heads.eagle import Drafter
 from specjax.io.checkpoint import load
 from specjax.presets import drafter_path, heads_path, model_paths
 
@@ -38,13 +40,14 @@ def run(args, settings: dict) -> int:
     heads_dir, _ = heads_path(args)
     heads = load(heads_dir) if heads_dir is not None and "medusa" in settings["methods"] else None
     drafter_dir, _ = drafter_path(args)
-    drafter = (load(drafter_dir) if drafter_dir is not None and "eagle" in settings["methods"]
-               else None)
+    wanted = {"eagle", "dflash"} & set(settings["methods"])
+    drafter = load(drafter_dir) if drafter_dir is not None and wanted else None
+    kinds = {"eagle": Drafter, "dflash": BlockDrafter}      # --drafter holds one or the other
     prompt = next(p for p in SUITE["prompts"] if not p.get("chat"))
     ids = encode_prompts(target, [prompt["prompt"]])[0]
     methods = [m for m in settings["methods"]
                if (m != "speculative" or draft is not None) and (m != "medusa" or heads)
-               and (m != "eagle" or drafter)]
+               and (m not in kinds or isinstance(drafter, kinds[m]))]
     progress = Progress(len(methods) * (1 + settings["reps"] * (1 + len(NEW))))
     rows = []
     for method in methods:
@@ -53,7 +56,7 @@ def run(args, settings: dict) -> int:
             base.update(k=settings["ks"][0], draft=draft if method == "speculative" else None)
         if method == "medusa":      # a tree's default scheme follows the temperatures: fixed
             base.update(heads=heads, candidates="top")
-        if method == "eagle":
+        if method in ("eagle", "dflash"):
             base.update(drafter=drafter, candidates="top")
 
         def seconds(**change):

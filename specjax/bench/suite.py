@@ -135,6 +135,8 @@ from specjax.bench.llamacpp import FASTEST_KINDS, GGUF_TYPES, LlamaCpp
 from specjax.bench.peers import Peers
 from specjax.bench.prompts import SUITE
 from specjax.bench.report import k_label, markdown, plots
+from specjax.heads.dflash import BlockDrafter
+from specjax.heads.eagle import Drafter
 from specjax.io.checkpoint import load
 from specjax.io.sidecar import tree_to_json
 from specjax.presets import CLIError, drafter_path, heads_path, make_mesh, model_paths
@@ -159,7 +161,7 @@ def run(args, settings: dict) -> int:
         settings["methods"].remove("speculative")
         notes.append(f"speculative skipped: {no_draft}")
     heads = _beside(args, settings, notes, "medusa", heads_path, "heads")
-    drafter = _beside(args, settings, notes, "eagle", drafter_path, "drafter")
+    drafter, block_drafter = _drafters(args, settings, notes)
     target, draft = load_pair(target_path, draft_path, args.dtype, settings, notes)
     if draft is not None:
         check_compatible(target, draft)
@@ -170,7 +172,8 @@ def run(args, settings: dict) -> int:
     fastest = [LlamaCpp.create(target, settings, args.dtype, notes, kind)
                for kind in FASTEST_KINDS if kind != GGUF_TYPES[args.dtype]] if llamacpp else []
 
-    suite_jobs = _jobs(prompts, settings, target, draft, peers, dict(heads=heads, drafter=drafter),
+    suite_jobs = _jobs(prompts, settings, target, draft, peers,
+                       dict(heads=heads, drafter=drafter, block_drafter=block_drafter),
                        llamacpp, [peer for peer in fastest if peer is not None])
     sweep_jobs = _sweep_jobs(contexts, settings, target, peers)
     progress = Progress(len(suite_jobs) + len(sweep_jobs))
@@ -231,6 +234,31 @@ def _beside(args, settings, notes: list[str], method: str, find, flag: str):
     return load(path)
 
 
+def _drafters(args, settings, notes: list[str]):
+    """The EAGLE drafter and the DFlash drafter the methods need: --drafter's directory or the
+    preset's, which holds one or the other; a method whose kind it is not is dropped with a
+    note."""
+    wanted = [m for m in ("eagle", "dflash") if m in settings["methods"]]
+    if not wanted:
+        if args.drafter:
+            raise CLIError("--drafter applies when --methods includes eagle or dflash")
+        return None, None
+    path, missing = drafter_path(args)
+    loaded = load(path) if path is not None else None
+    found = {}
+    for method, kind, what in (("eagle", Drafter, "an EAGLE drafter"),
+                               ("dflash", BlockDrafter, "a DFlash drafter")):
+        if method not in wanted:
+            continue
+        if isinstance(loaded, kind):
+            found[method] = loaded
+        else:
+            settings["methods"].remove(method)
+            notes.append(f"{method} skipped: "
+                         + (missing if loaded is None else f"{path} is not {what}"))
+    return found.get("eagle"), found.get("dflash")
+
+
 def _sweep_prompts(target, contexts: list[int], notes: list[str]) -> list[dict]:
     """For each context length N, the first N tokens of `textwrap`'s source (module docstring);
     lengths that the source or the target's context window cannot hold are skipped with a note."""
@@ -281,6 +309,11 @@ def _jobs(prompts, settings, target, draft, peers, beside=None, llamacpp=None,
                 for k in settings["ks"]:
                     add(p, "specjax", method, k,
                         _specjax_job(p, settings, target, method, k, None, None, beside))
+            elif method == "dflash":                # its whole block, verified as a chain
+                k = beside["block_drafter"].config.drafts
+                add(p, "specjax", method, k,
+                    _specjax_job(p, settings, target, method, k, None, None, beside))
+                continue
             elif method != "medusa":
                 for k in ks[method]:
                     for schedule in _method_schedules(method, settings):
@@ -333,16 +366,19 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, beside=No
             extra = dict(heads=beside["heads"])
         elif method == "eagle":          # K: a chain of K; otherwise the row's tree
             extra = dict(drafter=beside["drafter"], tree=Tree.chain(k) if k else _tree(tree))
+        elif method == "dflash":         # the first K of the block's drafts
+            extra = dict(drafter=beside["block_drafter"], k=k)
         else:
             extra = dict(draft=draft, k=k or 1)
         if schedule != CONSTANT:
             extra["k_schedule"] = schedule
-        if method in ("speculative", "medusa", "eagle") and settings.get("drafter_dtype"):
+        if method in ("speculative", "medusa", "eagle", "dflash") and \
+                settings.get("drafter_dtype"):
             extra["drafter_dtype"] = settings["drafter_dtype"]
         if schedule == "confidence":
             extra["confidence_threshold"] = settings["confidence_threshold"]
         request = prepare(model, [prompt["ids"]], method=method, **extra,
-                          **({} if method == "eagle" else dict(tree=_tree(tree))),
+                          **({} if method in ("eagle", "dflash") else dict(tree=_tree(tree))),
                           max_new_tokens=prompt["max_new_tokens"],
                           temperature=settings["temperature"], top_p=settings["top_p"],
                           max_ngram=settings["max_ngram"], mesh=make_mesh(settings["mesh"]))
