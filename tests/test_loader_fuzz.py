@@ -16,7 +16,8 @@ rope_theta or in a token's text is a different valid file, not a broken one.
 
 The published drafters are fuzzed the same way (written by `save_drafter` / `save_heads` for
 that model): an EAGLE-3 drafter in the EAGLE repo's layout and in speculators', an EAGLE-1
-drafter, and Medusa-1 heads (config.json and one safetensors file each). For them a loaded
+drafter, Medusa-1 heads and a two-layer DFlash drafter in its authors' layout (config.json and
+one safetensors file each). For them a loaded
 result is compared on its weights and its draft vocabulary (`token_ids`, from `d2t`): a byte
 inside `d2t` may map one draft id elsewhere.
 
@@ -47,6 +48,8 @@ gguf = pytest.importorskip("gguf")
 from safetensors.numpy import load_file, save_file  # noqa: E402
 from tokenizers import Tokenizer, models  # noqa: E402
 
+from specjax.heads.dflash import init_block_drafter  # noqa: E402
+from specjax.io.dflash import save_block_drafter  # noqa: E402
 from tests.gguf_files import tiny_vocab, write_gguf  # noqa: E402
 
 # gguf's reader adds a damaged tensor offset to the data start in uint64 and says so.
@@ -126,7 +129,10 @@ def checkpoints(work) -> dict[str, Checkpoint]:
             ("eagle3", specjax.save_drafter(eagle3, work / "eagle3", format="eagle")),
             ("speculators", specjax.save_drafter(eagle3, work / "spec", format="speculators")),
             ("eagle1", specjax.save_drafter(eagle1, work / "eagle1", format="eagle")),
-            ("medusa1", specjax.save_heads(heads, work / "medusa1", format="medusa"))):
+            ("medusa1", specjax.save_heads(heads, work / "medusa1", format="medusa")),
+            ("dflash", save_block_drafter(init_block_drafter(model, layers=2, block_size=4,
+                                                             taps=(1, 2), std=0.3),
+                                          work / "dflash"))):
         out[name] = _directory(saved)
     return out
 
@@ -224,7 +230,7 @@ def load_damaged(ck: Checkpoint, name: str, damaged: bytes, data_bytes: int = 0,
 
 # -- Strategies -------------------------------------------------------------------------------
 
-DIRECTORIES = ["safetensors", "eagle3", "speculators", "eagle1", "medusa1"]
+DIRECTORIES = ["safetensors", "eagle3", "speculators", "eagle1", "medusa1", "dflash"]
 FORMATS = ["safetensors", "gguf", *DIRECTORIES[1:]]
 # Mostly any byte, sometimes one that keeps a JSON file valid UTF-8 and close to valid JSON.
 byte_values = st.integers(0, 255) | st.sampled_from(b'0129-.e ":,{}[]')

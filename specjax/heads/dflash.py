@@ -153,7 +153,12 @@ def init_block_drafter(target: Model, layers: int = 1, block_size: int = 8,
         raise ValueError(f"DFlash drafters serve Llama-family targets, not {t.arch!r}")
     layer = dataclasses.replace(t, n_layers=layers, dtype="float32", qk_norm=True,
                                 model_type="qwen3", bos_token_id=None, eos_token_ids=())
-    taps = default_taps(t.n_layers, layers) if taps is None else tuple(taps)
+    if taps is None:
+        taps = default_taps(t.n_layers, layers)
+        if len(set(taps)) != len(taps) or not 1 <= min(taps) <= max(taps) <= t.n_layers:
+            raise ValueError(f"a {t.n_layers}-layer target has no default taps for {layers} "
+                             f"draft layers (the published rule gives {list(taps)}); name them")
+    taps = tuple(taps)
     config = DFlashConfig(layer, block_size,
                           t.vocab_size - 1 if mask_token_id is None else mask_token_id,
                           taps, t.n_layers)

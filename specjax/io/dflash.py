@@ -161,6 +161,10 @@ def load_block_drafter(directory: str | Path) -> BlockDrafter:
     tensors = read_tensors(weights)
     if tensors and all(name.startswith("model.") for name in tensors):
         tensors = {name[len("model."):]: t for name, t in tensors.items()}
+    # Each draft layer has 11 tensors: a damaged layer count must not build its name table.
+    if config.layer.n_layers * 11 > len(tensors):
+        raise CheckpointError(f"{file}: num_hidden_layers {config.layer.n_layers}, but "
+                              f"{weights.name} holds {len(tensors)} tensors in all")
     fc = tensors.get("fc.weight")
     if fc is None or fc.ndim != 2:
         raise CheckpointError(f"{weights}: missing tensor 'fc.weight' (a [D, n D] matrix)")
