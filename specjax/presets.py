@@ -18,6 +18,8 @@ from pathlib import Path
 import jax
 
 from specjax import mesh as meshes
+from specjax.heads.dflash import BlockDrafter
+from specjax.heads.eagle import Drafter
 from specjax.io.checkpoint import load
 from specjax.io.fetch import FetchError, cache_root, fetch
 from specjax.model.config import DTYPES
@@ -169,6 +171,33 @@ def heads_path(args) -> tuple[Path | None, str]:
 def drafter_path(args) -> tuple[Path | None, str]:
     """The EAGLE drafter directory the arguments name, or None and why there is none."""
     return _beside_target(args, args.drafter, "drafter", "EAGLE drafter", "drafter")
+
+
+# The methods that read --drafter, and the kind of drafter each takes.
+DRAFTER_KINDS = {"eagle": (Drafter, "an EAGLE drafter"),
+                 "dflash": (BlockDrafter, "a DFlash drafter")}
+
+
+def load_drafters(args, methods) -> tuple[dict, dict]:
+    """The drafters `methods` read (--drafter's directory or the preset's, which holds an
+    EAGLE drafter or a DFlash drafter): ({method: drafter}, {method: why it has none}) over
+    the methods of `DRAFTER_KINDS` that are asked for. --drafter without such a method is a
+    CLIError."""
+    wanted = [m for m in DRAFTER_KINDS if m in methods]
+    if not wanted:
+        if args.drafter:
+            raise CLIError(f"--drafter applies to {' and '.join(DRAFTER_KINDS)}")
+        return {}, {}
+    path, missing = drafter_path(args)
+    loaded = load(path) if path is not None else None
+    found, why = {}, {}
+    for method in wanted:
+        kind, what = DRAFTER_KINDS[method]
+        if isinstance(loaded, kind):
+            found[method] = loaded
+        else:
+            why[method] = missing if loaded is None else f"{path} is not {what}"
+    return found, why
 
 
 def _beside_target(args, given, field: str, what: str, flag: str) -> tuple[Path | None, str]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import json
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -458,3 +457,29 @@ def test_bench_runs_dflash_beside_autoregressive(pair):
     rows = {r["method"]: r for r in suite._rows(jobs, settings)}
     assert rows["dflash"]["same_tokens_as_specjax_autoregressive"] is True
     assert rows["dflash"]["tokens_per_target_call"] >= 1.0
+
+
+def test_training_blocks_read_what_a_decoding_block_reads(pair):
+    # `blocks_states` (training: several blocks of a sequence at once, masked from each other)
+    # gives each block the states `draft_block` gives it in decoding, with the context before
+    # its anchor in the cache: the drafter trains on the computation it runs.
+    from specjax.model.transformer import tapped_states
+
+    target, drafter = pair
+    c = drafter.config
+    weights = dflash.runtime_weights(drafter)
+    tokens = np.array([[1, 4, 2, 1, 4, 3, 0, 2, 5, 1]])
+    positions = np.arange(10)[None]
+    _, features, _ = tapped_states(target.params, target.config, tokens, positions, taps=c.taps)
+    anchors = np.array([[0, 3, 6]])
+    together = np.asarray(dflash.blocks_states(weights, c, target.params["embed"], features,
+                                               tokens, anchors))
+    for i, a in enumerate(anchors[0]):
+        block = np.array([[tokens[0, a]] + [c.mask_token_id] * (c.block_size - 1)])
+        cache = KVCache.init(c.layer, 1, 16)
+        if a:
+            cache = dflash.context_kv(weights, c, features[:, :a], positions[:, :a], cache)
+        alone, _ = dflash.draft_block(weights, c, target.params["embed"], features[:, a:a + 1],
+                                      np.array([[a]]), block,
+                                      a + np.arange(c.block_size)[None], cache)
+        np.testing.assert_allclose(together[0, i], np.asarray(alone)[0], atol=1e-5, err_msg=a)

@@ -366,7 +366,8 @@ def generate(target: Model | Request, prompts=None, *, method: str = "autoregres
 
 
 def stream(target: Model | Request, prompts=None, *, method: str = "autoregressive",
-           draft: Model | None = None, k: int | None = None, max_new_tokens=64, temperature=1.0, top_k=0,
+           draft: Model | None = None, k: int | None = None, max_new_tokens=64,
+           temperature=1.0, top_k=0,
            top_p=1.0, min_p=0.0, seed: int | Sequence[int] = 0, eos_ids=None,
            max_ngram: int = 3, min_ngram: int = 1, tree=None, candidates: str | None = None,
            heads: Heads | None = None, drafter: Drafter | None = None,

@@ -135,11 +135,9 @@ from specjax.bench.llamacpp import FASTEST_KINDS, GGUF_TYPES, LlamaCpp
 from specjax.bench.peers import Peers
 from specjax.bench.prompts import SUITE
 from specjax.bench.report import k_label, markdown, plots
-from specjax.heads.dflash import BlockDrafter
-from specjax.heads.eagle import Drafter
 from specjax.io.checkpoint import load
 from specjax.io.sidecar import tree_to_json
-from specjax.presets import CLIError, drafter_path, heads_path, make_mesh, model_paths
+from specjax.presets import CLIError, heads_path, load_drafters, make_mesh, model_paths
 from specjax.sampling.tree import DynamicTree, Tree, parse_widths
 
 SCHEMA = "specjax.bench/1"
@@ -235,27 +233,12 @@ def _beside(args, settings, notes: list[str], method: str, find, flag: str):
 
 
 def _drafters(args, settings, notes: list[str]):
-    """The EAGLE drafter and the DFlash drafter the methods need: --drafter's directory or the
-    preset's, which holds one or the other; a method whose kind it is not is dropped with a
-    note."""
-    wanted = [m for m in ("eagle", "dflash") if m in settings["methods"]]
-    if not wanted:
-        if args.drafter:
-            raise CLIError("--drafter applies when --methods includes eagle or dflash")
-        return None, None
-    path, missing = drafter_path(args)
-    loaded = load(path) if path is not None else None
-    found = {}
-    for method, kind, what in (("eagle", Drafter, "an EAGLE drafter"),
-                               ("dflash", BlockDrafter, "a DFlash drafter")):
-        if method not in wanted:
-            continue
-        if isinstance(loaded, kind):
-            found[method] = loaded
-        else:
-            settings["methods"].remove(method)
-            notes.append(f"{method} skipped: "
-                         + (missing if loaded is None else f"{path} is not {what}"))
+    """The EAGLE drafter and the DFlash drafter the methods need (`presets.load_drafters`); a
+    method without its kind is dropped with a note."""
+    found, missing = load_drafters(args, settings["methods"])
+    for method, why in missing.items():
+        settings["methods"].remove(method)
+        notes.append(f"{method} skipped: {why}")
     return found.get("eagle"), found.get("dflash")
 
 

@@ -17,14 +17,13 @@ from specjax.api.checks import GenerationError, check_compatible, check_int, enc
 from specjax.api import options
 from specjax.api.generate import METHODS, generate, prepare, stream
 from specjax.cli.interrupt import Interrupt
-from specjax.heads.dflash import BlockDrafter
-from specjax.heads.eagle import Drafter
 from specjax.heads.medusa import Heads
 from specjax.io import chat as chat_template
 from specjax.io.checkpoint import load
 from specjax.io.sidecar import tree_to_json
 from specjax.mesh import plan
 from specjax.presets import (
+    DRAFTER_KINDS,
     GENERATE_DEFAULT_HELP,
     TINY_NOTE,
     CLIError,
@@ -33,6 +32,7 @@ from specjax.presets import (
     enable_compile_cache,
     generate_preset,
     heads_path,
+    load_drafters,
     load_model,
     make_mesh,
     model_paths,
@@ -330,26 +330,13 @@ def load_beside(args, methods: list[str], method: str, kind: type, what: str, fl
     return loaded
 
 
-def load_drafters(args, methods: list[str]):
-    """The EAGLE drafter and the DFlash drafter the methods need: --drafter's directory or the
-    preset's, which holds one or the other; a method whose kind it is not is skipped with a
-    note when other methods run, an error when it runs alone."""
-    wanted = [m for m in ("eagle", "dflash") if m in methods]
-    if not wanted:
-        if args.drafter:
-            raise CLIError("--drafter applies to --method eagle, dflash or all")
-        return None, None
-    path, missing = drafter_path(args)
-    loaded = load(path) if path is not None else None
-    found = {}
-    for method, kind, what in (("eagle", Drafter, "an EAGLE drafter"),
-                               ("dflash", BlockDrafter, "a DFlash drafter")):
-        if method not in wanted:
-            continue
-        if isinstance(loaded, kind):
-            found[method] = loaded
-            continue
-        why = missing if loaded is None else f"{path} is not {what}"
+def drafters(args, methods: list[str]):
+    """The EAGLE drafter and the DFlash drafter the methods need (`presets.load_drafters`): a
+    method without its kind is skipped with a note when other methods run, an error when it
+    runs alone."""
+    found, missing = load_drafters(args, methods)
+    for method, why in missing.items():
+        what = DRAFTER_KINDS[method][1]
         if methods == [method]:
             raise CLIError(f"method {method} needs {what}: {why}; pass --drafter DIR")
         print(f"specjax: note: skipping {method}: {why}", file=sys.stderr)
@@ -361,7 +348,7 @@ def load_models(args, methods: list[str], mesh=None):
     None when not needed or not found) the methods need; on `mesh`, the target split and the
     draft replicated."""
     heads = load_beside(args, methods, "medusa", Heads, "Medusa heads", "heads")
-    drafter, block_drafter = load_drafters(args, methods)
+    drafter, block_drafter = drafters(args, methods)
     want_draft = "speculative" in methods
     target_path, draft_path, no_draft = model_paths(args, want_draft)
     if want_draft and draft_path is None:

@@ -228,6 +228,32 @@ def context_kv(weights: dict, config: DFlashConfig, features: jax.Array, slots: 
     return KVCache(tuple(new_k), tuple(new_v), cache.length, cache.first)
 
 
+def _block_layer(p: dict, c: ModelConfig, x: jax.Array, tables: jax.Array, attention):
+    """One draft layer on the block's states x [B, T, D]: the input norm, q/k/v with q_norm and
+    k_norm, RoPE by `tables`, `attention(q, k, v)` -> [B, T, N, H] (which reads the context
+    and the block's keys and values as its caller arranges them), o, and the MLP."""
+    eps = c.norm_eps
+    h = rms_norm(x, p["attn_norm"]["scale"], eps)
+    q, k, v = (_project(h, p[name]) for name in ("wq", "wk", "wv"))
+    if c.qkv_bias:
+        q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+    q = rms_norm(q, p["q_norm"]["scale"], eps)
+    k = rms_norm(k, p["k_norm"]["scale"], eps)
+    q, k = apply_rope(q, k, tables)
+    attn = attention(q, k, v)                                                   # [B, T, N, H]
+    b, t, n, h_ = attn.shape
+    out = linear(attn.reshape(b, t, n * h_), p["wo"].reshape(-1, n * h_))
+    if c.out_bias:
+        out = out + p["bo"]
+    x = x + out
+    m = rms_norm(x, p["mlp_norm"]["scale"], eps)
+    gate, up = linear(m, p["w_gate"]), linear(m, p["w_up"])
+    if c.mlp_bias:
+        gate, up = gate + p["b_gate"], up + p["b_up"]
+    down = linear(activation(c.activation, gate) * up, p["w_down"])
+    return x + (down + p["b_down"] if c.mlp_bias else down)
+
+
 def draft_block(weights: dict, config: DFlashConfig, embed: jax.Array, features: jax.Array,
                 context_slots: jax.Array, block: jax.Array, block_slots: jax.Array,
                 cache: KVCache) -> tuple[jax.Array, KVCache]:
@@ -261,28 +287,13 @@ def draft_block(weights: dict, config: DFlashConfig, embed: jax.Array, features:
     for p, layer_k, layer_v in zip(weights["layers"], cache.k, cache.v):
         k_context, v_context = _context_kv(p, config, context, context_tables)
         layer_k, layer_v = kv.write(layer_k, layer_v, k_context, v_context, context_slots)
-        h = rms_norm(x, p["attn_norm"]["scale"], eps)
-        q, k, v = (_project(h, p[name]) for name in ("wq", "wk", "wv"))
-        if c.qkv_bias:
-            q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
-        q = rms_norm(q, p["q_norm"]["scale"], eps)
-        k = rms_norm(k, p["k_norm"]["scale"], eps)
-        q, k = apply_rope(q, k, block_tables)
-        layer_k, layer_v = kv.write(layer_k, layer_v, k, v, block_slots)
-        new_k.append(layer_k)
-        new_v.append(layer_v)
-        attn = attend_cache(q, layer_k, layer_v, queries, None, cache.first)    # [B, T, N, H]
-        b, t, n, h_ = attn.shape
-        out = linear(attn.reshape(b, t, n * h_), p["wo"].reshape(-1, n * h_))
-        if c.out_bias:
-            out = out + p["bo"]
-        x = x + out
-        m = rms_norm(x, p["mlp_norm"]["scale"], eps)
-        gate, up = linear(m, p["w_gate"]), linear(m, p["w_up"])
-        if c.mlp_bias:
-            gate, up = gate + p["b_gate"], up + p["b_up"]
-        down = linear(activation(c.activation, gate) * up, p["w_down"])
-        x = x + (down + p["b_down"] if c.mlp_bias else down)
+
+        def attention(q, k, v, layer_k=layer_k, layer_v=layer_v):     # the block after them
+            layer_k, layer_v = kv.write(layer_k, layer_v, k, v, block_slots)
+            new_k.append(layer_k)
+            new_v.append(layer_v)
+            return attend_cache(q, layer_k, layer_v, queries, None, cache.first)
+        x = _block_layer(p, c, x, block_tables, attention)
     x = rms_norm(x, weights["final_norm"]["scale"], eps)
     return x, KVCache(tuple(new_k), tuple(new_v), cache.length, cache.first)
 
@@ -340,27 +351,12 @@ def blocks_states(weights: dict, config: DFlashConfig, embed: jax.Array, feature
     # A query with no context (an anchor at 0) still sees its block: no row is empty.
     for p in weights["layers"]:
         k_context, v_context = _context_kv(p, config, context, ctx_tables)
-        h = rms_norm(x, p["attn_norm"]["scale"], eps)
-        q, k, v = (_project(h, p[name]) for name in ("wq", "wk", "wv"))
-        if c.qkv_bias:
-            q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
-        q = rms_norm(q, p["q_norm"]["scale"], eps)
-        k = rms_norm(k, p["k_norm"]["scale"], eps)
-        q, k = apply_rope(q, k, tables)
-        keys = jnp.concatenate([k_context, k], axis=1)                            # [B, S, K, H]
-        values = jnp.concatenate([v_context, v], axis=1)
-        attn = attend(q, jnp.transpose(keys, (0, 2, 3, 1)), jnp.transpose(values, (0, 2, 1, 3)),
-                      mask)                                                       # [B, AS, N, H]
-        n, h_ = attn.shape[2:]
-        out = linear(attn.reshape(b, a * size, n * h_), p["wo"].reshape(-1, n * h_))
-        if c.out_bias:
-            out = out + p["bo"]
-        x = x + out
-        m = rms_norm(x, p["mlp_norm"]["scale"], eps)
-        gate, up = linear(m, p["w_gate"]), linear(m, p["w_up"])
-        if c.mlp_bias:
-            gate, up = gate + p["b_gate"], up + p["b_up"]
-        down = linear(activation(c.activation, gate) * up, p["w_down"])
-        x = x + (down + p["b_down"] if c.mlp_bias else down)
+
+        def attention(q, k, v, k_context=k_context, v_context=v_context):
+            keys = jnp.concatenate([k_context, k], axis=1)                        # [B, S, K, H]
+            values = jnp.concatenate([v_context, v], axis=1)
+            return attend(q, jnp.transpose(keys, (0, 2, 3, 1)),
+                          jnp.transpose(values, (0, 2, 1, 3)), mask)
+        x = _block_layer(p, c, x, tables, attention)
     x = rms_norm(x, weights["final_norm"]["scale"], eps)
     return x.reshape(b, a, size, -1)

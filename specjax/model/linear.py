@@ -79,7 +79,8 @@ from specjax.model.quant import Int8Weight, Q8_0Weight, dequantize, quantize_row
 
 __all__ = ["ATTENTION_TARGET", "CHUNKED_ROWS", "FEW_QUERIES", "FEW_ROWS", "INT8_TARGET",
            "KERNEL_BLOCK", "KERNEL_DTYPES", "PRODUCT_TARGET", "Q8_0_TARGET", "ROPE_TABLES_TARGET",
-           "ROPE_TARGET", "TARGETS", "attention_uses_kernel", "few_query_attention", "in_chunks", "kernel_chunks",
+           "ROPE_TARGET", "TARGETS", "attention_uses_kernel", "few_query_attention",
+           "in_chunks", "kernel_chunks",
            "linear", "mark_registered", "prefill_products", "product_int8", "product_q8_0",
            "q8_0_law", "registered",
            "rope", "rope_tables", "rope_uses_kernel", "switch", "use_kernels", "xla_products"]
@@ -184,12 +185,12 @@ def kernel_chunks(shape) -> tuple[int, ...]:
     """The rows of each few-row kernel call that computes the product of x of this shape
     ([..., T, I]), or () where XLA's dot does: one call for 1-32 rows (`FEW_ROWS`); for more
     rows of at most 32 tokens each (`FEW_QUERIES`: decoding steps and verify calls of a large
-    batch), up to `CHUNKED_ROWS` in all, calls of at most 32 rows, as even as they divide. A row's bits do not depend on
-    the call it is in, so every decoding call, whatever its batch, is the kernel's law, as its
-    RoPE and attention are (issue 62). Longer rows (prefill, training) take XLA's GEMM, and so
-    does every call of more than 32 rows traced inside `prefill_products()`: a prefill's
-    products need not match anything (every method reads the same prompt the same way), and
-    a large batch's prefill is compute-bound, XLA's GEMM's ground."""
+    batch), up to `CHUNKED_ROWS` in all, calls of at most 32 rows, as even as they divide. A
+    row's bits do not depend on the call it is in, so every such decoding call is the kernel's
+    law, as its RoPE and attention are (issue 62). Longer rows (prefill, training) take XLA's
+    GEMM, and so does every call of more than 32 rows traced inside `prefill_products()`: a
+    prefill's products need not match anything (every method reads the same prompt the same
+    way), and a large batch's prefill is compute-bound, XLA's GEMM's ground."""
     rows = math.prod(shape[:-1])
     if rows in FEW_ROWS:
         return (rows,)
