@@ -186,7 +186,8 @@ def load_drafters(args, methods) -> tuple[dict, dict]:
     wanted = [m for m in DRAFTER_KINDS if m in methods]
     if not wanted:
         if args.drafter:
-            raise CLIError(f"--drafter applies to {' and '.join(DRAFTER_KINDS)}")
+            raise CLIError(f"--drafter applies to --method {' or '.join(DRAFTER_KINDS)} (or "
+                           f"--methods with one of them)")
         return {}, {}
     path, missing = drafter_path(args)
     loaded = load(path) if path is not None else None
