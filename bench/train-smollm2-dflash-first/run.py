@@ -33,9 +33,9 @@ t0 = time.time()
 def prog(step, m, model):
     if step % 25 == 0:
         print("step", step, np.round(np.asarray(m)[0], 3), round(time.time() - t0), "s", flush=True)
-drafter = tdf.train(target, feats, cfg, checkpoint=out / "checkpoint", progress=prog)
+drafter = tdf.train(target, feats, cfg, checkpoint=out / f"checkpoint-{steps}", progress=prog)
 print("train", round(time.time() - t0), "s", flush=True)
-save_block_drafter(drafter, out / "drafter")
+save_block_drafter(drafter, out / f"drafter-{steps}")
 prompts = [chat.encode(target, chat.render(target, p["prompt"])) if p.get("chat") else p["prompt"]
            for p in SUITE["prompts"] if p["category"] != "long-code-editing"]
 eagle = specjax.load("/work/main/weights/smollm2-eagle")
@@ -46,4 +46,4 @@ for name, opts in (("dflash", dict(method="dflash", drafter=drafter)),
     res[name] = dict(tokens_per_call=r.stats.tokens_per_target_call,
                      acceptance_by_position=[None if a is None else float(a) for a in r.stats.acceptance_by_position])
     print(name, res[name], flush=True)
-(out / "result.json").write_text(json.dumps(dict(steps=steps, result=res), indent=1))
+(out / f"result-{steps}.json").write_text(json.dumps(dict(steps=steps, result=res), indent=1))
