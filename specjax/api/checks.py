@@ -17,7 +17,7 @@ from specjax.heads.medusa import Heads
 from specjax.io.checkpoint import Model
 from specjax.io.sidecar import check_target
 from specjax.model.config import DTYPES, EIGHT_BIT
-from specjax.sampling.logits import Sampling, SamplingParams
+from specjax.sampling.logits import Controls, Sampling, SamplingParams
 from specjax.sampling.tree import DynamicTree, Tree, TreeError
 
 
@@ -150,6 +150,65 @@ def rows_of(sampling: Sampling, rows: int) -> Sampling:
             raise GenerationError(f"{name} has {len(value)} values for {rows} prompts")
         fields[name] = np.broadcast_to(value, (rows,)).copy()
     return Sampling(**fields)
+
+
+# The ranges the controls take: OpenAI's for the presence and frequency penalties and the
+# logit bias; a repetition penalty of any positive size (1 is off, below 1 favours repeats).
+PENALTY_RANGE = 2.0
+BIAS_RANGE = 100.0
+
+
+def check_controls(rows: int, vocab: int, max_new: np.ndarray, repetition_penalty,
+                   presence_penalty, frequency_penalty, logit_bias, min_tokens) -> Controls:
+    """Each row's penalties, logit bias and minimum length (`specjax.sampling.logits`),
+    validated: a number (a dict for the bias) for every row, or a sequence of one per row."""
+    def numbers_of(name, value, ok, allowed):
+        values = list(value) if _is_sequence(value) else [value] * rows
+        if len(values) != rows:
+            raise GenerationError(f"{name} has {len(values)} values for {rows} prompts")
+        for v in _distinct(values):
+            if (isinstance(v, bool) or not isinstance(v, numbers.Real)
+                    or not np.isfinite(v) or not ok(v)):
+                raise GenerationError(f"{name} must be {allowed}, got {v!r}")
+        return np.asarray(values, np.float32)
+
+    repetition = numbers_of("repetition_penalty", repetition_penalty, lambda v: v > 0,
+                            "a finite number > 0 (1 = off)")
+    within = lambda v: -PENALTY_RANGE <= v <= PENALTY_RANGE              # noqa: E731
+    presence = numbers_of("presence_penalty", presence_penalty, within,
+                          f"in [-{PENALTY_RANGE:g}, {PENALTY_RANGE:g}] (0 = off)")
+    frequency = numbers_of("frequency_penalty", frequency_penalty, within,
+                           f"in [-{PENALTY_RANGE:g}, {PENALTY_RANGE:g}] (0 = off)")
+    least = per_row_ints("min_tokens", min_tokens, rows, 0)
+    if np.any(least > max_new):
+        i = int(np.argmax(least > max_new))
+        raise GenerationError(f"min_tokens={least[i]} exceeds max_new_tokens={max_new[i]}"
+                              + (f" (row {i})" if rows > 1 else ""))
+    bias = np.zeros((rows, vocab), np.float32)
+    per_row = isinstance(logit_bias, Sequence) and not isinstance(logit_bias, (str, dict))
+    tables = list(logit_bias) if per_row else [logit_bias] * rows
+    if len(tables) != rows:
+        raise GenerationError(f"logit_bias has {len(tables)} dicts for {rows} prompts")
+    for b, table in enumerate(tables):
+        if table is None:
+            continue
+        if not isinstance(table, dict):
+            raise GenerationError(f"logit_bias must be a dict {{token id: bias}} (or one per "
+                                  f"prompt), got {table!r}")
+        for token, value in table.items():
+            if (isinstance(token, bool) or not isinstance(token, numbers.Integral)
+                    or not 0 <= token < vocab):
+                raise GenerationError(f"logit_bias has token id {token!r}, outside the "
+                                      f"vocabulary [0, {vocab})")
+            if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                    or not -BIAS_RANGE <= value <= BIAS_RANGE):
+                raise GenerationError(f"logit_bias[{token}] must be a number in "
+                                      f"[-{BIAS_RANGE:g}, {BIAS_RANGE:g}], got {value!r}")
+            bias[b, token] = value
+    active = ((repetition != 1) | (presence != 0) | (frequency != 0) | (least > 0)
+              | np.any(bias != 0, axis=1))
+    return Controls(repetition=repetition, presence=presence, frequency=frequency, bias=bias,
+                    min_tokens=least, active=active)
 
 
 def per_row_ints(name: str, value, rows: int, minimum: int) -> np.ndarray:

@@ -33,6 +33,7 @@ from specjax.api.checks import (
     check_drafter,
     check_drafter_dtype,
     check_heads,
+    check_controls,
     check_int,
     check_sampling,
     check_schedule,
@@ -103,7 +104,8 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
             k_schedule: str = "constant", k_start: int | None = None,
             confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
             rules: Rules | None = None, kernels: bool | None = None,
-            drafter_dtype: str | None = None, **unknown) -> Request:
+            drafter_dtype: str | None = None, repetition_penalty=1.0, presence_penalty=0.0,
+            frequency_penalty=0.0, logit_bias=None, min_tokens=0, **unknown) -> Request:
     """Validates everything and builds the static spec and the device inputs: `generate`'s
     arguments (its docstring says what each means) as a `Request`."""
     if unknown:
@@ -216,7 +218,9 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
                       runtime_weights(heads, target, drafter_dtype) if method == "medusa" else None,
                       eagle.runtime_weights(drafter, target) if method == "eagle"
                       else dflash.runtime_weights(drafter) if method == "dflash" else None)
-    settings = RowSettings(sampling, max_new, stops)
+    controls = check_controls(rows, vocab, max_new, repetition_penalty, presence_penalty,
+                              frequency_penalty, logit_bias, min_tokens)
+    settings = RowSettings(sampling, max_new, stops, controls)
     request = Request(spec, weights, prompt_array.astype(np.int32), lengths,
                       row_keys(seed, rows), settings, target.tokenizer, rows=rows)
     return request if mesh is None else _on_mesh(request)
@@ -295,7 +299,9 @@ def generate(target: Model | Request, prompts=None, *, method: str = "autoregres
              k_schedule: str = "constant", k_start: int | None = None,
              confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
              rules: Rules | None = None, kernels: bool | None = None,
-             drafter_dtype: str | None = None, **unknown) -> GenerationResult:
+             drafter_dtype: str | None = None, repetition_penalty=1.0, presence_penalty=0.0,
+             frequency_penalty=0.0, logit_bias=None, min_tokens=0,
+             **unknown) -> GenerationResult:
     """Generates up to `max_new_tokens` tokens for each prompt with the chosen method.
 
     `generate(request)` runs a `Request` made by `prepare(target, prompts, ...)`, which takes
@@ -353,6 +359,15 @@ def generate(target: Model | Request, prompts=None, *, method: str = "autoregres
         built on first use; without a compiler, on a GPU or on a mesh XLA's formulation runs.
         Outputs are the same up to float32 rounding; the switch is part of the compiled
         program's key.
+      repetition_penalty, presence_penalty, frequency_penalty, logit_bias, min_tokens: each
+        row's controls (`specjax.sampling.logits`, applied before the temperature), each a
+        value or one per row. repetition_penalty > 0 (1 is off) divides the positive logits
+        and multiplies the negative ones of every token seen in the prompt or the output;
+        presence_penalty and frequency_penalty, in [-2, 2] (0 is off), subtract from a token's
+        logit once if it was generated, and once per time; logit_bias, {token id: bias in
+        [-100, 100]}, adds to the logits; min_tokens >= 0 masks the stop ids (eos_ids) until
+        that many tokens are generated. Every method stays exact under them: a verify call's
+        position counts the drafts before it as generated.
       drafter_dtype: the dtype the draft model, Medusa heads or EAGLE drafter runs in:
         "float32", "bfloat16", "int8" or "q8_0" (default: the target's, so their products take
         the same kernels as the target's).
@@ -374,7 +389,8 @@ def stream(target: Model | Request, prompts=None, *, method: str = "autoregressi
            k_schedule: str = "constant", k_start: int | None = None,
            confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
            rules: Rules | None = None, kernels: bool | None = None,
-           drafter_dtype: str | None = None,
+           drafter_dtype: str | None = None, repetition_penalty=1.0, presence_penalty=0.0,
+           frequency_penalty=0.0, logit_bias=None, min_tokens=0,
            **unknown) -> Iterator[tuple[list[list[int]], GenerationResult | None]]:
     """Generates step by step from Python, yielding each step's new tokens per row.
 

@@ -6,11 +6,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, step_keys
+from specjax.decoding.state import (DecodeState, any_nan, commit, last_tokens, step_keys,
+                                    target_probs)
 from specjax.model.cache import KVCache
 from specjax.model.linear import prefill_products
 from specjax.model.transformer import forward, hidden_states, tapped_states
-from specjax.sampling.logits import probs_from_logits, sample_rows
+from specjax.sampling.logits import sample_rows
 
 # Prompts are read this many positions per call: long enough for efficient matrix products,
 # short enough that padding costs little (at most one chunk) and that a call's attention reads
@@ -161,7 +162,7 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     """Feeds each row's last token, samples the next one from the target."""
     token, position = last_tokens(state, 1)                            # [B, 1]
     logits, cache = forward(params.target, spec.target_config, token, position, state.target_cache)
-    probs = probs_from_logits(logits[:, 0], state.settings.sampling)    # [B, V]
+    probs = target_probs(spec, state, logits)[:, 0]                     # [B, V]
     next_token = sample_rows(step_keys(state), probs)                  # [B]
     return commit(spec, state, next_token[:, None], jnp.zeros_like(state.length), cache,
                   nan=any_nan(logits))

@@ -31,7 +31,8 @@ from jax import lax
 
 from specjax.decoding import lookahead, speculative_tree, trace
 from specjax.decoding.autoregressive import prefill
-from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, pad_vocab, step_keys
+from specjax.decoding.state import (DecodeState, any_nan, chain_drafted, commit, last_tokens,
+                                    pad_vocab, step_keys, target_probs)
 from specjax.model.cache import KVCache
 from specjax.model.transformer import forward
 from specjax.sampling.logits import probs_from_logits
@@ -137,15 +138,14 @@ def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs
     positions = last_position + jnp.arange(k + 1, dtype=jnp.int32)      # [B, K + 1]
     logits, cache = forward(params.target, spec.target_config, target_in, positions,
                             state.target_cache)
-    target_probs = probs_from_logits(pad_vocab(logits, spec.vocab_size),
-                                     state.settings.sampling)
+    q = target_probs(spec, state, logits, chain_drafted(draft_tokens))
     if spec.trace:      # the same rule, returning its numbers too (`specjax.explain`)
         n_accepted, next_token, details = spec.rules.verify(
-            draft_tokens, draft_probs, target_probs, keys, num_drafted=num_drafted,
+            draft_tokens, draft_probs, q, keys, num_drafted=num_drafted,
             with_details=True)
     else:
         (n_accepted, next_token), details = spec.rules.verify(
-            draft_tokens, draft_probs, target_probs, keys, num_drafted=num_drafted), None
+            draft_tokens, draft_probs, q, keys, num_drafted=num_drafted), None
     new = jnp.concatenate([draft_tokens, jnp.zeros_like(draft_tokens[:, :1])], axis=1)
     new = new.at[jnp.arange(new.shape[0]), n_accepted].set(next_token)
     return new, n_accepted, cache, any_nan(logits), details

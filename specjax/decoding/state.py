@@ -19,17 +19,18 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax.model.cache import KVCache
-from specjax.sampling.logits import Sampling
+from specjax.sampling.logits import Controls, History, Sampling, probs_from_logits
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class RowSettings:
     """What each row asks for, as data (changing it never recompiles): how to sample, how many
-    new tokens at most, and which tokens end the row."""
+    new tokens at most, which tokens end the row, and its penalties, bias and minimum length."""
     sampling: Sampling         # [B] per field (`specjax.sampling.logits`)
     max_new_tokens: jax.Array  # [B] int32, within the compiled buffer
     stop_ids: jax.Array        # [B, S] int32: ids that end the row; -1 fills unused slots
+    controls: Controls         # [B] per field, the bias [B, V] (`specjax.sampling.logits`)
 
 
 @jax.tree_util.register_dataclass
@@ -155,6 +156,27 @@ def commit(spec, state: DecodeState, new_tokens: jax.Array, n_accepted: jax.Arra
 
 def any_nan(*arrays) -> jax.Array:
     return jnp.any(jnp.stack([jnp.isnan(a).any() for a in arrays]))
+
+
+def target_probs(spec, state: DecodeState, logits, drafted=None):
+    """The target's sampling distribution at each position of a call [B, N, V] from its logits
+    [B, N, V']: the row's controls at each position given what precedes it (the prompt, the
+    output, and `drafted` [B, N, E], the drafts before each position, -1 where none), then its
+    sampling transforms (`specjax.sampling.logits`). Every method's verify call and every
+    autoregressive step take their target distribution here, so it is one law everywhere."""
+    history = History(state.tokens, state.length, state.prompt_length,
+                      state.settings.stop_ids, drafted)
+    logits = spec.rules.controls(pad_vocab(logits, spec.vocab_size), state.settings.controls,
+                                 history)
+    return probs_from_logits(logits, state.settings.sampling)
+
+
+def chain_drafted(draft_tokens):
+    """[B, K] drafts -> [B, K + 1, K]: position i of a chain's verify call comes after drafts
+    0..i-1 (-1 in the other slots)."""
+    k = draft_tokens.shape[1]
+    before = jnp.arange(k)[None, :] < jnp.arange(k + 1)[:, None]                 # [K + 1, K]
+    return jnp.where(before[None], draft_tokens[:, None, :], -1)
 
 
 def pad_vocab(logits, vocab: int):

@@ -24,11 +24,10 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decoding import trace
-from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, pad_vocab
+from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, target_probs
 from specjax.model import cache as kv
 from specjax.model.cache import KVCache, TreeAttention
 from specjax.model.transformer import lm_head, tapped_states
-from specjax.sampling.logits import probs_from_logits
 from specjax.sampling.tree import RowTrees, Tree
 
 # How each candidate scheme a drafter can use is verified (`rejection.RULES`).
@@ -61,6 +60,20 @@ def fill(tree, root, expand, carry):
         valid = valid.at[..., kids.start:kids.stop].set(
             filled[..., parent - parents.start, rank] & valid[..., parent])
     return tokens, valid, carry
+
+
+def drafted_before(tree, tokens):
+    """[B, n, D] the drafted tokens each node comes after, itself included (its path from the
+    root's child, by depth; -1 past its depth): what the target's distribution at the node
+    counts as generated (`state.target_probs`). `tree` static or one per row (`RowTrees`)."""
+    ancestors, depth = jnp.asarray(tree.ancestors), jnp.asarray(tree.depth)
+    if ancestors.ndim == 2:
+        ancestors, depth = ancestors[None], depth[None]                 # [1, n, n], [1, n]
+    levels = jnp.arange(1, tree.max_depth + 1)
+    at = ancestors[:, :, None, :] & (depth[:, None, None, :] == levels[None, None, :, None])
+    node = jnp.argmax(at, axis=-1)                                      # [B or 1, n, D]
+    rows = jnp.arange(tokens.shape[0])[:, None, None]
+    return jnp.where(at.any(axis=-1), tokens[rows, node], -1)
 
 
 def tree_attention(tree, root, first: int = 0) -> TreeAttention:
@@ -127,9 +140,8 @@ def score_and_verify(spec, params, state: DecodeState, candidates: Candidates, k
                                      node_positions(tree, root), state.target_cache,
                                      tree_attention(tree, root), taps)      # [B, n, D_model]
     logits = lm_head(params.target, spec.target_config, x)                  # [B, n, V']
-    target_probs = probs_from_logits(pad_vocab(logits, spec.vocab_size),
-                                     state.settings.sampling)
-    walk = (tree, candidates.rule, tokens, valid, candidates.probs, target_probs, keys)
+    q = target_probs(spec, state, logits, drafted_before(tree, tokens))     # [B, n, V]
+    walk = (tree, candidates.rule, tokens, valid, candidates.probs, q, keys)
     if spec.trace:      # the same rule, returning its numbers too (`specjax.explain`)
         n_accepted, path, next_token, details = spec.rules.verify_tree(*walk, with_details=True)
     else:

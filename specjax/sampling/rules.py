@@ -5,10 +5,12 @@ and a tree of drafted tokens are verified.
 with the distribution it was drawn from, `candidates` draws a tree node's children (or takes the
 draft's top tokens), `rejection.verify` accepts drafted tokens with
 probability min(1, q/p) and draws the residual, `rejection.verify_tree` walks a tree with the
-rule that is exact for its candidate scheme. Passing other rules to `specjax.generate(...,
-rules=Rules(verify=...))` runs every method with them, so that a rule can be studied under the
-distribution tests: the negative controls of tests/test_distribution.py pass deliberately
-broken rules and the tests must catch them.
+rule that is exact for its candidate scheme, and `controls` applies each row's penalties, bias
+and minimum length to the target's logits at every position (`logits.apply_controls`).
+Passing other rules to `specjax.generate(..., rules=Rules(verify=...))` runs every method with
+them, so that a rule can be studied under the distribution tests: the negative controls of
+tests/test_distribution.py and tests/test_controls.py pass deliberately broken rules and the
+tests must catch them.
 
 `specjax.explain` runs the same rules with `with_details=True`: a `verify` or `verify_tree` it
 shows must take that keyword (as the defaults do) and return its numbers, so the numbers shown
@@ -25,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.sampling.logits import SamplingParams, probs_from_logits, sample_rows
+from specjax.sampling.logits import SamplingParams, apply_controls, probs_from_logits, sample_rows
 from specjax.sampling.rejection import verify, verify_tree
 
 
@@ -72,6 +74,9 @@ class Rules:
     candidates: Callable = candidates
     verify: Callable = verify
     verify_tree: Callable = verify_tree
+    # The rows' penalties, bias and minimum length on the target's logits at each position
+    # (`logits.apply_controls`; a negative control passes one that forgets the drafts).
+    controls: Callable = apply_controls
 
 
 def returns_details(rule: Callable) -> bool:

@@ -31,8 +31,8 @@ from specjax.model.config import ModelConfig
 from specjax.model.transformer import Model, cast_params, draw_normal, forward, init_params
 from specjax.sampling.logits import SamplingParams, probs_from_logits
 
-__all__ = ["Lookup", "PAIRS", "Pair", "build_pair", "close_pair", "exact_law", "llama_config",
-           "pair", "warp", "write_pairs"]
+__all__ = ["Lookup", "PAIRS", "Pair", "build_pair", "close_pair", "controlled", "exact_law",
+           "llama_config", "pair", "warp", "write_pairs"]
 
 
 def llama_config(vocab=8, d=16, layers=1, heads=2, kv_heads=1, positions=128) -> ModelConfig:
@@ -64,7 +64,8 @@ def _decode_call(kernels: bool):
     return jax.jit(forward, static_argnums=1)
 
 
-def exact_law(target: Model, prompt, sampling: SamplingParams, length: int) -> np.ndarray:
+def exact_law(target: Model, prompt, sampling: SamplingParams, length: int,
+              controls: dict | None = None) -> np.ndarray:
     """P(continuation) under the target for all V^length continuations of `prompt`, in
     lexicographic order, float64: each is the product of the target's next-token probabilities
     (`probs_from_logits`, the distribution every sampler is exact for) along it.
@@ -74,7 +75,12 @@ def exact_law(target: Model, prompt, sampling: SamplingParams, length: int) -> n
     any formulation gives the same law to float32 rounding; in bfloat16 the model that runs is
     also how its attention is computed (XLA's full-sequence attention rounds the scores to
     bfloat16, the kernel that decoding reads the cache with sums them in float32), and the law
-    must be that model's."""
+    must be that model's.
+
+    `controls` (`generate`'s keywords: repetition_penalty, presence_penalty, frequency_penalty,
+    logit_bias, min_tokens, with eos_ids for min_tokens) are applied at each position, given
+    the prompt and the continuation before it, by `controlled`: this module's numpy statement
+    of the rule of `specjax.sampling.logits`."""
     config = target.config
     vocab = config.vocab_size
     continuations = np.array(list(itertools.product(range(vocab), repeat=length)), np.int32)
@@ -90,11 +96,39 @@ def exact_law(target: Model, prompt, sampling: SamplingParams, length: int) -> n
                                                 positions[:, start:stop], cache)
             logits.append(out[:, -1])
     logits = jnp.stack(logits, axis=1)                                  # [V^length, length, V]
+    if controls:
+        logits = np.stack([controlled(np.asarray(logits[:, t]), prompt, continuations[:, :t],
+                                      **controls) for t in range(length)], axis=1)
     probs = np.asarray(probs_from_logits(logits, sampling), np.float64)
     picked = np.take_along_axis(probs, continuations[..., None], axis=-1)[..., 0]
     law = picked.prod(axis=1)
     assert abs(law.sum() - 1) < 1e-5
     return law
+
+
+def controlled(logits, prompt, output, *, repetition_penalty=1.0, presence_penalty=0.0,
+               frequency_penalty=0.0, logit_bias=None, min_tokens=0, eos_ids=()) -> np.ndarray:
+    """The controls of `specjax.sampling.logits` in plain numpy (float32), as OpenAI, vLLM and
+    transformers state them: logits [N, V] of N contexts, each the `prompt` (one for all) then
+    its own `output` so far ([N, m] tokens) -> [N, V]. In order: add the bias; mask the EOS ids
+    while fewer than `min_tokens` are generated; divide a positive logit by the repetition
+    penalty, or multiply a negative one, for a token in the prompt or the output; subtract the
+    frequency penalty per time a token was generated and the presence penalty once."""
+    x = np.array(logits, np.float32)
+    n, vocab = x.shape
+    output = np.asarray(output, np.int64).reshape(n, -1)
+    for token, bias in (logit_bias or {}).items():
+        x[:, token] += np.float32(bias)
+    if output.shape[1] < min_tokens:
+        x[:, list(eos_ids)] = -np.inf
+    count = np.zeros((n, vocab), np.int64)
+    for j in range(output.shape[1]):
+        count[np.arange(n), output[:, j]] += 1
+    seen = (count > 0) | np.isin(np.arange(vocab), np.asarray(prompt))[None, :]
+    r = np.float32(repetition_penalty)
+    x = np.where(seen, np.where(x > 0, x / r, x * r), x)
+    return (x - np.float32(frequency_penalty) * count.astype(np.float32)
+            - np.float32(presence_penalty) * (count > 0)).astype(np.float32)
 
 
 def warp(logits: np.ndarray, sampling: SamplingParams) -> np.ndarray:

@@ -1,0 +1,206 @@
+"""Penalties, logit bias and a minimum length (`specjax.sampling.logits`, steps a-d of its
+controls), exact under every method.
+
+The rule. `apply_controls` equals `specjax.testing.law.controlled`, the rule written again in
+numpy as OpenAI, vLLM and transformers state it, on random logits and histories with drafts
+(a drafted token counts as generated at the positions after it).
+
+Greedy equality. Every method, in one batch whose rows set different controls, gives each row
+the tokens of autoregressive decoding of that row alone.
+
+Theorem 1. Each case draws N = 30,000 continuations of L = 3 tokens of the tiny pair in one
+call and compares them by a G-test with their exact law (`specjax.testing.law.exact_law` with
+the controls: each position's target distribution given the prompt and the continuation before
+it), at a family level of 0.01, Bonferroni-split over the positive cases. N is the token-tree
+cases' of tests/test_distribution.py. Negative controls: the same test, seed and size must
+reject a sampler whose target distribution at a verify position counts only the committed
+tokens, not the drafts before it (the engines' bug: SGLang #33643, vLLM #18902), in a chain and
+in a tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import specjax
+from specjax.api.generate import GenerationError, generate
+from specjax.heads import dflash
+from specjax.sampling.logits import Controls, History, SamplingParams, apply_controls
+from specjax.sampling.rules import Rules
+from specjax.sampling.tree import Tree
+from specjax.testing import gtest, law as laws
+from tests.test_distribution import NGRAM_PROMPT, PROMPT, eagle_drafter, medusa_heads
+from tests.tiny import close_pair
+
+V, L, N = 6, 3, 30_000
+
+ALL = dict(repetition_penalty=1.6, presence_penalty=0.5, frequency_penalty=0.4,
+           logit_bias={3: 0.9, 0: -0.6}, min_tokens=2)
+ONE_EACH = {"repetition": dict(repetition_penalty=2.0), "presence": dict(presence_penalty=1.2),
+            "frequency": dict(frequency_penalty=1.0), "bias": dict(logit_bias={3: 1.2, 0: -0.8}),
+            "min-tokens": dict(min_tokens=2), "negative-penalties": dict(
+                repetition_penalty=0.6, presence_penalty=-0.8, frequency_penalty=-0.5)}
+EOS = (5,)          # min_tokens masks it at the first two positions; it may end the third
+
+
+@pytest.fixture(scope="module")
+def models():
+    return close_pair(vocab=V, std=0.5, noise=0.15)
+
+
+def _controls(rows, **options):
+    from specjax.api.checks import check_controls
+    options = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+               "logit_bias": None, "min_tokens": 0, **options}
+    return check_controls(rows, V, np.full(rows, 8, np.int32), **options)
+
+
+def test_controls_follow_the_rule_as_the_engines_state_it():
+    rng = np.random.default_rng(0)
+    b, n, m, prompt_length, length = 3, 4, 12, 5, 8
+    tokens = rng.integers(0, V, (b, m)).astype(np.int32)
+    logits = rng.normal(0, 2, (b, n, V)).astype(np.float32)
+    logits[0, 1, 2] = -np.inf                                     # a masked token stays masked
+    raw = rng.integers(0, V, (b, n, n - 1))
+    before = np.arange(n - 1)[None, None, :] < np.arange(n)[None, :, None]  # a chain's drafts
+    drafted = np.where(before, raw, -1).astype(np.int32)
+    drafted[2, 3, 1] = drafted[2, 3, 0]                           # a token drafted twice
+    settings = [dict(repetition_penalty=1.7, presence_penalty=0.6, frequency_penalty=0.3,
+                     logit_bias={1: 2.5}, min_tokens=5),
+                dict(repetition_penalty=0.8, presence_penalty=-1.0, min_tokens=2),
+                dict(frequency_penalty=1.9, logit_bias={0: -100.0, 4: 3.0})]
+    controls = _controls(b, **{k: [s.get(k, d) for s in settings] for k, d in (
+        ("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+        ("logit_bias", None), ("min_tokens", 0))})
+    stops = np.array([[5, -1], [5, 0], [-1, -1]], np.int32)
+    got = np.asarray(apply_controls(logits, controls, History(
+        tokens, np.full(b, length, np.int32), np.full(b, prompt_length, np.int32), stops,
+        drafted)))
+    for row in range(b):
+        for i in range(n):
+            before = [t for t in drafted[row, i] if t >= 0]
+            output = np.concatenate([tokens[row, prompt_length:length], before])
+            want = laws.controlled(logits[row, i][None], tokens[row, :prompt_length],
+                                   output[None], eos_ids=[s for s in stops[row] if s >= 0],
+                                   **settings[row])
+            np.testing.assert_allclose(got[row, i], want[0], rtol=1e-6, atol=1e-6)
+    # Rows that set nothing get their logits back to the bit.
+    off = Controls.off(b, V)
+    same = apply_controls(logits, off, History(tokens, np.full(b, length, np.int32),
+                                               np.full(b, prompt_length, np.int32), stops,
+                                               drafted))
+    np.testing.assert_array_equal(np.asarray(same), logits)
+
+
+def _methods(target, draft):
+    drafter = eagle_drafter(target)
+    block = dflash.init_block_drafter(target, layers=1, block_size=4, taps=(1, 2), std=0.6,
+                                      mask_token_id=V - 1, seed=3)
+    return {"speculative": dict(method="speculative", draft=draft, k=3),
+            "speculative-tree": dict(method="speculative", draft=draft, tree=Tree.full((2, 2))),
+            "ngram": dict(method="ngram", k=3),
+            "ngram-heuristic": dict(method="ngram", k=4, k_schedule="heuristic"),
+            "medusa": dict(method="medusa", heads=medusa_heads(target)),
+            "eagle": dict(method="eagle", drafter=drafter),
+            "dflash": dict(method="dflash", drafter=block)}
+
+
+ROWS = [dict(), dict(repetition_penalty=1.8), dict(presence_penalty=1.5, frequency_penalty=0.7),
+        dict(logit_bias={2: 1.5, 4: -2.0}, min_tokens=6), ALL]
+GREEDY_PROMPTS = [PROMPT, [3, 1], [2, 2, 2, 5, 0, 1, 4, 3], NGRAM_PROMPT, [0, 4, 4, 1]]
+
+
+def _per_row(rows):
+    keys = ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
+            "min_tokens")
+    defaults = (1.0, 0.0, 0.0, None, 0)
+    return {k: [r.get(k, d) for r in rows] for k, d in zip(keys, defaults)}
+
+
+def test_every_method_is_greedy_equal_under_every_control_batched_and_alone(models):
+    target, draft = models
+    alone = [generate(target, [p], max_new_tokens=16, temperature=0.0, eos_ids=EOS, **row)
+             .tokens[0] for p, row in zip(GREEDY_PROMPTS, ROWS)]
+    plain = generate(target, GREEDY_PROMPTS, max_new_tokens=16, temperature=0.0,
+                     eos_ids=EOS).tokens
+    assert sum(a != p for a, p in zip(alone, plain)) >= 3          # the controls do something
+    for name, options in _methods(target, draft).items():
+        got = generate(target, GREEDY_PROMPTS, max_new_tokens=16, temperature=0.0, eos_ids=EOS,
+                       **_per_row(ROWS), **options)
+        assert got.tokens == alone, name
+        assert got.stats.accepted > 0, name
+        last = generate(target, [GREEDY_PROMPTS[-1]], max_new_tokens=16, temperature=0.0,
+                        eos_ids=EOS, **ALL, **options)
+        assert last.tokens == [alone[-1]], name
+
+
+def _forgets_drafts(logits, controls, history):
+    """The engines' bug: penalties counted over the committed tokens only."""
+    return apply_controls(logits, controls, dataclasses.replace(history, drafted=None))
+
+
+POSITIVE = {
+    **{f"speculative-{name}": ("speculative", options) for name, options in ONE_EACH.items()},
+    "autoregressive-all": ("autoregressive", ALL),
+    "speculative-all-t0.7-top-p": ("speculative", dict(ALL, temperature=0.7, top_p=0.9)),
+    "tree-all": ("speculative-tree", ALL),
+    "ngram-all": ("ngram", ALL),
+    "medusa-all": ("medusa", ALL),
+    "eagle-all": ("eagle", ALL),
+    "dflash-all": ("dflash", ALL),
+}
+ALPHA = 0.01 / len(POSITIVE)
+NEGATIVE = {"chain-forgets-drafts": ("speculative", dict(frequency_penalty=1.5)),
+            "tree-forgets-drafts": ("speculative-tree", dict(presence_penalty=1.5))}
+
+
+def _draw(models, method, options, **extra):
+    target, draft = models
+    options = dict(options)
+    sampling = SamplingParams(options.pop("temperature", 1.0), 0, options.pop("top_p", 1.0))
+    prompt = NGRAM_PROMPT if method == "ngram" else PROMPT
+    extra.update(_methods(target, draft).get(method, dict(method=method)))
+    if method == "speculative":
+        extra["k"] = 2
+    # An EOS id only where min_tokens keeps it out of the first L - 1 tokens: every row then
+    # has L tokens, and the law is that of all V^L continuations.
+    eos = EOS if options.get("min_tokens") == L - 1 else ()
+    result = generate(target, np.tile(np.asarray(prompt, np.int32), (N, 1)), max_new_tokens=L,
+                      temperature=sampling.temperature, top_p=sampling.top_p, seed=0,
+                      eos_ids=eos, **options, **extra)
+    samples = np.array(result.tokens, np.int32)
+    law = laws.exact_law(target, prompt, sampling, L, controls=dict(options, eos_ids=eos))
+    return gtest.p_value(samples, law, V), result.stats
+
+
+@pytest.mark.parametrize("name", POSITIVE)
+def test_every_method_samples_the_controlled_target(models, name):
+    p_value, stats = _draw(models, *POSITIVE[name])
+    assert p_value > ALPHA, f"{name}: G-test p = {p_value:.3g} <= {ALPHA:.3g}"
+    if POSITIVE[name][0] != "autoregressive":
+        assert 0 < stats.accepted < stats.drafted
+
+
+@pytest.mark.parametrize("name", NEGATIVE)
+def test_penalties_that_forget_the_drafts_are_caught(models, name):
+    p_value, _ = _draw(models, *NEGATIVE[name], rules=Rules(controls=_forgets_drafts))
+    assert p_value < ALPHA, f"{name} not caught: p = {p_value:.3g}"
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(repetition_penalty=0.0), "repetition_penalty must be a finite number > 0"),
+    (dict(repetition_penalty=float("nan")), "repetition_penalty"),
+    (dict(presence_penalty=2.5), r"presence_penalty must be in \[-2, 2\]"),
+    (dict(frequency_penalty=[0.1]), "frequency_penalty has 1 values for 2 prompts"),
+    (dict(logit_bias={6: 1.0}), r"logit_bias has token id 6, outside the vocabulary \[0, 6\)"),
+    (dict(logit_bias={1: 101.0}), r"logit_bias\[1\] must be a number in \[-100, 100\]"),
+    (dict(logit_bias=[1.0, 2.0]), "logit_bias must be a dict"),
+    (dict(min_tokens=9), "min_tokens=9 exceeds max_new_tokens=8"),
+    (dict(min_tokens=-1), "min_tokens must be an integer >= 0"),
+])
+def test_bad_controls_are_named_errors(models, options, match):
+    with pytest.raises(GenerationError, match=match):
+        generate(models[0], [PROMPT, [1, 2]], max_new_tokens=8, **options)
