@@ -202,6 +202,11 @@ def bad_inputs(tiny):
         "k below k-start": ["--k-schedule", "heuristic", "-k", "3", "--k-start", "5", *prompt],
         "confidence for ngram": ["--method", "ngram", "--k-schedule", "confidence", *prompt],
         "trace 0": ["--trace", "0", *prompt],
+        "repetition penalty 0": ["--repetition-penalty", "0", *prompt],
+        "presence penalty 3": ["--presence-penalty", "3", *prompt],
+        "bias outside the vocabulary": ["--logit-bias", "99999:1", *prompt],
+        "bias not ID:BIAS": ["--logit-bias", "5=1", *prompt],
+        "min tokens past max": ["-n", "4", "--min-tokens", "5", *prompt],
         "trace of all methods": ["--method", "all", "--trace", "2", *prompt],
     }
 

@@ -21,6 +21,7 @@ in a tree.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -204,3 +205,22 @@ def test_penalties_that_forget_the_drafts_are_caught(models, name):
 def test_bad_controls_are_named_errors(models, options, match):
     with pytest.raises(GenerationError, match=match):
         generate(models[0], [PROMPT, [1, 2]], max_new_tokens=8, **options)
+
+
+def test_the_command_line_takes_the_controls(capsys):
+    from specjax.cli.main import main
+    args = ["generate", "--preset", "tiny-llama", "--prompt", "def f(x):", "-n", "8", "--json",
+            "--method", "speculative", "-k", "2", "--repetition-penalty", "1.3",
+            "--frequency-penalty", "0.5", "--logit-bias", "5:30", "--logit-bias", "9:-1",
+            "--min-tokens", "8"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    settings = report["settings"]
+    assert (settings["repetition_penalty"], settings["frequency_penalty"], settings["min_tokens"],
+            settings["logit_bias"]) == (1.3, 0.5, 8, {"5": 30.0, "9": -1.0})
+    target = specjax.load(report["target_path"])
+    want = generate(target, ["def f(x):"], max_new_tokens=8, temperature=0.0,
+                    repetition_penalty=1.3, frequency_penalty=0.5, logit_bias={5: 30.0, 9: -1.0},
+                    min_tokens=8)
+    plain = generate(target, ["def f(x):"], max_new_tokens=8, temperature=0.0)
+    assert report["results"][0]["tokens"] == want.tokens[0] != plain.tokens[0]

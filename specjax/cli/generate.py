@@ -13,7 +13,10 @@ import sys
 from pathlib import Path
 
 from specjax.api.explain import explain, format_steps
-from specjax.api.checks import GenerationError, check_compatible, check_int, encode_prompts
+import numpy as np
+
+from specjax.api.checks import (GenerationError, check_compatible, check_controls, check_int,
+                                encode_prompts)
 from specjax.api import options
 from specjax.api.generate import METHODS, generate, prepare, stream
 from specjax.cli.interrupt import Interrupt
@@ -63,8 +66,9 @@ text; with --temperature > 0 each method still samples exactly from the target's
 --json prints one object instead of streaming:
   {"target", "target_path", "draft", "draft_path" (null without speculative), "prompt",
    "prompt_tokens", "prefill_s", "settings": {"method", "k", "max_new_tokens", "temperature",
-   "top_k", "top_p", "min_p", "seed", "max_ngram", "min_ngram", "tree" (a list of paths, {"dynamic": [depth,
-   top_k, total_tokens]} or null),
+   "top_k", "top_p", "min_p", "seed", "max_ngram", "min_ngram", "repetition_penalty",
+   "presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "tree" (a list of
+   paths, {"dynamic": [depth, top_k, total_tokens]} or null),
    "candidates", "chat", "dtype"},
    "results": [{"method", "text", "tokens", "speedup_vs_autoregressive",
                 "stats": {"method", "rows", "new_tokens", "target_calls", "draft_calls",
@@ -77,6 +81,8 @@ text; with --temperature > 0 each method still samples exactly from the target's
                                "acceptance_by_position"}]}]}
 """
 
+CONTROLS = ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
+            "min_tokens")
 METHOD_CHOICES = ("autoregressive", "speculative", "ngram", "medusa", "eagle", "dflash", "all")
 DEMO_PROMPT = "import os\nimport sys\n\n\ndef read_lines(path):\n    lines = []\n"   # bench --quick's
 GREEN, RESET, DIM = "\x1b[32m", "\x1b[0m", "\x1b[2m"
@@ -127,6 +133,22 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
                    help="how the draft, the heads or the drafter fill a tree: the top tokens (default at "
                         "temperature 0), sampled without replacement (default otherwise) or "
                         "i.i.d.")
+    c = parser.add_argument_group(
+        "controls", "penalties, bias and a minimum length, applied to the target's logits "
+        "before the temperature; every method stays exact under them")
+    c.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
+                   help="> 0: divide the positive logits, multiply the negative ones, of the "
+                        "tokens in the prompt or the output; 1 = off (default)")
+    c.add_argument("--presence-penalty", type=float, default=0.0, metavar="P",
+                   help="in [-2, 2]: subtract from the logit of a token generated at least "
+                        "once; 0 = off (default)")
+    c.add_argument("--frequency-penalty", type=float, default=0.0, metavar="F",
+                   help="in [-2, 2]: subtract per time a token was generated; 0 = off "
+                        "(default)")
+    c.add_argument("--logit-bias", action="append", default=[], metavar="ID:BIAS",
+                   help="add BIAS, in [-100, 100], to token ID's logit (repeatable)")
+    c.add_argument("--min-tokens", type=int, default=0, metavar="N",
+                   help="no EOS before N new tokens (default 0)")
     o = parser.add_argument_group("output")
     o.add_argument("--show-acceptance", action=argparse.BooleanOptionalAction, default=None,
                    help="colour drafted vs target tokens (default: on when stdout is a terminal "
@@ -148,7 +170,11 @@ def run_generate(args) -> int:
                    min_ngram=args.min_ngram, tree=read_tree(args, methods),
                    candidates=args.candidates, k_schedule=args.k_schedule, k_start=args.k_start,
                    confidence_threshold=args.confidence_threshold,
-                   drafter_dtype=args.drafter_dtype)
+                   drafter_dtype=args.drafter_dtype,
+                   repetition_penalty=args.repetition_penalty,
+                   presence_penalty=args.presence_penalty,
+                   frequency_penalty=args.frequency_penalty,
+                   logit_bias=parse_logit_bias(args.logit_bias), min_tokens=args.min_tokens)
     check_numbers(methods, options)
     mesh_shape = parse_mesh(args.mesh)
     if args.trace is not None and args.trace < 1:
@@ -242,6 +268,22 @@ def check_numbers(methods: list[str], options: dict) -> None:
     threshold = options["confidence_threshold"]
     if threshold is not None and not 0.0 <= threshold <= 1.0:
         raise GenerationError(f"--confidence-threshold must be in [0, 1], got {threshold}")
+    # The controls' ranges (their ids against the vocabulary once the target is loaded).
+    bias = options["logit_bias"] or {}
+    check_controls(1, max(bias, default=0) + 1, np.array([options["max_new_tokens"]]),
+                   **{name: options[name] for name in CONTROLS})
+
+
+def parse_logit_bias(entries: list[str]) -> dict | None:
+    """--logit-bias ID:BIAS, given any number of times -> {id: bias} (None when not given)."""
+    bias = {}
+    for entry in entries:
+        token, _, value = entry.partition(":")
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise CLIError(f"--logit-bias takes ID:BIAS, such as 42:-5, got {entry!r}") from None
+    return bias or None
 
 
 def read_tree(args, methods: list[str]):
