@@ -207,6 +207,8 @@ def bad_inputs(tiny):
         "bias outside the vocabulary": ["--logit-bias", "99999:1", *prompt],
         "bias not ID:BIAS": ["--logit-bias", "5=1", *prompt],
         "min tokens past max": ["-n", "4", "--min-tokens", "5", *prompt],
+        "logprobs without json": ["--logprobs", "2", *prompt],
+        "logprobs 21": ["--logprobs", "21", "--json", *prompt],
         "trace of all methods": ["--method", "all", "--trace", "2", *prompt],
     }
 

@@ -212,7 +212,7 @@ def test_the_command_line_takes_the_controls(capsys):
     args = ["generate", "--preset", "tiny-llama", "--prompt", "def f(x):", "-n", "8", "--json",
             "--method", "speculative", "-k", "2", "--repetition-penalty", "1.3",
             "--frequency-penalty", "0.5", "--logit-bias", "5:30", "--logit-bias", "9:-1",
-            "--min-tokens", "8"]
+            "--min-tokens", "8", "--logprobs", "2"]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     settings = report["settings"]
@@ -224,3 +224,53 @@ def test_the_command_line_takes_the_controls(capsys):
                     min_tokens=8)
     plain = generate(target, ["def f(x):"], max_new_tokens=8, temperature=0.0)
     assert report["results"][0]["tokens"] == want.tokens[0] != plain.tokens[0]
+    shown = report["results"][0]["logprobs"]
+    assert [t["token"] for t in shown] == want.tokens[0]
+    assert all(len(t["top"]) == 2 and t["top"][0][1] >= t["top"][1][1] for t in shown)
+
+
+# -- Log-probabilities -------------------------------------------------------------------------
+
+def _reference_logprobs(target, prompt, tokens, sampling, options, eos):
+    """Each new token's log-probability and the ranking of the vocabulary at its position,
+    from one full-sequence forward pass of the target over the prompt and the tokens, the
+    controls of `law.controlled` and the sampling transforms (temperature 0: the log-softmax
+    of the controlled logits)."""
+    import jax.numpy as jnp
+    from specjax.model.transformer import forward
+    from specjax.sampling.logits import probs_from_logits
+    seq = np.asarray([list(prompt) + list(tokens)], np.int32)
+    logits, _ = forward(target.params, target.config, jnp.asarray(seq),
+                        jnp.arange(seq.shape[1])[None])
+    logits = np.asarray(logits[0, len(prompt) - 1:len(prompt) - 1 + len(tokens)])
+    rows = np.concatenate([laws.controlled(logits[i][None], prompt, np.asarray(tokens[:i])[None],
+                                           eos_ids=eos, **options) for i in range(len(tokens))])
+    if sampling.temperature == 0:
+        shifted = rows - rows.max(axis=-1, keepdims=True)
+        return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    with np.errstate(divide="ignore"):           # the tokens top-p removed: log 0 = -inf
+        return np.log(np.asarray(probs_from_logits(rows, sampling), np.float64))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_logprobs_are_the_target_law_at_each_token_for_every_method(models, temperature):
+    target, draft = models
+    options = dict(ALL)
+    sampling = SamplingParams(temperature, 0, 0.9 if temperature else 1.0)
+    prompts = [PROMPT, [2, 5, 3]]
+    for name, method in {"autoregressive": dict(), **_methods(target, draft)}.items():
+        result = generate(target, prompts, max_new_tokens=10, temperature=temperature,
+                          top_p=sampling.top_p, logprobs=3, eos_ids=EOS, seed=4, **options,
+                          **method)
+        for prompt, tokens, reported in zip(prompts, result.tokens, result.logprobs):
+            want = _reference_logprobs(target, prompt, tokens, sampling, options, EOS)
+            assert [r.token for r in reported] == tokens, name
+            got = np.array([r.logprob for r in reported])
+            np.testing.assert_allclose(got, want[np.arange(len(tokens)), tokens], atol=2e-5,
+                                       err_msg=name)
+            for r, row in zip(reported, want):
+                ids = [i for i, _ in r.top]
+                assert ids == list(np.argsort(-row, kind="stable")[:3]), name
+                np.testing.assert_allclose([x for _, x in r.top], row[ids], atol=2e-5)
+    with pytest.raises(GenerationError, match="logprobs must be at most 6"):
+        generate(target, prompts, max_new_tokens=2, logprobs=7)

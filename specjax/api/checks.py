@@ -211,6 +211,18 @@ def check_controls(rows: int, vocab: int, max_new: np.ndarray, repetition_penalt
                     min_tokens=least, active=active)
 
 
+MAX_LOGPROBS = 20
+
+
+def check_logprobs(logprobs, vocab: int) -> int:
+    """How many alternatives each emitted token's log-probability comes with (OpenAI's cap)."""
+    check_int("logprobs", logprobs, 0)
+    if logprobs > min(MAX_LOGPROBS, vocab):
+        raise GenerationError(f"logprobs must be at most {min(MAX_LOGPROBS, vocab)}, got "
+                              f"{logprobs}")
+    return int(logprobs)
+
+
 def per_row_ints(name: str, value, rows: int, minimum: int) -> np.ndarray:
     """An integer for every row, or one per row: [rows] int32."""
     values = list(value) if _is_sequence(value) else [value] * rows

@@ -34,6 +34,7 @@ from specjax.api.checks import (
     check_drafter_dtype,
     check_heads,
     check_controls,
+    check_logprobs,
     check_int,
     check_sampling,
     check_schedule,
@@ -105,7 +106,8 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
             confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
             rules: Rules | None = None, kernels: bool | None = None,
             drafter_dtype: str | None = None, repetition_penalty=1.0, presence_penalty=0.0,
-            frequency_penalty=0.0, logit_bias=None, min_tokens=0, **unknown) -> Request:
+            frequency_penalty=0.0, logit_bias=None, min_tokens=0, logprobs=0,
+            **unknown) -> Request:
     """Validates everything and builds the static spec and the device inputs: `generate`'s
     arguments (its docstring says what each means) as a `Request`."""
     if unknown:
@@ -213,6 +215,7 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
                       drafter_config=drafter.config if method == "eagle" else None,
                       dflash_config=drafter.config if method == "dflash" else None, **schedule,
                       mesh=mesh, shard_draft=shard_draft, rules=rules or Rules(),
+                      logprobs=check_logprobs(logprobs, target.config.vocab_size),
                       kernels=kernels_switch(kernels) and mesh is None and specjax_kernels.ensure())
     weights = Weights(target.params, draft.params if draft else None,
                       runtime_weights(heads, target, drafter_dtype) if method == "medusa" else None,
@@ -300,7 +303,7 @@ def generate(target: Model | Request, prompts=None, *, method: str = "autoregres
              confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
              rules: Rules | None = None, kernels: bool | None = None,
              drafter_dtype: str | None = None, repetition_penalty=1.0, presence_penalty=0.0,
-             frequency_penalty=0.0, logit_bias=None, min_tokens=0,
+             frequency_penalty=0.0, logit_bias=None, min_tokens=0, logprobs=0,
              **unknown) -> GenerationResult:
     """Generates up to `max_new_tokens` tokens for each prompt with the chosen method.
 
@@ -368,6 +371,11 @@ def generate(target: Model | Request, prompts=None, *, method: str = "autoregres
         [-100, 100]}, adds to the logits; min_tokens >= 0 masks the stop ids (eos_ids) until
         that many tokens are generated. Every method stays exact under them: a verify call's
         position counts the drafts before it as generated.
+      logprobs: N >= 0 (at most 20): the result's `logprobs` give every new token's
+        log-probability under the target's distribution at its position, after every control
+        (`GenerationResult.logprobs`), with the N most likely tokens'; the same numbers for every
+        method. A greedy row's distribution is one-hot, so its numbers are those of temperature 1
+        after the controls.
       drafter_dtype: the dtype the draft model, Medusa heads or EAGLE drafter runs in:
         "float32", "bfloat16", "int8" or "q8_0" (default: the target's, so their products take
         the same kernels as the target's).
@@ -390,7 +398,7 @@ def stream(target: Model | Request, prompts=None, *, method: str = "autoregressi
            confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
            rules: Rules | None = None, kernels: bool | None = None,
            drafter_dtype: str | None = None, repetition_penalty=1.0, presence_penalty=0.0,
-           frequency_penalty=0.0, logit_bias=None, min_tokens=0,
+           frequency_penalty=0.0, logit_bias=None, min_tokens=0, logprobs=0,
            **unknown) -> Iterator[tuple[list[list[int]], GenerationResult | None]]:
     """Generates step by step from Python, yielding each step's new tokens per row.
 

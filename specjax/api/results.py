@@ -109,11 +109,28 @@ class RowStats:
 
 
 @dataclasses.dataclass(frozen=True)
+class TokenLogprob:
+    """A new token's log-probability under the target's distribution at its position (after
+    every control), and the most likely tokens' there, best first: (id, log-probability)."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+    def as_dict(self) -> dict:
+        """For JSON: a log-probability of -inf (a token the filters removed) is null."""
+        finite = lambda x: x if x > -float("inf") else None                 # noqa: E731
+        return {"token": self.token, "logprob": finite(self.logprob),
+                "top": [[token, finite(x)] for token, x in self.top]}
+
+
+@dataclasses.dataclass(frozen=True)
 class GenerationResult:
     tokens: list[list[int]]            # new tokens of each row (max_new_tokens unless EOS came)
     stats: Stats                       # the whole batch
     texts: list[str] | None = None
     row_stats: list[RowStats] = dataclasses.field(default_factory=list)   # one per row
+    # With logprobs=N: each row's new tokens' `TokenLogprob`s; else None.
+    logprobs: list[list[TokenLogprob]] | None = None
 
 
 # -- From the decode state -----------------------------------------------------------------------
@@ -144,7 +161,17 @@ def result(request, state: DecodeState, compile_s: float, run_s: float) -> Gener
     texts = None
     if request.tokenizer is not None:
         texts = [request.tokenizer.decode(r) for r in rows]
-    return GenerationResult(rows, stats, texts, row_stats)
+    return GenerationResult(rows, stats, texts, row_stats, _logprobs(state, rows, start))
+
+
+def _logprobs(state: DecodeState, rows, start) -> list[list[TokenLogprob]] | None:
+    if state.logprobs is None:
+        return None
+    chosen, ids, top = (host(a) for a in state.logprobs)
+    return [[TokenLogprob(token, float(chosen[b, s + i]),
+                          tuple(zip(ids[b, s + i].tolist(), top[b, s + i].tolist())))
+             for i, token in enumerate(row)]
+            for b, (row, s) in enumerate(zip(rows, start.tolist()))]
 
 
 def host(array) -> np.ndarray:

@@ -15,8 +15,8 @@ from pathlib import Path
 from specjax.api.explain import explain, format_steps
 import numpy as np
 
-from specjax.api.checks import (GenerationError, check_compatible, check_controls, check_int,
-                                encode_prompts)
+from specjax.api.checks import (MAX_LOGPROBS, GenerationError, check_compatible,
+                                check_controls, check_int, check_logprobs, encode_prompts)
 from specjax.api import options
 from specjax.api.generate import METHODS, generate, prepare, stream
 from specjax.cli.interrupt import Interrupt
@@ -70,7 +70,9 @@ text; with --temperature > 0 each method still samples exactly from the target's
    "presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "tree" (a list of
    paths, {"dynamic": [depth, top_k, total_tokens]} or null),
    "candidates", "chat", "dtype"},
-   "results": [{"method", "text", "tokens", "speedup_vs_autoregressive",
+   "results": [{"method", "text", "tokens", "speedup_vs_autoregressive", "logprobs" (with
+                --logprobs N: one {"token", "logprob", "top": [[id, logprob], ...]} a new token,
+                a logprob of -inf as null; else null),
                 "stats": {"method", "rows", "new_tokens", "target_calls", "draft_calls",
                           "drafted", "accepted", "tree_size", "acceptance_rate",
                           "tokens_per_target_call", "accepted_histogram",
@@ -154,6 +156,9 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
                    help="colour drafted vs target tokens (default: on when stdout is a terminal "
                         "and NO_COLOR is unset)")
     o.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
+    o.add_argument("--logprobs", type=int, default=0, metavar="N",
+                   help="with --json: each new token's log-probability under the target's "
+                        "distribution and the N likeliest tokens' (at most 20)")
     o.add_argument("--trace", type=int, metavar="STEPS",
                    help="instead of the text, print the first STEPS verify steps: each drafted "
                         "token with p, q, the uniform draw and the verdict, the residual's top "
@@ -174,8 +179,9 @@ def run_generate(args) -> int:
                    repetition_penalty=args.repetition_penalty,
                    presence_penalty=args.presence_penalty,
                    frequency_penalty=args.frequency_penalty,
-                   logit_bias=parse_logit_bias(args.logit_bias), min_tokens=args.min_tokens)
-    check_numbers(methods, options)
+                   logit_bias=parse_logit_bias(args.logit_bias), min_tokens=args.min_tokens,
+                   logprobs=args.logprobs)
+    check_numbers(methods, options, args.json)
     mesh_shape = parse_mesh(args.mesh)
     if args.trace is not None and args.trace < 1:
         raise CLIError(f"--trace must be an integer >= 1, got {args.trace}")
@@ -249,7 +255,7 @@ def run_generate(args) -> int:
     return 0
 
 
-def check_numbers(methods: list[str], options: dict) -> None:
+def check_numbers(methods: list[str], options: dict, json_output: bool = True) -> None:
     """Rejects bad numbers before any model is loaded (generate.prepare checks them again)."""
 
     check_int("max_new_tokens (-n)", options["max_new_tokens"], 1)
@@ -269,6 +275,9 @@ def check_numbers(methods: list[str], options: dict) -> None:
     if threshold is not None and not 0.0 <= threshold <= 1.0:
         raise GenerationError(f"--confidence-threshold must be in [0, 1], got {threshold}")
     # The controls' ranges (their ids against the vocabulary once the target is loaded).
+    check_logprobs(options["logprobs"], MAX_LOGPROBS)
+    if options["logprobs"] and not json_output:
+        raise GenerationError("--logprobs shows in --json output: add --json")
     bias = options["logit_bias"] or {}
     check_controls(1, max(bias, default=0) + 1, np.array([options["max_new_tokens"]]),
                    **{name: options[name] for name in CONTROLS})
@@ -545,6 +554,8 @@ def json_report(target, draft, prompt: str, ids: list[int], requests, options, a
         stats["decode_tokens_per_second"] = decode_rate(result.stats, prefill_s)
         results.append({"method": method, "text": (result.texts or [None])[0],
                         "tokens": result.tokens[0], "stats": stats,
+                        "logprobs": (None if result.logprobs is None else
+                                     [t.as_dict() for t in result.logprobs[0]]),
                         "row_stats": [row.as_dict() for row in result.row_stats]})
     settings = options[methods[-1]]            # the drafting method's, when there is one
     base = {r["method"]: r["stats"]["tokens_per_second"] for r in results}.get("autoregressive")

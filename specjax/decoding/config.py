@@ -53,6 +53,9 @@ class DecodeSpec:
     shard_draft: bool = False
     # The draw and verification rules (`specjax.sampling.rules`); the default is Theorem 1's.
     rules: Rules = Rules()
+    # How many alternatives each emitted token's log-probability comes with (`state.Logprobs`);
+    # 0: none are kept.
+    logprobs: int = 0
     # The CPU kernels' switch (`specjax.model.linear`): the programs are traced inside
     # `use_kernels(kernels)`, so programs with and without them are never confused.
     kernels: bool = False

@@ -131,12 +131,14 @@ def ragged_score_and_verify(score_and_verify, spec, params, state: DecodeState, 
     k = draft_tokens.shape[1]
 
     def verify_first(n, tokens, probs):
-        new, n_accepted, cache, nan, details = score_and_verify(
+        new, n_accepted, cache, nan, details, scores = score_and_verify(
             spec, params, state, tokens[:, :n], probs[:, :n], keys,
             num_drafted=jnp.minimum(num_drafted, n))
         if details is not None:         # per-position numbers padded to K, as every branch
             details = {name: jnp.pad(v, ((0, 0), (0, k - n))) if name != "residual" else v
                        for name, v in details.items()}
-        return jnp.pad(new, ((0, 0), (0, k - n))), n_accepted, cache, nan, details
+        if scores is not None:
+            scores = jnp.pad(scores, ((0, 0), (0, k - n), (0, 0)))
+        return jnp.pad(new, ((0, 0), (0, k - n))), n_accepted, cache, nan, details, scores
 
     return ragged(verify_first, k, num_drafted, draft_tokens, draft_probs)

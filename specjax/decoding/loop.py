@@ -30,7 +30,8 @@ def _init(spec: DecodeSpec, weights: Weights, prompts, prompt_length, row_keys,
     target_cache, carry = MODULES[spec.method].init(spec, weights, prompts, prompt_length)
     return pinned(spec, initial_state(prompts, prompt_length, row_keys, settings,
                                       spec.buffer_length, target_cache, carry,
-                                      max_accepted=spec.max_accepted))
+                                      max_accepted=spec.max_accepted,
+                                      logprobs=spec.logprobs))
 
 
 def _step(spec: DecodeSpec, weights: Weights, state: DecodeState) -> DecodeState:

@@ -98,16 +98,16 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     draft_probs = jax.nn.one_hot(draft_tokens, vocab) * drafted[..., None]       # [B, K, V]
     # Steps 2 and 3: as speculative sampling's.
     if spec.k_schedule == "constant":
-        new, n_accepted, cache, nan, details = score_and_verify(
+        new, n_accepted, cache, nan, details, scores = score_and_verify(
             spec, params, state, draft_tokens, draft_probs, step_keys(state), num_drafted=count)
     else:
-        new, n_accepted, cache, nan, details = lookahead.ragged_score_and_verify(
+        new, n_accepted, cache, nan, details, scores = lookahead.ragged_score_and_verify(
             score_and_verify, spec, params, state, draft_tokens, draft_probs, step_keys(state),
             jnp.where(state.done, 0, count))
     state = trace.record(spec, state, draft_tokens, count, new, n_accepted, details)
     state = state.replace(carry=Carry(lookahead.update(spec, state, lengths, count, n_accepted)))
     # Step 4: commit.
-    return commit(spec, state, new, n_accepted, cache, drafted=count, nan=nan)
+    return commit(spec, state, new, n_accepted, cache, drafted=count, nan=nan, scores=scores)
 
 
 def lookup_tree(tokens, length, tree, max_n: int, min_n: int):

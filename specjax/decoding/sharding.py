@@ -10,7 +10,7 @@ from jax import lax
 from specjax import mesh as meshes
 from specjax.decoding.methods import MODULES
 from specjax.decoding.config import DecodeSpec, Weights
-from specjax.decoding.state import DecodeState
+from specjax.decoding.state import DecodeState, Logprobs
 from specjax.model.cache import KVCache
 
 
@@ -45,7 +45,8 @@ def state_shardings(spec: DecodeSpec) -> DecodeState:
         settings=rows, step=one, target_cache=cache(spec.target_config, True),
         target_calls=rows, draft_calls=rows, drafted=rows, accepted=rows, nan_seen=one,
         carry=MODULES[spec.method].layout(spec, rows, cache),
-        accepted_histogram=rows if drafts else None)
+        accepted_histogram=rows if drafts else None,
+        logprobs=Logprobs(rows, rows, rows) if spec.logprobs else None)
 
 
 def pinned(spec: DecodeSpec, state: DecodeState) -> DecodeState:

@@ -129,8 +129,9 @@ def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs
 
     Returns:
       new tokens [B, K + 1] (the accepted drafts, then the residual or bonus token; the rest is
-      padding), n_accepted [B], the target's cache, whether its logits had a NaN, and, with
-      `spec.trace`, the verify step's numbers (else None).
+      padding), n_accepted [B], the target's cache, whether its logits had a NaN, with
+      `spec.trace` the verify step's numbers (else None), and with `spec.logprobs` the scores
+      of the K + 1 positions (`state.target_probs`; else None).
     """
     k = draft_tokens.shape[1]
     last, last_position = last_tokens(state, 1)
@@ -138,7 +139,7 @@ def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs
     positions = last_position + jnp.arange(k + 1, dtype=jnp.int32)      # [B, K + 1]
     logits, cache = forward(params.target, spec.target_config, target_in, positions,
                             state.target_cache)
-    q = target_probs(spec, state, logits, chain_drafted(draft_tokens))
+    q, scores = target_probs(spec, state, logits, chain_drafted(draft_tokens))
     if spec.trace:      # the same rule, returning its numbers too (`specjax.explain`)
         n_accepted, next_token, details = spec.rules.verify(
             draft_tokens, draft_probs, q, keys, num_drafted=num_drafted,
@@ -148,7 +149,7 @@ def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs
             draft_tokens, draft_probs, q, keys, num_drafted=num_drafted), None
     new = jnp.concatenate([draft_tokens, jnp.zeros_like(draft_tokens[:, :1])], axis=1)
     new = new.at[jnp.arange(new.shape[0]), n_accepted].set(next_token)
-    return new, n_accepted, cache, any_nan(logits), details
+    return new, n_accepted, cache, any_nan(logits), details, scores
 
 
 def step(spec, params, state: DecodeState) -> DecodeState:
@@ -165,11 +166,12 @@ def step(spec, params, state: DecodeState) -> DecodeState:
         spec, params, state, draft_keys, lookahead.draft_limit(spec, state, carry.lookahead))
     # Steps 2 and 3: score with the target, accept a prefix, draw the residual or bonus token.
     if spec.k_schedule == "constant":
-        new, n_accepted, target_cache, target_nan, details = score_and_verify(
+        new, n_accepted, target_cache, target_nan, details, scores = score_and_verify(
             spec, params, state, draft_tokens, draft_probs, verify_keys)
     else:       # rows drafted different numbers of tokens: score only what the longest needs
-        new, n_accepted, target_cache, target_nan, details = lookahead.ragged_score_and_verify(
-            score_and_verify, spec, params, state, draft_tokens, draft_probs, verify_keys, count)
+        new, n_accepted, target_cache, target_nan, details, scores = (
+            lookahead.ragged_score_and_verify(score_and_verify, spec, params, state,
+                                              draft_tokens, draft_probs, verify_keys, count))
     state = trace.record(spec, state, draft_tokens, count, new, n_accepted, details)
     lengths = lookahead.update(spec, state, carry.lookahead, count, n_accepted)
 
@@ -177,6 +179,6 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     # it may be one behind (the next step catches up).
     old_length = state.length
     state = commit(spec, state, new, n_accepted, target_cache, drafted=count,
-                   draft_calls=count, nan=draft_nan | target_nan)
+                   draft_calls=count, nan=draft_nan | target_nan, scores=scores)
     draft_cache = draft_cache.with_length(jnp.minimum(state.length - 1, old_length + count - 1))
     return state.replace(carry=Carry(draft_cache, lengths))

@@ -13,6 +13,7 @@ not depend on which other rows share its batch.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,15 @@ class RowSettings:
     max_new_tokens: jax.Array  # [B] int32, within the compiled buffer
     stop_ids: jax.Array        # [B, S] int32: ids that end the row; -1 fills unused slots
     controls: Controls         # [B] per field, the bias [B, V] (`specjax.sampling.logits`)
+
+
+class Logprobs(NamedTuple):
+    """Each buffer position's token under the target's distribution at that position
+    (`target_probs`): its log-probability and the N most likely tokens' (with `logprobs=N`).
+    Prompt positions hold zeros."""
+    chosen: jax.Array          # [B, M] float32
+    top_ids: jax.Array         # [B, M, N] int32, most likely first
+    top: jax.Array             # [B, M, N] float32
 
 
 @jax.tree_util.register_dataclass
@@ -62,13 +72,15 @@ class DecodeState:
     accepted_histogram: jax.Array | None = None
     # With DecodeSpec.trace only: the last step's verify numbers (`decoding.trace`).
     trace: dict | None = None
+    # With DecodeSpec.logprobs = N > 0: the emitted tokens' log-probabilities (`Logprobs`).
+    logprobs: Logprobs | None = None
 
     def replace(self, **changes) -> "DecodeState":
         return dataclasses.replace(self, **changes)
 
 
 def initial_state(prompts, prompt_length, row_keys, settings, buffer_length, target_cache,
-                  carry=None, max_accepted=None):
+                  carry=None, max_accepted=None, logprobs: int = 0):
     """Copies the padded prompts [B, P] into a token buffer [B, buffer_length]; `carry` is the
     method's own state (its module's `init`)."""
     b, p = prompts.shape
@@ -81,7 +93,11 @@ def initial_state(prompts, prompt_length, row_keys, settings, buffer_length, tar
                        target_calls=zeros, draft_calls=zeros, drafted=zeros, accepted=zeros,
                        nan_seen=jnp.zeros((), bool), carry=carry,
                        accepted_histogram=(None if max_accepted is None else
-                                           jnp.zeros((b, max_accepted + 1), jnp.int32)))
+                                           jnp.zeros((b, max_accepted + 1), jnp.int32)),
+                       logprobs=None if not logprobs else Logprobs(
+                           jnp.zeros((b, buffer_length), jnp.float32),
+                           jnp.zeros((b, buffer_length, logprobs), jnp.int32),
+                           jnp.zeros((b, buffer_length, logprobs), jnp.float32)))
 
 
 def step_keys(state: DecodeState) -> jax.Array:
@@ -98,6 +114,13 @@ def last_tokens(state: DecodeState, count: int) -> tuple[jax.Array, jax.Array]:
     start = jnp.maximum(state.length - count, 0)
     window = jax.vmap(lambda row, s: lax.dynamic_slice(row, (s,), (count,)))(state.tokens, start)
     return window, start[:, None] + jnp.arange(count, dtype=jnp.int32)
+
+
+def _write(buffer, new, start, active):
+    """Writes new [B, W, ...] into buffer [B, M, ...] at each active row's `start` [B]."""
+    written = jax.vmap(lambda row, x, s: lax.dynamic_update_slice_in_dim(row, x, s, 0))(
+        buffer, new.astype(buffer.dtype), start)
+    return jnp.where(active.reshape(active.shape + (1,) * (buffer.ndim - 1)), written, buffer)
 
 
 def append(state: DecodeState, new_tokens: jax.Array, n_new: jax.Array) -> DecodeState:
@@ -143,11 +166,19 @@ def count_call(state: DecodeState, *, drafted: jax.Array | int = 0, accepted: ja
 
 def commit(spec, state: DecodeState, new_tokens: jax.Array, n_accepted: jax.Array,
            target_cache: KVCache, *, drafted: jax.Array | int = 0, draft_calls: int = 0,
-           nan: jax.Array | bool = False) -> DecodeState:
+           nan: jax.Array | bool = False, scores: jax.Array | None = None) -> DecodeState:
     """The end of every step: count the target call (and the drafting), append the accepted
     drafts and the one token drawn after them (`new_tokens` [B, W], `n_accepted` + 1 of them per
     row), and roll the target's cache back to everything before the new last token, which is
-    all a rollback is (`cache.KVCache.with_length`)."""
+    all a rollback is (`cache.KVCache.with_length`). With `spec.logprobs`, `scores` [B, W, V]
+    (`target_probs`' at the positions that drew the new tokens) give their `Logprobs`."""
+    if state.logprobs is not None:
+        chosen = jnp.take_along_axis(scores, new_tokens[..., None], axis=-1)[..., 0]
+        top, top_ids = lax.top_k(scores, spec.logprobs)
+        active = ~state.done
+        state = state.replace(logprobs=Logprobs(*(
+            _write(buffer, new, state.length, active)
+            for buffer, new in zip(state.logprobs, (chosen, top_ids, top)))))
     state = count_call(state, drafted=drafted, accepted=n_accepted, draft_calls=draft_calls,
                        nan=nan)
     state = append(state, new_tokens, n_accepted + 1)
@@ -163,12 +194,20 @@ def target_probs(spec, state: DecodeState, logits, drafted=None):
     [B, N, V']: the row's controls at each position given what precedes it (the prompt, the
     output, and `drafted` [B, N, E], the drafts before each position, -1 where none), then its
     sampling transforms (`specjax.sampling.logits`). Every method's verify call and every
-    autoregressive step take their target distribution here, so it is one law everywhere."""
+    autoregressive step take their target distribution here, so it is one law everywhere.
+
+    Returns q [B, N, V] and, with `spec.logprobs`, the log-probabilities reported for the
+    tokens drawn there [B, N, V] (else None): log q, or for a greedy row, whose q is one-hot,
+    the log-softmax of the logits after the controls (the distribution at temperature 1)."""
     history = History(state.tokens, state.length, state.prompt_length,
                       state.settings.stop_ids, drafted)
     logits = spec.rules.controls(pad_vocab(logits, spec.vocab_size), state.settings.controls,
                                  history)
-    return probs_from_logits(logits, state.settings.sampling)
+    q = probs_from_logits(logits, state.settings.sampling)
+    if not spec.logprobs:
+        return q, None
+    greedy = (state.settings.sampling.temperature == 0)[:, None, None]
+    return q, jnp.where(greedy, jax.nn.log_softmax(logits, axis=-1), jnp.log(q))
 
 
 def chain_drafted(draft_tokens):

@@ -115,6 +115,8 @@ class Verified(NamedTuple):
     nan: jax.Array                # whether the target's logits had a NaN
     features: jax.Array           # [B, D + 1, D'] the target's features along root and path
     details: dict | None          # with `spec.trace`, the walk's numbers
+    scores: jax.Array | None      # with `spec.logprobs`, `state.target_probs`' along root and
+    #                               path [B, D + 1, V]
 
 
 def score_and_verify(spec, params, state: DecodeState, candidates: Candidates, keys,
@@ -140,7 +142,7 @@ def score_and_verify(spec, params, state: DecodeState, candidates: Candidates, k
                                      node_positions(tree, root), state.target_cache,
                                      tree_attention(tree, root), taps)      # [B, n, D_model]
     logits = lm_head(params.target, spec.target_config, x)                  # [B, n, V']
-    q = target_probs(spec, state, logits, drafted_before(tree, tokens))     # [B, n, V]
+    q, scores = target_probs(spec, state, logits, drafted_before(tree, tokens))  # [B, n, V]
     walk = (tree, candidates.rule, tokens, valid, candidates.probs, q, keys)
     if spec.trace:      # the same rule, returning its numbers too (`specjax.explain`)
         n_accepted, path, next_token, details = spec.rules.verify_tree(*walk, with_details=True)
@@ -153,7 +155,9 @@ def score_and_verify(spec, params, state: DecodeState, candidates: Candidates, k
     nodes = jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1)   # [B, D + 1]
     features = jnp.take_along_axis(x if tapped is None else tapped, nodes[:, :, None],
                                    axis=1)                                  # [B, D + 1, D']
-    return Verified(new, n_accepted, path, cache, any_nan(logits), features, details)
+    if scores is not None:
+        scores = jnp.take_along_axis(scores, nodes[:, :, None], axis=1)          # [B, D + 1, V]
+    return Verified(new, n_accepted, path, cache, any_nan(logits), features, details, scores)
 
 
 def step(spec, params, state: DecodeState, candidates: Candidates, keys, *,
@@ -169,4 +173,4 @@ def step(spec, params, state: DecodeState, candidates: Candidates, keys, *,
                               verified.new, verified.n_accepted, verified.details)
     return commit(spec, state, verified.new, verified.n_accepted, verified.cache,
                   drafted=jnp.sum(candidates.valid[:, 1:], axis=1), draft_calls=draft_calls,
-                  nan=candidates.nan | verified.nan), verified
+                  nan=candidates.nan | verified.nan, scores=verified.scores), verified
