@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,6 +38,7 @@ from tests.test_distribution import NGRAM_PROMPT, PROMPT, eagle_drafter, medusa_
 from tests.tiny import close_pair
 
 V, L, N = 6, 3, 30_000
+WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 
 ALL = dict(repetition_penalty=1.6, presence_penalty=0.5, frequency_penalty=0.4,
            logit_bias={3: 0.9, 0: -0.6}, min_tokens=2)
@@ -212,7 +214,7 @@ def test_the_command_line_takes_the_controls(capsys):
     args = ["generate", "--preset", "tiny-llama", "--prompt", "def f(x):", "-n", "8", "--json",
             "--method", "speculative", "-k", "2", "--repetition-penalty", "1.3",
             "--frequency-penalty", "0.5", "--logit-bias", "5:30", "--logit-bias", "9:-1",
-            "--min-tokens", "8", "--logprobs", "2"]
+            "--min-tokens", "8", "--logprobs", "2", "--stop", "never there"]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     settings = report["settings"]
@@ -274,3 +276,45 @@ def test_logprobs_are_the_target_law_at_each_token_for_every_method(models, temp
                 np.testing.assert_allclose([x for _, x in r.top], row[ids], atol=2e-5)
     with pytest.raises(GenerationError, match="logprobs must be at most 6"):
         generate(target, prompts, max_new_tokens=2, logprobs=7)
+
+
+# -- Stop strings --------------------------------------------------------------------------------
+
+def test_stop_strings_cut_every_method_alike_across_token_boundaries():
+    from specjax.api.generate import stream
+    target = specjax.load(WEIGHTS / "llama-target")
+    draft = specjax.load(WEIGHTS / "llama-draft")
+    prompts = ["def f(x):", "import os"]
+    full = generate(target, prompts, max_new_tokens=30, temperature=0.0)
+    text = full.texts[0]
+    pieces = [target.tokenizer.decode(full.tokens[0][:j]) for j in range(31)]
+    # A stop string that begins inside a token and ends inside a later one.
+    begin = next(len(p) + 1 for p, q in zip(pieces, pieces[1:]) if len(q) - len(p) >= 3
+                 and len(p) > 5)
+    stop = text[begin:begin + 4]
+    assert not any(len(p) == begin for p in pieces)               # not at a token boundary
+    end = text.index(stop)
+    kept = max(j for j, p in enumerate(pieces) if len(p) <= end)
+    methods = {"autoregressive": {}, "speculative": dict(method="speculative", draft=draft, k=3),
+               "ngram": dict(method="ngram"),
+               "speculative-tree": dict(method="speculative", draft=draft,
+                                        tree=Tree.full((2, 2)))}
+    for name, options in methods.items():
+        got = generate(target, prompts, max_new_tokens=30, temperature=0.0, stop=[stop, "zzqq"],
+                       logprobs=1, **options)
+        assert got.texts[0] == text[:end], name
+        assert got.tokens[0] == full.tokens[0][:kept] and len(got.logprobs[0]) == kept, name
+        assert got.tokens[1] == full.tokens[1] and got.texts[1] == full.texts[1], name
+        steps = list(stream(target, prompts, max_new_tokens=30, temperature=0.0,
+                            stop=[[stop], []], **options))
+        yielded = [sum((s[b] for s, _ in steps[:-1]), []) for b in range(2)]
+        assert yielded == steps[-1][1].tokens == got.tokens, name
+    alone = list(stream(target, prompts[:1], max_new_tokens=30, temperature=0.0, stop=[stop]))
+    assert len(alone) - 1 < 30                                    # streaming stops at the stop
+    for bad, match in (("x", "stop must be a list of strings"), ([""], "non-empty strings"),
+                       ([["a"]], "stop has 1 lists for 2 prompts")):
+        with pytest.raises(GenerationError, match=match):
+            generate(target, prompts, max_new_tokens=2, stop=bad)
+    tiny, _ = close_pair(vocab=V, std=0.5, noise=0.15)
+    with pytest.raises(GenerationError, match="no tokenizer"):
+        generate(tiny, [PROMPT], max_new_tokens=2, stop=["a"])

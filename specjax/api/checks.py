@@ -211,6 +211,34 @@ def check_controls(rows: int, vocab: int, max_new: np.ndarray, repetition_penalt
                     min_tokens=least, active=active)
 
 
+MAX_STOPS = 16
+
+
+def check_stop(stop, rows: int, tokenizer) -> tuple[tuple[str, ...], ...]:
+    """Each row's stop strings: None (none), a list of non-empty strings for every row, or one
+    such list per row; they need the target's tokenizer (they are found in the text)."""
+    if stop is None:
+        return ((),) * rows
+    if isinstance(stop, str):
+        raise GenerationError(f"stop must be a list of strings (or one list per prompt), got "
+                              f"{stop!r}: write [{stop!r}]")
+    per_row = (_is_sequence(stop) and len(stop) > 0
+               and all(_is_sequence(s) for s in stop))
+    lists = [list(s) for s in stop] if per_row else [list(stop) if _is_sequence(stop) else stop]
+    if per_row and len(lists) != rows:
+        raise GenerationError(f"stop has {len(lists)} lists for {rows} prompts")
+    for strings in lists:
+        if not isinstance(strings, list) or len(strings) > MAX_STOPS or not all(
+                isinstance(s, str) and s for s in strings):
+            raise GenerationError(f"stop must hold at most {MAX_STOPS} non-empty strings, got "
+                                  f"{strings!r}")
+    if any(lists) and tokenizer is None:
+        raise GenerationError("stop strings are found in the decoded text, and the target has "
+                              "no tokenizer")
+    table = tuple(tuple(s) for s in lists)
+    return table if per_row else table * rows
+
+
 MAX_LOGPROBS = 20
 
 

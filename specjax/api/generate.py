@@ -35,6 +35,7 @@ from specjax.api.checks import (
     check_heads,
     check_controls,
     check_logprobs,
+    check_stop,
     check_int,
     check_sampling,
     check_schedule,
@@ -47,7 +48,8 @@ from specjax.api.checks import (
     prompt_matrix,
     rows_of,
 )
-from specjax.api.results import GenerationResult, RowStats, Stats, acceptance_by_position, host, result
+from specjax.api.results import (GenerationResult, RowStats, Stats, acceptance_by_position, host,
+                                 result, safe_prefix)
 from specjax.decoding import loop
 from specjax.decoding.loop import METHODS, DecodeSpec, Weights
 from specjax.decoding.sharding import weight_shardings
@@ -81,6 +83,7 @@ class Request:
     settings: RowSettings        # each row's sampling parameters, length and stop ids
     tokenizer: object | None
     rows: int                    # the caller's rows; on a mesh the batch may be padded past them
+    stop: tuple = ()             # each row's stop strings (`results.cut_at_stop`)
 
     @property
     def inputs(self) -> tuple:
@@ -106,7 +109,7 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
             confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
             rules: Rules | None = None, kernels: bool | None = None,
             drafter_dtype: str | None = None, repetition_penalty=1.0, presence_penalty=0.0,
-            frequency_penalty=0.0, logit_bias=None, min_tokens=0, logprobs=0,
+            frequency_penalty=0.0, logit_bias=None, min_tokens=0, logprobs=0, stop=None,
             **unknown) -> Request:
     """Validates everything and builds the static spec and the device inputs: `generate`'s
     arguments (its docstring says what each means) as a `Request`."""
@@ -225,7 +228,8 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
                               frequency_penalty, logit_bias, min_tokens)
     settings = RowSettings(sampling, max_new, stops, controls)
     request = Request(spec, weights, prompt_array.astype(np.int32), lengths,
-                      row_keys(seed, rows), settings, target.tokenizer, rows=rows)
+                      row_keys(seed, rows), settings, target.tokenizer, rows=rows,
+                      stop=check_stop(stop, rows, target.tokenizer))
     return request if mesh is None else _on_mesh(request)
 
 
@@ -303,7 +307,7 @@ def generate(target: Model | Request, prompts=None, *, method: str = "autoregres
              confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
              rules: Rules | None = None, kernels: bool | None = None,
              drafter_dtype: str | None = None, repetition_penalty=1.0, presence_penalty=0.0,
-             frequency_penalty=0.0, logit_bias=None, min_tokens=0, logprobs=0,
+             frequency_penalty=0.0, logit_bias=None, min_tokens=0, logprobs=0, stop=None,
              **unknown) -> GenerationResult:
     """Generates up to `max_new_tokens` tokens for each prompt with the chosen method.
 
@@ -376,6 +380,11 @@ def generate(target: Model | Request, prompts=None, *, method: str = "autoregres
         (`GenerationResult.logprobs`), with the N most likely tokens'; the same numbers for every
         method. A greedy row's distribution is one-hot, so its numbers are those of temperature 1
         after the controls.
+      stop: strings that end a row at their first occurrence in its new text, across token
+        boundaries (a list for every row, or one list per row; needs the target's tokenizer).
+        The row's text ends just before it, and its tokens (and log-probabilities) are those
+        whose text lies wholly before it, as OpenAI's API returns. `generate` runs its loop to
+        the end and cuts; `stream` stops once every row has stopped.
       drafter_dtype: the dtype the draft model, Medusa heads or EAGLE drafter runs in:
         "float32", "bfloat16", "int8" or "q8_0" (default: the target's, so their products take
         the same kernels as the target's).
@@ -398,7 +407,7 @@ def stream(target: Model | Request, prompts=None, *, method: str = "autoregressi
            confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
            rules: Rules | None = None, kernels: bool | None = None,
            drafter_dtype: str | None = None, repetition_penalty=1.0, presence_penalty=0.0,
-           frequency_penalty=0.0, logit_bias=None, min_tokens=0, logprobs=0,
+           frequency_penalty=0.0, logit_bias=None, min_tokens=0, logprobs=0, stop=None,
            **unknown) -> Iterator[tuple[list[list[int]], GenerationResult | None]]:
     """Generates step by step from Python, yielding each step's new tokens per row.
 
@@ -411,12 +420,21 @@ def stream(target: Model | Request, prompts=None, *, method: str = "autoregressi
     start = time.perf_counter()
     init, step, _ = loop.programs(request.spec)
     state = init(request.weights, *request.inputs)
-    lengths = host(state.length)
-    while not bool(np.all(host(state.done))):
+    shown = host(state.length).copy()       # each row's tokens yielded so far end here
+    first = request.prompt_length
+    stopped = np.zeros(len(shown), bool)    # rows cut by a stop string
+    while not bool(np.all(host(state.done) | stopped)):
         state = step(request.weights, state)
-        tokens, new_lengths = host(state.tokens), host(state.length)
-        yield [tokens[b, lengths[b]:new_lengths[b]].tolist() for b in range(request.rows)], None
-        lengths = new_lengths
+        tokens, lengths, done = host(state.tokens), host(state.length), host(state.done)
+        ends = lengths.copy()
+        for b in range(request.rows):
+            if request.stop[b]:             # yield only what no stop string can still cut
+                new = tokens[b, first[b]:lengths[b]].tolist()
+                kept, cut = safe_prefix(request.tokenizer, new, request.stop[b], done[b])
+                ends[b], stopped[b] = first[b] + kept, stopped[b] or cut
+        ends = np.maximum(ends, shown)
+        yield [tokens[b, shown[b]:ends[b]].tolist() for b in range(request.rows)], None
+        shown = ends
     yield [], result(request, state, 0.0, time.perf_counter() - start)
 
 

@@ -125,7 +125,8 @@ class TokenLogprob:
 
 @dataclasses.dataclass(frozen=True)
 class GenerationResult:
-    tokens: list[list[int]]            # new tokens of each row (max_new_tokens unless EOS came)
+    tokens: list[list[int]]            # new tokens of each row (max_new_tokens unless EOS or a
+    #                                    stop string came first: `cut_at_stop`)
     stats: Stats                       # the whole batch
     texts: list[str] | None = None
     row_stats: list[RowStats] = dataclasses.field(default_factory=list)   # one per row
@@ -145,6 +146,9 @@ def result(request, state: DecodeState, compile_s: float, run_s: float) -> Gener
                                                 request.prompt_length))
     # Whole arrays to Python lists once, then row by row (a distribution test has 100,000 rows).
     rows = [row[s:n] for row, s, n in zip(tokens[:real].tolist(), start.tolist(), length.tolist())]
+    # The statistics count every token the loop made; what is returned ends at a stop string.
+    cuts = [cut_at_stop(request.tokenizer, row, stops) if stops else None
+            for row, stops in zip(rows, request.stop or [()] * real)]
     counters = {name: host(getattr(state, name))[:real].astype(int) for name in
                 ("target_calls", "draft_calls", "drafted", "accepted")}
     histograms = (np.zeros((real, 0), int) if state.accepted_histogram is None else
@@ -158,10 +162,42 @@ def result(request, state: DecodeState, compile_s: float, run_s: float) -> Gener
                   tree_size=_tree_size(request.spec), compile_s=compile_s, run_s=run_s,
                   steps=int(host(state.step)),
                   accepted_histogram=tuple(np.sum(histograms, axis=0).tolist()))
+    rows = [row if cut is None else row[:cut[0]] for row, cut in zip(rows, cuts)]
     texts = None
     if request.tokenizer is not None:
-        texts = [request.tokenizer.decode(r) for r in rows]
+        texts = [request.tokenizer.decode(r) if cut is None else cut[1]
+                 for r, cut in zip(rows, cuts)]
     return GenerationResult(rows, stats, texts, row_stats, _logprobs(state, rows, start))
+
+
+def cut_at_stop(tokenizer, tokens: list[int], stops) -> tuple[int, str, bool]:
+    """Where a row's first stop string (of `stops`) begins in the text of its new `tokens`:
+    (how many tokens lie wholly before it, the text before it, True), or (all of them, their
+    text, False) when none occurs."""
+    text = tokenizer.decode(tokens)
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+    if not found:
+        return len(tokens), text, False
+    end = min(found)
+    return _tokens_within(tokenizer, tokens, end), text[:end], True
+
+
+def safe_prefix(tokenizer, tokens: list[int], stops, done: bool) -> tuple[int, bool]:
+    """For streaming: how many of a row's new tokens can be shown now, and whether a stop
+    string ended the row. Without one yet, an unfinished row holds back the tokens whose text
+    could still begin a stop string (the last len(longest) - 1 characters)."""
+    kept, text, cut = cut_at_stop(tokenizer, tokens, stops)
+    if cut or done:
+        return kept, cut
+    return _tokens_within(tokenizer, tokens, len(text) - max(map(len, stops)) + 1), False
+
+
+def _tokens_within(tokenizer, tokens: list[int], end: int) -> int:
+    """The most leading tokens whose text ends at or before character `end`."""
+    j = len(tokens)
+    while j and len(tokenizer.decode(tokens[:j])) > end:
+        j -= 1
+    return j
 
 
 def _logprobs(state: DecodeState, rows, start) -> list[list[TokenLogprob]] | None:

@@ -67,7 +67,8 @@ text; with --temperature > 0 each method still samples exactly from the target's
   {"target", "target_path", "draft", "draft_path" (null without speculative), "prompt",
    "prompt_tokens", "prefill_s", "settings": {"method", "k", "max_new_tokens", "temperature",
    "top_k", "top_p", "min_p", "seed", "max_ngram", "min_ngram", "repetition_penalty",
-   "presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "tree" (a list of
+   "presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "logprobs", "stop",
+   "tree" (a list of
    paths, {"dynamic": [depth, top_k, total_tokens]} or null),
    "candidates", "chat", "dtype"},
    "results": [{"method", "text", "tokens", "speedup_vs_autoregressive", "logprobs" (with
@@ -151,6 +152,9 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
                    help="add BIAS, in [-100, 100], to token ID's logit (repeatable)")
     c.add_argument("--min-tokens", type=int, default=0, metavar="N",
                    help="no EOS before N new tokens (default 0)")
+    c.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="end the output just before the first TEXT in it, across token "
+                        "boundaries (repeatable)")
     o = parser.add_argument_group("output")
     o.add_argument("--show-acceptance", action=argparse.BooleanOptionalAction, default=None,
                    help="colour drafted vs target tokens (default: on when stdout is a terminal "
@@ -180,7 +184,7 @@ def run_generate(args) -> int:
                    presence_penalty=args.presence_penalty,
                    frequency_penalty=args.frequency_penalty,
                    logit_bias=parse_logit_bias(args.logit_bias), min_tokens=args.min_tokens,
-                   logprobs=args.logprobs)
+                   logprobs=args.logprobs, stop=args.stop)
     check_numbers(methods, options, args.json)
     mesh_shape = parse_mesh(args.mesh)
     if args.trace is not None and args.trace < 1:
