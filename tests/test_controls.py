@@ -318,3 +318,16 @@ def test_stop_strings_cut_every_method_alike_across_token_boundaries():
     tiny, _ = close_pair(vocab=V, std=0.5, noise=0.15)
     with pytest.raises(GenerationError, match="no tokenizer"):
         generate(tiny, [PROMPT], max_new_tokens=2, stop=["a"])
+
+
+def test_bench_times_each_method_with_and_without_the_controls(tmp_path, capsys):
+    from specjax.cli.main import main
+    assert main(["bench", "--controls", "--preset", "tiny-llama", "--methods", "ngram",
+                 "--quick", "--max-new-tokens", "4", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "controls.json").read_text())
+    assert [r["method"] for r in report["rows"]] == ["autoregressive", "ngram"]
+    for row in report["rows"]:
+        assert all(v > 0 for v in row["tokens_per_second"].values())
+        assert row["call_ratio"] == pytest.approx(row["seconds_per_target_call"]["controls"]
+                                                  / row["seconds_per_target_call"]["plain"])
+    assert "| ngram |" in (tmp_path / "controls.md").read_text()

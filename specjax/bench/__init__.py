@@ -1,8 +1,8 @@
 """The benchmarks of `python -m specjax bench`: the timed prompt suite and context sweep (suite,
 its tables and figures in report, the transformers peers in peers), the batch sweep (batch),
 the oracle lookahead analysis (oracle), the versioned prompt suite (prompts) and what they share
-(common), the cost of a settings change (settings) and the G-test harness of Theorem 1
-(distribution). The package sits above the library: it may import the public API, checkpoint loading,
+(common), the cost of a settings change (settings) and of penalties and a bias (controls), and
+the G-test harness of Theorem 1 (distribution). The package sits above the library: it may import the public API, checkpoint loading,
 the command-line presets (specjax.presets) and, for the oracle and the timed forward calls, the
 decoding loop and the forward pass; within specjax only the CLI imports it, and the core layers
 (model, sampling, decoding) never do. The CLI needs add_arguments and run; importing the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from specjax.api import options
-from specjax.bench import batch, oracle, settings, suite
+from specjax.bench import batch, controls, oracle, settings, suite
 from specjax.bench.common import CONSTANT, DYNAMIC_PREFIX
 from specjax.decoding.lookahead import SCHEDULES
 from specjax.presets import CLIError, add_model_arguments, enable_compile_cache, parse_mesh
@@ -71,6 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead of the suite's timings, the time to the first token when "
                              "a call changes its sampling settings (specjax.bench.settings): "
                              "the same compiled program, or a recompile")
+    parser.add_argument("--controls", action="store_true",
+                        help="instead of the suite's timings, each method with and without "
+                             "penalties and a logit bias, in turn (specjax.bench.controls)")
     options.add(parser, "max_ngram")
     parser.add_argument("--quick", action="store_true",
                         help="one short prompt per category, K=2, 1 run, 16 tokens, no context "
@@ -92,6 +95,8 @@ def run(args) -> int:
         return batch.run(args, chosen)
     if args.settings:
         return settings.run(args, chosen)
+    if args.controls:
+        return controls.run(args, chosen)
     return suite.run(args, chosen)
 
 

@@ -1,0 +1,126 @@
+"""`python -m specjax bench --controls`: what penalties and a logit bias cost a decoding run.
+
+For each method (autoregressive, and those of --methods that the models allow), on each of the
+suite's prompts but the long-code-editing one: a run without controls and a run with a
+repetition penalty of 1.1, presence and frequency penalties of 0.2 and a logit bias on 16 ids,
+each --warmup times untimed and then --reps times in turn (plain, controlled, plain, ...), so
+that the two see the same state of the host. Reported per method: the median tokens/s of each
+and their ratio, and the tokens per target call of each (the controls change the text, so the
+calls can differ too), and the time of a target call (a step) with and without them: the cost
+of the controls themselves. Writes controls.json and controls.md to --out.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+
+from specjax.api.checks import check_compatible, encode_prompts
+from specjax.api.generate import generate, prepare
+from specjax.bench.common import Progress, fmt, machine, write_report
+from specjax.bench.prompts import SUITE
+from specjax.heads.dflash import BlockDrafter
+from specjax.heads.eagle import Drafter
+from specjax.io import chat
+from specjax.io.checkpoint import load
+from specjax.presets import drafter_path, heads_path, model_paths
+
+SCHEMA = "specjax.bench.controls/1"
+CONTROLS = dict(repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.2,
+                logit_bias={i: -1.0 for i in range(100, 116)})
+
+
+def run(args, settings: dict) -> int:
+    methods = settings["methods"]
+    target_path, draft_path, _ = model_paths(args, "speculative" in methods)
+    target = load(target_path, dtype=args.dtype)
+    draft = load(draft_path, dtype=args.dtype) if draft_path is not None else None
+    if draft is not None:
+        check_compatible(target, draft)
+    heads_dir, _ = heads_path(args)
+    heads = load(heads_dir) if heads_dir is not None and "medusa" in methods else None
+    drafter_dir, _ = drafter_path(args)
+    drafter = load(drafter_dir) if drafter_dir is not None and {"eagle", "dflash"} & set(
+        methods) else None
+    kinds = {"eagle": Drafter, "dflash": BlockDrafter}
+    methods = [m for m in methods
+               if (m != "speculative" or draft is not None) and (m != "medusa" or heads)
+               and (m not in kinds or isinstance(drafter, kinds[m]))]
+    prompts = [p for p in SUITE["prompts"] if p["category"] != "long-code-editing"]
+    texts = [chat.render(target, p["prompt"]) if p.get("chat") and target.chat_template
+             else p["prompt"] for p in prompts]
+    ids = encode_prompts(target, texts)
+    runs = settings["warmup"] + settings["reps"]
+    progress = Progress(len(methods) * len(ids) * 2 * runs)
+    rows = []
+    for method in methods:
+        base = dict(method=method, max_new_tokens=settings["max_new_tokens"],
+                    temperature=settings["temperature"], top_p=settings["top_p"], eos_ids=())
+        if method in ("speculative", "ngram"):
+            base.update(k=settings["ks"][-1], draft=draft if method == "speculative" else None)
+        if method == "medusa":
+            base.update(heads=heads)
+        if method in kinds:
+            base.update(drafter=drafter)
+        seconds = {"plain": [], "controls": []}
+        tokens = {"plain": 0, "controls": 0}
+        calls = {"plain": 0, "controls": 0}
+        for prompt in ids:
+            requests = {"plain": prepare(target, [prompt], **base),
+                        "controls": prepare(target, [prompt], **base, **CONTROLS)}
+            per_prompt = {"plain": [], "controls": []}
+            for i in range(runs):
+                for name, request in requests.items():
+                    result = generate(request.reseeded(settings["seed"] + i))
+                    progress.update(method)
+                    if i >= settings["warmup"]:
+                        per_prompt[name].append(result.stats.run_s)
+                        tokens[name] += result.stats.new_tokens
+                        calls[name] += result.stats.target_calls
+            for name in seconds:
+                seconds[name].append(statistics.median(per_prompt[name]))
+        rate = {name: tokens[name] / settings["reps"] / sum(seconds[name]) for name in seconds}
+        per_call = {name: sum(seconds[name]) / (calls[name] / settings["reps"])
+                    for name in seconds}
+        rows.append({"method": method, "tokens_per_second": rate,
+                     "ratio": rate["controls"] / rate["plain"],
+                     "seconds_per_target_call": per_call,
+                     "call_ratio": per_call["controls"] / per_call["plain"],
+                     "tokens_per_target_call": {n: tokens[n] / calls[n] for n in tokens}})
+    progress.close()
+    results = {
+        "schema": SCHEMA,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(None),
+        "settings": dict(target=target.name, draft=draft.name if draft else None,
+                         dtype=args.dtype, reps=settings["reps"], warmup=settings["warmup"],
+                         k=settings["ks"][-1], max_new_tokens=settings["max_new_tokens"],
+                         temperature=settings["temperature"], top_p=settings["top_p"],
+                         prompts=[p["id"] for p in prompts],
+                         controls={k: (v if k != "logit_bias" else f"-1 on ids {min(v)}-{max(v)}")
+                                   for k, v in CONTROLS.items()}),
+        "rows": rows,
+    }
+    write_report(args.out, "controls", results, lambda results, out: [], markdown)
+    return 0
+
+
+def markdown(results: dict) -> str:
+    s = results["settings"]
+    lines = [f"# What penalties and a logit bias cost: {s['target']} ({s['dtype']})", "",
+             f"{results['created']} · {results['machine']['cpu_model']} · "
+             f"{len(s['prompts'])} prompts · {s['max_new_tokens']} new tokens · temperature "
+             f"{s['temperature']} · medians of {s['reps']} runs a prompt, plain and controlled "
+             f"in turn · controls: {s['controls']}", "",
+             "| method | tokens/s plain | tokens/s controlled | ratio | ms a step plain | "
+             "ms a step controlled | ratio | tokens/call plain | tokens/call controlled |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for row in results["rows"]:
+        r, c = row["tokens_per_second"], row["tokens_per_target_call"]
+        t = row["seconds_per_target_call"]
+        lines.append(f"| {row['method']} | {fmt(r['plain'], '.1f')} | "
+                     f"{fmt(r['controls'], '.1f')} | {fmt(row['ratio'], '.3f', 'x')} | "
+                     f"{fmt(t['plain'] * 1e3, '.2f')} | {fmt(t['controls'] * 1e3, '.2f')} | "
+                     f"{fmt(row['call_ratio'], '.3f', 'x')} | "
+                     f"{fmt(c['plain'], '.2f')} | {fmt(c['controls'], '.2f')} |")
+    return "\n".join(lines) + "\n"
