@@ -3,6 +3,7 @@ value (`GenerationError`); the compiled loop itself (`decoding.loop`) assumes va
 
 from __future__ import annotations
 
+import json
 import numbers
 import os
 from typing import Sequence
@@ -209,6 +210,47 @@ def check_controls(rows: int, vocab: int, max_new: np.ndarray, repetition_penalt
               | np.any(bias != 0, axis=1))
     return Controls(repetition=repetition, presence=presence, frequency=frequency, bias=bias,
                     min_tokens=least, active=active)
+
+
+def check_constraints(regex, json_schema, rows: int, target, vocab: int, stop_ids):
+    """Each row's automaton (`sampling.constraints`) from `regex` or `json_schema` (one for
+    every row, or a list of one per row, None where free), compiled once per distinct one."""
+    from specjax.sampling.constraints import ConstraintError, compile_json_schema, \
+        compile_regex, constraints_of
+    if regex is not None and json_schema is not None:
+        raise GenerationError("pass regex or json_schema, not both")
+    given, name = (regex, "regex") if regex is not None else (json_schema, "json_schema")
+    if given is None:
+        return constraints_of([None] * rows, stop_ids, vocab)
+    per_row = isinstance(given, (list, tuple))
+    values = list(given) if per_row else [given] * rows
+    if len(values) != rows:
+        raise GenerationError(f"{name} has {len(values)} values for {rows} prompts")
+    if target.tokenizer is None:
+        raise GenerationError(f"{name} is matched against the text, and the target has no "
+                              "tokenizer")
+    compiled = {}
+    for value in values:
+        key = value if isinstance(value, str) or value is None else json.dumps(value,
+                                                                               sort_keys=True)
+        if value is None or key in compiled:
+            continue
+        if name == "regex" and not isinstance(value, str):
+            raise GenerationError(f"regex must be a string (or one per prompt), got {value!r}")
+        if name == "json_schema" and not isinstance(value, (str, dict)):
+            raise GenerationError(f"json_schema must be a dict or its JSON text, got {value!r}")
+        try:
+            compiled[key] = (compile_regex if name == "regex" else compile_json_schema)(
+                value, target.tokenizer, target.config.vocab_size)
+        except ConstraintError as e:
+            raise GenerationError(str(e)) from None
+    automata = [None if v is None else compiled[v if isinstance(v, str) else
+                                                json.dumps(v, sort_keys=True)] for v in values]
+    for b, automaton in enumerate(automata):
+        if automaton is not None and not (stop_ids[b] >= 0).any():
+            raise GenerationError(f"a constrained row needs an EOS id to stop at (row {b} has "
+                                  "eos_ids=())")
+    return constraints_of(automata, stop_ids, vocab)
 
 
 MAX_STOPS = 16

@@ -133,6 +133,7 @@ def explain(target: Model, prompt, *, steps: int = 4, top: int = 3,
             rules: Rules | None = None, kernels: bool | None = None,
             drafter_dtype: str | None = None, repetition_penalty=1.0, presence_penalty=0.0,
             frequency_penalty=0.0, logit_bias=None, min_tokens=0, logprobs=0, stop=None,
+            regex=None, json_schema=None,
             **unknown) -> list[Step | TreeStep]:
     """The first `steps` verify steps of one prompt, decoded with `generate`'s arguments (its
     docstring says what each means; `method` is one of `METHODS`): `Step`s for a chain,

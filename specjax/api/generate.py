@@ -34,6 +34,7 @@ from specjax.api.checks import (
     check_drafter_dtype,
     check_heads,
     check_controls,
+    check_constraints,
     check_logprobs,
     check_stop,
     check_int,
@@ -110,6 +111,7 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
             rules: Rules | None = None, kernels: bool | None = None,
             drafter_dtype: str | None = None, repetition_penalty=1.0, presence_penalty=0.0,
             frequency_penalty=0.0, logit_bias=None, min_tokens=0, logprobs=0, stop=None,
+            regex=None, json_schema=None,
             **unknown) -> Request:
     """Validates everything and builds the static spec and the device inputs: `generate`'s
     arguments (its docstring says what each means) as a `Request`."""
@@ -226,7 +228,8 @@ def prepare(target: Model, prompts, *, method: str = "autoregressive",
                       else dflash.runtime_weights(drafter) if method == "dflash" else None)
     controls = check_controls(rows, vocab, max_new, repetition_penalty, presence_penalty,
                               frequency_penalty, logit_bias, min_tokens)
-    settings = RowSettings(sampling, max_new, stops, controls)
+    constraint = check_constraints(regex, json_schema, rows, target, vocab, stops)
+    settings = RowSettings(sampling, max_new, stops, controls, constraint)
     request = Request(spec, weights, prompt_array.astype(np.int32), lengths,
                       row_keys(seed, rows), settings, target.tokenizer, rows=rows,
                       stop=check_stop(stop, rows, target.tokenizer))
@@ -283,7 +286,13 @@ def _on_mesh(request: Request) -> Request:
     extra = meshes.padded_rows(b, mesh) - b
     repeat = lambda a: np.concatenate([a, np.repeat(a[-1:], extra, axis=0)])  # noqa: E731
     rows = meshes.rows(mesh)
-    settings = jax.tree.map(lambda a: meshes.place(repeat(a), rows, a.dtype), request.settings)
+    table = request.settings.constraint.table           # one for the batch: not a row's
+    settings = jax.tree.map(lambda a: meshes.place(repeat(a), rows, a.dtype),
+                            dataclasses.replace(request.settings, constraint=None))
+    settings = dataclasses.replace(settings, constraint=dataclasses.replace(
+        request.settings.constraint, table=meshes.place(table, meshes.replicated(mesh), np.int32),
+        start=meshes.place(repeat(request.settings.constraint.start), rows, np.int32),
+        active=meshes.place(repeat(request.settings.constraint.active), rows, bool)))
     return dataclasses.replace(
         request, weights=meshes.put(request.weights, weight_shardings(request.spec)),
         prompts=meshes.place(repeat(request.prompts), rows, np.int32),
@@ -308,6 +317,7 @@ def generate(target: Model | Request, prompts=None, *, method: str = "autoregres
              rules: Rules | None = None, kernels: bool | None = None,
              drafter_dtype: str | None = None, repetition_penalty=1.0, presence_penalty=0.0,
              frequency_penalty=0.0, logit_bias=None, min_tokens=0, logprobs=0, stop=None,
+             regex=None, json_schema=None,
              **unknown) -> GenerationResult:
     """Generates up to `max_new_tokens` tokens for each prompt with the chosen method.
 
@@ -385,6 +395,13 @@ def generate(target: Model | Request, prompts=None, *, method: str = "autoregres
         The row's text ends just before it, and its tokens (and log-probabilities) are those
         whose text lies wholly before it, as OpenAI's API returns. `generate` runs its loop to
         the end and cuts; `stream` stops once every row has stopped.
+      regex, json_schema: constrained output: each row's text must match the regex, or be a
+        JSON document valid under the schema (a dict or its JSON text); one for every row, or
+        one per row (None: free). Compiled by outlines-core into a token-level automaton
+        (`specjax.sampling.constraints`) that runs in the compiled loop; the target's
+        distribution is masked to the tokens it allows and renormalised (that is the law every
+        method is exact for), and a row whose match can go no further can only stop (an EOS
+        id, which a constrained row needs).
       drafter_dtype: the dtype the draft model, Medusa heads or EAGLE drafter runs in:
         "float32", "bfloat16", "int8" or "q8_0" (default: the target's, so their products take
         the same kernels as the target's).
@@ -408,6 +425,7 @@ def stream(target: Model | Request, prompts=None, *, method: str = "autoregressi
            rules: Rules | None = None, kernels: bool | None = None,
            drafter_dtype: str | None = None, repetition_penalty=1.0, presence_penalty=0.0,
            frequency_penalty=0.0, logit_bias=None, min_tokens=0, logprobs=0, stop=None,
+           regex=None, json_schema=None,
            **unknown) -> Iterator[tuple[list[list[int]], GenerationResult | None]]:
     """Generates step by step from Python, yielding each step's new tokens per row.
 

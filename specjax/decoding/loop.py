@@ -17,7 +17,7 @@ from jax import lax
 
 from specjax import mesh as meshes
 from specjax.decoding.methods import MODULES
-from specjax.decoding.sharding import pinned, state_shardings, weight_shardings
+from specjax.decoding.sharding import pinned, settings_layout, state_shardings, weight_shardings
 from specjax.decoding.config import METHODS, DecodeSpec, Weights
 from specjax.decoding.state import DecodeState, RowSettings, initial_state
 from specjax.model.linear import use_kernels
@@ -59,7 +59,7 @@ def programs(spec: DecodeSpec):
         return tuple(jax.jit(f) for f in functions)
     weights, rows, state = (weight_shardings(spec), meshes.rows(spec.mesh),
                             state_shardings(spec))
-    inputs = (weights, rows, rows, rows, rows)
+    inputs = (weights, rows, rows, rows, settings_layout(spec))
     return tuple(jax.jit(f, in_shardings=shardings, out_shardings=state)
                  for f, shardings in zip(functions, (inputs, (weights, state), inputs)))
 

@@ -10,7 +10,8 @@ from jax import lax
 from specjax import mesh as meshes
 from specjax.decoding.methods import MODULES
 from specjax.decoding.config import DecodeSpec, Weights
-from specjax.decoding.state import DecodeState, Logprobs
+from specjax.decoding.state import DecodeState, Logprobs, RowSettings
+from specjax.sampling.constraints import Constraint
 from specjax.model.cache import KVCache
 
 
@@ -42,11 +43,18 @@ def state_shardings(spec: DecodeSpec) -> DecodeState:
     drafts = spec.method != "autoregressive"
     return DecodeState(
         tokens=rows, length=rows, prompt_length=rows, done=rows, row_keys=rows,
-        settings=rows, step=one, target_cache=cache(spec.target_config, True),
+        settings=settings_layout(spec), step=one, target_cache=cache(spec.target_config, True),
         target_calls=rows, draft_calls=rows, drafted=rows, accepted=rows, nan_seen=one,
         carry=MODULES[spec.method].layout(spec, rows, cache),
         accepted_histogram=rows if drafts else None,
-        logprobs=Logprobs(rows, rows, rows) if spec.logprobs else None)
+        logprobs=Logprobs(rows, rows, rows) if spec.logprobs else None, fsm=rows)
+
+
+def settings_layout(spec: DecodeSpec) -> RowSettings:
+    """Every per-row setting over "data"; the automata's table, one for the batch, replicated."""
+    rows, one = meshes.rows(spec.mesh), meshes.replicated(spec.mesh)
+    return RowSettings(sampling=rows, max_new_tokens=rows, stop_ids=rows, controls=rows,
+                       constraint=Constraint(table=one, start=rows, active=rows))
 
 
 def pinned(spec: DecodeSpec, state: DecodeState) -> DecodeState:

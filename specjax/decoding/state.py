@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax.model.cache import KVCache
+from specjax.sampling.constraints import Constraint, advance, constrain
 from specjax.sampling.logits import Controls, History, Sampling, probs_from_logits
 
 
@@ -32,6 +33,7 @@ class RowSettings:
     max_new_tokens: jax.Array  # [B] int32, within the compiled buffer
     stop_ids: jax.Array        # [B, S] int32: ids that end the row; -1 fills unused slots
     controls: Controls         # [B] per field, the bias [B, V] (`specjax.sampling.logits`)
+    constraint: Constraint     # the rows' automata (`specjax.sampling.constraints`)
 
 
 class Logprobs(NamedTuple):
@@ -74,6 +76,9 @@ class DecodeState:
     trace: dict | None = None
     # With DecodeSpec.logprobs = N > 0: the emitted tokens' log-probabilities (`Logprobs`).
     logprobs: Logprobs | None = None
+    # [B] int32: each row's automaton state after its tokens (`sampling.constraints`; 0, the
+    # free state, for a row without a constraint).
+    fsm: jax.Array | None = None
 
     def replace(self, **changes) -> "DecodeState":
         return dataclasses.replace(self, **changes)
@@ -92,6 +97,7 @@ def initial_state(prompts, prompt_length, row_keys, settings, buffer_length, tar
                        step=jnp.zeros((), jnp.int32), target_cache=target_cache,
                        target_calls=zeros, draft_calls=zeros, drafted=zeros, accepted=zeros,
                        nan_seen=jnp.zeros((), bool), carry=carry,
+                       fsm=jnp.asarray(settings.constraint.start, jnp.int32),
                        accepted_histogram=(None if max_accepted is None else
                                            jnp.zeros((b, max_accepted + 1), jnp.int32)),
                        logprobs=None if not logprobs else Logprobs(
@@ -181,7 +187,10 @@ def commit(spec, state: DecodeState, new_tokens: jax.Array, n_accepted: jax.Arra
             for buffer, new in zip(state.logprobs, (chosen, top_ids, top)))))
     state = count_call(state, drafted=drafted, accepted=n_accepted, draft_calls=draft_calls,
                        nan=nan)
+    before = state.length
     state = append(state, new_tokens, n_accepted + 1)
+    state = state.replace(fsm=advance(state.settings.constraint.table, state.fsm, new_tokens,
+                                      state.length - before))
     return state.replace(target_cache=target_cache.with_length(state.length - 1))
 
 
@@ -192,7 +201,8 @@ def any_nan(*arrays) -> jax.Array:
 def target_probs(spec, state: DecodeState, logits, drafted=None):
     """The target's sampling distribution at each position of a call [B, N, V] from its logits
     [B, N, V']: the row's controls at each position given what precedes it (the prompt, the
-    output, and `drafted` [B, N, E], the drafts before each position, -1 where none), then its
+    output, and `drafted` [B, N, E], the drafts before each position, -1 where none), its
+    automaton's mask in the state those tokens lead to (`sampling.constraints`), then its
     sampling transforms (`specjax.sampling.logits`). Every method's verify call and every
     autoregressive step take their target distribution here, so it is one law everywhere.
 
@@ -203,6 +213,7 @@ def target_probs(spec, state: DecodeState, logits, drafted=None):
                       state.settings.stop_ids, drafted)
     logits = spec.rules.controls(pad_vocab(logits, spec.vocab_size), state.settings.controls,
                                  history)
+    logits = constrain(logits, state.settings.constraint, state.fsm, drafted)
     q = probs_from_logits(logits, state.settings.sampling)
     if not spec.logprobs:
         return q, None
