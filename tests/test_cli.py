@@ -209,6 +209,8 @@ def bad_inputs(tiny):
         "min tokens past max": ["-n", "4", "--min-tokens", "5", *prompt],
         "logprobs without json": ["--logprobs", "2", *prompt],
         "logprobs 21": ["--logprobs", "21", "--json", *prompt],
+        "bad regex": ["--regex", "(unclosed", *prompt],
+        "missing schema": ["--json-schema", str(tiny["a"] / "nope.json"), *prompt],
         "trace of all methods": ["--method", "all", "--trace", "2", *prompt],
     }
 

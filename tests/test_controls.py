@@ -214,7 +214,8 @@ def test_the_command_line_takes_the_controls(capsys):
     args = ["generate", "--preset", "tiny-llama", "--prompt", "def f(x):", "-n", "8", "--json",
             "--method", "speculative", "-k", "2", "--repetition-penalty", "1.3",
             "--frequency-penalty", "0.5", "--logit-bias", "5:30", "--logit-bias", "9:-1",
-            "--min-tokens", "8", "--logprobs", "2", "--stop", "never there"]
+            "--min-tokens", "8", "--logprobs", "2", "--stop", "never there",
+            "--regex", "[a-z ]+"]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     settings = report["settings"]
@@ -223,7 +224,7 @@ def test_the_command_line_takes_the_controls(capsys):
     target = specjax.load(report["target_path"])
     want = generate(target, ["def f(x):"], max_new_tokens=8, temperature=0.0,
                     repetition_penalty=1.3, frequency_penalty=0.5, logit_bias={5: 30.0, 9: -1.0},
-                    min_tokens=8)
+                    min_tokens=8, regex="[a-z ]+")
     plain = generate(target, ["def f(x):"], max_new_tokens=8, temperature=0.0)
     assert report["results"][0]["tokens"] == want.tokens[0] != plain.tokens[0]
     shown = report["results"][0]["logprobs"]
@@ -331,3 +332,124 @@ def test_bench_times_each_method_with_and_without_the_controls(tmp_path, capsys)
         assert row["call_ratio"] == pytest.approx(row["seconds_per_target_call"]["controls"]
                                                   / row["seconds_per_target_call"]["plain"])
     assert "| ngram |" in (tmp_path / "controls.md").read_text()
+
+
+# -- Constrained output --------------------------------------------------------------------------
+#
+# On the tiny pair, whose tokens have no text, the automaton is built by the same compiler over
+# a vocabulary of letters: token i spells the letter "abcde"[i], token 5 is the EOS id.
+
+LETTERS = {bytes([ord("a") + i]): [i] for i in range(5)}
+REGEX = "(a|b[cd])[a-e]*"              # a first token of two, a forced second after b
+CONSTRAINED = {"autoregressive": "autoregressive", "speculative": "speculative",
+               "tree": "speculative-tree", "eagle": "eagle", "dflash": "dflash"}
+ALPHA_CONSTRAINED = 0.01 / len(CONSTRAINED)
+
+
+def _letters():
+    from specjax.sampling.constraints import from_vocabulary
+    return from_vocabulary(REGEX, LETTERS, V)
+
+
+def _draw_constrained(models, method, **extra):
+    target, draft = models
+    options = dict(_methods(target, draft).get(method, dict(method=method)))
+    if method == "speculative":
+        options["k"] = 2
+    options.update(extra)
+    result = generate(target, np.tile(np.asarray(PROMPT, np.int32), (N, 1)), max_new_tokens=L,
+                      temperature=1.0, seed=0, eos_ids=(5,), regex=_letters(), **options)
+    samples = np.array([row + [5] * (L - len(row)) for row in result.tokens], np.int32)
+    law = laws.exact_law(target, PROMPT, SamplingParams(1.0), L, automaton=_letters(),
+                         eos_ids=(5,))
+    return gtest.p_value(samples, law, V), result.stats
+
+
+@pytest.mark.parametrize("name", CONSTRAINED)
+def test_every_method_samples_the_constrained_target(models, name):
+    p_value, stats = _draw_constrained(models, CONSTRAINED[name])
+    assert p_value > ALPHA_CONSTRAINED, f"{name}: G-test p = {p_value:.3g}"
+    if name != "autoregressive":
+        assert 0 < stats.accepted < stats.drafted
+
+
+def _accepts_forbidden_drafts(draft_tokens, draft_probs, target_probs, keys, num_drafted=None,
+                              **kwargs):
+    """A verifier that lets through a draft the automaton forbids (q = 0): it is scored as if
+    the target agreed with the draft there."""
+    from specjax.sampling.rejection import verify
+    k = draft_tokens.shape[1]
+    q = target_probs[:, :k]
+    import jax.numpy as jnp
+    picked = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]
+    p_x = jnp.take_along_axis(draft_probs, draft_tokens[..., None], axis=-1)[..., 0]
+    at_draft = jnp.arange(q.shape[-1]) == draft_tokens[..., None]
+    fixed = jnp.where((picked == 0)[..., None] & at_draft, p_x[..., None], q)
+    return verify(draft_tokens, draft_probs, target_probs.at[:, :k].set(fixed), keys,
+                  num_drafted=num_drafted, **kwargs)
+
+
+def test_a_draft_the_automaton_forbids_accepted_is_caught(models):
+    p_value, _ = _draw_constrained(models, "speculative",
+                                   rules=Rules(verify=_accepts_forbidden_drafts))
+    assert p_value < ALPHA_CONSTRAINED, f"not caught: p = {p_value:.3g}"
+
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 6}, "ok": {"type": "boolean"},
+    "size": {"enum": ["small", "large"]}}, "required": ["name", "ok", "size"]}
+
+
+def test_constrained_outputs_are_valid_and_every_method_agrees():
+    import re
+    import jsonschema
+    target = specjax.load(WEIGHTS / "llama-target")
+    draft = specjax.load(WEIGHTS / "llama-draft")
+    drafter = specjax.load(WEIGHTS / "llama-eagle")
+    prompts = ["def f(x):", "import os", "class A:", "# a note", "x = 1", "for i in"] * 2
+    regex = r"(yes|no), [0-9]{2,3}( and [a-z]{1,5})?"
+    sampled = generate(target, prompts, max_new_tokens=48, temperature=1.0, seed=list(range(12)),
+                       json_schema=[SCHEMA] * 6 + [None] * 6)
+    eos = set(target.config.eos_token_ids)
+    ended = [(text, tokens) for text, tokens in zip(sampled.texts[:6], sampled.tokens[:6])
+             if tokens and tokens[-1] in eos]
+    assert len(ended) >= 4
+    for text, _ in ended:
+        jsonschema.validate(json.loads(text), SCHEMA)
+    free = generate(target, prompts[6:], max_new_tokens=48, temperature=1.0,
+                    seed=list(range(6, 12)))
+    assert free.tokens == sampled.tokens[6:]            # free rows beside constrained ones
+    matched = generate(target, prompts[:6], max_new_tokens=24, temperature=1.0, seed=4,
+                       regex=regex)
+    assert all(re.fullmatch(regex, text) for text, tokens in zip(matched.texts, matched.tokens)
+               if tokens[-1] in eos)
+    # Greedy: every method gives each row the autoregressive tokens, constrained rows beside
+    # free ones in one batch.
+    mixed = [regex, None, regex]
+    want = generate(target, prompts[:3], max_new_tokens=20, temperature=0.0, regex=mixed)
+    assert re.fullmatch(regex, want.texts[0]) and re.fullmatch(regex, want.texts[2])
+    for options in (dict(method="speculative", draft=draft, k=3), dict(method="ngram"),
+                    dict(method="eagle", drafter=drafter),
+                    dict(method="speculative", draft=draft, tree=Tree.full((2, 2)))):
+        got = generate(target, prompts[:3], max_new_tokens=20, temperature=0.0, regex=mixed,
+                       **options)
+        assert got.tokens == want.tokens, options["method"]
+
+
+def test_bad_constraints_are_named_errors(models):
+    from specjax.sampling.constraints import ConstraintError, from_vocabulary
+    target = specjax.load(WEIGHTS / "llama-target")
+    for options, match in ((dict(regex="(unclosed"), "cannot be compiled"),
+                           (dict(json_schema={"type": "object", "properties": 3}),
+                            "json_schema cannot be compiled"),
+                           (dict(json_schema="{not json"), "json_schema cannot be compiled"),
+                           (dict(regex="a", json_schema=SCHEMA), "not both"),
+                           (dict(regex="a", eos_ids=()), "needs an EOS id"),
+                           (dict(regex=["a"]), "regex has 1 values for 2 prompts"),
+                           (dict(regex=3), "regex must be a string")):
+        with pytest.raises(GenerationError, match=match):
+            generate(target, ["a", "b"], max_new_tokens=2, **options)
+    with pytest.raises(GenerationError, match="no tokenizer"):
+        generate(models[0], [PROMPT], max_new_tokens=2, regex="a")
+    with pytest.raises(ConstraintError, match="no token of the vocabulary can continue"):
+        from_vocabulary("z", LETTERS, V)

@@ -214,9 +214,11 @@ def check_controls(rows: int, vocab: int, max_new: np.ndarray, repetition_penalt
 
 def check_constraints(regex, json_schema, rows: int, target, vocab: int, stop_ids):
     """Each row's automaton (`sampling.constraints`) from `regex` or `json_schema` (one for
-    every row, or a list of one per row, None where free), compiled once per distinct one."""
-    from specjax.sampling.constraints import ConstraintError, compile_json_schema, \
-        compile_regex, constraints_of
+    every row, or a list of one per row, None where free), compiled once per distinct one. A
+    regex may also be an `Automaton` compiled before (`compile_regex`, or `from_vocabulary`
+    for a model without a tokenizer)."""
+    from specjax.sampling.constraints import (Automaton, ConstraintError, compile_json_schema,
+                                              compile_regex, constraints_of)
     if regex is not None and json_schema is not None:
         raise GenerationError("pass regex or json_schema, not both")
     given, name = (regex, "regex") if regex is not None else (json_schema, "json_schema")
@@ -226,6 +228,12 @@ def check_constraints(regex, json_schema, rows: int, target, vocab: int, stop_id
     values = list(given) if per_row else [given] * rows
     if len(values) != rows:
         raise GenerationError(f"{name} has {len(values)} values for {rows} prompts")
+    if name == "regex" and all(isinstance(v, Automaton) or v is None for v in values):
+        for v in values:
+            if v is not None and v.table.shape[1] > vocab:
+                raise GenerationError(f"the automaton of {v.pattern!r} has {v.table.shape[1]} "
+                                      f"tokens, the target {vocab}")
+        return _checked_stops(values, stop_ids, vocab, constraints_of)
     if target.tokenizer is None:
         raise GenerationError(f"{name} is matched against the text, and the target has no "
                               "tokenizer")
@@ -246,6 +254,10 @@ def check_constraints(regex, json_schema, rows: int, target, vocab: int, stop_id
             raise GenerationError(str(e)) from None
     automata = [None if v is None else compiled[v if isinstance(v, str) else
                                                 json.dumps(v, sort_keys=True)] for v in values]
+    return _checked_stops(automata, stop_ids, vocab, constraints_of)
+
+
+def _checked_stops(automata, stop_ids, vocab, constraints_of):
     for b, automaton in enumerate(automata):
         if automaton is not None and not (stop_ids[b] >= 0).any():
             raise GenerationError(f"a constrained row needs an EOS id to stop at (row {b} has "

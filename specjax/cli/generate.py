@@ -68,7 +68,7 @@ text; with --temperature > 0 each method still samples exactly from the target's
    "prompt_tokens", "prefill_s", "settings": {"method", "k", "max_new_tokens", "temperature",
    "top_k", "top_p", "min_p", "seed", "max_ngram", "min_ngram", "repetition_penalty",
    "presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "logprobs", "stop",
-   "tree" (a list of
+   "regex", "json_schema", "tree" (a list of
    paths, {"dynamic": [depth, top_k, total_tokens]} or null),
    "candidates", "chat", "dtype"},
    "results": [{"method", "text", "tokens", "speedup_vs_autoregressive", "logprobs" (with
@@ -152,6 +152,10 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
                    help="add BIAS, in [-100, 100], to token ID's logit (repeatable)")
     c.add_argument("--min-tokens", type=int, default=0, metavar="N",
                    help="no EOS before N new tokens (default 0)")
+    c.add_argument("--regex", metavar="PATTERN",
+                   help="constrain the output to match this regex in full (outlines-core)")
+    c.add_argument("--json-schema", metavar="FILE",
+                   help="constrain the output to a JSON document valid under this schema")
     c.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="end the output just before the first TEXT in it, across token "
                         "boundaries (repeatable)")
@@ -184,7 +188,8 @@ def run_generate(args) -> int:
                    presence_penalty=args.presence_penalty,
                    frequency_penalty=args.frequency_penalty,
                    logit_bias=parse_logit_bias(args.logit_bias), min_tokens=args.min_tokens,
-                   logprobs=args.logprobs, stop=args.stop)
+                   logprobs=args.logprobs, stop=args.stop, regex=args.regex,
+                   json_schema=read_schema(args.json_schema))
     check_numbers(methods, options, args.json)
     mesh_shape = parse_mesh(args.mesh)
     if args.trace is not None and args.trace < 1:
@@ -285,6 +290,18 @@ def check_numbers(methods: list[str], options: dict, json_output: bool = True) -
     bias = options["logit_bias"] or {}
     check_controls(1, max(bias, default=0) + 1, np.array([options["max_new_tokens"]]),
                    **{name: options[name] for name in CONTROLS})
+
+
+def read_schema(path: str | None) -> dict | None:
+    """--json-schema FILE: the schema, read and parsed (None without the option)."""
+    if path is None:
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as e:
+        raise CLIError(f"--json-schema: cannot read {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise CLIError(f"--json-schema: {path} is not JSON ({e})") from None
 
 
 def parse_logit_bias(entries: list[str]) -> dict | None:

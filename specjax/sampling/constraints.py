@@ -108,10 +108,20 @@ def compile_regex(pattern: str, tokenizer, vocab_size: int) -> Automaton:
     return from_vocabulary(pattern, token_bytes(tokenizer, vocab_size), vocab_size)
 
 
+def _outlines():
+    try:
+        import outlines_core
+        import outlines_core.json_schema
+    except ImportError:
+        raise ConstraintError("regex= and json_schema= need outlines-core: pip install "
+                              "'specjax[constraints]'") from None
+    return outlines_core
+
+
 def compile_json_schema(schema, tokenizer, vocab_size: int) -> Automaton:
     """A JSON schema (a dict or its JSON text) as an automaton: outlines-core writes its regex
     (with at most one space between tokens), then `compile_regex`."""
-    from outlines_core.json_schema import build_regex_from_schema
+    build_regex_from_schema = _outlines().json_schema.build_regex_from_schema
     text = schema if isinstance(schema, str) else json.dumps(schema)
     try:
         json.loads(text)
@@ -128,13 +138,16 @@ def compile_json_schema(schema, tokenizer, vocab_size: int) -> Automaton:
 def from_vocabulary(pattern: str, tokens: dict[bytes, list[int]], vocab_size: int) -> Automaton:
     """The automaton of `pattern` over a vocabulary given as {bytes: ids} (any token-level
     alphabet: tests build one of single letters)."""
-    from outlines_core import Index, Vocabulary
+    Index, Vocabulary = _outlines().Index, _outlines().Vocabulary
     eos = vocab_size                       # outlines-core's end token, outside the ids used
     try:
         index = Index(pattern, Vocabulary(eos, tokens))
     except BaseException as e:             # a bad regex: ValueError, or a Rust panic
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
+        if "incompatible with the regex" in str(e):
+            raise ConstraintError(f"no token of the vocabulary can continue a match of "
+                                  f"{pattern!r} ({e})") from None
         raise ConstraintError(f"regex {pattern!r} cannot be compiled: {e}") from None
     transitions = index.get_transitions()
     finals = set(index.get_final_states())

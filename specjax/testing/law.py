@@ -65,7 +65,7 @@ def _decode_call(kernels: bool):
 
 
 def exact_law(target: Model, prompt, sampling: SamplingParams, length: int,
-              controls: dict | None = None) -> np.ndarray:
+              controls: dict | None = None, automaton=None, eos_ids=()) -> np.ndarray:
     """P(continuation) under the target for all V^length continuations of `prompt`, in
     lexicographic order, float64: each is the product of the target's next-token probabilities
     (`probs_from_logits`, the distribution every sampler is exact for) along it.
@@ -80,7 +80,12 @@ def exact_law(target: Model, prompt, sampling: SamplingParams, length: int,
     `controls` (`generate`'s keywords: repetition_penalty, presence_penalty, frequency_penalty,
     logit_bias, min_tokens, with eos_ids for min_tokens) are applied at each position, given
     the prompt and the continuation before it, by `controlled`: this module's numpy statement
-    of the rule of `specjax.sampling.logits`."""
+    of the rule of `specjax.sampling.logits`.
+
+    With an `automaton` (`specjax.sampling.constraints.Automaton`), each position's logits are
+    masked to the tokens its state after the continuation so far allows, and `eos_ids` in its
+    accepting states; with `eos_ids`, a continuation that has emitted one ends: every later
+    token is that id, with probability 1 (the sampler's rows stop; pad them so)."""
     config = target.config
     vocab = config.vocab_size
     continuations = np.array(list(itertools.product(range(vocab), repeat=length)), np.int32)
@@ -99,8 +104,22 @@ def exact_law(target: Model, prompt, sampling: SamplingParams, length: int,
     if controls:
         logits = np.stack([controlled(np.asarray(logits[:, t]), prompt, continuations[:, :t],
                                       **controls) for t in range(length)], axis=1)
+    if automaton is not None:
+        logits = np.array(logits, np.float32)
+        state = np.full(len(continuations), automaton.start)
+        for t in range(length):
+            live = state >= 0
+            allowed = np.where(live[:, None], automaton.table[np.maximum(state, 0)] >= 0, False)
+            allowed[:, list(eos_ids)] |= (live & automaton.accepting[np.maximum(state, 0)])[:, None]
+            logits[:, t] = np.where(allowed, logits[:, t], -np.inf)
+            nxt = automaton.table[np.maximum(state, 0), continuations[:, t] % automaton.table.shape[1]]
+            state = np.where(live, nxt, -1)
     probs = np.asarray(probs_from_logits(logits, sampling), np.float64)
     picked = np.take_along_axis(probs, continuations[..., None], axis=-1)[..., 0]
+    if eos_ids:
+        ended = np.isin(continuations, list(eos_ids))
+        after = np.cumsum(ended, axis=1) - ended > 0        # an EOS came before position t
+        picked = np.where(after, np.where(ended, 1.0, 0.0), picked)
     law = picked.prod(axis=1)
     assert abs(law.sum() - 1) < 1e-5
     return law
