@@ -31,7 +31,9 @@ def numpy_step(step: Step, room: int = 16, name: str | None = None):
     """A sampler that runs `step` on the rows that are still short of the requested length,
     until none is; each row's first `length` tokens are its sample."""
 
-    def sampler(pair, prompt, seed, *, samples, length, sampling: SamplingParams):
+    def sampler(pair, prompt, seed, *, samples, length, sampling: SamplingParams,
+                controls=None):
+        # A step that applies controls holds them itself (`catalogue.Speculative(controls)`).
         rng = np.random.default_rng(seed)
         lookup = pair.lookup()
         tokens = np.zeros((samples, length + room), np.int32)
@@ -53,8 +55,10 @@ def specjax_rules(rules=None, method: str = "speculative", k: int = 2, name: str
     """A sampler that runs `specjax.generate` with `method` on the pair (one row per sample, in
     one call), with `rules` in place of the default `Rules()` when given. `options` go to
     `generate` as they are (tree=, candidates=, k_schedule=, ...)."""
-    def sampler(pair, prompt, seed, *, samples, length, sampling: SamplingParams):
+    def sampler(pair, prompt, seed, *, samples, length, sampling: SamplingParams,
+                controls=None):
         extra = {} if method == "autoregressive" else {"k": k}
+        extra.update(controls or {})
         if method == "speculative":
             extra["draft"] = pair.draft
         result = generate(pair.target, np.tile(np.asarray(prompt, np.int32), (samples, 1)),

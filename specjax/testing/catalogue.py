@@ -19,7 +19,7 @@ import numpy as np
 
 from specjax.sampling.logits import SamplingParams
 from specjax.testing.adapters import numpy_step
-from specjax.testing.law import warp
+from specjax.testing.law import controlled, warp
 from specjax.testing.verdict import Entry
 
 __all__ = ["CATALOGUE", "Speculative", "draw"]
@@ -31,6 +31,18 @@ def draw(rng: np.random.Generator, probs: np.ndarray, noise: np.ndarray | None =
     `noise` [N, V] reuses given variates (the shared-noise bug needs them)."""
     noise = rng.exponential(size=probs.shape) if noise is None else noise
     return np.argmax(probs / noise, axis=-1)
+
+
+def with_controls(logits, lookup, tokens, lengths, controls: dict, counted=None):
+    """The target's logits [N, V] after each row's output so far (`tokens[:, :counted]`, the
+    whole context `lengths` by default) under `controls` (`law.controlled`), the pair's prompt
+    before it."""
+    counted = lengths if counted is None else counted
+    out = np.empty_like(logits)
+    for m in np.unique(counted):
+        rows = np.flatnonzero(counted == m)
+        out[rows] = controlled(logits[rows], lookup.pair.prompt, tokens[rows, :m], **controls)
+    return out
 
 
 def _normalized(weights: np.ndarray, fallback: np.ndarray) -> np.ndarray:
@@ -46,6 +58,9 @@ class Speculative:
     from the target after the last draft. Subclasses replace one method with a bug."""
 
     k = 2
+
+    def __init__(self, controls: dict | None = None):
+        self.controls = controls          # penalties and bias on the target (`law.controlled`)
 
     def __call__(self, rng, lookup, tokens, lengths, sampling):
         rows, k = np.arange(len(lengths)), self.k
@@ -71,7 +86,10 @@ class Speculative:
         return draw(rng, p), p
 
     def target(self, lookup, tokens, lengths, sampling):
-        return warp(lookup.target(tokens, lengths), sampling)
+        logits = lookup.target(tokens, lengths)
+        if self.controls:
+            logits = with_controls(logits, lookup, tokens, lengths, self.controls)
+        return warp(logits, sampling)
 
     def accept(self, rng, drafts, p, q):
         p_x = np.take_along_axis(p, drafts[..., None], axis=-1)[..., 0]     # [N, k]
@@ -255,6 +273,21 @@ class MatchTargetSample(Speculative):
         return self._samples[np.arange(len(accepted)), accepted]
 
 
+class PenaltiesCountCommittedOnly(Speculative):
+    """Penalties under speculation counted over the tokens committed before the step only: the
+    target's distribution at draft position i ignores drafts 1..i-1 (each is scored as if it
+    had not been generated yet)."""
+
+    def __call__(self, rng, lookup, tokens, lengths, sampling):
+        self._committed = lengths
+        return super().__call__(rng, lookup, tokens, lengths, sampling)
+
+    def target(self, lookup, tokens, lengths, sampling):
+        logits = with_controls(lookup.target(tokens, lengths), lookup, tokens, lengths,
+                               self.controls, counted=self._committed)
+        return warp(logits, sampling)
+
+
 def _autoregressive(rng, lookup, tokens, lengths, sampling):
     """One token per row from the target: the reference every scheme must equal."""
     tokens = tokens.copy()
@@ -266,6 +299,10 @@ def _autoregressive(rng, lookup, tokens, lengths, sampling):
 # -- The catalogue ------------------------------------------------------------------------------
 
 T1, T07_TOP_P = SamplingParams(1.0), SamplingParams(0.7, top_p=0.9)
+# Penalties strong enough to move the law: a drafted token repeated in the block is what a
+# bug that forgets the drafts gets wrong.
+PENALTIES = dict(repetition_penalty=1.5, presence_penalty=1.0, frequency_penalty=0.8,
+                 logit_bias={3: 0.7})
 
 
 def _reference(name: str, lossless: bool, source: str, step, **setting) -> Entry:
@@ -295,11 +332,15 @@ CATALOGUE = (
     _reference("rejection-one-step-late", False, "openvino.genai #4190",
                RejectionOneStepLate()),
     _reference("greedy-match-when-sampling", False, "mlxcel #902", GreedyMatchWhenSampling()),
+    _reference("penalties-count-committed-only", False, "SGLang #33643, vLLM #18902",
+               PenaltiesCountCommittedOnly(PENALTIES), controls=PENALTIES),
     # Exact schemes, some of which look wrong: each must pass.
     _reference("autoregressive", True, "the definition", _autoregressive),
     _reference("speculative", True, "Chen et al. 2023, Algorithm 2", Speculative()),
     _reference("speculative-t0.7-top-p", True, "Chen et al. 2023, Algorithm 2", Speculative(),
                sampling=T07_TOP_P),
+    _reference("speculative-penalties", True, "drafts counted as generated (issue 64)",
+               Speculative(PENALTIES), controls=PENALTIES),
     _reference("top-k-tree-one-hot", True, "SpecInfer (Miao et al. 2024), one-hot drafts",
                TopKTreeOneHot()),
     _reference("match-target-sample", True, "disputed in mlx-swift-lm #459",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import numbers
 import time
 from typing import Callable
@@ -49,6 +50,7 @@ class Report:
     level: float                    # family-wise, over `tests`
     tests: tuple[gtest.Test, ...]
     seconds: float                  # the sampler's time
+    controls: dict | None = None    # the penalties and bias sampled under
 
     @property
     def lossless(self) -> bool:
@@ -70,7 +72,8 @@ class Report:
     def __str__(self) -> str:
         s = self.sampling
         setting = f"T={s.temperature:g}" + (f" top-k={s.top_k}" if s.top_k else "") + (
-            f" top-p={s.top_p:g}" if s.top_p < 1 else "")
+            f" top-p={s.top_p:g}" if s.top_p < 1 else "") + (
+            f" {self.controls}" if self.controls else "")
         lines = [f"{self.name}: {'LOSSLESS' if self.lossless else 'NOT LOSSLESS'} "
                  f"(adjusted p = {self.p_value:.3g}, family-wise level {self.level:g}; "
                  f"{self.samples:,} samples, pair {self.pair!r}, {setting})",
@@ -84,13 +87,26 @@ class Report:
 
 
 @functools.lru_cache(maxsize=64)
-def _law(pair: Pair, sampling: SamplingParams, length: int) -> np.ndarray:
-    return exact_law(pair.target, pair.prompt, sampling, length)
+def _law(pair: Pair, sampling: SamplingParams, length: int, controls: str = "") -> np.ndarray:
+    return exact_law(pair.target, pair.prompt, sampling, length,
+                     controls=_unkey(controls) if controls else None)
+
+
+def _key(controls: dict) -> str:
+    """`controls` as a hashable key (the bias's ids as strings, as JSON has them)."""
+    return json.dumps(controls, sort_keys=True)
+
+
+def _unkey(key: str) -> dict:
+    controls = json.loads(key)
+    if controls.get("logit_bias"):
+        controls["logit_bias"] = {int(k): v for k, v in controls["logit_bias"].items()}
+    return controls
 
 
 def check(sampler: Sampler, *, pair: Pair | str = "close", sampling: SamplingParams | None = None,
           length: int = LENGTH, samples: int = SAMPLES, seed: int = 0, level: float = LEVEL,
-          name: str | None = None) -> Report:
+          name: str | None = None, controls: dict | None = None) -> Report:
     """Draw `samples` continuations of `length` tokens from `sampler` and test them against the
     target's exact law under `sampling` (default: temperature 1), at family-wise `level`.
 
@@ -104,6 +120,11 @@ def check(sampler: Sampler, *, pair: Pair | str = "close", sampling: SamplingPar
       samples: continuations to draw (sets the power: `Report.detectable_kl`).
       seed: handed to the sampler; fixed seeds make the verdict reproducible.
       level: family-wise significance level of the check's tests (Bonferroni).
+      controls: penalties, a logit bias or a minimum length (`generate`'s keywords:
+        repetition_penalty, presence_penalty, frequency_penalty, logit_bias, min_tokens) the
+        target is sampled under: the law applies them at each position given the prompt and
+        the continuation before it (`law.controlled`), and the sampler gets them as the keyword
+        `controls` (only when given).
     """
     pair = named_pair(pair) if isinstance(pair, str) else pair
     sampling = SamplingParams() if sampling is None else sampling
@@ -123,13 +144,15 @@ def check(sampler: Sampler, *, pair: Pair | str = "close", sampling: SamplingPar
         raise ValueError(f"level must be in (0, 1), got {level!r}")
 
     start = time.perf_counter()
+    extra = {"controls": controls} if controls else {}
     tokens = sampler(pair, np.array(pair.prompt, np.int32), seed, samples=samples, length=length,
-                     sampling=sampling)
+                     sampling=sampling, **extra)
     seconds = time.perf_counter() - start
     tokens = _checked_tokens(tokens, samples, length, pair.vocab)
-    tests = gtest.tests(tokens, _law(pair, sampling, length), pair.vocab, level)
+    law = _law(pair, sampling, length, _key(controls) if controls else "")
+    tests = gtest.tests(tokens, law, pair.vocab, level)
     return Report(name or getattr(sampler, "__name__", "sampler"), pair.name, sampling, samples,
-                  level, tuple(tests), seconds)
+                  level, tuple(tests), seconds, controls)
 
 
 def _checked_tokens(tokens, samples: int, length: int, vocab: int) -> np.ndarray:

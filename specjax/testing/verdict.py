@@ -25,6 +25,7 @@ class Entry:
     sampling: SamplingParams = SamplingParams(1.0)
     pair: str = "close"
     samples: int = 100_000
+    controls: dict | None = None          # penalties and bias (`check`'s `controls`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +46,7 @@ def run(entries: Sequence[Entry], *, level: float = 0.01, seed: int = 0,
     verdicts = []
     for entry in entries:
         report = check(entry.make(), pair=entry.pair, sampling=entry.sampling,
-                       samples=samples or entry.samples, seed=seed,
+                       samples=samples or entry.samples, seed=seed, controls=entry.controls,
                        level=level / len(entries), name=entry.name)
         verdicts.append(Verdict(entry, report))
         if progress:
@@ -53,8 +54,9 @@ def run(entries: Sequence[Entry], *, level: float = 0.01, seed: int = 0,
     return verdicts
 
 
-def _setting(s: SamplingParams) -> str:
-    return (f"T={s.temperature:g}" + (f" top-k={s.top_k}" if s.top_k else "")
+def _setting(s: SamplingParams, controls: dict | None = None) -> str:
+    return (f"T={s.temperature:g}" + (" +penalties" if controls else "")
+            + (f" top-k={s.top_k}" if s.top_k else "")
             + (f" top-p={s.top_p:g}" if s.top_p < 1 else "")
             + (f" min-p={s.min_p:g}" if s.min_p else ""))
 
@@ -66,7 +68,8 @@ def row(v: Verdict) -> str:
     mark = "" if v.as_expected else "  <- UNEXPECTED"
     p = f"{r.p_value:.2g}" if r.p_value > 0 else "<1e-300"     # below float64's range
     return (f"{e.name:<38} {expected:<7} {verdict:<9} {p:>9} {r.samples:>9,} "
-            f"{r.detectable_kl:>9.1e} {_setting(r.sampling):<16} {r.seconds:>6.1f}  {e.source}"
+            f"{r.detectable_kl:>9.1e} {_setting(r.sampling, r.controls):<16} {r.seconds:>6.1f}  "
+            f"{e.source}"
             + mark)
 
 
