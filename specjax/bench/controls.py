@@ -1,13 +1,16 @@
-"""`python -m specjax bench --controls`: what penalties and a logit bias cost a decoding run.
+"""`python -m specjax bench --controls`: what penalties, a logit bias and a JSON schema cost a
+decoding run.
 
 For each method (autoregressive, and those of --methods that the models allow), on each of the
-suite's prompts but the long-code-editing one: a run without controls and a run with a
-repetition penalty of 1.1, presence and frequency penalties of 0.2 and a logit bias on 16 ids,
-each --warmup times untimed and then --reps times in turn (plain, controlled, plain, ...), so
-that the two see the same state of the host. Reported per method: the median tokens/s of each
-and their ratio, and the tokens per target call of each (the controls change the text, so the
-calls can differ too), and the time of a target call (a step) with and without them: the cost
-of the controls themselves. Writes controls.json and controls.md to --out.
+suite's prompts but the long-code-editing one: a run without controls, a run with a repetition
+penalty of 1.1, presence and frequency penalties of 0.2 and a logit bias on 16 ids, and a run
+constrained to a small JSON schema (`SCHEMA`; it stops at an EOS id once complete), each
+--warmup times untimed and then --reps times in turn (plain, controlled, JSON, plain, ...), so
+that they see the same state of the host. Reported per method: the median tokens/s of each, the
+tokens per target call of each (the controls change the text, so the calls can differ too), the
+time of a target call (a step) with and without the penalties (their own cost), and the JSON
+run's tokens/s against autoregressive decoding's under the same schema. Writes controls.json
+and controls.md to --out.
 """
 
 from __future__ import annotations
@@ -28,6 +31,14 @@ from specjax.presets import drafter_path, heads_path, model_paths
 SCHEMA = "specjax.bench.controls/1"
 CONTROLS = dict(repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.2,
                 logit_bias={i: -1.0 for i in range(100, 116)})
+# The constrained runs: a small record, each row's output one such JSON document (they stop at
+# the target's EOS ids once it is complete).
+SCHEMA = {"type": "object", "properties": {
+    "title": {"type": "string", "maxLength": 40}, "year": {"type": "integer"},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
+    "done": {"type": "boolean"}}, "required": ["title", "year", "tags", "done"]}
+VARIANTS = {"plain": dict(eos_ids=()), "controls": dict(CONTROLS, eos_ids=()),
+            "json": dict(json_schema=SCHEMA)}
 
 
 def run(args, settings: dict) -> int:
@@ -51,24 +62,24 @@ def run(args, settings: dict) -> int:
              else p["prompt"] for p in prompts]
     ids = encode_prompts(target, texts)
     runs = settings["warmup"] + settings["reps"]
-    progress = Progress(len(methods) * len(ids) * 2 * runs)
+    progress = Progress(len(methods) * len(ids) * len(VARIANTS) * runs)
     rows = []
     for method in methods:
         base = dict(method=method, max_new_tokens=settings["max_new_tokens"],
-                    temperature=settings["temperature"], top_p=settings["top_p"], eos_ids=())
+                    temperature=settings["temperature"], top_p=settings["top_p"])
         if method in ("speculative", "ngram"):
             base.update(k=settings["ks"][-1], draft=draft if method == "speculative" else None)
         if method == "medusa":
             base.update(heads=heads)
         if method in kinds:
             base.update(drafter=drafter)
-        seconds = {"plain": [], "controls": []}
-        tokens = {"plain": 0, "controls": 0}
-        calls = {"plain": 0, "controls": 0}
+        seconds = {name: [] for name in VARIANTS}
+        tokens = dict.fromkeys(VARIANTS, 0)
+        calls = dict.fromkeys(VARIANTS, 0)
         for prompt in ids:
-            requests = {"plain": prepare(target, [prompt], **base),
-                        "controls": prepare(target, [prompt], **base, **CONTROLS)}
-            per_prompt = {"plain": [], "controls": []}
+            requests = {name: prepare(target, [prompt], **base, **variant)
+                        for name, variant in VARIANTS.items()}
+            per_prompt = {name: [] for name in VARIANTS}
             for i in range(runs):
                 for name, request in requests.items():
                     result = generate(request.reseeded(settings["seed"] + i))
@@ -84,6 +95,7 @@ def run(args, settings: dict) -> int:
                     for name in seconds}
         rows.append({"method": method, "tokens_per_second": rate,
                      "ratio": rate["controls"] / rate["plain"],
+                     "json_ratio": rate["json"] / rate["plain"],
                      "seconds_per_target_call": per_call,
                      "call_ratio": per_call["controls"] / per_call["plain"],
                      "tokens_per_target_call": {n: tokens[n] / calls[n] for n in tokens}})
@@ -98,7 +110,7 @@ def run(args, settings: dict) -> int:
                          temperature=settings["temperature"], top_p=settings["top_p"],
                          prompts=[p["id"] for p in prompts],
                          controls={k: (v if k != "logit_bias" else f"-1 on ids {min(v)}-{max(v)}")
-                                   for k, v in CONTROLS.items()}),
+                                   for k, v in CONTROLS.items()}, json_schema=SCHEMA),
         "rows": rows,
     }
     write_report(args.out, "controls", results, lambda results, out: [], markdown)
@@ -113,8 +125,10 @@ def markdown(results: dict) -> str:
              f"{s['temperature']} · medians of {s['reps']} runs a prompt, plain and controlled "
              f"in turn · controls: {s['controls']}", "",
              "| method | tokens/s plain | tokens/s controlled | ratio | ms a step plain | "
-             "ms a step controlled | ratio | tokens/call plain | tokens/call controlled |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+             "ms a step controlled | ratio | tokens/call plain | tokens/call controlled | "
+             "tokens/s JSON | tokens/call JSON | JSON vs autoregressive JSON |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    base = {row["method"]: row["tokens_per_second"]["json"] for row in results["rows"]}
     for row in results["rows"]:
         r, c = row["tokens_per_second"], row["tokens_per_target_call"]
         t = row["seconds_per_target_call"]
@@ -122,5 +136,7 @@ def markdown(results: dict) -> str:
                      f"{fmt(r['controls'], '.1f')} | {fmt(row['ratio'], '.3f', 'x')} | "
                      f"{fmt(t['plain'] * 1e3, '.2f')} | {fmt(t['controls'] * 1e3, '.2f')} | "
                      f"{fmt(row['call_ratio'], '.3f', 'x')} | "
-                     f"{fmt(c['plain'], '.2f')} | {fmt(c['controls'], '.2f')} |")
+                     f"{fmt(c['plain'], '.2f')} | {fmt(c['controls'], '.2f')} | "
+                     f"{fmt(r['json'], '.1f')} | {fmt(c['json'], '.2f')} | "
+                     f"{fmt(r['json'] / base['autoregressive'], '.2f', 'x')} |")
     return "\n".join(lines) + "\n"
