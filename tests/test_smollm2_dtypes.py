@@ -100,3 +100,47 @@ def test_every_method_gives_the_greedy_output(dtype, method):
         assert tuple(got.tokens[0]) == want, (dtype, method, prompt)
         if method not in ("ngram", "dflash"):
             assert got.stats.accepted > 0, (dtype, method)
+
+
+# The sampling controls on the real model (issue 64): penalties, a bias and a JSON schema, the
+# chat prompt, greedy. Every method's target distribution at a verify position counts the
+# drafts before it and masks by the automaton's state after them; these must give each method
+# autoregressive decoding's tokens. The drafters draw free (EAGLE within the automaton).
+CONTROLS = dict(repetition_penalty=1.2, presence_penalty=0.3, frequency_penalty=0.2,
+                logit_bias={28: -2.0, 30: 1.0}, json_schema={
+                    "type": "object", "required": ["city", "reasons"], "properties": {
+                        "city": {"type": "string", "maxLength": 20},
+                        "reasons": {"type": "array", "items": {"type": "string"},
+                                    "maxItems": 3}}})
+
+
+@functools.lru_cache(maxsize=None)
+def controlled(dtype: str) -> tuple:
+    return tuple(generate(load(dtype), [PROMPTS[1]], max_new_tokens=NEW, temperature=0.0,
+                          **CONTROLS).tokens[0])
+
+
+@pytest.mark.parametrize("dtype,method", [
+    (d, m) for d in ("float32", "bfloat16", "int8", "q8_0") for m in ("speculative", "eagle")]
+    + [("float32", m) for m in ("ngram", "medusa", "dflash")])
+def test_every_method_gives_the_greedy_output_under_the_controls(dtype, method):
+    import json
+    model = load(dtype)
+    extra = {"speculative": lambda: dict(draft=specjax.load(WEIGHTS / "smollm2-draft"), k=4),
+             "ngram": lambda: dict(k=4),
+             "medusa": lambda: dict(heads=specjax.load(WEIGHTS / "smollm2-medusa")),
+             "eagle": lambda: dict(drafter=specjax.load(WEIGHTS / "smollm2-eagle")),
+             "dflash": lambda: dict(drafter=init_block_drafter(load("float32"), block_size=8,
+                                                               seed=1, std=0.3))}[method]()
+    want = controlled(dtype)
+    got = generate(model, [PROMPTS[1]], method=method, max_new_tokens=NEW, temperature=0.0,
+                   **CONTROLS, **extra)
+    assert tuple(got.tokens[0]) == want, (dtype, method)
+    text = model.tokenizer.decode(list(want))
+    if want[-1] in model.config.eos_token_ids:         # a finished document is valid JSON
+        document = json.loads(model.tokenizer.decode(list(want[:-1])))
+        assert set(document) == {"city", "reasons"}
+    else:
+        assert text.startswith("{")
+    if method in ("speculative", "eagle"):
+        assert got.stats.accepted > 0, (dtype, method)
