@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Imported inside functions on purpose: optional extras (bench, gguf, hub, tests) or
 # platform-specific modules, each with a comment at the import saying why.
 LAZY_ALLOWED = {"torch", "transformers", "matplotlib", "gguf", "huggingface_hub", "fcntl", "scipy",
-                "optax", "xllamacpp"}
+                "optax", "xllamacpp", "outlines_core"}
 
 
 def test_import_linter_contracts_are_kept():

@@ -18,6 +18,8 @@ from specjax.heads.medusa import Heads
 from specjax.io.checkpoint import Model
 from specjax.io.sidecar import check_target
 from specjax.model.config import DTYPES, EIGHT_BIT
+from specjax.sampling.constraints import (Automaton, ConstraintError, compile_json_schema,
+                                          compile_regex, constraints_of)
 from specjax.sampling.logits import Controls, Sampling, SamplingParams
 from specjax.sampling.tree import DynamicTree, Tree, TreeError
 
@@ -217,8 +219,6 @@ def check_constraints(regex, json_schema, rows: int, target, vocab: int, stop_id
     every row, or a list of one per row, None where free), compiled once per distinct one. A
     regex may also be an `Automaton` compiled before (`compile_regex`, or `from_vocabulary`
     for a model without a tokenizer)."""
-    from specjax.sampling.constraints import (Automaton, ConstraintError, compile_json_schema,
-                                              compile_regex, constraints_of)
     if regex is not None and json_schema is not None:
         raise GenerationError("pass regex or json_schema, not both")
     given, name = (regex, "regex") if regex is not None else (json_schema, "json_schema")

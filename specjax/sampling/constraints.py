@@ -109,6 +109,8 @@ def compile_regex(pattern: str, tokenizer, vocab_size: int) -> Automaton:
 
 
 def _outlines():
+    # Lazy: outlines-core is an optional extra (`constraints`), needed only by regex= and
+    # json_schema=.
     try:
         import outlines_core
         import outlines_core.json_schema
