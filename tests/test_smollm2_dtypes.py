@@ -78,6 +78,19 @@ def greedy(dtype: str) -> tuple:
                  for p in PROMPTS)
 
 
+def drafting(method: str) -> dict:
+    """What `method` drafts with on SmolLM2: the shipped draft, heads and EAGLE drafter (they
+    follow the target's dtype; float32 on disk). No DFlash drafter is shipped: a random one,
+    whose drafts the target rejects, so each verify call's first position decides; the others
+    equal one-token steps by the bit-identity test above (calls of 2, 9 and 17 tokens)."""
+    return {"speculative": lambda: dict(draft=specjax.load(WEIGHTS / "smollm2-draft"), k=4),
+            "ngram": lambda: dict(k=4),
+            "medusa": lambda: dict(heads=specjax.load(WEIGHTS / "smollm2-medusa")),
+            "eagle": lambda: dict(drafter=specjax.load(WEIGHTS / "smollm2-eagle")),
+            "dflash": lambda: dict(drafter=init_block_drafter(load("float32"), block_size=8,
+                                                              seed=1, std=0.3))}[method]()
+
+
 @pytest.mark.parametrize("dtype,method", [
     (d, m) for d in ("bfloat16", "int8", "q8_0") for m in METHODS]
     + [(d, "dflash") for d in ("float32", "bfloat16", "int8", "q8_0")])
@@ -85,15 +98,7 @@ def test_every_method_gives_the_greedy_output(dtype, method):
     # One prompt a call: the verify calls (a chain of 4, the drafter's and the heads' trees)
     # stay within the kernels' 32 rows. The drafters follow the target's dtype (float32 on disk).
     model = load(dtype)
-    extra = {"speculative": lambda: dict(draft=specjax.load(WEIGHTS / "smollm2-draft"), k=4),
-             "ngram": lambda: dict(k=4),
-             "medusa": lambda: dict(heads=specjax.load(WEIGHTS / "smollm2-medusa")),
-             "eagle": lambda: dict(drafter=specjax.load(WEIGHTS / "smollm2-eagle")),
-             # No DFlash drafter is shipped: a random one, whose drafts the target rejects, so
-             # each verify call's first position decides; the others equal one-token steps by
-             # the bit-identity test above (calls of 2, 9 and 17 tokens).
-             "dflash": lambda: dict(drafter=init_block_drafter(load("float32"), block_size=8,
-                                                               seed=1, std=0.3))}[method]()
+    extra = drafting(method)
     for prompt, want in zip(PROMPTS, greedy(dtype)):
         got = generate(model, [prompt], method=method, max_new_tokens=NEW, temperature=0.0,
                        **extra)
@@ -126,12 +131,7 @@ def controlled(dtype: str) -> tuple:
 def test_every_method_gives_the_greedy_output_under_the_controls(dtype, method):
     import json
     model = load(dtype)
-    extra = {"speculative": lambda: dict(draft=specjax.load(WEIGHTS / "smollm2-draft"), k=4),
-             "ngram": lambda: dict(k=4),
-             "medusa": lambda: dict(heads=specjax.load(WEIGHTS / "smollm2-medusa")),
-             "eagle": lambda: dict(drafter=specjax.load(WEIGHTS / "smollm2-eagle")),
-             "dflash": lambda: dict(drafter=init_block_drafter(load("float32"), block_size=8,
-                                                               seed=1, std=0.3))}[method]()
+    extra = drafting(method)
     want = controlled(dtype)
     got = generate(model, [PROMPTS[1]], method=method, max_new_tokens=NEW, temperature=0.0,
                    **CONTROLS, **extra)

@@ -4,7 +4,7 @@ decoding run.
 For each method (autoregressive, and those of --methods that the models allow), on each of the
 suite's prompts but the long-code-editing one: a run without controls, a run with a repetition
 penalty of 1.1, presence and frequency penalties of 0.2 and a logit bias on 16 ids, and a run
-constrained to a small JSON schema (`SCHEMA`; it stops at an EOS id once complete), each
+constrained to a small JSON schema (`JSON_SCHEMA`; it stops at an EOS id once complete), each
 --warmup times untimed and then --reps times in turn (plain, controlled, JSON, plain, ...), so
 that they see the same state of the host. Reported per method: the median tokens/s of each, the
 tokens per target call of each (the controls change the text, so the calls can differ too), the
@@ -18,45 +18,28 @@ from __future__ import annotations
 import datetime
 import statistics
 
-from specjax.api.checks import check_compatible, encode_prompts
+from specjax.api.checks import encode_prompts
 from specjax.api.generate import generate, prepare
 from specjax.bench.common import Progress, fmt, machine, write_report
 from specjax.bench.prompts import SUITE
-from specjax.heads.dflash import BlockDrafter
-from specjax.heads.eagle import Drafter
+from specjax.bench.settings import models
 from specjax.io import chat
-from specjax.io.checkpoint import load
-from specjax.presets import drafter_path, heads_path, model_paths
 
 SCHEMA = "specjax.bench.controls/1"
 CONTROLS = dict(repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.2,
                 logit_bias={i: -1.0 for i in range(100, 116)})
 # The constrained runs: a small record, each row's output one such JSON document (they stop at
 # the target's EOS ids once it is complete).
-SCHEMA = {"type": "object", "properties": {
+JSON_SCHEMA = {"type": "object", "properties": {
     "title": {"type": "string", "maxLength": 40}, "year": {"type": "integer"},
     "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
     "done": {"type": "boolean"}}, "required": ["title", "year", "tags", "done"]}
 VARIANTS = {"plain": dict(eos_ids=()), "controls": dict(CONTROLS, eos_ids=()),
-            "json": dict(json_schema=SCHEMA)}
+            "json": dict(json_schema=JSON_SCHEMA)}
 
 
 def run(args, settings: dict) -> int:
-    methods = settings["methods"]
-    target_path, draft_path, _ = model_paths(args, "speculative" in methods)
-    target = load(target_path, dtype=args.dtype)
-    draft = load(draft_path, dtype=args.dtype) if draft_path is not None else None
-    if draft is not None:
-        check_compatible(target, draft)
-    heads_dir, _ = heads_path(args)
-    heads = load(heads_dir) if heads_dir is not None and "medusa" in methods else None
-    drafter_dir, _ = drafter_path(args)
-    drafter = load(drafter_dir) if drafter_dir is not None and {"eagle", "dflash"} & set(
-        methods) else None
-    kinds = {"eagle": Drafter, "dflash": BlockDrafter}
-    methods = [m for m in methods
-               if (m != "speculative" or draft is not None) and (m != "medusa" or heads)
-               and (m not in kinds or isinstance(drafter, kinds[m]))]
+    target, draft, heads, drafter, methods = models(args, settings["methods"])
     prompts = [p for p in SUITE["prompts"] if p["category"] != "long-code-editing"]
     texts = [chat.render(target, p["prompt"]) if p.get("chat") and target.chat_template
              else p["prompt"] for p in prompts]
@@ -71,7 +54,7 @@ def run(args, settings: dict) -> int:
             base.update(k=settings["ks"][-1], draft=draft if method == "speculative" else None)
         if method == "medusa":
             base.update(heads=heads)
-        if method in kinds:
+        if method in ("eagle", "dflash"):
             base.update(drafter=drafter)
         seconds = {name: [] for name in VARIANTS}
         tokens = dict.fromkeys(VARIANTS, 0)
@@ -110,7 +93,7 @@ def run(args, settings: dict) -> int:
                          temperature=settings["temperature"], top_p=settings["top_p"],
                          prompts=[p["id"] for p in prompts],
                          controls={k: (v if k != "logit_bias" else f"-1 on ids {min(v)}-{max(v)}")
-                                   for k, v in CONTROLS.items()}, json_schema=SCHEMA),
+                                   for k, v in CONTROLS.items()}, json_schema=JSON_SCHEMA),
         "rows": rows,
     }
     write_report(args.out, "controls", results, lambda results, out: [], markdown)

@@ -31,23 +31,30 @@ NEW = {"temperature 0.7": dict(temperature=0.7), "top-p 0.9": dict(temperature=0
        "max_new_tokens 2": dict(max_new_tokens=2)}
 
 
-def run(args, settings: dict) -> int:
-    target_path, draft_path, _ = model_paths(args, "speculative" in settings["methods"])
+def models(args, wanted: list[str]):
+    """The target, the draft, heads and drafter the wanted methods read (each None where not
+    given or not wanted), and the methods among `wanted` that what was loaded can run."""
+    target_path, draft_path, _ = model_paths(args, "speculative" in wanted)
     target = load(target_path, dtype=args.dtype)
     draft = load(draft_path, dtype=args.dtype) if draft_path is not None else None
     if draft is not None:
         check_compatible(target, draft)
     heads_dir, _ = heads_path(args)
-    heads = load(heads_dir) if heads_dir is not None and "medusa" in settings["methods"] else None
+    heads = load(heads_dir) if heads_dir is not None and "medusa" in wanted else None
     drafter_dir, _ = drafter_path(args)
-    wanted = {"eagle", "dflash"} & set(settings["methods"])
-    drafter = load(drafter_dir) if drafter_dir is not None and wanted else None
+    drafter = (load(drafter_dir) if drafter_dir is not None and {"eagle", "dflash"} & set(wanted)
+               else None)
     kinds = {"eagle": Drafter, "dflash": BlockDrafter}      # --drafter holds one or the other
-    prompt = next(p for p in SUITE["prompts"] if not p.get("chat"))
-    ids = encode_prompts(target, [prompt["prompt"]])[0]
-    methods = [m for m in settings["methods"]
+    methods = [m for m in wanted
                if (m != "speculative" or draft is not None) and (m != "medusa" or heads)
                and (m not in kinds or isinstance(drafter, kinds[m]))]
+    return target, draft, heads, drafter, methods
+
+
+def run(args, settings: dict) -> int:
+    target, draft, heads, drafter, methods = models(args, settings["methods"])
+    prompt = next(p for p in SUITE["prompts"] if not p.get("chat"))
+    ids = encode_prompts(target, [prompt["prompt"]])[0]
     progress = Progress(len(methods) * (1 + settings["reps"] * (1 + len(NEW))))
     rows = []
     for method in methods:
