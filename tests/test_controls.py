@@ -389,9 +389,17 @@ def _accepts_forbidden_drafts(draft_tokens, draft_probs, target_probs, keys, num
                   num_drafted=num_drafted, **kwargs)
 
 
+def _proposes_anything(keys, logits, sampling):
+    """A draft that half the time ignores the automaton (which steers its logits): half its
+    mass is uniform over the vocabulary, so it proposes forbidden tokens."""
+    from specjax.sampling.logits import probs_from_logits, sample_rows
+    p = 0.5 * probs_from_logits(logits, sampling) + 0.5 / logits.shape[-1]
+    return sample_rows(keys, p), p
+
+
 def test_a_draft_the_automaton_forbids_accepted_is_caught(models):
-    p_value, _ = _draw_constrained(models, "speculative",
-                                   rules=Rules(verify=_accepts_forbidden_drafts))
+    p_value, _ = _draw_constrained(models, "speculative", rules=Rules(
+        propose=_proposes_anything, verify=_accepts_forbidden_drafts))
     assert p_value < ALPHA_CONSTRAINED, f"not caught: p = {p_value:.3g}"
 
 

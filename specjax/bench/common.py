@@ -249,7 +249,9 @@ class Progress:
     """A progress bar on stderr when it is a terminal; one line per job otherwise, each with the
     seconds since the first job began (a log then says what each job cost)."""
 
-    def __init__(self, total: int, stream=sys.stderr, width: int = 24):
+    def __init__(self, total: int, stream=None, width: int = 24):
+        # sys.stderr as it is now, not as it was at import (a test may have replaced it since)
+        stream = sys.stderr if stream is None else stream
         self.total, self.stream, self.width, self.done = total, stream, width, 0
         self.tty = stream.isatty()
         self.start = time.perf_counter()

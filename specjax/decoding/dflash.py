@@ -11,7 +11,9 @@ One step, for every row at once:
      x_{L-1} at slot L - 1 and `block_size - 1` mask tokens after it. Block position j's
      logits give the draft of position L - 1 + j, for every j at once. Each draft is the argmax
      ("top" candidates: greedy rows) or a draw from its own position's distribution p_j
-     ("iid": sampling rows), given the row's sampling settings.
+     ("iid": sampling rows), given the row's sampling settings. A row with penalties, a bias
+     or a constraint steers position j's logits by its drafts before j (`steered_drafts`:
+     the positions are then drawn in turn, from the same one drafter call).
   2. Verify: the first k drafts are a chain (a token tree of one child per node), which one
      target call scores and `rejection.verify_tree` walks with the rule exact for how they
      were drawn (`trees.step`): a draw from p_j is accepted with probability
@@ -23,7 +25,8 @@ Why it is exact: the drafts depend only on committed tokens, the target's states
 positions and the step's drafting key, never on the verification's coins, and each draft's
 p_j is the law it was drawn from given all of that (the drafts of one block are drawn
 independently of each other, which the chain rule allows: a proposal may be any law fixed
-before the draw). So Theorem 1 holds for the chain as it does for a draft model's.
+before the draw; a steered position's law is fixed given the drafts before it, which the
+chain rule allows as well). So Theorem 1 holds for the chain as it does for a draft model's.
 
 The prefill writes the prompt's context (all positions before its last token) to the drafter's
 cache in one call, so a step's context window is at most k + 1 positions wide; entries of the
@@ -37,10 +40,11 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from specjax.decoding import trees
 from specjax.decoding.autoregressive import prefill
-from specjax.decoding.state import DecodeState, any_nan, pad_vocab, step_keys
+from specjax.decoding.state import DecodeState, any_nan, pad_vocab, steered, steering, step_keys
 from specjax.heads import dflash
 from specjax.model.cache import KVCache
 from specjax.model.linear import prefill_products
@@ -100,17 +104,45 @@ def draft(spec, params, state: DecodeState, keys):
     logits = pad_vocab(logits, spec.vocab_size)
     nan = any_nan(logits)
     if spec.candidates == "top":
-        drafts, probs = jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+        drafts = lax.cond(steering(state), lambda: steered_drafts(spec, state, logits, keys)[0],
+                          lambda: jnp.argmax(logits, axis=-1).astype(jnp.int32))
+        probs = None
     else:
-        p = probs_from_logits(logits, state.settings.sampling)                  # [B, k, V]
-        cand, _ = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
-            spec.candidates, keys, logits, p, 1)                                 # [B, k, 1]
-        drafts = cand[..., 0].astype(jnp.int32)
+        def free():
+            p = probs_from_logits(logits, state.settings.sampling)              # [B, k, V]
+            cand, _ = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
+                spec.candidates, keys, logits, p, 1)                             # [B, k, 1]
+            return cand[..., 0].astype(jnp.int32), p
+        drafts, p = lax.cond(steering(state), lambda: steered_drafts(spec, state, logits, keys),
+                             free)
         probs = jnp.concatenate([p, jnp.zeros_like(p[:, :1])], axis=1)          # [B, k + 1, V]
     tokens = jnp.concatenate([block[:, :1], drafts], axis=1)                    # [B, k + 1]
     candidates = trees.Candidates(tokens, jnp.ones(tokens.shape, bool), probs,
                                   trees.SCHEMES[spec.candidates], spec.tree, nan)
     return candidates, cache
+
+
+def steered_drafts(spec, state: DecodeState, logits, keys):
+    """The block's drafts [B, k] under each row's controls and automaton: position j's logits
+    are steered given the drafts before it (`state.steered`), so the positions are drawn in
+    turn (from key j of the row's key), each from its steered law p_j [B, k, V], which the
+    verification reads. A sampled p_j is zero for "top" candidates (the argmax)."""
+    b, k, vocab = logits.shape
+
+    def position(j, carry):
+        drafts, probs = carry
+        drafted = jnp.where(jnp.arange(k) < j, drafts, -1)[:, None, :]           # [B, 1, k]
+        here = steered(spec, state, lax.dynamic_slice_in_dim(logits, j, 1, 1), drafted)
+        if spec.candidates == "top":
+            return drafts.at[:, j].set(jnp.argmax(here[:, 0], -1).astype(jnp.int32)), probs
+        p = probs_from_logits(here, state.settings.sampling)                    # [B, 1, V]
+        cand, _ = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
+            spec.candidates, jax.vmap(jax.random.fold_in, (0, None))(keys, j), here, p, 1)
+        return (drafts.at[:, j].set(cand[:, 0, 0].astype(jnp.int32)),
+                lax.dynamic_update_slice_in_dim(probs, p, j, 1))
+
+    return lax.fori_loop(0, k, position, (jnp.zeros((b, k), jnp.int32),
+                                          jnp.zeros((b, k, vocab), jnp.float32)))
 
 
 def step(spec, params, state: DecodeState) -> DecodeState:

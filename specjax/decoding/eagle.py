@@ -37,7 +37,7 @@ from jax import lax
 
 from specjax.decoding import trees
 from specjax.decoding.autoregressive import prefill, prefill_chunk
-from specjax.decoding.state import DecodeState, any_nan, step_keys
+from specjax.decoding.state import DecodeState, any_nan, steered, step_keys
 from specjax.heads import eagle
 from specjax.model.cache import KVCache, TreeAttention
 from specjax.model.linear import prefill_products
@@ -142,21 +142,12 @@ def draft_tree(spec, params, state: DecodeState, keys):
     root_feature, cache, nan = catch_up(spec, params, state)
     outs = jnp.zeros((b, n, root_feature.shape[-1]), root_feature.dtype)
     outs = outs.at[:, :1].set(root_feature)                                       # [B, n, D']
-    # A constrained row's drafts keep to what its automaton allows at each node (the state after
-    # the node's path; the draft distribution is then the masked one, which is what it draws).
-    constraint = state.settings.constraint
-    node_fsm = jnp.zeros((b, n), jnp.int32).at[:, 0].set(state.fsm)
+    # A row's drafts follow its controls and automaton at each node, given the node's path
+    # (`state.steered`); the draft distribution is then the steered one, which is what it draws.
 
     def expand(d, tokens, valid, carry):
-        outs, cache, probs, nan, node_fsm = carry
+        outs, cache, probs, nan = carry
         parents = tree.level(d - 1)
-        if d > 1:
-            up = node_fsm[:, tree.parent[parents.start:parents.stop]]
-            node_fsm = node_fsm.at[:, parents.start:parents.stop].set(jnp.where(
-                up >= 0, constraint.table[jnp.maximum(up, 0),
-                                          tokens[:, parents.start:parents.stop]], -1))
-        here = node_fsm[:, parents.start:parents.stop]                               # [B, P]
-        free = ~constraint.active[:, None, None]
         if d > 1:          # the parents' pairs: their parent's predicted feature, their token
             features = outs[:, tree.parent[parents.start:parents.stop]]
             level, cache = eagle.draft_features(
@@ -167,23 +158,22 @@ def draft_tree(spec, params, state: DecodeState, keys):
         sub_logits = eagle.draft_logits(weights, config,
                                         outs[:, parents.start:parents.stop])      # [B, P, S]
         nan = nan | any_nan(sub_logits)
-        allowed = constraint.table[jnp.maximum(here, 0)] >= 0                       # [B, P, V]
+        paths = trees.drafted_before(tree, tokens)[:, parents.start:parents.stop]  # [B, P, D]
         if scheme == "top":
-            sub_logits = jnp.where(free | allowed[..., weights["ids"]], sub_logits, -jnp.inf)
+            sub_logits = trees.steered_subset(spec, state, weights["ids"], sub_logits, paths)
             best = lax.top_k(sub_logits, tree.max_width)[1]
             cand = weights["ids"][best]
-            return cand, jnp.ones(cand.shape, bool), (outs, cache, probs, nan, node_fsm)
-        logits = eagle.full_logits(weights, sub_logits, vocab)                  # [B, P, V]
-        logits = jnp.where(free | allowed[..., :logits.shape[-1]], logits, -jnp.inf)
+            return cand, jnp.ones(cand.shape, bool), (outs, cache, probs, nan)
+        logits = steered(spec, state, eagle.full_logits(weights, sub_logits, vocab), paths)
         p = probs_from_logits(logits, state.settings.sampling)
         probs = probs.at[:, parents.start:parents.stop].set(p)
         cand, filled = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
             scheme, level_keys[:, d - 1], logits, p, tree.max_width)            # [B, P, W]
-        return cand, filled, (outs, cache, probs, nan, node_fsm)
+        return cand, filled, (outs, cache, probs, nan)
 
     probs = None if scheme == "top" else jnp.zeros((b, n, vocab), jnp.float32)
-    tokens, valid, (_, cache, probs, nan, _) = trees.fill(
-        tree, state.tokens[jnp.arange(b), root], expand, (outs, cache, probs, nan, node_fsm))
+    tokens, valid, (_, cache, probs, nan) = trees.fill(
+        tree, state.tokens[jnp.arange(b), root], expand, (outs, cache, probs, nan))
     return tokens, valid, probs, cache, nan
 
 
@@ -217,20 +207,20 @@ def draft_dynamic_tree(spec, params, state: DecodeState):
     pool_tokens, pool_scores, pool_parents, pool_depths = [], [], [], []
     outs, scores = root_feature, jnp.zeros((b, 1), jnp.float32)    # the nodes being expanded
     pool_index, fed_index = jnp.full((b, 1), -1), jnp.zeros((b, 1), jnp.int32)
-    # A constrained row's automaton states at the expanded nodes: its drafts keep to the tokens
-    # they allow (any deterministic candidates are exact; these are accepted more often).
-    constraint = state.settings.constraint
-    fsm = state.fsm[:, None]                                                      # [B, E]
+    # The expanded nodes' paths [B, E, D] (-1 past their depth): a row's drafts follow its
+    # controls and automaton there (any deterministic candidates are exact; these are
+    # accepted more often).
+    paths = jnp.full((b, 1, depth), -1, jnp.int32)
     for d in range(1, depth + 1):
-        logp = jax.nn.log_softmax(eagle.draft_logits(weights, config, outs), -1)    # [B, E, S]
-        nan = nan | any_nan(logp)
-        allowed = constraint.table[jnp.maximum(fsm, 0)][..., weights["ids"]] >= 0  # [B, E, S]
-        logp = jnp.where(allowed | ~constraint.active[:, None, None], logp, -jnp.inf)
+        sub_logits = eagle.draft_logits(weights, config, outs)                      # [B, E, S]
+        nan = nan | any_nan(sub_logits)
+        sub_logits = trees.steered_subset(spec, state, weights["ids"], sub_logits, paths)
+        # A token steered to -inf has log-probability -inf, even where a row allows none.
+        logp = jnp.where(sub_logits == -jnp.inf, -jnp.inf,
+                         jax.nn.log_softmax(sub_logits, -1))                      # [B, E, S]
         top_logp, top = lax.top_k(logp, k)                                        # [B, E, K]
         cand_scores = (scores[:, :, None] + top_logp).reshape(b, -1)              # [B, E*K]
         cand_tokens = weights["ids"][top].reshape(b, -1)
-        cand_fsm = constraint.table[jnp.maximum(fsm, 0)[:, :, None],
-                                    weights["ids"][top]].reshape(b, -1)           # [B, E*K]
         cand_parent = jnp.repeat(jnp.arange(outs.shape[1]), k)                     # [E*K]
         pool_tokens.append(cand_tokens)
         pool_scores.append(cand_scores)
@@ -253,7 +243,8 @@ def draft_dynamic_tree(spec, params, state: DecodeState):
             jnp.broadcast_to(root[:, None] + d, (b, k)), cache,
             TreeAttention(root=root, ancestors=fed_ancestors, first=first))
         scores = cand_scores[rows, best]
-        fsm = cand_fsm[rows, best]
+        paths = jnp.take_along_axis(paths, parent[..., None], axis=1).at[:, :, d - 1].set(
+            cand_tokens[rows, best])
         pool_index, fed_index = offset + best, jnp.broadcast_to(new_fed, (b, k))
 
     tokens, scores, parents, depths = (jnp.concatenate(x, axis=1) for x in (

@@ -30,7 +30,8 @@ from jax import lax
 
 from specjax.decoding import trees
 from specjax.decoding.autoregressive import prefill
-from specjax.decoding.state import DecodeState, any_nan, last_tokens, step_keys
+from specjax.decoding.state import (DecodeState, any_nan, last_tokens, steered, steering,
+                                    step_keys)
 from specjax.heads import medusa
 from specjax.sampling.logits import probs_from_logits
 
@@ -64,19 +65,32 @@ def candidate_tree(spec, heads, state: DecodeState, keys):
     level_keys = jax.vmap(lambda key: jax.random.split(key, tree.max_depth))(keys)   # [B, D]
 
     def expand(d, tokens, valid, probs):
+        # Head d's logits are the same under every parent; a row with controls or a
+        # constraint steers them at each parent given its path (`trees.steered_subset`).
         parents = tree.level(d - 1)
         size = parents.stop - parents.start
-        if scheme == "top":            # the same candidates under every parent
-            best = lax.top_k(sub_logits[:, d - 1], width)[1]                  # [B, W]
-            cand = jnp.broadcast_to(heads["ids"][best][:, None], (b, size, width))
+        level = jnp.broadcast_to(sub_logits[:, d - 1][:, None], (b, size, sub_logits.shape[-1]))
+        paths = trees.drafted_before(tree, tokens)[:, parents.start:parents.stop]  # [B, P, D]
+        if scheme == "top":
+            def steered_top():
+                here = trees.steered_subset(spec, state, heads["ids"], level, paths)
+                return heads["ids"][lax.top_k(here, width)[1]]                 # [B, P, W]
+            def free_top():            # the same candidates under every parent
+                best = lax.top_k(sub_logits[:, d - 1], width)[1]                  # [B, W]
+                return jnp.broadcast_to(heads["ids"][best][:, None], (b, size, width))
+            cand = lax.cond(steering(state), steered_top, free_top)
             return cand, jnp.ones(cand.shape, bool), probs
-        logits = medusa.full_logits(heads, sub_logits[:, d - 1], vocab)         # [B, V]
-        p = probs_from_logits(logits, state.settings.sampling)
-        p = jnp.broadcast_to(p[:, None], (b, size, vocab))
+        logits = medusa.full_logits(heads, level, vocab)                        # [B, P, V]
+        def steered_probs():
+            here = steered(spec, state, logits, paths)
+            return here, probs_from_logits(here, state.settings.sampling)
+        def free_probs():              # one distribution, the same under every parent
+            p = probs_from_logits(logits[:, 0], state.settings.sampling)
+            return logits, jnp.broadcast_to(p[:, None], logits.shape)
+        logits, p = lax.cond(steering(state), steered_probs, free_probs)
         probs = probs.at[:, parents.start:parents.stop].set(p)
         cand, filled = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
-            scheme, level_keys[:, d - 1], jnp.broadcast_to(logits[:, None], p.shape), p,
-            width)                                                              # [B, P, W]
+            scheme, level_keys[:, d - 1], logits, p, width)                     # [B, P, W]
         return cand, filled, probs
 
     probs = None if scheme == "top" else jnp.zeros((b, n, vocab), jnp.float32)

@@ -32,7 +32,7 @@ from jax import lax
 from specjax.decoding import lookahead, speculative_tree, trace
 from specjax.decoding.autoregressive import prefill
 from specjax.decoding.state import (DecodeState, any_nan, chain_drafted, commit, last_tokens,
-                                    pad_vocab, step_keys, target_probs)
+                                    pad_vocab, steered, step_keys, target_probs)
 from specjax.model.cache import KVCache
 from specjax.model.transformer import forward
 from specjax.sampling.logits import probs_from_logits
@@ -84,7 +84,10 @@ def draft(spec, params, state: DecodeState, keys, limit):
     nan = any_nan(logits)
 
     def propose_at(i, logits, running, tokens, probs, count):
-        """Draws x_{i+1} ~ p_{i+1} for every row and keeps it where the row is still drafting."""
+        """Draws x_{i+1} ~ p_{i+1} for every row and keeps it where the row is still drafting;
+        p follows the row's controls and automaton after its drafts so far (`steered`)."""
+        drafted = jnp.where(jnp.arange(k) < i, tokens, -1)[:, None, :]          # [B, 1, K]
+        logits = steered(spec, state, logits[:, None], drafted)[:, 0]
         token, p = spec.rules.propose(keys[:, i], logits, state.settings.sampling)
         tokens = tokens.at[:, i].set(jnp.where(running, token, 0))
         probs = probs.at[:, i].set(jnp.where(running[:, None], p, 0.0))

@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decoding import trees
-from specjax.decoding.state import DecodeState, any_nan, last_tokens, pad_vocab, step_keys
+from specjax.decoding.state import (DecodeState, any_nan, last_tokens, pad_vocab, steered,
+                                    step_keys)
 from specjax.model.transformer import forward
 from specjax.sampling.logits import probs_from_logits
 
@@ -54,6 +55,9 @@ def draft_tree(spec, params, state: DecodeState, keys):
                                           cache, trees.tree_attention(tree, root, parents.start))
             nan = nan | any_nan(level_logits)
         level_logits = pad_vocab(level_logits, vocab)                         # [B, P, V]
+        # A row's controls and automaton steer each parent's distribution given its path.
+        paths = trees.drafted_before(tree, tokens)[:, parents.start:parents.stop]  # [B, P, D]
+        level_logits = steered(spec, state, level_logits, paths)
         p = (None if scheme == "top" else
              probs_from_logits(level_logits, state.settings.sampling))
         if p is not None:

@@ -21,7 +21,8 @@ from jax import lax
 
 from specjax.model.cache import KVCache
 from specjax.sampling.constraints import Constraint, advance, constrain
-from specjax.sampling.logits import Controls, History, Sampling, probs_from_logits
+from specjax.sampling.logits import (Controls, History, Sampling, apply_controls,
+                                     probs_from_logits)
 
 
 @jax.tree_util.register_dataclass
@@ -209,16 +210,31 @@ def target_probs(spec, state: DecodeState, logits, drafted=None):
     Returns q [B, N, V] and, with `spec.logprobs`, the log-probabilities reported for the
     tokens drawn there [B, N, V] (else None): log q, or for a greedy row, whose q is one-hot,
     the log-softmax of the logits after the controls (the distribution at temperature 1)."""
-    history = History(state.tokens, state.length, state.prompt_length,
-                      state.settings.stop_ids, drafted)
-    logits = spec.rules.controls(pad_vocab(logits, spec.vocab_size), state.settings.controls,
-                                 history)
-    logits = constrain(logits, state.settings.constraint, state.fsm, drafted)
+    logits = steered(spec, state, logits, drafted, spec.rules.controls)
     q = probs_from_logits(logits, state.settings.sampling)
     if not spec.logprobs:
         return q, None
     greedy = (state.settings.sampling.temperature == 0)[:, None, None]
     return q, jnp.where(greedy, jax.nn.log_softmax(logits, axis=-1), jnp.log(q))
+
+
+def steered(spec, state: DecodeState, logits, drafted=None, controls=apply_controls):
+    """Logits [B, N, V'] -> [B, N, V] float32 under each row's controls (`controls`, the
+    spec's rule for the target) and its automaton's mask, at each position given the drafts
+    before it (`drafted` [B, N, E], -1 where none): `target_probs` before the sampling
+    transforms. Drafters steer their own logits with it too, so that they propose what the
+    controlled target favours: the rule is exact for any draft distribution that is the one
+    drawn from, and a draft that ignored a penalty or the automaton would be rejected more."""
+    history = History(state.tokens, state.length, state.prompt_length,
+                      state.settings.stop_ids, drafted)
+    logits = controls(pad_vocab(logits, spec.vocab_size), state.settings.controls, history)
+    return constrain(logits, state.settings.constraint, state.fsm, drafted)
+
+
+def steering(state: DecodeState) -> jax.Array:
+    """[] bool: whether any row sets a control or a constraint (drafters skip `steered`
+    otherwise, a `lax.cond`)."""
+    return jnp.any(state.settings.controls.active) | jnp.any(state.settings.constraint.active)
 
 
 def chain_drafted(draft_tokens):

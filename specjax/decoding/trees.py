@@ -22,9 +22,12 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from specjax.decoding import trace
-from specjax.decoding.state import DecodeState, any_nan, commit, last_tokens, target_probs
+from specjax.decoding.state import (DecodeState, any_nan, commit, last_tokens, steered, steering,
+                                    target_probs)
+from specjax.heads.shared import full_logits
 from specjax.model import cache as kv
 from specjax.model.cache import KVCache, TreeAttention
 from specjax.model.transformer import lm_head, tapped_states
@@ -74,6 +77,16 @@ def drafted_before(tree, tokens):
     node = jnp.argmax(at, axis=-1)                                      # [B or 1, n, D]
     rows = jnp.arange(tokens.shape[0])[:, None, None]
     return jnp.where(at.any(axis=-1), tokens[rows, node], -1)
+
+
+def steered_subset(spec, state: DecodeState, ids, sub_logits, drafted):
+    """A head's logits over its subset `ids` [S] of the vocabulary, [B, N, S], under each row's
+    controls and automaton given the drafts before each position (`state.steered`, over the
+    whole vocabulary); as they are when no row sets either."""
+    def steer():
+        full = full_logits({"ids": ids}, sub_logits, spec.vocab_size)
+        return steered(spec, state, full, drafted)[..., ids]
+    return lax.cond(steering(state), steer, lambda: sub_logits)
 
 
 def tree_attention(tree, root, first: int = 0) -> TreeAttention:
