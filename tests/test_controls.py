@@ -403,6 +403,56 @@ def test_a_draft_the_automaton_forbids_accepted_is_caught(models):
     assert p_value < ALPHA_CONSTRAINED, f"not caught: p = {p_value:.3g}"
 
 
+def _walk(automaton, state, tokens):
+    """The automaton's state after `tokens` from `state`: -1 once one is forbidden; the EOS id
+    ends a path, allowed only in an accepting state."""
+    for token in tokens:
+        if state < 0 or token == EOS[0]:
+            return state if state >= 0 and automaton.accepting[state] else -1
+        state = int(automaton.table[state, token])
+    return state
+
+
+STEERED = {"speculative": {}, "speculative-tree": {}, "medusa": {}, "eagle": {},
+           "eagle-static": dict(tree=Tree.full((2, 2))), "dflash": {}}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_drafter_drafts_within_the_automaton_and_the_bias(models, temperature):
+    """The drafters steer their own logits (`decoding.state.steered`): along every drafted path
+    the automaton allows each token given the path before it, and a token banned by a bias of
+    -100 is never drafted. Without the steering, the first steps of every drafter here draft
+    forbidden tokens (the tiny drafters know nothing of the regex)."""
+    from specjax.api.explain import explain
+    target, draft = models
+    automaton = _letters()
+    banned = 4
+    for name, extra in STEERED.items():
+        options = {**_methods(target, draft)[name.removesuffix("-static")], **extra}
+        steps = explain(target, PROMPT, steps=3, temperature=temperature, seed=1, eos_ids=EOS,
+                        regex=automaton, logit_bias={banned: -100.0}, **options)
+        state, paths = automaton.start, 0
+        for step in steps:
+            if hasattr(step, "nodes"):
+                parent = {node: up for node, up, _ in step.nodes}
+                token = {node: x for node, _, x in step.nodes}
+                for node in token:
+                    path, at = [], node
+                    while at:
+                        path.insert(0, token[at])
+                        at = parent[at]
+                    paths += 1
+                    assert _walk(automaton, state, path) >= 0, (name, path)
+                    assert banned not in path, (name, path)
+            else:
+                drafts = [d.token for d in step.drafts]
+                paths += len(drafts)
+                assert _walk(automaton, state, drafts) >= 0, (name, drafts)
+                assert banned not in drafts, (name, drafts)
+            state = _walk(automaton, state, step.new_tokens)
+        assert paths > 0, name
+
+
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 6}, "ok": {"type": "boolean"},
     "size": {"enum": ["small", "large"]}}, "required": ["name", "ok", "size"]}
