@@ -14,7 +14,8 @@ In decoding (`Constraint`, `constrain`), every row carries its automaton's state
 tokens (`DecodeState.fsm`); the target's logits at each position are masked to the tokens the
 state after the prompt, the output and the drafts before that position allows, and renormalised
 by the sampling transforms: the constrained target is the law. A forbidden draft then has q = 0
-and is rejected by every verification rule; the drafters draw without the mask. In an accepting
+and is rejected by every verification rule; the drafters steer their own logits by the same
+mask (`decoding.state.steered`), so they rarely propose one. In an accepting
 state the row's stop ids (its EOS ids) are allowed, so output that reaches an accepting state
 with no way on can only stop.
 
