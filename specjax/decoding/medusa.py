@@ -69,10 +69,11 @@ def candidate_tree(spec, heads, state: DecodeState, keys):
         # constraint steers them at each parent given its path (`trees.steered_subset`).
         parents = tree.level(d - 1)
         size = parents.stop - parents.start
-        level = jnp.broadcast_to(sub_logits[:, d - 1][:, None], (b, size, sub_logits.shape[-1]))
         paths = trees.drafted_before(tree, tokens)[:, parents.start:parents.stop]  # [B, P, D]
         if scheme == "top":
             def steered_top():
+                level = jnp.broadcast_to(sub_logits[:, d - 1][:, None],
+                                         (b, size, sub_logits.shape[-1]))           # [B, P, S]
                 here = trees.steered_subset(spec, state, heads["ids"], level, paths)
                 return heads["ids"][lax.top_k(here, width)[1]]                 # [B, P, W]
             def free_top():            # the same candidates under every parent
@@ -80,7 +81,8 @@ def candidate_tree(spec, heads, state: DecodeState, keys):
                 return jnp.broadcast_to(heads["ids"][best][:, None], (b, size, width))
             cand = lax.cond(steering(state), steered_top, free_top)
             return cand, jnp.ones(cand.shape, bool), probs
-        logits = medusa.full_logits(heads, level, vocab)                        # [B, P, V]
+        logits = medusa.full_logits(heads, sub_logits[:, d - 1], vocab)         # [B, V]
+        logits = jnp.broadcast_to(logits[:, None], (b, size, vocab))            # [B, P, V]
         def steered_probs():
             here = steered(spec, state, logits, paths)
             return here, probs_from_logits(here, state.settings.sampling)
