@@ -71,10 +71,10 @@ def init(config, seed: int):
 
     params = init_params(config, jax.random.key(seed), std=0.02)
     scale = 1.0 / math.sqrt(2 * config.n_layers)
-    for layer in params["layers"]:
-        for name in ("wo", "w_out", "w_down"):
-            if name in layer:
-                layer[name] = layer[name] * scale
+    layers = params["layers"]
+    for name in ("wo", "w_out", "w_down"):
+        if name in layers:
+            layers[name] = layers[name] * scale
     return params
 
 

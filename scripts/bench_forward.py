@@ -37,7 +37,7 @@ from specjax.model.cache import KVCache
 from specjax.model.config import DTYPES
 from specjax.model.linear import use_kernels
 from specjax.model.quant import Int8Weight, dequantize
-from specjax.model.transformer import count_params, forward
+from specjax.model.transformer import count_params, forward, unstack_layers
 
 
 def main():
@@ -225,7 +225,7 @@ def numpy_matvecs(params, config):
         a = np.asarray(dequantize(a) if isinstance(a, Int8Weight) else a, np.float32)
         return a.reshape(-1, a.shape[-1]) if name in ("wq", "wk", "wv") else a.reshape(a.shape[0], -1)
 
-    matrices = [as_matrix(name, a) for layer in params["layers"]
+    matrices = [as_matrix(name, a) for layer in unstack_layers(params["layers"])
                 for name, a in sorted(layer.items()) if name.startswith("w")]
     inputs = [np.ones(w.shape[1], np.float32) for w in matrices]
     head = as_matrix("head", params["embed"] if config.tie_embeddings

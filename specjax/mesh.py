@@ -125,8 +125,9 @@ def param_specs(config: ModelConfig, mesh: Mesh, shard: bool = True) -> dict:
     split = split_axes(config, mesh) if shard else {}
 
     def spec(path, shape):
-        axes = PARAM_AXES.get(path[-1].key, (None,) * len(shape))
-        return P(*(MODEL if split.get(a) else None for a in axes))
+        stacked = path[0].key == "layers"        # a leading L axis, never split
+        axes = PARAM_AXES.get(path[-1].key, (None,) * (len(shape) - stacked))
+        return P(*((None,) * stacked), *(MODEL if split.get(a) else None for a in axes))
 
     return jax.tree.map_with_path(spec, param_shapes(config),
                                   is_leaf=lambda s: isinstance(s, tuple))
@@ -139,10 +140,10 @@ def param_shardings(config: ModelConfig, mesh: Mesh, shard: bool = True) -> dict
 
 
 def cache_sharding(config: ModelConfig, mesh: Mesh, shard: bool = True) -> NamedSharding:
-    """Of a layer's cache buffers (keys [B, K, H, S], values [B, K, S, H]): rows over "data",
-    key/value heads over "model" when the weights split them."""
+    """Of the cache's stacked buffers (keys [L, B, K, H, S], values [L, B, K, S, H]): rows over
+    "data", key/value heads over "model" when the weights split them."""
     heads = MODEL if shard and split_axes(config, mesh)["kv_heads"] else None
-    return NamedSharding(mesh, P(DATA, heads))
+    return NamedSharding(mesh, P(None, DATA, heads))
 
 
 def rows(mesh: Mesh) -> NamedSharding:

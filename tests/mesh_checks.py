@@ -93,13 +93,14 @@ def test_parameters_are_split_as_the_table_says(tmp_path):
     path = specjax.save(specjax.random_model(config, seed=1), tmp_path / "m")
     mesh = specjax.make_mesh(2, 4)
     plain, sharded = specjax.load(path), specjax.load(path, mesh=mesh)
-    layer = sharded.params["layers"][0]
-    expected = {"wq": (2, 8, 32), "wk": (1, 8, 32), "wv": (1, 8, 32), "wo": (32, 2, 8),
-                "w_gate": (16, 32), "w_up": (16, 32), "w_down": (32, 16)}
+    layer = sharded.params["layers"]                   # stacked along L (2 layers), never split
+    expected = {"wq": (2, 2, 8, 32), "wk": (2, 1, 8, 32), "wv": (2, 1, 8, 32),
+                "wo": (2, 32, 2, 8), "w_gate": (2, 16, 32), "w_up": (2, 16, 32),
+                "w_down": (2, 32, 16)}
     for name, shape in expected.items():
         assert meshes.shard_shape(layer[name]) == shape, name
         assert len(layer[name].sharding.device_set) == 8
-    assert meshes.shard_shape(layer["attn_norm"]["scale"]) == (32,)
+    assert meshes.shard_shape(layer["attn_norm"]["scale"]) == (2, 32)
     assert meshes.shard_shape(sharded.params["embed"]) == (16, 32)
     assert meshes.shard_shape(sharded.params["lm_head"]) == (16, 32)
     for a, b in zip(jax.tree.leaves(plain.params), jax.tree.leaves(sharded.params)):
@@ -117,11 +118,12 @@ def test_heads_the_model_axis_does_not_divide_are_replicated():
     params = specjax.random_model(config).params
     for model_axis, wq, wk in ((4, (6, 8, 32), (3, 8, 32)), (2, (3, 8, 32), (3, 8, 32))):
         mesh = specjax.make_mesh(2, model_axis)
-        layer = meshes.shard_params(params, config, mesh)["layers"][0]
-        assert meshes.shard_shape(layer["wq"]) == wq
-        assert meshes.shard_shape(layer["wk"]) == wk
-        assert meshes.shard_shape(layer["w_gate"]) == (64 // model_axis, 32)
-        assert meshes.cache_sharding(config, mesh).spec == jax.sharding.PartitionSpec("data", None)
+        layer = meshes.shard_params(params, config, mesh)["layers"]     # [L, ...], L = 2
+        assert meshes.shard_shape(layer["wq"]) == (2, *wq)
+        assert meshes.shard_shape(layer["wk"]) == (2, *wk)
+        assert meshes.shard_shape(layer["w_gate"]) == (2, 64 // model_axis, 32)
+        assert meshes.cache_sharding(config, mesh).spec == jax.sharding.PartitionSpec(
+            None, "data", None)
         assert "is not a multiple of" in meshes.plan(config, mesh)
 
 
@@ -208,11 +210,12 @@ def test_state_is_laid_out_on_the_mesh(models):
     state = init(request.weights, *request.inputs)
     b, slots = 6, request.spec.buffer_length                         # 5 rows padded to 6
     assert meshes.shard_shape(state.tokens) == (b // 2, slots)
-    assert meshes.shard_shape(state.target_cache.k[0]) == (b // 2, 1, 4, slots)   # K=4 over 4
-    assert meshes.shard_shape(state.target_cache.v[0]) == (b // 2, 1, slots, 4)
-    assert meshes.shard_shape(state.carry.draft_cache.k[0]) == (b // 2, 1, 8, slots)    # K=1 whole
+    layers, draft_layers = target.config.n_layers, draft.config.n_layers
+    assert meshes.shard_shape(state.target_cache.k) == (layers, b // 2, 1, 4, slots)  # K=4 over 4
+    assert meshes.shard_shape(state.target_cache.v) == (layers, b // 2, 1, slots, 4)
+    assert meshes.shard_shape(state.carry.draft_cache.k) == (draft_layers, b // 2, 1, 8, slots)
     assert meshes.shard_shape(state.length) == (b // 2,)
-    assert meshes.shard_shape(request.weights.draft["layers"][0]["wq"]) == (2, 8, 32)
+    assert meshes.shard_shape(request.weights.draft["layers"]["wq"]) == (draft_layers, 2, 8, 32)
     streamed = [[] for _ in PROMPTS]
     for new, result in specjax.stream(target, PROMPTS, method="speculative", draft=draft, k=3,
                                       max_new_tokens=12, temperature=0.0, mesh=mesh):

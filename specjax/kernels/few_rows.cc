@@ -352,16 +352,37 @@ static void parallel_for(ffi::ThreadPool& pool, int64_t n, int64_t bytes, Fn fn)
 template <typename W>
 constexpr ffi::DataType kType = std::is_same_v<W, float> ? ffi::F32 : ffi::BF16;
 
+// Every weight and cache operand may hold all the model's layers at once, stacked along a
+// leading axis L of `rank` + 1 dimensions, with `layer` [] int32 saying which one a call reads,
+// where it lies: the decoder compiles one layer's body for all layers (a loop over L), and a
+// slice of the stacked array would be a copy of the layer on every call. An operand of `rank`
+// dimensions is one layer (L = 1, layer 0). Sets `first` to the index of the layer's first
+// element and `dims` to its own dimensions (without L); false if `layer` is outside [0, L).
+static bool layer_of(ffi::Span<const int64_t> all, int64_t rank, ffi::Buffer<ffi::S32> layer,
+                     int64_t* first, int64_t* dims) {
+  if (static_cast<int64_t>(all.size()) != rank && static_cast<int64_t>(all.size()) != rank + 1)
+    return false;
+  const int64_t lead = static_cast<int64_t>(all.size()) - rank;
+  const int64_t layers = lead ? all[0] : 1, index = layer.typed_data()[0];
+  if (index < 0 || index >= layers) return false;
+  int64_t size = 1;
+  for (int64_t i = 0; i < rank; ++i) size *= (dims[i] = all[lead + i]);
+  *first = index * size;
+  return true;
+}
+
 template <typename W>
 static ffi::Error FewRows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
-                          ffi::Buffer<kType<W>> w, ffi::ResultBuffer<ffi::F32> y) {
-  auto w_dims = w.dimensions();
-  if (w_dims.size() != 2) return ffi::Error::InvalidArgument("w must be [O, I]");
+                          ffi::Buffer<kType<W>> w, ffi::Buffer<ffi::S32> layer,
+                          ffi::ResultBuffer<ffi::F32> y) {
+  int64_t first, w_dims[2];
+  if (!layer_of(w.dimensions(), 2, layer, &first, w_dims))
+    return ffi::Error::InvalidArgument("w must be [O, I] or [L, O, I] with layer in [0, L)");
   const int64_t n_out = w_dims[0], n_in = w_dims[1];
   if (n_in == 0 || x.element_count() % n_in != 0)
     return ffi::Error::InvalidArgument("x's last axis must be w's I");
   const float* xd = x.typed_data();
-  const W* wd = static_cast<const W*>(w.untyped_data());
+  const W* wd = static_cast<const W*>(w.untyped_data()) + first;
   float* yd = y->typed_data();
   const int64_t T = x.element_count() / n_in;
   // Chunks of a multiple of R rows of w, 8 a thread: small enough that the threads finish
@@ -380,27 +401,45 @@ static ffi::Error FewRows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                                 ffi::Ffi::Bind()                                    \
                                     .Ctx<ffi::ThreadPool>()                         \
                                     .Arg<ffi::Buffer<ffi::F32>>()   /* x [..., I] */ \
-                                    .Arg<ffi::Buffer<kType<W>>>()   /* w [O, I] */  \
+                                    .Arg<ffi::Buffer<kType<W>>>()   /* w [(L,) O, I] */ \
+                                    .Arg<ffi::Buffer<ffi::S32>>()   /* layer [] */  \
                                     .Ret<ffi::Buffer<ffi::F32>>()); /* y [..., O] */
 
 SPECJAX_FEW_ROWS(specjax_few_rows, float)
 SPECJAX_FEW_ROWS(specjax_few_rows_bf16, bf16)
 
 // The product with 8-bit weights: values [O, I] int8, scales [O, I / block] float16.
+// The two 8-bit operands of one layer (`layer_of`): values [O, I] and scales [O, I / block].
+static bool eight_bit_layer(ffi::Buffer<ffi::S8> values, ffi::Buffer<ffi::F16> scales,
+                            ffi::Buffer<ffi::S32> layer, const int8_t** q, const uint16_t** d,
+                            int64_t* w_dims, int64_t* s_dims) {
+  int64_t w_first, s_first;
+  if (!layer_of(values.dimensions(), 2, layer, &w_first, w_dims) ||
+      !layer_of(scales.dimensions(), 2, layer, &s_first, s_dims) ||
+      values.dimensions().size() != scales.dimensions().size() || s_dims[0] != w_dims[0] ||
+      s_dims[1] == 0)
+    return false;
+  *q = static_cast<const int8_t*>(values.untyped_data()) + w_first;
+  *d = static_cast<const uint16_t*>(scales.untyped_data()) + s_first;
+  return true;
+}
+
 static ffi::Error FewRowsQ8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                             ffi::Buffer<ffi::S8> values, ffi::Buffer<ffi::F16> scales,
-                            ffi::ResultBuffer<ffi::F32> y) {
-  auto w_dims = values.dimensions(), s_dims = scales.dimensions();
-  if (w_dims.size() != 2 || s_dims.size() != 2 || s_dims[0] != w_dims[0] || s_dims[1] == 0)
-    return ffi::Error::InvalidArgument("values must be [O, I] and scales [O, I / block]");
+                            ffi::Buffer<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y) {
+  int64_t w_dims[2], s_dims[2];
+  const int8_t* q;
+  const uint16_t* d;
+  if (!eight_bit_layer(values, scales, layer, &q, &d, w_dims, s_dims))
+    return ffi::Error::InvalidArgument("values must be [(L,) O, I] and scales "
+                                       "[(L,) O, I / block], with layer in [0, L)");
   const int64_t n_out = w_dims[0], n_in = w_dims[1], block = n_in / s_dims[1];
   if (block * s_dims[1] != n_in || block % VW != 0)
     return ffi::Error::InvalidArgument("the scales' blocks must split I into whole vectors");
   if (x.element_count() % n_in != 0)
     return ffi::Error::InvalidArgument("x's last axis must be w's I");
   const float* xd = x.typed_data();
-  const Q8Rows wd{static_cast<const int8_t*>(values.untyped_data()),
-                  static_cast<const uint16_t*>(scales.untyped_data()), block};
+  const Q8Rows wd{q, d, block};
   float* yd = y->typed_data();
   const int64_t T = x.element_count() / n_in;
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
@@ -417,8 +456,9 @@ static ffi::Error FewRowsQ8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                                 ffi::Ffi::Bind()                                     \
                                     .Ctx<ffi::ThreadPool>()                          \
                                     .Arg<ffi::Buffer<ffi::F32>>()   /* x [..., I] */ \
-                                    .Arg<ffi::Buffer<ffi::S8>>()    /* values [O, I] */ \
-                                    .Arg<ffi::Buffer<ffi::F16>>()   /* scales [O, I / block] */ \
+                                    .Arg<ffi::Buffer<ffi::S8>>()    /* values [(L,) O, I] */ \
+                                    .Arg<ffi::Buffer<ffi::F16>>()   /* scales [(L,) O, I / B] */ \
+                                    .Arg<ffi::Buffer<ffi::S32>>()   /* layer [] */  \
                                     .Ret<ffi::Buffer<ffi::F32>>()); /* y [..., O] */
 
 SPECJAX_EIGHT_BIT_PRODUCT(specjax_few_rows_q8, FewRowsQ8)
@@ -668,10 +708,13 @@ constexpr bool kVnniTiles = false;
 
 static ffi::Error FewRowsQ80(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                              ffi::Buffer<ffi::S8> values, ffi::Buffer<ffi::F16> scales,
-                             ffi::ResultBuffer<ffi::F32> y) {
-  auto w_dims = values.dimensions(), s_dims = scales.dimensions();
-  if (w_dims.size() != 2 || s_dims.size() != 2 || s_dims[0] != w_dims[0] || s_dims[1] == 0)
-    return ffi::Error::InvalidArgument("values must be [O, I] and scales [O, I / block]");
+                             ffi::Buffer<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y) {
+  int64_t w_dims[2], s_dims[2];
+  const int8_t* q;
+  const uint16_t* d;
+  if (!eight_bit_layer(values, scales, layer, &q, &d, w_dims, s_dims))
+    return ffi::Error::InvalidArgument("values must be [(L,) O, I] and scales "
+                                       "[(L,) O, I / block], with layer in [0, L)");
   const int64_t n_out = w_dims[0], n_in = w_dims[1], blocks = s_dims[1], block = n_in / blocks;
   if (block * blocks != n_in) return ffi::Error::InvalidArgument("blocks must split I");
   if (n_in == 0 || x.element_count() % n_in != 0)
@@ -684,8 +727,6 @@ static ffi::Error FewRowsQ80(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   const int8_t* xd = xq.get();
   const int32_t* xb = bias.get();
   const float* sd = dx.get();
-  const int8_t* q = static_cast<const int8_t*>(values.untyped_data());
-  const uint16_t* d = static_cast<const uint16_t*>(scales.untyped_data());
   float* yd = y->typed_data();
   const int64_t tiles = kVnniTiles && block == 32 ? n_out / 16 : 0;
   // Work items: 4 tiles of 16 outputs each, then the outputs left one by one in groups of 16.
@@ -844,9 +885,13 @@ template <typename C>
 static ffi::Error FewQueryAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
                                     ffi::Buffer<kType<C>> keys, ffi::Buffer<kType<C>> values,
                                     ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::S32> limit,
-                                    ffi::ResultBuffer<ffi::F32> out) {
-  auto qd = q.dimensions(), kd = keys.dimensions();
-  if (qd.size() != 4 || kd.size() != 4) return ffi::Error::InvalidArgument("q, keys: rank 4");
+                                    ffi::Buffer<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> out) {
+  auto qd = q.dimensions();
+  int64_t k_first, v_first, kd[4], vd[4];
+  if (qd.size() != 4 || !layer_of(keys.dimensions(), 4, layer, &k_first, kd) ||
+      !layer_of(values.dimensions(), 4, layer, &v_first, vd))
+    return ffi::Error::InvalidArgument("q must be [B, T, N, H] and the cache [(L,) B, K, H, S] "
+                                       "with layer in [0, L)");
   const int64_t B = qd[0], T = qd[1], N = qd[2], H = qd[3], K = kd[1], S = kd[3];
   if (kd[0] != B || kd[2] != H || N % K != 0)
     return ffi::Error::InvalidArgument("q [B, T, N, H] and keys [B, K, H, S] do not match");
@@ -858,8 +903,8 @@ static ffi::Error FewQueryAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> 
   const int64_t chunks = (used + CHUNK - 1) / CHUNK;
   const float scale = 1.0f / std::sqrt(static_cast<float>(H));
   const float* Q = q.typed_data();
-  const C* Kc = static_cast<const C*>(keys.untyped_data());
-  const C* Vc = static_cast<const C*>(values.untyped_data());
+  const C* Kc = static_cast<const C*>(keys.untyped_data()) + k_first;
+  const C* Vc = static_cast<const C*>(values.untyped_data()) + v_first;
   const bool* M = mask.typed_data();
   // Per item, per query row: the chunk's maximum score, its sum of exponentials, and its
   // unnormalised output [H]. Chunks past a row's limit are left unused (max = -inf).
@@ -922,10 +967,11 @@ static ffi::Error FewQueryAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> 
                                 ffi::Ffi::Bind()                                      \
                                     .Ctx<ffi::ThreadPool>()                           \
                                     .Arg<ffi::Buffer<ffi::F32>>()  /* q [B, T, N, H] */ \
-                                    .Arg<ffi::Buffer<kType<C>>>()  /* keys [B, K, H, S] */ \
-                                    .Arg<ffi::Buffer<kType<C>>>()  /* values [B, K, S, H] */ \
+                                    .Arg<ffi::Buffer<kType<C>>>()  /* keys [(L,) B, K, H, S] */ \
+                                    .Arg<ffi::Buffer<kType<C>>>()  /* values [(L,) B, K, S, H] */ \
                                     .Arg<ffi::Buffer<ffi::PRED>>() /* mask [B, T, S] */ \
                                     .Arg<ffi::Buffer<ffi::S32>>()  /* limit [B] */      \
+                                    .Arg<ffi::Buffer<ffi::S32>>()  /* layer [] */       \
                                     .Ret<ffi::Buffer<ffi::F32>>()); /* out [B, T, N, H] */
 
 SPECJAX_FEW_QUERY_ATTENTION(specjax_few_query_attention, float)

@@ -13,10 +13,11 @@ sequence, everything after p is masked, so stale entries beyond a row's length (
 tokens, right padding of a ragged prompt) are never read: rolling back is just setting a
 smaller length, and the next call overwrites those slots before anyone can see them.
 
-Each layer has its own pair of buffers (a tuple of L arrays, not one [L, ...] array): a decoding
-loop then updates every buffer in place, and attention reads a layer's buffer directly. Slicing
-a layer out of a stacked array costs a copy of it on every call, which made a step's cost grow
-with the buffer's size (see `specjax.model` on the same effect for weights).
+Every layer's buffers are stacked, keys [L, B, K, H, S] and values [L, B, K, S, H], so that the
+decoder's one compiled layer (`transformer.decoder_layers`, a loop over L) reads and writes
+layer l's part by its index: a call writes its new entries into the stack where they go
+(`write`), and attention to the cache on a few tokens reads the layer's part where it lies
+(`layers.attend_cache`), never a slice of it copied out.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from specjax.model.config import ModelConfig
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-    k: tuple[jax.Array, ...]   # L x [B, K, H, S]
-    v: tuple[jax.Array, ...]   # L x [B, K, S, H]
+    k: jax.Array               # [L, B, K, H, S]
+    v: jax.Array               # [L, B, K, S, H]
     length: jax.Array          # [B] int32: number of valid positions of each row
     # Slots before `first` are read only by queries in them (static). A published EAGLE
     # drafter never saw the pair in slot 0 (no feature comes before the first token), so its
@@ -45,15 +46,14 @@ class KVCache:
     def init(cls, config: ModelConfig, batch: int, slots: int, dtype=None,
              first: int = 0) -> "KVCache":
         dtype = dtype or jnp.dtype(config.compute_dtype)
-        k_shape = (batch, config.n_kv_heads, config.head_dim, slots)
-        v_shape = (batch, config.n_kv_heads, slots, config.head_dim)
-        return cls(tuple(jnp.zeros(k_shape, dtype) for _ in range(config.n_layers)),
-                   tuple(jnp.zeros(v_shape, dtype) for _ in range(config.n_layers)),
+        layers, heads, h = config.n_layers, config.n_kv_heads, config.head_dim
+        return cls(jnp.zeros((layers, batch, heads, h, slots), dtype),
+                   jnp.zeros((layers, batch, heads, slots, h), dtype),
                    jnp.zeros((batch,), jnp.int32), first)
 
     @property
     def slots(self) -> int:
-        return self.v[0].shape[2]
+        return self.v.shape[-2]
 
     def with_length(self, length: jax.Array) -> "KVCache":
         """Sets each row's length: rollback of rejected tokens, or the true length of a padded row."""
@@ -61,27 +61,32 @@ class KVCache:
 
 
 def write(cache_k: jax.Array, cache_v: jax.Array, k: jax.Array, v: jax.Array,
-          slots: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Writes one layer's new keys and values at each row's positions.
+          slots: jax.Array, layer=0) -> tuple[jax.Array, jax.Array]:
+    """Writes one layer's new keys and values at each row's positions, into the stack.
 
     Args:
-      cache_k: [B, K, H, S] and cache_v: [B, K, S, H], one layer's buffers.
-      k, v: [B, T, K, H] the new entries.
+      cache_k: [L, B, K, H, S] and cache_v: [L, B, K, S, H], every layer's buffers.
+      k, v: [B, T, K, H] the new entries of layer `layer` ([] int, traced or not).
       slots: [B, T] the slots to write (the tokens' positions, except in a token tree); each
         row's are consecutive, so the row is one slice starting at slots[b, 0]. The caller keeps
         slots[b, -1] < S (a slice that ran past the end would be shifted back by
         `dynamic_update_slice`, silently corrupting the cache).
     """
-    def write_keys(buffer, new, start):      # [K, H, S] <- [T, K, H] at start
-        new = jnp.transpose(new, (1, 2, 0)).astype(buffer.dtype)          # [K, H, T]
-        return _update_slice(buffer, new, (0, 0, start))
+    layer = jnp.asarray(layer, jnp.int32)
+    zero = jnp.zeros((), jnp.int32)
 
-    def write_values(buffer, new, start):    # [K, S, H] <- [T, K, H] at start
-        new = jnp.swapaxes(new, 0, 1).astype(buffer.dtype)                # [K, T, H]
-        return _update_slice(buffer, new, (0, start, 0))
+    def write_keys(buffer, new, start):      # [L, K, H, S] <- [T, K, H] at (layer, start)
+        new = jnp.transpose(new, (1, 2, 0)).astype(buffer.dtype)[None]    # [1, K, H, T]
+        return _update_slice(buffer, new, (layer, zero, zero, start))
+
+    def write_values(buffer, new, start):    # [L, K, S, H] <- [T, K, H] at (layer, start)
+        new = jnp.swapaxes(new, 0, 1).astype(buffer.dtype)[None]          # [1, K, T, H]
+        return _update_slice(buffer, new, (layer, zero, start, zero))
 
     starts = slots[:, 0]
-    return jax.vmap(write_keys)(cache_k, k, starts), jax.vmap(write_values)(cache_v, v, starts)
+    rows = dict(in_axes=(1, 0, 0), out_axes=1)          # over B, the stack's second axis
+    return (jax.vmap(write_keys, **rows)(cache_k, k, starts),
+            jax.vmap(write_values, **rows)(cache_v, v, starts))
 
 
 def _update_slice(buffer: jax.Array, new: jax.Array, start) -> jax.Array:
@@ -150,7 +155,7 @@ def keep_path(cache_k: jax.Array, cache_v: jax.Array, root: jax.Array, path: jax
     by length forgets the other branches like any rejected draft.
 
     Args:
-      cache_k: [B, K, H, S] and cache_v: [B, K, S, H], one layer's buffers.
+      cache_k: [L, B, K, H, S] and cache_v: [L, B, K, S, H], every layer's buffers.
       root: [B] the tree's root slot; path: [B, D] node indices in 1 .. nodes - 1 (entries past
         the accepted depth are ignored: their slots are stale after the rollback).
       nodes: the tree's node count including the root (static).
@@ -165,8 +170,9 @@ def keep_path(cache_k: jax.Array, cache_v: jax.Array, root: jax.Array, path: jax
         return lax.dynamic_update_slice_in_dim(buffer, jnp.take(region, src, axis=axis),
                                                start, axis=axis)
 
-    return (jax.vmap(lambda buf, s, r: move(buf, s, r, 2))(cache_k, source, root),
-            jax.vmap(lambda buf, s, r: move(buf, s, r, 1))(cache_v, source, root))
+    rows = dict(in_axes=(1, 0, 0), out_axes=1)          # over B, the stack's second axis
+    return (jax.vmap(lambda buf, s, r: move(buf, s, r, 3), **rows)(cache_k, source, root),
+            jax.vmap(lambda buf, s, r: move(buf, s, r, 2), **rows)(cache_v, source, root))
 
 
 def windows(slots: int, smallest: int) -> tuple[int, ...]:

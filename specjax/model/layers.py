@@ -16,7 +16,8 @@ from jax import lax
 
 from specjax.model.cache import TreeAttention, attention_mask, windows
 from specjax.model.config import ModelConfig
-from specjax.model.linear import attention_uses_kernel, few_query_attention, rope_uses_kernel
+from specjax.model.linear import (attention_uses_kernel, few_query_attention, layer_of,
+                                  rope_uses_kernel)
 from specjax.model.linear import rope as rope_kernel, rope_tables as rope_tables_kernel
 from specjax.model.quant import Int8Weight, rows
 
@@ -228,8 +229,8 @@ STEP_WINDOW, CHUNK_WINDOW, CHUNK_QUERIES = 1024, 128, 64
 
 
 def attend_cache(q, cache_k, cache_v, query_slots, tree: TreeAttention | None = None,
-                 first: int = 0):
-    """Attention of queries to a layer's cache, reading only the prefix they can see.
+                 first: int = 0, layer=0):
+    """Attention of queries to layer `layer` of a cache, reading only the prefix they can see.
 
     A call on few tokens (a decoding step, a verify call) uses the few-query kernel, which
     reads the cache in place up to the last slot any query sees (`specjax.model.linear`). The
@@ -248,31 +249,36 @@ def attend_cache(q, cache_k, cache_v, query_slots, tree: TreeAttention | None = 
     128 slots.
 
     Args:
-      q: [B, T, N, H]; cache_k: [B, K, H, S] and cache_v: [B, K, S, H] with this call's keys
-      already written; query_slots: [B, T] (their positions, except in a token tree); tree:
-      the token tree the queries belong to, if any (`cache.attention_mask`); first: the
-      cache's `KVCache.first`.
+      q: [B, T, N, H]; cache_k: [L, B, K, H, S] and cache_v: [L, B, K, S, H], every layer's
+      buffers, with this call's keys already written; query_slots: [B, T] (their positions,
+      except in a token tree); tree: the token tree the queries belong to, if any
+      (`cache.attention_mask`); first: the cache's `KVCache.first`; layer: [] int, the layer
+      whose buffers the queries read (the kernel reads them where they lie in the stack).
     Returns:
       [B, T, N, H]
     """
+    layer = jnp.asarray(layer, jnp.int32)
     if attention_uses_kernel(q, cache_k, cache_v):        # decoding steps and verify calls
-        return lax.platform_dependent(q, cache_k, cache_v, query_slots, tree,
+        return lax.platform_dependent(q, cache_k, cache_v, query_slots, tree, layer,
                                       cpu=functools.partial(_attend_in_place, first=first),
                                       default=functools.partial(_attend_windows, first=first))
-    return _attend_windows(q, cache_k, cache_v, query_slots, tree, first)
+    return _attend_windows(q, cache_k, cache_v, query_slots, tree, layer, first)
 
 
-def _attend_in_place(q, cache_k, cache_v, query_slots, tree, first=0):
-    """`attend_cache` by the few-query kernel: the whole buffer, read up to the slots in use."""
-    b, slots = q.shape[0], cache_v.shape[2]
+def _attend_in_place(q, cache_k, cache_v, query_slots, tree, layer, first=0):
+    """`attend_cache` by the few-query kernel: the layer's buffer read in place, up to the slots
+    in use."""
+    b, slots = q.shape[0], cache_v.shape[-2]
     key_slots = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (b, slots))
     limit = jnp.max(query_slots, axis=1) + 1                                  # [B]
     return few_query_attention(q, cache_k, cache_v,
-                               attention_mask(query_slots, key_slots, tree, first), limit)
+                               attention_mask(query_slots, key_slots, tree, first), limit, layer)
 
 
-def _attend_windows(q, cache_k, cache_v, query_slots, tree, first=0):
-    """`attend_cache` by XLA: the shortest static window of the cache that covers the queries."""
+def _attend_windows(q, cache_k, cache_v, query_slots, tree, layer, first=0):
+    """`attend_cache` by XLA: the shortest static window of the layer's buffers that covers the
+    queries."""
+    cache_k, cache_v = layer_of((cache_k, cache_v), layer)
     b, t = q.shape[:2]
     sizes = windows(cache_v.shape[2], CHUNK_WINDOW if t >= CHUNK_QUERIES else STEP_WINDOW)
 

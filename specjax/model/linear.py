@@ -80,7 +80,7 @@ from specjax.model.quant import Int8Weight, Q8_0Weight, dequantize, quantize_row
 __all__ = ["ATTENTION_TARGET", "CHUNKED_ROWS", "FEW_QUERIES", "FEW_ROWS", "INT8_TARGET",
            "KERNEL_BLOCK", "KERNEL_DTYPES", "PRODUCT_TARGET", "Q8_0_TARGET", "ROPE_TABLES_TARGET",
            "ROPE_TARGET", "TARGETS", "attention_uses_kernel", "few_query_attention",
-           "in_chunks", "kernel_chunks",
+           "in_chunks", "in_place", "kernel_chunks", "layer_of",
            "linear", "mark_registered", "prefill_products", "product_int8", "product_q8_0",
            "q8_0_law", "registered",
            "rope", "rope_tables", "rope_uses_kernel", "switch", "use_kernels", "xla_products"]
@@ -163,22 +163,45 @@ def xla_products():
     return use_kernels(False)
 
 
-def linear(x: jax.Array, w: jax.Array | Int8Weight, out_dtype=None) -> jax.Array:
+def linear(x: jax.Array, w: jax.Array | Int8Weight, out_dtype=None,
+           stacked: tuple | None = None) -> jax.Array:
     """x [..., I] times w [O, I] over I -> [..., O] (in out_dtype, else x's dtype). w may be
     an `Int8Weight` (`specjax.model.quant`): its dequantised weights; or a `Q8_0Weight`: the
-    q8_0 law (`q8_0_law`)."""
+    q8_0 law (`q8_0_law`).
+
+    `stacked`, when w is one layer of a stack (the decoder's loop over its layers,
+    `transformer.decoder_layers`): (every layer's matrix [L, O, I], w's index in it [] int32).
+    A kernel then reads the layer where it lies in the stack, where a slice would be a copy of
+    it on every call; XLA's dot reads w."""
     if isinstance(w, Q8_0Weight):
-        return _linear_q8_0(x, w, out_dtype)
+        return _linear_q8_0(x, w, out_dtype, stacked)
     if isinstance(w, Int8Weight):
-        return _linear_int8(x, w, out_dtype)
+        return _linear_int8(x, w, out_dtype, stacked)
     chunks = kernel_chunks(x.shape)
     if chunks and _kernels_apply(x.dtype, w.dtype, out_dtype or x.dtype):
-        def kernel(x, w):
-            y = in_chunks(lambda rows: product(rows.astype(jnp.float32), w), x, chunks)
+        whole, layer = in_place(w, stacked)
+
+        def kernel(x, w, whole, layer):
+            y = in_chunks(lambda rows: product(rows.astype(jnp.float32), whole, layer), x, chunks)
             return y.astype(out_dtype or x.dtype)
-        return lax.platform_dependent(x, w, cpu=kernel,
-                                      default=lambda x, w: _dot(x, w, out_dtype))
+        return lax.platform_dependent(x, w, whole, layer, cpu=kernel,
+                                      default=lambda x, w, *_: _dot(x, w, out_dtype))
     return _dot(x, w, out_dtype)
+
+
+def in_place(w, stacked: tuple | None) -> tuple:
+    """What a kernel reads for the matrix w: (the stack it lies in, its index) when it is a
+    layer of one (`linear`'s `stacked`), else (w, 0)."""
+    if stacked is None:
+        return w, jnp.zeros((), jnp.int32)
+    whole, layer = stacked
+    return whole, jnp.asarray(layer, jnp.int32)
+
+
+def layer_of(stack, layer) -> jax.Array:
+    """Layer `layer` ([] int, traced or not) of arrays stacked along a leading axis: a slice,
+    which XLA copies on a CPU unless its consumer fuses it."""
+    return jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, layer, keepdims=False), stack)
 
 
 def kernel_chunks(shape) -> tuple[int, ...]:
@@ -218,7 +241,7 @@ def in_chunks(product_rows, x: jax.Array, chunks: tuple[int, ...]) -> jax.Array:
     return y.reshape(*lead, y.shape[-1])
 
 
-def _linear_int8(x, w: Int8Weight, out_dtype):
+def _linear_int8(x, w: Int8Weight, out_dtype, stacked):
     """`linear` with 8-bit weights: the few-row kernel where it takes the call
     (`kernel_chunks`; it dequantises as it reads, a quarter of float32's bytes), else XLA's dot
     on the dequantised weights (prefill, which is compute-bound; and every width without the
@@ -226,18 +249,21 @@ def _linear_int8(x, w: Int8Weight, out_dtype):
     dtype = out_dtype or x.dtype
     chunks = kernel_chunks(x.shape)
     if chunks and w.block % KERNEL_BLOCK == 0 and _kernels_apply(x.dtype, dtype):
-        def kernel(x, values, scales):
-            y = in_chunks(lambda rows: product_int8(rows.astype(jnp.float32), values, scales),
-                          x, chunks)
+        whole, layer = in_place(w, stacked)
+
+        def kernel(x, values, scales, whole, layer):
+            y = in_chunks(lambda rows: product_int8(rows.astype(jnp.float32), whole.values,
+                                                    whole.scales, layer), x, chunks)
             return y.astype(dtype)
 
-        def default(x, values, scales):
+        def default(x, values, scales, *_):
             return _dot(x, dequantize(Int8Weight(values, scales)), out_dtype)
-        return lax.platform_dependent(x, w.values, w.scales, cpu=kernel, default=default)
+        return lax.platform_dependent(x, w.values, w.scales, whole, layer, cpu=kernel,
+                                      default=default)
     return _dot(x, dequantize(w), out_dtype)
 
 
-def _linear_q8_0(x, w: Q8_0Weight, out_dtype):
+def _linear_q8_0(x, w: Q8_0Weight, out_dtype, stacked):
     """`linear` in the q8_0 dtype: x quantised per row and block (`quantize_rows`), then the
     q8_0 law (`q8_0_law`), the few-row kernel's for 1-32 rows, XLA's elsewhere: the same bits
     either way."""
@@ -246,10 +272,14 @@ def _linear_q8_0(x, w: Q8_0Weight, out_dtype):
     x = x.reshape(-1, inputs).astype(jnp.float32)
     values, scales = w.values.reshape(-1, inputs), w.scales.reshape(-1, inputs // w.block)
 
-    def law(x, values, scales):
+    def law(x, values, scales, *_):
         return q8_0_law(*quantize_rows(x, w.block), values, scales)
     if math.prod(lead) in FEW_ROWS and _kernels_apply(dtype):
-        y = lax.platform_dependent(x, values, scales, cpu=product_q8_0, default=law)
+        whole, layer = in_place(w, stacked)
+
+        def kernel(x, values, scales, whole, layer):
+            return product_q8_0(x, whole.values, whole.scales, layer)
+        y = lax.platform_dependent(x, values, scales, whole, layer, cpu=kernel, default=law)
     else:
         y = law(x, values, scales)
     return y.reshape(*lead, values.shape[0]).astype(dtype)
@@ -280,21 +310,28 @@ def q8_0_law(xq: jax.Array, dx: jax.Array, values: jax.Array, scales: jax.Array)
     return lax.fori_loop(0, blocks, add_block, jnp.zeros((t, values.shape[0]), jnp.float32))
 
 
-def product_q8_0(x: jax.Array, values: jax.Array, scales: jax.Array) -> jax.Array:
+def product_q8_0(x: jax.Array, values: jax.Array, scales: jax.Array, layer=0) -> jax.Array:
     """The few-row kernel's q8_0 product: x [T, I] float32 quantised as `quantize_rows` does,
     then `q8_0_law`, in one call, to the same bits (CPU, the targets registered; not
-    differentiable)."""
-    out = jax.ShapeDtypeStruct((x.shape[0], values.shape[0]), jnp.float32)
-    return jax.ffi.ffi_call(Q8_0_TARGET, out, vmap_method="sequential")(x, values, scales)
+    differentiable). values [(L,) O, I] and scales [(L,) O, I / B]: with L, layer `layer`."""
+    out = jax.ShapeDtypeStruct((x.shape[0], values.shape[-2]), jnp.float32)
+    return jax.ffi.ffi_call(Q8_0_TARGET, out, vmap_method="sequential")(
+        x, values, scales, _index(layer))
 
 
-def product_int8(x: jax.Array, values: jax.Array, scales: jax.Array) -> jax.Array:
-    """The few-row kernel on 8-bit weights: x [..., I] float32, values [O, I] int8, scales
-    [O, I / B] float16 (B a multiple of `KERNEL_BLOCK`) -> [..., O] float32, the float32
-    kernel's bits on the dequantised weights (CPU, the targets registered; not
-    differentiable: 8-bit weights are for inference)."""
-    out = jax.ShapeDtypeStruct((*x.shape[:-1], values.shape[0]), jnp.float32)
-    return jax.ffi.ffi_call(INT8_TARGET, out, vmap_method="sequential")(x, values, scales)
+def product_int8(x: jax.Array, values: jax.Array, scales: jax.Array, layer=0) -> jax.Array:
+    """The few-row kernel on 8-bit weights: x [..., I] float32, values [(L,) O, I] int8, scales
+    [(L,) O, I / B] float16 (B a multiple of `KERNEL_BLOCK`; with L, layer `layer`) ->
+    [..., O] float32, the float32 kernel's bits on the dequantised weights (CPU, the targets
+    registered; not differentiable: 8-bit weights are for inference)."""
+    out = jax.ShapeDtypeStruct((*x.shape[:-1], values.shape[-2]), jnp.float32)
+    return jax.ffi.ffi_call(INT8_TARGET, out, vmap_method="sequential")(
+        x, values, scales, _index(layer))
+
+
+def _index(layer) -> jax.Array:
+    """A layer index as the kernels take it: [] int32."""
+    return jnp.asarray(layer, jnp.int32).reshape(())
 
 
 def attention_uses_kernel(q, cache_k, cache_v) -> bool:
@@ -344,13 +381,13 @@ def _dot(x, w, out_dtype):
 
 
 @jax.custom_jvp
-def product(x: jax.Array, w: jax.Array) -> jax.Array:
-    """The few-row kernel: x [..., I] float32, w [O, I] float32 or bfloat16 -> [..., O] float32
-    (CPU, the targets registered). Differentiable: its derivative is XLA's (the kernel has no
-    transpose)."""
-    out = jax.ShapeDtypeStruct((*x.shape[:-1], w.shape[0]), jnp.float32)
+def product(x: jax.Array, w: jax.Array, layer=0) -> jax.Array:
+    """The few-row kernel: x [..., I] float32, w [O, I] float32 or bfloat16, or every layer's
+    [L, O, I] and the one to use, `layer` -> [..., O] float32 (CPU, the targets registered).
+    Differentiable: its derivative is XLA's (the kernel has no transpose)."""
+    out = jax.ShapeDtypeStruct((*x.shape[:-1], w.shape[-2]), jnp.float32)
     return jax.ffi.ffi_call(_target(PRODUCT_TARGET, w.dtype), out,
-                            vmap_method="sequential")(x, w)
+                            vmap_method="sequential")(x, w, _index(layer))
 
 
 def _target(name: str, dtype) -> str:
@@ -359,20 +396,24 @@ def _target(name: str, dtype) -> str:
 
 @product.defjvp
 def _product_jvp(primals, tangents):
-    (x, w), (dx, dw) = primals, tangents
+    (x, w, layer), (dx, dw, _) = primals, tangents
+    if w.ndim == 3:
+        w, dw = layer_of(w, layer), layer_of(dw, layer)
     f32 = jnp.float32
     return product(x, w), (jnp.einsum("...I,OI->...O", dx, w, preferred_element_type=f32)
-                            + jnp.einsum("...I,OI->...O", x, dw, preferred_element_type=f32))
+                           + jnp.einsum("...I,OI->...O", x, dw, preferred_element_type=f32))
 
 
 def few_query_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
-                        limit: jax.Array) -> jax.Array:
+                        limit: jax.Array, layer=0) -> jax.Array:
     """The few-query attention kernel: grouped-query attention of q [B, T, N, H] to a cache's
-    keys [B, K, H, S] and values [B, K, S, H] (float32 or bfloat16, q cast to float32), where
-    mask [B, T, S] says which slots each query reads and no slot at or past limit [B] is read:
-    `layers.attend` on the prefix, without copying it. -> [B, T, N, H] in the cache's dtype, as
-    `attend` gives. CPU, the targets registered; not differentiable (decoding only)."""
+    keys [B, K, H, S] and values [B, K, S, H] (float32 or bfloat16, q cast to float32), or to
+    layer `layer` of every layer's [L, B, ...], where mask [B, T, S] says which slots each
+    query reads and no slot at or past limit [B] is read: `layers.attend` on the prefix,
+    without copying it. -> [B, T, N, H] in the cache's dtype, as `attend` gives. CPU, the
+    targets registered; not differentiable (decoding only)."""
     out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
     target = _target(ATTENTION_TARGET, values.dtype)
     return jax.ffi.ffi_call(target, out, vmap_method="sequential")(
-        q.astype(jnp.float32), keys, values, mask, limit.astype(jnp.int32)).astype(values.dtype)
+        q.astype(jnp.float32), keys, values, mask, limit.astype(jnp.int32),
+        _index(layer)).astype(values.dtype)

@@ -9,12 +9,13 @@ Parameters are a plain dict pytree:
 
     embed        [V, D]            token embeddings (also the LM head when tied)
     pos_embed    [P, D]            GPT-2 only: learned absolute positions
-    layers       a list of L dicts, one per layer:
-      attn_norm, mlp_norm          {"scale": [D]} (+ "bias": [D] for GPT-2's LayerNorm)
-      wq [N, H, D]  wk, wv [K, H, D]  wo [D, N, H]     (+ bq [N, H], bk, bv [K, H], bo [D])
-      q_norm, k_norm               Qwen3 only: {"scale": [H]}, RMSNorm of each head before RoPE
-      GPT-2:  w_in [F, D], w_out [D, F]                (+ b_in [F], b_out [D])
-      Llama:  w_gate, w_up [F, D], w_down [D, F]       (+ b_gate, b_up [F], b_down [D])
+    layers       one dict for all L layers, each leaf stacked along a leading L axis:
+      attn_norm, mlp_norm          {"scale": [L, D]} (+ "bias": [L, D] for GPT-2's LayerNorm)
+      wq [L, N, H, D]  wk, wv [L, K, H, D]  wo [L, D, N, H]
+                                   (+ bq [L, N, H], bk, bv [L, K, H], bo [L, D])
+      q_norm, k_norm               Qwen3 only: {"scale": [L, H]}, RMSNorm of each head before RoPE
+      GPT-2:  w_in [L, F, D], w_out [L, D, F]          (+ b_in [L, F], b_out [L, D])
+      Llama:  w_gate, w_up [L, F, D], w_down [L, D, F] (+ b_gate, b_up [L, F], b_down [L, D])
     final_norm   {"scale": [D]} (+ "bias")
     lm_head      [V, D]            only when the embeddings are not tied
 
@@ -22,12 +23,13 @@ Every matrix is stored [out, in], as torch.nn.Linear stores it (and the embeddin
 tied LM head reads the same way): each product contracts the activations' last axis with the
 weight's last axis. XLA's CPU dot is faster that way for the few-row products of decoding.
 
-Why a list of layers and a Python loop, not weights stacked along L under `lax.scan`: a scan
-slices each layer's weights out of the stacked arrays, and XLA materialises that slice as a copy
-on every call. Decoding a token reads every weight once, so the copy doubled the memory traffic
-of a step. The price is compile time that grows with depth. The KV cache is split per layer for
-the same reason (`specjax.model.cache`). docs/benchmarks.md, "The model's layouts, measured",
-has the timings behind each choice.
+The layers are one compiled body in a loop over L (`decoder_layers`, a `lax.scan`), so a
+program's size and its compile time do not grow with depth. A slice of a stacked array is a copy
+under XLA on a CPU, and decoding a token reads every weight once, so a copied slice would double
+a step's memory traffic: the few-token calls' kernels instead take the whole stack and the
+layer's index and read the layer where it lies (`linear.linear`'s `stacked`), and the cache,
+stacked the same way, is written and read in place (`specjax.model.cache`). XLA's products
+(prefill, training, other platforms) read the scan's slice, which a GEMM's arithmetic dwarfs.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from specjax.model import cache as kv
@@ -104,12 +107,8 @@ def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
     Prefill needs only the cache, and the LM head is a fifth of a small model's work per token
     (SmolLM2-135M: 28M of its 135M parameters), so prefill stops here.
     """
-    positions = positions.astype(jnp.int32)
-    x = lookup(params["embed"], tokens)                                 # [B, T, D]
-    if config.arch == "gpt2":
-        x = x + lookup(params["pos_embed"], positions)
-    x, cache = decoder_layers(params["layers"], config, x, positions, cache, tree)
-    return _norm(config, params["final_norm"], x), cache
+    final, _, cache = tapped_states(params, config, tokens, positions, cache, tree)
+    return final, cache
 
 
 def tapped_states(params: Params, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
@@ -117,84 +116,124 @@ def tapped_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
                   taps: tuple[int, ...] = ()) -> tuple[jax.Array, jax.Array, KVCache | None]:
     """`hidden_states`, and the residual stream after the first n decoder layers for each n in
     `taps`, concatenated: [B, T, len(taps) * D] (EAGLE-3's low, middle and high features,
-    `specjax.heads.eagle`). Returns (final-normed states, tapped states, cache)."""
+    `specjax.heads.eagle`; None without taps). Returns (final-normed states, tapped states,
+    cache)."""
     positions = positions.astype(jnp.int32)
     x = lookup(params["embed"], tokens)                                 # [B, T, D]
     if config.arch == "gpt2":
         x = x + lookup(params["pos_embed"], positions)
-    tapped, keys, values, done = [], [], [], 0
-    for n in (*taps, config.n_layers):
-        if n > done:            # layers done .. n - 1, with their part of the cache
-            part = None if cache is None else dataclasses.replace(
-                cache, k=cache.k[done:n], v=cache.v[done:n])
-            x, part = decoder_layers(params["layers"][done:n], config, x, positions, part, tree)
-            if part is not None:
-                keys, values, length = keys + list(part.k), values + list(part.v), part.length
-        tapped.append(x)
-        done = n
-    if cache is not None:
-        cache = KVCache(tuple(keys), tuple(values), length, cache.first)
-    features = jnp.concatenate(tapped[:-1], axis=-1) if taps else None
+    x, tapped, cache = _layers(params["layers"], config, x, positions, cache, tree, None, taps)
+    features = jnp.concatenate(list(tapped), axis=-1) if taps else None  # [B, T, len(taps) * D]
     return _norm(config, params["final_norm"], x), features, cache
 
 
-def decoder_layers(layers: list, config: ModelConfig, x: jax.Array, positions: jax.Array,
+def decoder_layers(layers: dict, config: ModelConfig, x: jax.Array, positions: jax.Array,
                    cache: KVCache | None = None, tree: TreeAttention | None = None,
                    attn_input: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
-    """The decoder layers on input vectors x [B, T, D] (embeddings, for the model itself; an
-    EAGLE drafter feeds its fused features, `specjax.heads.eagle`): the residual stream after
-    the last layer, before the final norm, and the cache (one layer's buffers per layer, in
-    order). Arguments as in `forward`; `attn_input` [B, T, E], if given, is what the first
-    layer's attention reads instead of its normed residual (EAGLE drafters: the fused features
-    without a norm, or EAGLE-3's [norm(embedding) ; norm(feature)], E = 2D)."""
-    positions = positions.astype(jnp.int32)
-    slots = positions if tree is None else tree.slots(x.shape[1])         # [B, T]
-    if config.arch == "llama":
-        rope = rope_tables(positions, jnp.asarray(rope_frequencies(config)))
-
-    new_k, new_v = [], []
-    for i, p in enumerate(layers):
-        h = attn_input if i == 0 and attn_input is not None else _norm(config, p["attn_norm"], x)
-        q, k, v = (_project(h, p[name]) for name in ("wq", "wk", "wv"))  # [B, T, heads, H]
-        if config.qkv_bias:
-            q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
-        if config.qk_norm:                      # Qwen3: each head's q and k, over H
-            q = rms_norm(q, p["q_norm"]["scale"], config.norm_eps)
-            k = rms_norm(k, p["k_norm"]["scale"], config.norm_eps)
-        if config.arch == "llama":
-            q, k = apply_rope(q, k, rope)
-        if cache is None:
-            keys, values = jnp.transpose(k, (0, 2, 3, 1)), jnp.transpose(v, (0, 2, 1, 3))
-            attn = attend(q, keys, values, kv.attention_mask(slots, slots, tree))  # [B, T, N, H]
-        else:
-            layer_k, layer_v = kv.write(cache.k[i], cache.v[i], k, v, slots)
-            new_k.append(layer_k)
-            new_v.append(layer_v)
-            attn = attend_cache(q, layer_k, layer_v, slots, tree, cache.first)   # [B, T, N, H]
-        # One flat product over (N, H): as a two-axis einsum, XLA on a CPU copied wo every call.
-        b, t, n, h_ = attn.shape
-        wo = p["wo"].reshape(-1, n * h_)                                # [D, N*H]
-        out = linear(attn.reshape(b, t, n * h_), wo)             # BT(NH),D(NH)->BTD
-        if config.out_bias:
-            out = out + p["bo"]
-        x = x + out
-        x = x + _mlp(config, p, _norm(config, p["mlp_norm"], x))
-    if cache is not None:
-        cache = KVCache(tuple(new_k), tuple(new_v), slots[:, -1] + 1, cache.first)
+    """The decoder layers (`layers`, stacked as `params["layers"]`) on input vectors x [B, T, D]
+    (embeddings, for the model itself; an EAGLE drafter feeds its fused features,
+    `specjax.heads.eagle`): the residual stream after the last layer, before the final norm, and
+    the cache. Arguments as in `forward`; `attn_input` [B, T, E], if given, is what the layer's
+    attention reads instead of its normed residual, for a one-layer stack (EAGLE drafters: the
+    fused features without a norm, or EAGLE-3's [norm(embedding) ; norm(feature)], E = 2D)."""
+    x, _, cache = _layers(layers, config, x, positions.astype(jnp.int32), cache, tree,
+                          attn_input)
     return x, cache
+
+
+def _layers(layers: dict, config: ModelConfig, x, positions, cache, tree, attn_input=None,
+            taps: tuple[int, ...] = ()):
+    """The decoder layers as one compiled body in a `lax.scan` over L -> (the residual stream
+    after the last layer, the stream after the first n layers for each n in `taps` [n_taps, B,
+    T, D], the cache).
+
+    The scan's slices of the weights are what XLA's products read; the kernels read the stacked
+    weights (`flat`, closed over) at the layer's index instead, in place (`linear`'s `stacked`),
+    and the layer's part of the stacked cache, carried by the scan, is written and read in place
+    by its index too (`cache.write`, `layers.attend_cache`)."""
+    slots = positions if tree is None else tree.slots(x.shape[1])         # [B, T]
+    rope = (rope_tables(positions, jnp.asarray(rope_frequencies(config)))
+            if config.arch == "llama" else None)
+    flat = _flat(layers)
+    n_layers = jax.tree.leaves(flat)[0].shape[0]
+    if attn_input is not None and n_layers != 1:
+        raise ValueError(f"attn_input is for a one-layer stack, not {n_layers} layers")
+    # Where each layer's output goes among the taps: slot j for the layer after which taps[j]
+    # layers are done, the spare last slot for the others (written and dropped).
+    slot_of = np.full(n_layers + 1, len(taps), np.int32)
+    for j, n in enumerate(taps):
+        slot_of[n] = j
+    tapped = jnp.zeros((len(taps) + 1, *x.shape), x.dtype) if taps else None
+    if 0 in taps:
+        tapped = tapped.at[taps.index(0)].set(x)
+    buffers = None if cache is None else (cache.k, cache.v)
+    first = 0 if cache is None else cache.first
+
+    def body(carry, layer):
+        x, tapped, buffers = carry
+        p, index = layer
+        x, buffers = _layer(config, p, flat, index, x, slots, rope, buffers, first, tree,
+                            attn_input)
+        if taps:
+            slot = jnp.asarray(slot_of)[index + 1]
+            tapped = lax.dynamic_update_index_in_dim(tapped, x, slot, 0)
+        return (x, tapped, buffers), None
+
+    (x, tapped, buffers), _ = lax.scan(body, (x, tapped, buffers),
+                                       (flat, jnp.arange(n_layers, dtype=jnp.int32)))
+    if cache is not None:
+        cache = KVCache(*buffers, slots[:, -1] + 1, cache.first)
+    return x, (tapped[:len(taps)] if taps else ()), cache
+
+
+def _flat(layers: dict) -> dict:
+    """The stacked layers with each attention matrix as the flat product takes it: wq, wk, wv
+    [L, X * H, D], wo [L, D, N * H] (a reshape of a stacked array is free; written as an einsum
+    over the heads, XLA on a CPU transposed the weights every call)."""
+    flat = dict(layers)
+    for name in ("wq", "wk", "wv"):
+        layers_, heads, h, d = layers[name].shape
+        flat[name] = layers[name].reshape(layers_, heads * h, d)
+    layers_, d, n, h = layers["wo"].shape
+    flat["wo"] = layers["wo"].reshape(layers_, d, n * h)
+    return flat
+
+
+def _layer(config: ModelConfig, p: dict, flat: dict, index, x, slots, rope, buffers, first,
+           tree, attn_input):
+    """Decoder layer `index` ([] int32): p its weights (the scan's slices), flat all the
+    layers' (`_flat`, for the kernels) -> (the residual stream after it, the cache buffers)."""
+    def linear_(h, name):                      # BTI,OI->BTO with layer `index` of `name`
+        return linear(h, p[name], stacked=(flat[name], index))
+
+    h = attn_input if attn_input is not None else _norm(config, p["attn_norm"], x)
+    b, t = x.shape[:2]
+    q, k, v = (linear_(h, name).reshape(b, t, -1, config.head_dim)
+               for name in ("wq", "wk", "wv"))                           # [B, T, heads, H]
+    if config.qkv_bias:
+        q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+    if config.qk_norm:                          # Qwen3: each head's q and k, over H
+        q = rms_norm(q, p["q_norm"]["scale"], config.norm_eps)
+        k = rms_norm(k, p["k_norm"]["scale"], config.norm_eps)
+    if config.arch == "llama":
+        q, k = apply_rope(q, k, rope)
+    if buffers is None:
+        keys, values = jnp.transpose(k, (0, 2, 3, 1)), jnp.transpose(v, (0, 2, 1, 3))
+        attn = attend(q, keys, values, kv.attention_mask(slots, slots, tree))  # [B, T, N, H]
+    else:
+        buffers = kv.write(*buffers, k, v, slots, index)
+        attn = attend_cache(q, *buffers, slots, tree, first, index)     # [B, T, N, H]
+    # One flat product over (N, H): as a two-axis einsum, XLA on a CPU copied wo every call.
+    out = linear_(attn.reshape(b, t, -1), "wo")                        # BT(NH),D(NH)->BTD
+    if config.out_bias:
+        out = out + p["bo"]
+    x = x + out
+    return x + _mlp(config, p, flat, index, _norm(config, p["mlp_norm"], x)), buffers
 
 
 def final_norm(params: Params, config: ModelConfig, x: jax.Array) -> jax.Array:
     """The model's final norm on residual vectors [..., D]."""
     return _norm(config, params["final_norm"], x)
-
-
-def _project(x, w):
-    """x [B, T, D] through w [heads, H, D] -> [B, T, heads, H], as one flat product with
-    [heads * H, D]: written as an einsum over (heads, H), XLA on a CPU transposed w every call."""
-    heads, h, d = w.shape
-    # BTD,(XH)D->BT(XH)->BTXH, X the query or key/value heads
-    return linear(x, w.reshape(heads * h, d)).reshape(*x.shape[:2], heads, h)
 
 
 def lm_head(params: Params, config: ModelConfig, x: jax.Array) -> jax.Array:
@@ -209,27 +248,40 @@ def _norm(config: ModelConfig, p, x):
     return rms_norm(x, p["scale"], config.norm_eps)
 
 
-def _mlp(config: ModelConfig, p, x):
+def _mlp(config: ModelConfig, p, flat, index, x):
+    def linear_(h, name):                      # BTI,OI->BTO with layer `index` of `name`
+        return linear(h, p[name], stacked=(flat[name], index))
+
     if config.arch == "gpt2":
-        h = linear(x, p["w_in"])                                        # BTD,FD->BTF
+        h = linear_(x, "w_in")                                          # BTD,FD->BTF
         if config.mlp_bias:
             h = h + p["b_in"]
-        out = linear(activation(config.activation, h), p["w_out"])       # BTF,DF->BTD
+        out = linear_(activation(config.activation, h), "w_out")         # BTF,DF->BTD
         return out + p["b_out"] if config.mlp_bias else out
-    gate, up = linear(x, p["w_gate"]), linear(x, p["w_up"])              # BTD,FD->BTF each
+    gate, up = linear_(x, "w_gate"), linear_(x, "w_up")                  # BTD,FD->BTF each
     if config.mlp_bias:
         gate, up = gate + p["b_gate"], up + p["b_up"]
-    out = linear(activation(config.activation, gate) * up, p["w_down"])  # BTF,DF->BTD
+    out = linear_(activation(config.activation, gate) * up, "w_down")  # BTF,DF->BTD
     return out + p["b_down"] if config.mlp_bias else out
 
 
 # -- Parameter shapes and random initialisation -------------------------------------------------
 
 def param_shapes(config: ModelConfig) -> Params:
-    """The shape of every parameter: the single source for init, loading and saving."""
+    """The shape of every parameter, each layer's stacked along L: the single source for init,
+    loading and saving."""
+    shapes = dict(layer_shapes(config))
+    layer = shapes.pop("layer")
+    is_shape = lambda s: isinstance(s, tuple)  # noqa: E731
+    shapes["layers"] = jax.tree.map(lambda s: (config.n_layers, *s), layer, is_leaf=is_shape)
+    return shapes
+
+
+def layer_shapes(config: ModelConfig) -> Params:
+    """`param_shapes` with one layer's shapes under "layer" (without the L axis) instead of the
+    stacked "layers"."""
     c = config
-    L, V, D, F, N, K, H = (c.n_layers, c.vocab_size, c.d_model, c.d_ff, c.n_heads,
-                           c.n_kv_heads, c.head_dim)
+    V, D, F, N, K, H = c.vocab_size, c.d_model, c.d_ff, c.n_heads, c.n_kv_heads, c.head_dim
     norm = {"scale": (D,), "bias": (D,)} if c.arch == "gpt2" else {"scale": (D,)}
     layer = {"attn_norm": norm, "mlp_norm": norm,
              "wq": (N, H, D), "wk": (K, H, D), "wv": (K, H, D), "wo": (D, N, H)}
@@ -247,7 +299,7 @@ def param_shapes(config: ModelConfig) -> Params:
         layer.update(w_gate=(F, D), w_up=(F, D), w_down=(D, F))
         if c.mlp_bias:
             layer.update(b_gate=(F,), b_up=(F,), b_down=(D,))
-    shapes = {"embed": (V, D), "layers": [layer] * L, "final_norm": norm}
+    shapes = {"embed": (V, D), "layer": layer, "final_norm": norm}
     if c.arch == "gpt2":
         shapes["pos_embed"] = (c.max_positions, D)
     if not c.tie_embeddings:
@@ -280,13 +332,11 @@ def logical_sizes(config: ModelConfig) -> dict[str, int]:
 def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> Params:
     """Random parameters: normal(0, std) weights, zero biases, unit norm scales.
 
-    Each per-layer parameter is drawn once for all layers, as an [L, ...] array, and then split:
-    a seed gives the same weights as it did when the layers were stored stacked.
+    Each per-layer parameter is drawn once for all layers, as the [L, ...] array it is stored
+    as.
     """
     shapes = param_shapes(config)
     is_shape = lambda s: isinstance(s, tuple)  # noqa: E731
-    shapes["layers"] = jax.tree.map(lambda s: (config.n_layers, *s), shapes["layers"][0],
-                                    is_leaf=is_shape)
     leaves, treedef = jax.tree.flatten_with_path(shapes, is_leaf=is_shape)
     keys = jax.random.split(key, len(leaves))
     dtype = jnp.dtype(config.compute_dtype)
@@ -300,7 +350,6 @@ def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> Param
         return (std * draw_normal(path[-1].key, shape, k)).astype(dtype)
 
     params = jax.tree.unflatten(treedef, [init(p, s, k) for (p, s), k in zip(leaves, keys)])
-    params = dict(params, layers=unstack_layers(params["layers"], config.n_layers))
     return convert(params, config.dtype) if config.dtype in EIGHT_BIT else params
 
 
@@ -325,9 +374,23 @@ def draw_normal(name: str, shape: tuple, key: jax.Array) -> jax.Array:
     return to_stored(jax.random.normal(key, drawn_shape(shape), jnp.float32))
 
 
-def unstack_layers(stacked: dict, n_layers: int) -> list[dict]:
-    """A tree of [L, ...] arrays -> the list of L per-layer trees that `forward` takes."""
-    return [jax.tree.map(lambda a: a[i], stacked) for i in range(n_layers)]
+def layer_params(layers: dict, i: int) -> dict:
+    """Layer i of stacked layers (`params["layers"]`): its own tree, 8-bit matrices included."""
+    return jax.tree.map(lambda a: a[i], layers)
+
+
+def unstack_layers(layers: dict) -> list[dict]:
+    """Stacked layers -> the list of their L per-layer trees (for writing them out one by one)."""
+    n_layers = jax.tree.leaves(layers)[0].shape[0]
+    return [layer_params(layers, i) for i in range(n_layers)]
+
+
+def stack_layers(layers: list[dict]) -> dict:
+    """A list of L per-layer trees -> the stacked tree that `forward` takes (numpy stays numpy:
+    loaders stack on the host before placing the weights)."""
+    def stack(*leaves):
+        return np.stack(leaves) if isinstance(leaves[0], np.ndarray) else jnp.stack(leaves)
+    return jax.tree.map(stack, *layers)
 
 
 def cast_params(params: Params, dtype) -> Params:

@@ -150,8 +150,8 @@ def init(target: Model, dc: ModelConfig, seed: int) -> dict:
     """The draft's starting parameters (module docstring)."""
     params = init_params(dc, jax.random.key(seed), std=0.02)
     scale = 1.0 / math.sqrt(2 * dc.n_layers)
-    params["layers"] = [dict(layer, wo=layer["wo"] * scale, w_down=layer["w_down"] * scale)
-                        for layer in params["layers"]]
+    layers = params["layers"]
+    params["layers"] = dict(layers, wo=layers["wo"] * scale, w_down=layers["w_down"] * scale)
     params["embed"] = jnp.asarray(principal_embeddings(target, dc.d_model))
     return params
 
