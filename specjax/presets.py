@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jax
 
+from specjax import kernels
 from specjax import mesh as meshes
 from specjax.heads.dflash import BlockDrafter
 from specjax.heads.eagle import Drafter
@@ -226,13 +227,17 @@ def _embedded(name: str) -> Path:
 
 
 def enable_compile_cache() -> None:
-    """JAX's persistent compilation cache, so that a rerun does not recompile: <cache>/xla, where
-    <cache> is $SPECJAX_CACHE or ~/.cache/specjax; SPECJAX_COMPILE_CACHE=DIR moves it,
-    SPECJAX_COMPILE_CACHE=off turns it off."""
+    """JAX's persistent compilation cache, so that a rerun does not recompile: <cache>/xla/KEY,
+    where <cache> is $SPECJAX_CACHE or ~/.cache/specjax and KEY is the kernels' build key
+    (`specjax.kernels.build_key`: their source, compiler, jaxlib, the CPU's model and features;
+    JAX's own key already holds the program, its dtypes and XLA's flags), so a program compiled
+    on another CPU or against other kernels is never loaded. SPECJAX_COMPILE_CACHE=DIR moves it
+    (to DIR/KEY), SPECJAX_COMPILE_CACHE=off turns it off."""
     setting = os.environ.get("SPECJAX_COMPILE_CACHE")
     if setting is not None and setting.strip().lower() in ("", "0", "off", "no", "false"):
         return
-    directory = Path(setting).expanduser() if setting else cache_root() / "xla"
+    root = Path(setting).expanduser() if setting else cache_root() / "xla"
+    directory = root / kernels.build_key()
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError:

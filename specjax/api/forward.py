@@ -6,12 +6,16 @@ them.
 products, and after a first `generate` the kernels' (equal up to float32 rounding, not to the
 bit). The public `forward` settles the switch first, as `generate` does: on (built and
 registered) unless `kernels=False` or $SPECJAX_KERNELS=off, so its bits do not depend on what
-ran before it.
+ran before it. It is compiled, once per shape, config and kernel switch, and the program is
+reused: a loop over it dispatches one program a call, not every operation of the model.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+
+import jax
 
 from specjax import kernels as specjax_kernels
 from specjax.api.checks import kernels_switch
@@ -42,6 +46,16 @@ def forward(params, config, tokens, positions, cache=None, tree=None, *,
             kernels: bool | None = None):
     """`specjax.model.transformer.forward` (its docstring has the arguments and results), with
     the kernels switched as `generate` switches them (`kernels`, else an enclosing
-    `use_kernels`, else $SPECJAX_KERNELS)."""
-    with kernels_as_generate(kernels):
-        return transformer.forward(params, config, tokens, positions, cache, tree)
+    `use_kernels`, else $SPECJAX_KERNELS), compiled: the first call of a shape compiles a
+    program (`jax.jit`, the config static), later calls of that shape run it."""
+    return _compiled(kernels_on(kernels))(params, config, tokens, positions, cache, tree)
+
+
+@functools.cache
+def _compiled(kernels: bool):
+    """The jitted forward traced with the kernels on or off: the switch is read while tracing,
+    so each setting has its own program cache."""
+    def traced(params, config, tokens, positions, cache, tree):
+        with use_kernels(kernels):
+            return transformer.forward(params, config, tokens, positions, cache, tree)
+    return jax.jit(traced, static_argnums=1)

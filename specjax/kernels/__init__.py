@@ -38,7 +38,7 @@ import jaxlib
 from specjax.io.fetch import cache_root
 from specjax.model import linear
 
-__all__ = ["BuildError", "SOURCE", "build", "ensure", "load"]
+__all__ = ["BuildError", "SOURCE", "build", "build_key", "ensure", "load"]
 
 SOURCE = Path(__file__).with_name("few_rows.cc")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-fPIC", "-shared")
@@ -65,6 +65,20 @@ def _cpu() -> str:
     return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
 
 
+@functools.cache
+def build_key() -> str:
+    """What the kernels' library depends on, hashed: their source, the flags, the compiler's
+    version, jaxlib's and the CPU's model and features ("no-compiler" without a compiler, then
+    still the CPU's). The persistent compilation cache is kept apart per key
+    (`specjax.presets.enable_compile_cache`): a program compiled for another CPU or against
+    another build of the kernels is never loaded."""
+    compiler = _compiler()
+    version = (subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+               if compiler else "no-compiler")
+    return hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version,
+                                     jaxlib.__version__, _cpu()]).encode()).hexdigest()[:16]
+
+
 def build(cache_dir: Path | None = None) -> Path:
     """Compiles the kernels if no library for this source, compiler, jaxlib and CPU is cached
     under `cache_dir` (default `cache_root()`); returns the library's path. Raises BuildError
@@ -72,9 +86,7 @@ def build(cache_dir: Path | None = None) -> Path:
     compiler = _compiler()
     if compiler is None:
         raise BuildError("no C++ compiler found (set $CXX, or install g++)")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version,
-                                    jaxlib.__version__, _cpu()]).encode()).hexdigest()[:16]
+    key = build_key()
     directory = Path(cache_dir or cache_root()) / "kernels"
     library = directory / f"few_rows-{key}.so"
     if library.exists():

@@ -67,37 +67,27 @@ def write(cache_k: jax.Array, cache_v: jax.Array, k: jax.Array, v: jax.Array,
     Args:
       cache_k: [L, B, K, H, S] and cache_v: [L, B, K, S, H], every layer's buffers.
       k, v: [B, T, K, H] the new entries of layer `layer` ([] int, traced or not).
-      slots: [B, T] the slots to write (the tokens' positions, except in a token tree); each
-        row's are consecutive, so the row is one slice starting at slots[b, 0]. The caller keeps
-        slots[b, -1] < S (a slice that ran past the end would be shifted back by
-        `dynamic_update_slice`, silently corrupting the cache).
+      slots: [B, T] the slots to write (the tokens' positions, except in a token tree). The
+        caller keeps them below S (an entry past the end would be dropped).
     """
-    layer = jnp.asarray(layer, jnp.int32)
-    zero = jnp.zeros((), jnp.int32)
-
-    def write_keys(buffer, new, start):      # [L, K, H, S] <- [T, K, H] at (layer, start)
-        new = jnp.transpose(new, (1, 2, 0)).astype(buffer.dtype)[None]    # [1, K, H, T]
-        return _update_slice(buffer, new, (layer, zero, zero, start))
-
-    def write_values(buffer, new, start):    # [L, K, S, H] <- [T, K, H] at (layer, start)
-        new = jnp.swapaxes(new, 0, 1).astype(buffer.dtype)[None]          # [1, K, T, H]
-        return _update_slice(buffer, new, (layer, zero, start, zero))
-
-    starts = slots[:, 0]
-    rows = dict(in_axes=(1, 0, 0), out_axes=1)          # over B, the stack's second axis
-    return (jax.vmap(write_keys, **rows)(cache_k, k, starts),
-            jax.vmap(write_values, **rows)(cache_v, v, starts))
+    rows = jnp.arange(slots.shape[0])[:, None]                            # [B, 1]
+    # Advanced indices (layer, row, slot) around the head axes: the update is [B, T, K, H].
+    return (_scatter(cache_k, (layer, rows, slice(None), slice(None), slots), k),
+            _scatter(cache_v, (layer, rows, slice(None), slots, slice(None)), v))
 
 
-def _update_slice(buffer: jax.Array, new: jax.Array, start) -> jax.Array:
-    """`lax.dynamic_update_slice`, on the bits of a 16-bit float buffer: XLA's CPU backend has
-    no bfloat16 update, so it converted the whole buffer to float32 and back at every write
-    (SmolLM2, a bfloat16 cache of 512 slots: 2.8 ms of a 25 ms step); as integers, the write
-    touches only the new slots. The bits, and so the values, are the same."""
+def _scatter(buffer: jax.Array, index: tuple, new: jax.Array) -> jax.Array:
+    """buffer.at[index].set(new), on the bits of a 16-bit float buffer: XLA's CPU backend has
+    no bfloat16 update, so it converted the whole buffer to float32 and back at every write (a
+    SmolLM2 bfloat16 cache of 512 slots: 2.8 ms of a 25 ms step); as integers, the write
+    touches only the new slots. The bits, and so the values, are the same. Written as one
+    scatter over the rows, not a `vmap` over them: batching over the stack's second axis made
+    XLA transpose the whole stack around every write."""
+    new = new.astype(buffer.dtype)
     if jnp.dtype(buffer.dtype).itemsize != 2 or not jnp.issubdtype(buffer.dtype, jnp.floating):
-        return lax.dynamic_update_slice(buffer, new, start)
-    bits = lax.dynamic_update_slice(lax.bitcast_convert_type(buffer, jnp.uint16),
-                                    lax.bitcast_convert_type(new, jnp.uint16), start)
+        return buffer.at[index].set(new)
+    bits = lax.bitcast_convert_type(buffer, jnp.uint16).at[index].set(
+        lax.bitcast_convert_type(new, jnp.uint16))
     return lax.bitcast_convert_type(bits, buffer.dtype)
 
 
@@ -164,15 +154,18 @@ def keep_path(cache_k: jax.Array, cache_v: jax.Array, root: jax.Array, path: jax
     source = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), path.astype(jnp.int32),
                               jnp.broadcast_to(jnp.arange(depth + 1, nodes, dtype=jnp.int32),
                                                (b, nodes - depth - 1))], axis=1)  # [B, n]
+    rows = jnp.arange(b)[:, None]                                         # [B, 1]
+    sources = root[:, None] + source                                      # [B, n]
+    targets = root[:, None] + jnp.arange(nodes, dtype=jnp.int32)          # [B, n]
+    every = slice(None)
 
-    def move(buffer, src, start, axis):      # one row: gather the tree's slots in path order
-        region = lax.dynamic_slice_in_dim(buffer, start, nodes, axis=axis)
-        return lax.dynamic_update_slice_in_dim(buffer, jnp.take(region, src, axis=axis),
-                                               start, axis=axis)
-
-    rows = dict(in_axes=(1, 0, 0), out_axes=1)          # over B, the stack's second axis
-    return (jax.vmap(lambda buf, s, r: move(buf, s, r, 3), **rows)(cache_k, source, root),
-            jax.vmap(lambda buf, s, r: move(buf, s, r, 2), **rows)(cache_v, source, root))
+    def move(buffer, slot_axis):     # each row's tree slots, in path order, every layer at once
+        def at(slots):
+            index = [every, rows, every, every]
+            index.insert(slot_axis, slots)
+            return tuple(index)
+        return _scatter(buffer, at(targets), buffer[at(sources)])
+    return move(cache_k, 4), move(cache_v, 3)
 
 
 def windows(slots: int, smallest: int) -> tuple[int, ...]:

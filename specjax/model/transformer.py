@@ -180,7 +180,8 @@ def _layers(layers: dict, config: ModelConfig, x, positions, cache, tree, attn_i
         return (x, tapped, buffers), None
 
     (x, tapped, buffers), _ = lax.scan(body, (x, tapped, buffers),
-                                       (flat, jnp.arange(n_layers, dtype=jnp.int32)))
+                                       (flat, jnp.arange(n_layers, dtype=jnp.int32)),
+                                       unroll=int(__import__("os").environ.get("UNROLL", "1")))
     if cache is not None:
         cache = KVCache(*buffers, slots[:, -1] + 1, cache.first)
     return x, (tapped[:len(taps)] if taps else ()), cache

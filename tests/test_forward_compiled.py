@@ -1,0 +1,84 @@
+"""`specjax.forward` is compiled once per shape and reused (issue 74, item 5): a loop over
+several call widths, dtypes and both kernel settings compiles each program once, a second pass
+compiles nothing, and the process's memory maps stay bounded (an eager loop over SmolLM2 ran a
+process out of them: every op dispatched on its own left compiled code behind)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from specjax.api import forward as public_forward
+from specjax.model import transformer
+from specjax.model.cache import KVCache
+from specjax.model.linear import use_kernels
+
+from tests.tiny import llama_config
+
+WIDTHS = (1, 9, 40)
+DTYPES = ("float32", "bfloat16", "int8", "q8_0")
+
+
+def _maps() -> int:
+    return len(Path("/proc/self/maps").read_text().splitlines())
+
+
+def _calls():
+    """Every (model, tokens, positions, cache, kernels) of the loop: a prefill-shaped call and
+    cached calls of each width, in each dtype, with the kernels on and off."""
+    base = specjax.random_model(llama_config(64, layers=3), seed=3)
+    for dtype in DTYPES:
+        model = transformer.in_dtype(base, dtype)
+        for width in WIDTHS:
+            tokens = np.arange(width, dtype=np.int32)[None] % model.config.vocab_size
+            positions = np.arange(width, dtype=np.int32)[None]
+            cache = KVCache.init(model.config, 1, 64)
+            for kernels in (True, False):
+                yield model, tokens, positions, cache, kernels
+
+
+def _run_all() -> list[np.ndarray]:
+    out = []
+    for model, tokens, positions, cache, kernels in _calls():
+        logits, _ = specjax.forward(model.params, model.config, tokens, positions, cache,
+                                    kernels=kernels)
+        out.append(np.asarray(logits))
+    return out
+
+
+def test_forward_compiles_each_shape_once_and_the_maps_stay_bounded():
+    first = _run_all()
+    programs = sum(public_forward._compiled(on)._cache_size() for on in (True, False))
+    # One program per (dtype, width, kernel setting): 4 x 3 x 2.
+    assert programs == len(DTYPES) * len(WIDTHS) * 2
+    before = _maps()
+    second = _run_all()
+    assert sum(public_forward._compiled(on)._cache_size() for on in (True, False)) == programs
+    assert _maps() - before < 50, "a second pass over the same shapes left new memory maps"
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_compiled_forward_gives_the_models_own_bits():
+    """The public forward's program is the model's forward traced with the same switch: the
+    same bits as tracing `transformer.forward` under `jit` directly, kernels on and off."""
+    import jax
+    model = specjax.random_model(llama_config(64, layers=3), seed=4)
+    tokens, positions = jnp.arange(9)[None], jnp.arange(9)[None]
+    outputs = {}
+    for kernels in (True, False):
+        ours, _ = specjax.forward(model.params, model.config, tokens, positions, kernels=kernels)
+
+        def direct(params, tokens, positions):     # a new function: a trace of its own
+            return transformer.forward(params, model.config, tokens, positions)[0]
+        with use_kernels(public_forward.kernels_on(kernels)):
+            want = jax.jit(direct)(model.params, tokens, positions)
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(want))
+        outputs[kernels] = np.asarray(ours)
+    # The two settings are two programs (float32 rounding apart), not one program twice.
+    if public_forward.kernels_on(True):
+        assert not np.array_equal(outputs[True], outputs[False])
