@@ -281,7 +281,7 @@ def test_attention_in_a_token_tree_sees_ancestors_only():
 def test_attention_uses_the_kernel_for_few_queries_only():
     def uses(t, dtype=jnp.float32):
         q = jnp.ones((1, t, 4, 8), dtype)
-        k, v = jnp.ones((1, 2, 8, 64), dtype), jnp.ones((1, 2, 64, 8), dtype)
+        k, v = jnp.ones((1, 1, 2, 8, 64), dtype), jnp.ones((1, 1, 2, 64, 8), dtype)  # L = 1
         slots = jnp.broadcast_to(jnp.arange(t), (1, t))
         text = str(jax.make_jaxpr(lambda *a: attend_cache(*a))(q, k, v, slots))  # a fresh trace
         return formulations.ATTENTION_TARGET in text

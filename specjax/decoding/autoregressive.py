@@ -109,10 +109,20 @@ def prefill(params, config, prompts, prompt_length, slots: int,
         return by_block(a.reshape(shards, per_shard, *a.shape[3:]), back).reshape(b, *a.shape[3:])
 
     def read_group(group):
-        return _prefill_rows(params, config, *group, slots, chunk, with_hidden, taps)
+        return _rows_first(_prefill_rows(params, config, *group, slots, chunk, with_hidden,
+                                         taps))
 
     stacked = lax.map(read_group, (to_groups(prompts), to_groups(prompt_length)))
-    return jax.tree.map(from_groups, stacked)
+    return _rows_first(jax.tree.map(from_groups, stacked))
+
+
+def _rows_first(out):
+    """The caches in `out` with the rows' axis and the layers' swapped (keys [L, B, ...] <->
+    [B, L, ...]), so that every leaf's rows lead while groups of rows are put together."""
+    def swap(cache):
+        return (KVCache(jnp.swapaxes(cache.k, 0, 1), jnp.swapaxes(cache.v, 0, 1), cache.length,
+                        cache.first) if isinstance(cache, KVCache) else cache)
+    return jax.tree.map(swap, out, is_leaf=lambda a: isinstance(a, KVCache))
 
 
 def _prefill_rows(params, config, prompts, prompt_length, slots, chunk, with_hidden, taps):

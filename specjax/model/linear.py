@@ -47,6 +47,12 @@ which reads the cache in place and only up to the slots in use, where XLA's atte
 static window of the cache (a copy of it). Prefill chunks keep XLA's windows. The measurements
 behind these choices are in docs/benchmarks.md ("The engine, round two").
 
+The decoder compiles one layer for all layers (`transformer.decoder_layers`, a scan over L), so
+a layer's weights are a slice of arrays stacked along L. A slice is a copy under XLA on a CPU,
+which would double a step's memory traffic; so every kernel call takes the whole stack and the
+layer's index (`linear`'s `stacked`, the attention kernel's `layer`) and reads the layer where
+it lies. XLA's formulations read the slice.
+
 The kernels are a CPU plug-in. This module holds the calls by their XLA target names and
 decides when to use them; building the C++ and registering it with XLA is `specjax.kernels`'s
 job (`specjax.kernels.ensure()`), outside the model layer, and nothing else refers to them. A
