@@ -398,12 +398,12 @@ def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_prob
       accepted node at each depth; entries past n_accepted repeat the last node) and next_token
       [B] int32. The row emits the tokens of path[:n_accepted] followed by next_token.
       Its details are None, or with `with_details` a dict of each sibling test of the walk,
-      indexed [B, D, W] by depth and rank (`node`: the child tested, -1 where none was; `p_x`: p_r(x); `q_x`: q'(x);
-      `u`; `accepted`; `residual` [B, D, W, V]: q' after a rejection, zero elsewhere), the law
-      the next token was drawn from (`final` [B, V]: the residual
+      indexed [B, D, W] by depth and rank (`node`: the child tested, -1 where none was; `p_x`:
+      p_r(x); `q_x`: q'(x); `u`; `accepted`; `residual` [B, D, W, V]: q' after a rejection,
+      zero elsewhere), the law the next token was drawn from (`final` [B, V]: the residual
       after the last rejections, or q at the node the walk stopped on) and `from_residual` [B]
-      (whether the walk stopped because every child it tried was rejected): the numbers of one step, for
-      `specjax.explain`.
+      (whether the walk stopped because every child it tried was rejected): the numbers of one
+      step, for `specjax.explain`.
     """
     if rule not in RULES:
         raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
