@@ -206,7 +206,7 @@ def test_state_is_laid_out_on_the_mesh(models):
     mesh = specjax.make_mesh(2, 4)
     request = prepare(target, PROMPTS, method="speculative", draft=draft, k=3,
                       max_new_tokens=12, temperature=0.0, mesh=mesh)
-    init = loop.programs(request.spec)[0]
+    init = loop.programs(request.spec).init
     state = init(request.weights, *request.inputs)
     b, slots = 6, request.spec.buffer_length                         # 5 rows padded to 6
     assert meshes.shard_shape(state.tokens) == (b // 2, slots)
@@ -270,7 +270,7 @@ def test_prefill_groups_rows_within_each_data_shard(models):
     assert_same_tokens(expected, specjax.generate(target, prompts, mesh=mesh, **kwargs),
                        "16 rows on 2x4")
     request = prepare(target, prompts, mesh=mesh, **kwargs)
-    init = loop.programs(request.spec)[0]
+    init = loop.programs(request.spec).init
     hlo = init.lower(request.weights, *request.inputs).compile().as_text()
     moved = [line for line in hlo.splitlines() if "all-gather(" in line or "all-to-all(" in line]
     assert not moved, moved[:3]

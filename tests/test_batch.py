@@ -14,7 +14,7 @@ import pytest
 
 import specjax
 from specjax.api.generate import generate
-from specjax.decoding.autoregressive import prefill_groups
+from specjax.decoding.prefill import prefill_groups
 from tests.tiny import pair
 
 BATCH, NEW, EOS = 32, 12, 5

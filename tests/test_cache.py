@@ -137,7 +137,7 @@ def test_logits_do_not_depend_on_the_buffer_size(long_model, slots):
 def test_prefill_does_not_depend_on_how_the_prompt_is_chunked(long_model, chunk):
     # Ragged rows of 1,000 and 10 tokens; chunks of 256 and 7 do not divide the prompt array's
     # 1,000 positions, so the last chunk is moved back over positions already written.
-    from specjax.decoding.autoregressive import prefill
+    from specjax.decoding.prefill import prefill
 
     rows = ragged_rows(LONG.vocab_size, [1000, 10], seed=6)
     prompts = np.zeros((2, 1000), np.int32)
@@ -145,7 +145,7 @@ def test_prefill_does_not_depend_on_how_the_prompt_is_chunked(long_model, chunk)
         prompts[i, :len(row)] = row
     lengths = np.array([len(r) for r in rows])
     cache = jax.jit(prefill, static_argnums=(1, 4, 5))(long_model.params, LONG, prompts, lengths,
-                                                       1280, chunk)
+                                                       1280, chunk).cache
     np.testing.assert_array_equal(np.asarray(cache.length), lengths - 1)
     last = np.array([[r[-1]] for r in rows])
     logits, _ = forward(long_model.params, LONG, last, (lengths - 1)[:, None], cache)

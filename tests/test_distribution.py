@@ -247,7 +247,8 @@ def _row_verify(broken_row):
     def verify_fn(draft_tokens, draft_probs, target_probs, keys, num_drafted=None):
         if num_drafted is None:
             num_drafted = jnp.full(draft_tokens.shape[:1], draft_tokens.shape[1])
-        return jax.vmap(broken_row)(draft_tokens, draft_probs, target_probs, keys, num_drafted)
+        return rejection.Verdict(*jax.vmap(broken_row)(draft_tokens, draft_probs, target_probs,
+                                                       keys, num_drafted))
     return verify_fn
 
 
@@ -330,7 +331,8 @@ def _broken_tree_verify(update_residual=True, bonus_from_parent=False, rule=None
                 q = jnp.where(rejected, q, q_all[parent[node]])
             n = jnp.sum(jnp.asarray(tree.depth)[jnp.stack(path)] == jnp.arange(1, len(path) + 1))
             return n.astype(jnp.int32), jnp.stack(path), sample(k_next, q)
-        return jax.vmap(row)(tokens, valid, draft_probs, target_probs, keys)
+        return rejection.TreeVerdict(*jax.vmap(row)(tokens, valid, draft_probs, target_probs,
+                                                    keys))
     return verify_fn
 
 
@@ -467,6 +469,6 @@ def test_correct_tree_walk_reproduces_verify_tree():
     for rule in rejection.RULES:
         want = rejection.verify_tree(tree, rule, tokens, valid, p, q, keys)
         got = _broken_tree_verify()(tree, rule, tokens, valid, p, q, keys)
-        for a, b in zip(want, got):
-            np.testing.assert_array_equal(a, b)
-        assert 0 < int(jnp.sum(want[0])) < rows * tree.max_depth    # accepts and rejects
+        for name in ("n_accepted", "path", "next_token"):
+            np.testing.assert_array_equal(getattr(want, name), getattr(got, name))
+        assert 0 < int(jnp.sum(want.n_accepted)) < rows * tree.max_depth  # accepts and rejects

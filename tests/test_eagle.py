@@ -306,9 +306,10 @@ def test_drafter_in_the_loop_matches_its_training_forward(kind, target):
     depth = 3
     request = prepare(target, prompts, method="eagle", drafter=drafter, tree=Tree.chain(depth),
                       temperature=0.0, max_new_tokens=40, eos_ids=())
-    init, step, _ = loop.programs(request.spec)
-    state = init(request.weights, *request.inputs)
-    draft = jax.jit(lambda w, s: eagle_decoding.draft_tree(request.spec, w, s, s.row_keys)[0])
+    programs = loop.programs(request.spec)
+    state = programs.init(request.weights, *request.inputs)
+    draft = jax.jit(lambda w, s: eagle_decoding.draft_tree(request.spec, w, s,
+                                                           s.row_keys)[0].tokens)
     width = request.spec.buffer_length
     reference = _reference_chain(target, drafter, depth, width)
     seen = set()
@@ -319,7 +320,7 @@ def test_drafter_in_the_loop_matches_its_training_forward(kind, target):
                 want = reference(state.tokens[b], state.length[b])
                 assert nodes[b, 1:].tolist() == np.asarray(want).tolist()
         before = np.asarray(state.accepted)
-        state = step(request.weights, state)
+        state = programs.step(request.weights, state)
         seen |= set((np.asarray(state.accepted) - before).tolist())
     assert ({0, 1, 2} if kind == "shipped" else {0, 1}) <= seen, seen
 
@@ -383,9 +384,13 @@ def test_dynamic_tree_matches_eagle2_selection_from_scratch(target, shape):
     drafter = random_drafter(target, seed=2, std=0.5)
     request = prepare(target, [[3, 1, 4, 1, 5], [9, 2]], method="eagle", drafter=drafter,
                       tree=shape, temperature=0.0, max_new_tokens=12, eos_ids=())
-    init, step, _ = loop.programs(request.spec)
-    state = init(request.weights, *request.inputs)
-    build = jax.jit(lambda w, s: eagle_decoding.draft_dynamic_tree(request.spec, w, s)[:3])
+    programs = loop.programs(request.spec)
+    state = programs.init(request.weights, *request.inputs)
+
+    def candidates(w, s):
+        drafted = eagle_decoding.draft_dynamic_tree(request.spec, w, s)[0]
+        return drafted.tokens, drafted.valid, drafted.tree
+    build = jax.jit(candidates)
     for _ in range(3):
         nodes, valid, trees_ = (np.asarray(a) if not hasattr(a, "children") else a
                                 for a in build(request.weights, state))
@@ -399,4 +404,4 @@ def test_dynamic_tree_matches_eagle2_selection_from_scratch(target, shape):
                 assert i in children[int(trees_.parent[b, i])]
             depth = np.asarray(trees_.depth[b])
             assert np.all(depth[1:] == depth[np.asarray(trees_.parent[b, 1:])] + 1)
-        state = step(request.weights, state)
+        state = programs.step(request.weights, state)

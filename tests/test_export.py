@@ -54,7 +54,7 @@ def flat_program(req):
     """The `run` program as a function of the inputs' leaves returning the state's leaves: plain
     arrays in and out, as a serialised program for another host takes them (specjax's pytree
     types stay on the Python side)."""
-    run = loop.programs(req.spec)[2]
+    run = loop.programs(req.spec).run
     leaves, treedef = jax.tree.flatten((req.weights, *req.inputs))
 
     def flat_run(*leaves):
@@ -88,7 +88,7 @@ def test_low_precision_programs_export_for_gpu_and_tpu(dtype):
     text = export.export(program, platforms=("cuda", "tpu"))(*leaves).mlir_module()
     assert "while" in text
     assert not any(c.startswith("specjax_") for c in custom_calls(text)), custom_calls(text)
-    cpu = loop.programs(req.spec)[2].lower(req.weights, *req.inputs).as_text()
+    cpu = loop.programs(req.spec).run.lower(req.weights, *req.inputs).as_text()
     kernel = {"int8": "specjax_few_rows_q8", "q8_0": "specjax_few_rows_q8_0"}.get(
         dtype, "specjax_few_rows_bf16")
     assert kernel in custom_calls(cpu)
@@ -96,7 +96,7 @@ def test_low_precision_programs_export_for_gpu_and_tpu(dtype):
 
 def test_the_cpu_program_calls_the_kernels_and_cannot_be_exported():
     req = request(METHODS["speculative-chain"])
-    run = loop.programs(req.spec)[2]
+    run = loop.programs(req.spec).run
     lowered = run.lower(req.weights, *req.inputs).as_text()
     assert {"specjax_few_rows", "specjax_few_query_attention"} <= custom_calls(lowered)
     with pytest.raises(ValueError, match="custom calls"):

@@ -32,7 +32,7 @@ def options(method):
 
 def lowered(spec_request) -> str:
     req = spec_request
-    return loop.programs(req.spec)[2].lower(req.weights, *req.inputs).as_text()
+    return loop.programs(req.spec).run.lower(req.weights, *req.inputs).as_text()
 
 
 # A chain, a static tree and a dynamic tree (each verify call takes the few-row product and

@@ -243,9 +243,10 @@ def g_test_pvalue(counts, probs):
 
 def run_verify(draft_tokens, draft_probs, target_probs, keys):
     # A fresh function object per call, so that jit traces again and sees monkeypatched helpers.
-    return jax.jit(lambda *args: rejection.verify(*args))(
+    verdict = jax.jit(lambda *args: rejection.verify(*args))(
         draft_tokens, draft_probs, target_probs, keys
     )
+    return verdict.n_accepted, verdict.next_token
 
 
 def sampled_pvalues():
@@ -310,6 +311,12 @@ def test_negative_control_broken_verify_fails_the_same_test(bug, monkeypatch):
 ROWS = 4096  # one batch shape for the tests below, so verify_jit compiles once for all of them
 
 
+def verified(*args):
+    """`verify_jit`'s n_accepted and next_token."""
+    verdict = verify_jit(*args)
+    return verdict.n_accepted, verdict.next_token
+
+
 def rows_of(x):
     """Broadcast one row's array to ROWS rows (float inputs become float32)."""
     x = jnp.asarray(x)
@@ -327,10 +334,10 @@ def one_hot(ids):
 
 def test_zero_target_probability_is_always_rejected():
     # x_1 = 0 has q_1(0) = 0: nothing is accepted and the residual never emits 0 either.
-    n, nxt = verify_jit(rows_of([0, 1, 1]), rows_of(DRAFT), rows_of(TARGET), row_keys(1))
+    n, nxt = verified(rows_of([0, 1, 1]), rows_of(DRAFT), rows_of(TARGET), row_keys(1))
     assert np.all(np.asarray(n) == 0) and np.all(np.asarray(nxt) != 0)
     # x_3 = 3 has q_3(3) = 0: at most two are accepted.
-    n, _ = verify_jit(rows_of([1, 0, 3]), rows_of(DRAFT), rows_of(TARGET), row_keys(1))
+    n = verify_jit(rows_of([1, 0, 3]), rows_of(DRAFT), rows_of(TARGET), row_keys(1)).n_accepted
     assert np.asarray(n).max() <= 2
 
 
@@ -339,7 +346,7 @@ def test_first_rejection_stops_everything():
     # accept: n must be exactly 1 (counting all accepts would give 2), next ~ residual at 2 = q_2.
     drafted = [1, 2, 3]
     target = one_hot([1, 4, 3, 0])
-    n, nxt = verify_jit(rows_of(drafted), rows_of(one_hot(drafted)), rows_of(target), row_keys(2))
+    n, nxt = verified(rows_of(drafted), rows_of(one_hot(drafted)), rows_of(target), row_keys(2))
     assert np.all(np.asarray(n) == 1) and np.all(np.asarray(nxt) == 4)
 
 
@@ -351,7 +358,7 @@ def test_greedy_verification_with_one_hot_draft_and_target(mismatch):
     drafted = target_argmax[:K]
     if mismatch is not None:
         drafted[mismatch] = (drafted[mismatch] + 1) % V
-    n, nxt = verify_jit(
+    n, nxt = verified(
         rows_of(drafted), rows_of(one_hot(drafted)), rows_of(one_hot(target_argmax)), row_keys(3)
     )
     expected_n = K if mismatch is None else mismatch
@@ -363,7 +370,7 @@ def test_one_hot_draft_equal_to_one_hot_target_is_accepted_and_bonus_drawn_from_
     # N = 4096 rows; G-test of the bonus tokens against q_{K+1} at alpha = 1e-3.
     drafted = [3, 3, 0]
     target = jnp.concatenate([one_hot(drafted), jnp.asarray(TARGET[K:])])  # [K + 1, V]
-    n, nxt = verify_jit(rows_of(drafted), rows_of(one_hot(drafted)), rows_of(target), row_keys(4))
+    n, nxt = verified(rows_of(drafted), rows_of(one_hot(drafted)), rows_of(target), row_keys(4))
     assert np.all(np.asarray(n) == K)
     assert g_test_pvalue(np.bincount(np.asarray(nxt), minlength=V), TARGET[K]) > 1e-3
 
@@ -373,13 +380,13 @@ def test_rows_are_independent_and_key_formats_agree():
     draft_probs, target_probs = rows_of(DRAFT), rows_of(TARGET)
     tokens = jax.random.categorical(k_draft, jnp.log(draft_probs)).astype(jnp.int32)
     keys = jax.random.split(k_verify, ROWS)
-    n, nxt = verify_jit(tokens, draft_probs, target_probs, keys)
-    n_raw, nxt_raw = verify_jit(tokens, draft_probs, target_probs, jax.random.key_data(keys))
+    n, nxt = verified(tokens, draft_probs, target_probs, keys)
+    n_raw, nxt_raw = verified(tokens, draft_probs, target_probs, jax.random.key_data(keys))
     np.testing.assert_array_equal(n, n_raw)
     np.testing.assert_array_equal(nxt, nxt_raw)
     for i in [0, 1, 2, ROWS - 1]:
         row = slice(i, i + 1)
-        n_i, nxt_i = verify_jit(tokens[row], draft_probs[row], target_probs[row], keys[row])
+        n_i, nxt_i = verified(tokens[row], draft_probs[row], target_probs[row], keys[row])
         assert (int(n_i[0]), int(nxt_i[0])) == (int(n[i]), int(nxt[i]))
 
 

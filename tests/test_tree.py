@@ -16,7 +16,8 @@ from hypothesis import given, settings
 
 import specjax
 from specjax.api.generate import GenerationError, generate
-from specjax.decoding import autoregressive, trees
+from specjax.decoding import trees
+from specjax.decoding.prefill import prefill
 from specjax.model.cache import KVCache
 from specjax.model.transformer import forward as eager_forward
 from specjax.sampling import rejection
@@ -104,7 +105,7 @@ def prefilled(model, lengths, seed=0):
     for b, n in enumerate(lengths):
         prompts[b, :n] = rng.integers(0, model.config.vocab_size, n)
     length = np.array(lengths, np.int32)
-    cache = autoregressive.prefill(model.params, model.config, prompts, length, SLOTS)
+    cache = prefill(model.params, model.config, prompts, length, SLOTS).cache
     return prompts, length, cache
 
 
@@ -317,9 +318,9 @@ def test_verify_tree_follows_the_walk():
     q[0, 0, 2] = 1.0                                       # after the root: token 2
     q[0, 2, 0] = 1.0                                       # after node 2 (token 2): token 0
     q[0, 5, 4] = 1.0                                       # after node 5 (token 0): bonus 4
-    n, path, token = rejection.verify_tree(tree, "deterministic", tokens,
-                                           jnp.ones((1, 7), bool), None, jnp.asarray(q),
-                                           jax.random.split(jax.random.key(0), 1))
+    verdict = rejection.verify_tree(tree, "deterministic", tokens, jnp.ones((1, 7), bool), None,
+                                    jnp.asarray(q), jax.random.split(jax.random.key(0), 1))
+    n, path, token = verdict.n_accepted, verdict.path, verdict.next_token
     assert int(n[0]) == 2 and path[0].tolist() == [2, 5] and int(token[0]) == 4
 
 

@@ -51,12 +51,13 @@ def test_the_plain_step_is_the_production_verify():
     p, q, drafted = _rows(np.random.default_rng(0), rows, k, vocab)
     keys = jax.random.split(jax.random.key(0), rows)
     with jax.enable_x64(True):
-        n, _, next_dist, details = jax.vmap(rejection._verify_row)(
+        each = jax.vmap(rejection._verify_row)(
             jnp.asarray(drafted), jnp.asarray(p), jnp.asarray(q), keys, jnp.full(rows, k))
-        n_verify, token = rejection.verify(jnp.asarray(drafted), jnp.asarray(p), jnp.asarray(q),
-                                           keys)
-        assert next_dist.dtype == np.float64
-    n, next_dist, u = np.asarray(n), np.asarray(next_dist), np.asarray(details["u"])
+        verdict = rejection.verify(jnp.asarray(drafted), jnp.asarray(p), jnp.asarray(q), keys)
+        n_verify, token = verdict.n_accepted, verdict.next_token
+        assert each.next_dist.dtype == np.float64
+    n, next_dist = np.asarray(each.n_accepted), np.asarray(each.next_dist)
+    u = np.asarray(each.details["u"])
     np.testing.assert_array_equal(np.asarray(n_verify), n)
     for row in range(rows):
         n_ref, dist_ref = reference.verify_row(p[row], q[row], list(drafted[row]), u[row])
@@ -156,11 +157,11 @@ def test_verify_itself_behaves_as_the_example_says():
     # probability 0.4, and a rejected row draws from the residual (B never comes out of it).
     rows = 200_000
     bonus = np.array([0.25, 0.25, 0.25, 0.25])
-    n, token = jax.jit(rejection.verify)(
+    verdict = jax.jit(rejection.verify)(
         jnp.full((rows, 1), B), jnp.broadcast_to(jnp.float32(P), (rows, 1, 4)),
         jnp.broadcast_to(jnp.float32(np.stack([Q, bonus])), (rows, 2, 4)),
         jax.random.split(jax.random.key(0), rows))
-    n, token = np.asarray(n), np.asarray(token)
+    n, token = np.asarray(verdict.n_accepted), np.asarray(verdict.next_token)
     assert abs(n.mean() - 0.4) < 0.005                    # 5 standard errors at 200,000 rows
     assert not (token[n == 0] == B).any()
     residual = np.bincount(token[n == 0], minlength=4) / (n == 0).sum()

@@ -61,16 +61,16 @@ def _log_probs(config, target_config, kernels, weights, target_params, tokens):
 def _traced_log_probs(config, target_config, weights, target_params, tokens):
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    if config.taps:
-        _, features, _ = tapped_states(target_params, target_config, tokens, positions,
-                                       taps=config.taps)
+    if config.taps:     # the tapped states (not the final-normed ones; no cache)
+        features = tapped_states(target_params, target_config, tokens, positions,
+                                 taps=config.taps)[1]
     else:
-        features, _ = hidden_states(target_params, target_config, tokens, positions)
+        features = hidden_states(target_params, target_config, tokens, positions)[0]
     features = eagle.from_target(weights, config, features)                    # [B, T, D]
     shifted = jnp.concatenate([jnp.zeros_like(features[:, :1]), features[:, :-1]], axis=1)
     cache = KVCache.init(config.layer, b, t, first=config.first_slot)
-    out, _ = eagle.draft_features(weights, config, eagle.embedding(weights, target_params),
-                                  shifted, tokens, positions, cache)
+    out = eagle.draft_features(weights, config, eagle.embedding(weights, target_params),
+                               shifted, tokens, positions, cache)[0]            # not the cache
     logits = eagle.full_logits(weights, eagle.draft_logits(weights, config, out),
                                target_config.vocab_size)
     return jax.nn.log_softmax(logits, axis=-1)

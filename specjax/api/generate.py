@@ -436,13 +436,13 @@ def stream(target: Model | Request, prompts=None, *, method: str = "autoregressi
     """
     request = _request(target, prompts, collect_options(locals()))
     start = time.perf_counter()
-    init, step, _ = loop.programs(request.spec)
-    state = init(request.weights, *request.inputs)
+    programs = loop.programs(request.spec)
+    state = programs.init(request.weights, *request.inputs)
     shown = host(state.length).copy()       # each row's tokens yielded so far end here
     first = request.prompt_length
     stopped = np.zeros(len(shown), bool)    # rows cut by a stop string
     while not bool(np.all(host(state.done) | stopped)):
-        state = step(request.weights, state)
+        state = programs.step(request.weights, state)
         tokens, lengths, done = host(state.tokens), host(state.length), host(state.done)
         ends = lengths.copy()
         for b in range(request.rows):
@@ -521,6 +521,6 @@ def _compiled(request: Request):
     if key in _COMPILED:
         return _COMPILED[key], 0.0
     start = time.perf_counter()
-    compiled = loop.programs(request.spec)[2].lower(*args).compile()
+    compiled = loop.programs(request.spec).run.lower(*args).compile()
     _COMPILED[key] = compiled
     return compiled, time.perf_counter() - start

@@ -2,7 +2,8 @@
 
 `state` (the decode state and the bookkeeping every step shares, the step ending written once),
 `config` (the static description of one generation), `loop` (prefill, then a `lax.while_loop` over
-the method's step), `sharding` (the loop's layout on a device mesh), one module per method
+the method's step), `prefill` (the prompts read into a fresh cache, shared by every method),
+`sharding` (the loop's layout on a device mesh), one module per method
 (`autoregressive`, `speculative`, `ngram`, `medusa`, `eagle`), each with its `init`, `step` and
 own state (`methods`), `speculative_tree` (the draft model's tree step), `trees`
 (one target call over a token tree, and the tree fill every tree drafter shares), `lookahead`

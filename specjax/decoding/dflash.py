@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax.decoding import trees
-from specjax.decoding.autoregressive import prefill
+from specjax.decoding.prefill import prefill
 from specjax.decoding.state import DecodeState, any_nan, pad_vocab, steered, steering, step_keys
 from specjax.heads import dflash
 from specjax.model.cache import KVCache
@@ -64,9 +64,10 @@ def init(spec, weights, prompts, prompt_length):
     """Prefill: the target's cache and tapped states, then the drafter's context for every
     prompt position before the last (the first step feeds the last token in the block)."""
     config = spec.dflash_config
-    target_cache, features = prefill(weights.target, spec.target_config, prompts, prompt_length,
-                                     spec.buffer_length, with_hidden="all",
-                                     shards=spec.data_shards, taps=config.taps)
+    prefilled = prefill(weights.target, spec.target_config, prompts, prompt_length,
+                        spec.buffer_length, hidden="all", shards=spec.data_shards,
+                        taps=config.taps)
+    features = prefilled.hidden                          # [B, P, D'] the states it reads
     b, p = prompts.shape
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     with prefill_products():
@@ -75,7 +76,7 @@ def init(spec, weights, prompts, prompt_length):
     width = spec.k + 1
     carry = Carry(cache, jnp.zeros((b, width, features.shape[-1]), features.dtype),
                   jnp.zeros_like(prompt_length))
-    return target_cache, carry
+    return prefilled.cache, carry
 
 
 def layout(spec, rows, cache) -> Carry:
@@ -110,8 +111,9 @@ def draft(spec, params, state: DecodeState, keys):
     else:
         def free():
             p = probs_from_logits(logits, state.settings.sampling)              # [B, k, V]
-            cand, _ = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
-                spec.candidates, keys, logits, p, 1)                             # [B, k, 1]
+            # One candidate per position (its tokens; a width of 1 is always filled).
+            cand = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
+                spec.candidates, keys, logits, p, 1)[0]                          # [B, k, 1]
             return cand[..., 0].astype(jnp.int32), p
         drafts, p = lax.cond(steering(state), lambda: steered_drafts(spec, state, logits, keys),
                              free)
@@ -136,8 +138,8 @@ def steered_drafts(spec, state: DecodeState, logits, keys):
         if spec.candidates == "top":
             return drafts.at[:, j].set(jnp.argmax(here[:, 0], -1).astype(jnp.int32)), probs
         p = probs_from_logits(here, state.settings.sampling)                    # [B, 1, V]
-        cand, _ = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
-            spec.candidates, jax.vmap(jax.random.fold_in, (0, None))(keys, j), here, p, 1)
+        cand = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
+            spec.candidates, jax.vmap(jax.random.fold_in, (0, None))(keys, j), here, p, 1)[0]
         return (drafts.at[:, j].set(cand[:, 0, 0].astype(jnp.int32)),
                 lax.dynamic_update_slice_in_dim(probs, p, j, 1))
 

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax.decoding import trees
-from specjax.decoding.autoregressive import prefill, prefill_chunk
+from specjax.decoding.prefill import prefill, prefill_chunk
 from specjax.decoding.state import DecodeState, any_nan, steered, step_keys
 from specjax.heads import eagle
 from specjax.model.cache import KVCache, TreeAttention
@@ -79,10 +79,9 @@ def prefill_drafter(spec, weights, prompts, prompt_length, slots: int):
     the first step's catch-up re-reads that pair, so the step needs no special first case.
     """
     config = spec.drafter_config
-    target_cache, features = prefill(weights.target, spec.target_config, prompts, prompt_length,
-                                     slots, with_hidden="all", shards=spec.data_shards,
-                                     taps=config.taps)
-    features = eagle.from_target(weights.drafter, config, features)            # [B, P, D]
+    prefilled = prefill(weights.target, spec.target_config, prompts, prompt_length, slots,
+                        hidden="all", shards=spec.data_shards, taps=config.taps)
+    features = eagle.from_target(weights.drafter, config, prefilled.hidden)     # [B, P, D]
     b, p = prompts.shape
     shifted = jnp.concatenate([jnp.zeros_like(features[:, :1]), features[:, :-1]], axis=1)
     chunk = min(p, prefill_chunk(b))
@@ -91,10 +90,9 @@ def prefill_drafter(spec, weights, prompts, prompt_length, slots: int):
     def run_chunk(c, cache):
         start = jnp.minimum(c * chunk, p - chunk)    # a last chunk ends with the prompt
         positions = start + jnp.broadcast_to(jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
-        _, cache = eagle.draft_features(
+        return eagle.draft_features(          # the cache (the outputs are not read here)
             weights.drafter, config, embed, lax.dynamic_slice_in_dim(shifted, start, chunk, 1),
-            lax.dynamic_slice_in_dim(prompts, start, chunk, 1), positions, cache)
-        return cache
+            lax.dynamic_slice_in_dim(prompts, start, chunk, 1), positions, cache)[1]
 
     n_chunks = (jnp.max(prompt_length) + chunk - 1) // chunk
     with prefill_products():
@@ -102,7 +100,7 @@ def prefill_drafter(spec, weights, prompts, prompt_length, slots: int):
                                     KVCache.init(config.layer, b, slots, first=config.first_slot))
     last = jnp.take_along_axis(features, jnp.maximum(prompt_length - 2, 0)[:, None, None], 1)
     last = jnp.where((prompt_length >= 2)[:, None, None], last, 0)
-    return target_cache, draft_cache, last
+    return prefilled.cache, draft_cache, last
 
 
 def pending_pairs(state: DecodeState):
@@ -129,10 +127,9 @@ def catch_up(spec, params, state: DecodeState):
 
 
 def draft_tree(spec, params, state: DecodeState, keys):
-    """Steps 1 and 2 for a static tree: the nodes' tokens [B, n], which are filled [B, n], the
-    draft distribution at each node [B, n, V] (None for "top" candidates), the drafter's cache
-    and whether a NaN was seen. One drafter call to catch up and one per level above the
-    deepest: D calls."""
+    """Steps 1 and 2 for a static tree: the `trees.Candidates` (the draft distribution at each
+    node [B, n, V], None for "top" candidates) and the drafter's cache. One drafter call to
+    catch up and one per level above the deepest: D calls."""
     tree, scheme, vocab = spec.tree, spec.candidates, spec.vocab_size
     config, weights = spec.drafter_config, params.drafter
     embed = eagle.embedding(weights, params.target)
@@ -172,15 +169,16 @@ def draft_tree(spec, params, state: DecodeState, keys):
         return cand, filled, (outs, cache, probs, nan)
 
     probs = None if scheme == "top" else jnp.zeros((b, n, vocab), jnp.float32)
-    tokens, valid, (_, cache, probs, nan) = trees.fill(
-        tree, state.tokens[jnp.arange(b), root], expand, (outs, cache, probs, nan))
-    return tokens, valid, probs, cache, nan
+    tokens, valid, carry = trees.fill(tree, state.tokens[jnp.arange(b), root], expand,
+                                      (outs, cache, probs, nan))
+    cache, probs, nan = carry[1:]                     # the nodes' outputs are not read again
+    return trees.Candidates(tokens, valid, probs, trees.SCHEMES[scheme], tree, nan), cache
 
 
 def draft_dynamic_tree(spec, params, state: DecodeState):
     """Steps 1 and 2 for EAGLE-2's dynamic tree (`sampling.tree.DynamicTree`): each row's own
-    tree, chosen by the drafter's confidence. Returns the nodes' tokens [B, n], which are
-    valid [B, n], the trees (`RowTrees`), the drafter's cache and whether a NaN was seen.
+    tree, chosen by the drafter's confidence. Returns the `trees.Candidates` over the rows'
+    trees (`RowTrees`) and the drafter's cache.
 
     Depth d expands E nodes (the root at d = 1, then the frontier of K): the drafter reads the
     frontier's pairs (one call, tree attention among the nodes it has read), and each expanded
@@ -264,7 +262,7 @@ def draft_dynamic_tree(spec, params, state: DecodeState):
                         jnp.concatenate([jnp.zeros((b, 1), jnp.int32), depths[rows, chosen]], 1),
                         depth, k)
     node_tokens = jnp.concatenate([state.tokens[rows, root[:, None]], tokens[rows, chosen]], 1)
-    return node_tokens, valid, trees_, cache, nan
+    return trees.Candidates(node_tokens, valid, None, "deterministic", trees_, nan), cache
 
 
 def _row_trees(parent, valid, scores, depth, max_depth: int, width: int) -> RowTrees:
@@ -294,12 +292,9 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
     # Steps 1 and 2: catch up, then the tree of candidates.
     if isinstance(spec.tree, DynamicTree):
-        tokens, valid, tree, draft_cache, draft_nan = draft_dynamic_tree(spec, params, state)
-        candidates = trees.Candidates(tokens, valid, None, "deterministic", tree, draft_nan)
+        candidates, draft_cache = draft_dynamic_tree(spec, params, state)
     else:
-        tokens, valid, probs, draft_cache, draft_nan = draft_tree(spec, params, state, k_draft)
-        candidates = trees.Candidates(tokens, valid, probs, trees.SCHEMES[spec.candidates],
-                                      spec.tree, draft_nan)
+        candidates, draft_cache = draft_tree(spec, params, state, k_draft)
     # Steps 3 and 4: one target call over the tree, the walk, commit (`trees.step`), and the
     # features of the next catch-up; finished rows keep their pending pairs.
     active = ~state.done

@@ -126,19 +126,20 @@ def ragged_score_and_verify(score_and_verify, spec, params, state: DecodeState, 
                             draft_probs, keys, num_drafted):
     """`score_and_verify` (`speculative.score_and_verify`) for rows that drafted different
     numbers of tokens, `num_drafted` [B]: the target scores only as many positions as the
-    longest row needs (`ragged`). Positions past a row's draft must have p = 0. Returns the same
-    as `score_and_verify`, with new tokens [B, K + 1]."""
+    longest row needs (`ragged`). Positions past a row's draft must have p = 0. Returns its
+    `ChainVerified`, with new tokens [B, K + 1]."""
     k = draft_tokens.shape[1]
 
     def verify_first(n, tokens, probs):
-        new, n_accepted, cache, nan, details, scores = score_and_verify(
-            spec, params, state, tokens[:, :n], probs[:, :n], keys,
-            num_drafted=jnp.minimum(num_drafted, n))
+        verified = score_and_verify(spec, params, state, tokens[:, :n], probs[:, :n], keys,
+                                    num_drafted=jnp.minimum(num_drafted, n))
+        details, scores = verified.details, verified.scores
         if details is not None:         # per-position numbers padded to K, as every branch
             details = {name: jnp.pad(v, ((0, 0), (0, k - n))) if name != "residual" else v
                        for name, v in details.items()}
         if scores is not None:
             scores = jnp.pad(scores, ((0, 0), (0, k - n), (0, 0)))
-        return jnp.pad(new, ((0, 0), (0, k - n))), n_accepted, cache, nan, details, scores
+        return verified._replace(new=jnp.pad(verified.new, ((0, 0), (0, k - n))),
+                                 details=details, scores=scores)
 
     return ragged(verify_first, k, num_drafted, draft_tokens, draft_probs)

@@ -10,6 +10,7 @@ same tokens. On a device mesh they are jitted with its input and output sharding
 from __future__ import annotations
 
 import functools
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +23,15 @@ from specjax.decoding.config import METHODS, DecodeSpec, Weights
 from specjax.decoding.state import DecodeState, RowSettings, initial_state
 from specjax.model.linear import use_kernels
 
-__all__ = ["METHODS", "DecodeSpec", "Weights", "init", "programs", "step"]
+__all__ = ["METHODS", "DecodeSpec", "Programs", "Weights", "init", "programs", "step"]
+
+
+class Programs(NamedTuple):
+    """The jitted programs of one spec (`programs`)."""
+    init: Callable    # (weights, prompts, prompt_length, row_keys, settings) -> state: prefill
+    step: Callable    # (weights, state) -> state: one step for every row
+    run: Callable     # (weights, prompts, prompt_length, row_keys, settings) -> state: the
+    #                   whole generation, init then steps until every row is done
 
 
 def _init(spec: DecodeSpec, weights: Weights, prompts, prompt_length, row_keys,
@@ -46,22 +55,22 @@ def _run(spec, weights, prompts, prompt_length, row_keys, settings) -> DecodeSta
 
 
 @functools.lru_cache(maxsize=None)
-def programs(spec: DecodeSpec):
-    """(init, step, run) for this spec, jitted; on a mesh, with explicit shardings for the
-    weights, the per-row inputs and the state (not while tracing: `DecodeSpec.trace` changes
-    the state's structure after the first step)."""
+def programs(spec: DecodeSpec) -> Programs:
+    """`Programs` (init, step, run) for this spec, jitted; on a mesh, with explicit shardings
+    for the weights, the per-row inputs and the state (not while tracing: `DecodeSpec.trace`
+    changes the state's structure after the first step)."""
     # Each is traced with the spec's kernel switch (`model.linear`). On a mesh it is off (the
     # API sees to it): XLA's partitioner cannot split a custom call across devices, it would
     # gather every weight onto each.
     functions = tuple(_with_kernels(spec.kernels, functools.partial(f, spec))
                       for f in (_init, _step, _run))
     if spec.mesh is None or spec.trace:
-        return tuple(jax.jit(f) for f in functions)
+        return Programs(*(jax.jit(f) for f in functions))
     weights, rows, state = (weight_shardings(spec), meshes.rows(spec.mesh),
                             state_shardings(spec))
     inputs = (weights, rows, rows, rows, settings_layout(spec))
-    return tuple(jax.jit(f, in_shardings=shardings, out_shardings=state)
-                 for f, shardings in zip(functions, (inputs, (weights, state), inputs)))
+    return Programs(*(jax.jit(f, in_shardings=shardings, out_shardings=state)
+                      for f, shardings in zip(functions, (inputs, (weights, state), inputs))))
 
 
 def _with_kernels(on: bool, f):
@@ -74,9 +83,9 @@ def _with_kernels(on: bool, f):
 def init(spec, weights, prompts, prompt_length, row_keys, settings) -> DecodeState:
     """Prefill: prompts [B, P] int32 (right-padded), prompt_length [B], row_keys [B], and each
     row's `RowSettings`."""
-    return programs(spec)[0](weights, prompts, prompt_length, row_keys, settings)
+    return programs(spec).init(weights, prompts, prompt_length, row_keys, settings)
 
 
 def step(spec, weights, state) -> DecodeState:
     """One step of the method for every row (finished rows are left unchanged)."""
-    return programs(spec)[1](weights, state)
+    return programs(spec).step(weights, state)

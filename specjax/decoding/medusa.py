@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax.decoding import trees
-from specjax.decoding.autoregressive import prefill
+from specjax.decoding.prefill import prefill
 from specjax.decoding.state import (DecodeState, any_nan, last_tokens, steered, steering,
                                     step_keys)
 from specjax.heads import medusa
@@ -46,9 +46,9 @@ class Carry:
 def init(spec, weights, prompts, prompt_length):
     """Prefill: the target reads the prompts [B, P], keeping the hidden state the heads read
     first. Returns its cache and the `Carry`."""
-    cache, hidden = prefill(weights.target, spec.target_config, prompts, prompt_length,
-                            spec.buffer_length, with_hidden=True, shards=spec.data_shards)
-    return cache, Carry(hidden)
+    prefilled = prefill(weights.target, spec.target_config, prompts, prompt_length,
+                        spec.buffer_length, hidden="last", shards=spec.data_shards)
+    return prefilled.cache, Carry(prefilled.hidden)
 
 
 def layout(spec, rows, cache) -> Carry:
@@ -56,9 +56,9 @@ def layout(spec, rows, cache) -> Carry:
     return Carry(rows)
 
 
-def candidate_tree(spec, heads, state: DecodeState, keys):
-    """Step 1: the nodes' tokens [B, n], which are filled [B, n] and the draft distribution
-    at each node [B, n, V] (None for "top" candidates)."""
+def candidate_tree(spec, heads, state: DecodeState, keys) -> trees.Candidates:
+    """Step 1: the heads' `trees.Candidates` (the draft distribution at each node [B, n, V],
+    None for "top" candidates), from the hidden state the last call left."""
     tree, scheme, vocab = spec.tree, spec.candidates, spec.vocab_size
     b, n, width = state.length.shape[0], tree.size + 1, tree.max_width
     sub_logits = medusa.subset_logits(heads, state.carry.hidden, tree.max_depth)     # [B, D, S]
@@ -96,16 +96,16 @@ def candidate_tree(spec, heads, state: DecodeState, keys):
         return cand, filled, probs
 
     probs = None if scheme == "top" else jnp.zeros((b, n, vocab), jnp.float32)
-    return trees.fill(tree, last_tokens(state, 1)[0][:, 0], expand, probs)
+    tokens, valid, probs = trees.fill(tree, last_tokens(state, 1)[0][:, 0], expand, probs)
+    return trees.Candidates(tokens, valid, probs, trees.SCHEMES[scheme], tree,
+                            any_nan(state.carry.hidden))
 
 
 def step(spec, params, state: DecodeState) -> DecodeState:
     hidden = state.carry.hidden
     k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
     # Step 1: the heads' candidates, from the hidden state the last call left.
-    tokens, valid, probs = candidate_tree(spec, params.heads, state, k_draft)
-    candidates = trees.Candidates(tokens, valid, probs, trees.SCHEMES[spec.candidates],
-                                  spec.tree, any_nan(hidden))
+    candidates = candidate_tree(spec, params.heads, state, k_draft)
     # Steps 2 to 4: one target call over the tree, the walk, commit (`trees.step`); the same
     # call's state at the last accepted node is the next step's hidden state. Finished rows
     # keep theirs.

@@ -31,7 +31,7 @@ import numpy as np
 from jax import lax
 
 from specjax.decoding import lookahead, trace, trees
-from specjax.decoding.autoregressive import prefill
+from specjax.decoding.prefill import prefill
 from specjax.decoding.speculative import score_and_verify
 from specjax.decoding.state import DecodeState, commit, step_keys
 
@@ -47,7 +47,7 @@ class Carry:
 def init(spec, weights, prompts, prompt_length):
     """Prefill: the target reads the prompts [B, P]. Returns its cache and the `Carry`."""
     cache = prefill(weights.target, spec.target_config, prompts, prompt_length,
-                    spec.buffer_length, shards=spec.data_shards)
+                    spec.buffer_length, shards=spec.data_shards).cache
     return cache, Carry(lookahead.initial_lengths(spec, prompts.shape[0]))
 
 
@@ -98,16 +98,18 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     draft_probs = jax.nn.one_hot(draft_tokens, vocab) * drafted[..., None]       # [B, K, V]
     # Steps 2 and 3: as speculative sampling's.
     if spec.k_schedule == "constant":
-        new, n_accepted, cache, nan, details, scores = score_and_verify(
-            spec, params, state, draft_tokens, draft_probs, step_keys(state), num_drafted=count)
+        verified = score_and_verify(spec, params, state, draft_tokens, draft_probs,
+                                    step_keys(state), num_drafted=count)
     else:
-        new, n_accepted, cache, nan, details, scores = lookahead.ragged_score_and_verify(
+        verified = lookahead.ragged_score_and_verify(
             score_and_verify, spec, params, state, draft_tokens, draft_probs, step_keys(state),
             jnp.where(state.done, 0, count))
-    state = trace.record(spec, state, draft_tokens, count, new, n_accepted, details)
-    state = state.replace(carry=Carry(lookahead.update(spec, state, lengths, count, n_accepted)))
+    state = trace.record(spec, state, draft_tokens, count, verified)
+    state = state.replace(carry=Carry(lookahead.update(spec, state, lengths, count,
+                                                       verified.n_accepted)))
     # Step 4: commit.
-    return commit(spec, state, new, n_accepted, cache, drafted=count, nan=nan, scores=scores)
+    return commit(spec, state, verified.new, verified.n_accepted, verified.cache, drafted=count,
+                  nan=verified.nan, scores=verified.scores)
 
 
 def lookup_tree(tokens, length, tree, max_n: int, min_n: int):
@@ -159,8 +161,7 @@ def lookup_tree(tokens, length, tree, max_n: int, min_n: int):
         return (jnp.sum(jnp.where(chosen, token, 0), axis=-1), jnp.any(chosen, axis=-1), path)
 
     path = jnp.zeros((n, depth), jnp.int32)                   # each node's tokens from the root
-    node_token, filled, _ = trees.fill(tree, tokens[length - 1], expand, path)
-    return node_token, filled
+    return trees.fill(tree, tokens[length - 1], expand, path)[:2]     # the tokens and filled
 
 
 def tree_step(spec, params, state: DecodeState) -> DecodeState:

@@ -24,13 +24,14 @@ Beside this file: token trees (`speculative_tree`), rows that draft different nu
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from specjax.decoding import lookahead, speculative_tree, trace
-from specjax.decoding.autoregressive import prefill
+from specjax.decoding.prefill import prefill
 from specjax.decoding.state import (DecodeState, any_nan, chain_drafted, commit, last_tokens,
                                     pad_vocab, steered, step_keys, target_probs)
 from specjax.model.cache import KVCache
@@ -51,7 +52,7 @@ def init(spec, weights, prompts, prompt_length):
     """Prefill: both models read the prompts [B, P]. Returns the target's cache and the
     `Carry`."""
     caches = [prefill(params, config, prompts, prompt_length, spec.buffer_length,
-                      shards=spec.data_shards)
+                      shards=spec.data_shards).cache
               for params, config in ((weights.target, spec.target_config),
                                      (weights.draft, spec.draft_config))]
     return caches[0], Carry(caches[1], lookahead.initial_lengths(spec, prompts.shape[0]))
@@ -116,25 +117,32 @@ def draft(spec, params, state: DecodeState, keys, limit):
             i, pad_vocab(out[:, 0], vocab), running, tokens, probs, count)
         return i + 1, token, running, cache, tokens, probs, count, nan | any_nan(out)
 
-    _, _, _, cache, tokens, probs, count, nan = lax.while_loop(
+    # The loop's carry from its fourth entry on: what the drafting leaves (`draft_next`).
+    cache, tokens, probs, count, nan = lax.while_loop(
         more, draft_next, (jnp.ones((), jnp.int32), token, running, cache, tokens, probs, count,
-                           nan))
+                           nan))[3:]
     return tokens, probs, count, cache, nan
 
 
+class ChainVerified(NamedTuple):
+    """What one target call over a chain and the verify step give (`score_and_verify`)."""
+    new: jax.Array                # [B, K + 1] the accepted drafts, then the residual or bonus
+    #                               token (`n_accepted` + 1 of them are real; the rest padding)
+    n_accepted: jax.Array         # [B] the leading drafts accepted
+    cache: KVCache                # the target's
+    nan: jax.Array                # whether the target's logits had a NaN
+    details: dict | None          # with `spec.trace`, the verify step's numbers
+    scores: jax.Array | None      # with `spec.logprobs`, `state.target_probs`' of the K + 1
+    #                               positions [B, K + 1, V]
+
+
 def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs, keys,
-                     num_drafted=None):
+                     num_drafted=None) -> ChainVerified:
     """Steps 2 and 3, shared with n-gram decoding.
 
     The target scores [last token, x_1..x_K] at positions length-1 .. length-1+K in one call,
     then the spec's verification rule (`spec.rules.verify`: `rejection.verify` unless the caller
     gave other rules) accepts a prefix and draws one more token.
-
-    Returns:
-      new tokens [B, K + 1] (the accepted drafts, then the residual or bonus token; the rest is
-      padding), n_accepted [B], the target's cache, whether its logits had a NaN, with
-      `spec.trace` the verify step's numbers (else None), and with `spec.logprobs` the scores
-      of the K + 1 positions (`state.target_probs`; else None).
     """
     k = draft_tokens.shape[1]
     last, last_position = last_tokens(state, 1)
@@ -143,16 +151,13 @@ def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs
     logits, cache = forward(params.target, spec.target_config, target_in, positions,
                             state.target_cache)
     q, scores = target_probs(spec, state, logits, chain_drafted(draft_tokens))
-    if spec.trace:      # the same rule, returning its numbers too (`specjax.explain`)
-        n_accepted, next_token, details = spec.rules.verify(
-            draft_tokens, draft_probs, q, keys, num_drafted=num_drafted,
-            with_details=True)
-    else:
-        (n_accepted, next_token), details = spec.rules.verify(
-            draft_tokens, draft_probs, q, keys, num_drafted=num_drafted), None
+    # With `spec.trace`, the same rule returns its numbers too (`specjax.explain`).
+    traced = {"with_details": True} if spec.trace else {}
+    verdict = spec.rules.verify(draft_tokens, draft_probs, q, keys, num_drafted=num_drafted,
+                                **traced)
     new = jnp.concatenate([draft_tokens, jnp.zeros_like(draft_tokens[:, :1])], axis=1)
-    new = new.at[jnp.arange(new.shape[0]), n_accepted].set(next_token)
-    return new, n_accepted, cache, any_nan(logits), details, scores
+    new = new.at[jnp.arange(new.shape[0]), verdict.n_accepted].set(verdict.next_token)
+    return ChainVerified(new, verdict.n_accepted, cache, any_nan(logits), verdict.details, scores)
 
 
 def step(spec, params, state: DecodeState) -> DecodeState:
@@ -169,19 +174,18 @@ def step(spec, params, state: DecodeState) -> DecodeState:
         spec, params, state, draft_keys, lookahead.draft_limit(spec, state, carry.lookahead))
     # Steps 2 and 3: score with the target, accept a prefix, draw the residual or bonus token.
     if spec.k_schedule == "constant":
-        new, n_accepted, target_cache, target_nan, details, scores = score_and_verify(
-            spec, params, state, draft_tokens, draft_probs, verify_keys)
+        verified = score_and_verify(spec, params, state, draft_tokens, draft_probs, verify_keys)
     else:       # rows drafted different numbers of tokens: score only what the longest needs
-        new, n_accepted, target_cache, target_nan, details, scores = (
-            lookahead.ragged_score_and_verify(score_and_verify, spec, params, state,
-                                              draft_tokens, draft_probs, verify_keys, count))
-    state = trace.record(spec, state, draft_tokens, count, new, n_accepted, details)
-    lengths = lookahead.update(spec, state, carry.lookahead, count, n_accepted)
+        verified = lookahead.ragged_score_and_verify(score_and_verify, spec, params, state,
+                                                     draft_tokens, draft_probs, verify_keys,
+                                                     count)
+    state = trace.record(spec, state, draft_tokens, count, verified)
+    lengths = lookahead.update(spec, state, carry.lookahead, count, verified.n_accepted)
 
     # Step 4: commit, and roll the draft back too. It has seen the fed tokens up to x_{n-1}, so
     # it may be one behind (the next step catches up).
     old_length = state.length
-    state = commit(spec, state, new, n_accepted, target_cache, drafted=count,
-                   draft_calls=count, nan=draft_nan | target_nan, scores=scores)
+    state = commit(spec, state, verified.new, verified.n_accepted, verified.cache, drafted=count,
+                   draft_calls=count, nan=draft_nan | verified.nan, scores=verified.scores)
     draft_cache = draft_cache.with_length(jnp.minimum(state.length - 1, old_length + count - 1))
     return state.replace(carry=Carry(draft_cache, lengths))

@@ -27,9 +27,8 @@ from specjax.sampling.logits import probs_from_logits
 
 
 def draft_tree(spec, params, state: DecodeState, keys):
-    """Step 1 for a tree: the nodes' tokens [B, n], which are filled [B, n], the draft
-    distribution at each node [B, n, V] (None for "top" candidates), the draft's cache and
-    whether a NaN was seen.
+    """Step 1 for a tree: the `trees.Candidates` (the draft distribution at each node [B, n, V],
+    None for "top" candidates) and the draft's cache.
 
     Depth d's candidates come from the draft's distributions at the nodes of depth d - 1: one
     draft call per depth, over that depth's nodes at once, each attending to its ancestors. The
@@ -69,10 +68,10 @@ def draft_tree(spec, params, state: DecodeState, keys):
 
     root_logits = jnp.take_along_axis(logits, last[:, :, None], axis=1)      # [B, 1, V']
     probs = None if scheme == "top" else jnp.zeros((b, n, vocab), jnp.float32)
-    tokens, valid, (_, cache, probs, nan) = trees.fill(
-        tree, jnp.take_along_axis(window, last, 1)[:, 0], expand,
-        (root_logits, cache, probs, any_nan(logits)))
-    return tokens, valid, probs, cache, nan
+    tokens, valid, carry = trees.fill(tree, jnp.take_along_axis(window, last, 1)[:, 0], expand,
+                                      (root_logits, cache, probs, any_nan(logits)))
+    cache, probs, nan = carry[1:]                     # the deepest level's logits are not read
+    return trees.Candidates(tokens, valid, probs, trees.SCHEMES[scheme], tree, nan), cache
 
 
 def step(spec, params, state: DecodeState) -> DecodeState:
@@ -81,12 +80,10 @@ def step(spec, params, state: DecodeState) -> DecodeState:
     k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
 
     # Step 1: the tree of candidates, level by level.
-    tokens, valid, probs, draft_cache, draft_nan = draft_tree(spec, params, state, k_draft)
+    candidates, draft_cache = draft_tree(spec, params, state, k_draft)
     # Steps 2 to 4: one target call over the tree, the walk, commit (`trees.step`). The draft
     # fed the nodes above the deepest level: after moving the accepted ones into place it holds
     # the path up to depth D - 1, and catches up on the rest next step.
-    candidates = trees.Candidates(tokens, valid, probs, trees.SCHEMES[spec.candidates], tree,
-                                  draft_nan)
     old_length = state.length
     state, verified = trees.step(spec, params, state, candidates, k_verify, draft_calls=depth)
     draft_cache = trees.keep_path(draft_cache, old_length - 1, verified.path, nodes)

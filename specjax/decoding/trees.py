@@ -147,28 +147,28 @@ def score_and_verify(spec, params, state: DecodeState, candidates: Candidates, k
       the new last token; an EAGLE drafter reads them all; other drafters ignore them.
     """
     tokens, valid, tree = candidates.tokens, candidates.valid, candidates.tree
-    _, root = last_tokens(state, 1)
-    root = root[:, 0]                                                  # [B] slot = position
+    root = last_tokens(state, 1)[1][:, 0]             # [B] the last token's slot = position
     x, tapped, cache = tapped_states(params.target, spec.target_config, tokens,
                                      node_positions(tree, root), state.target_cache,
                                      tree_attention(tree, root), taps)      # [B, n, D_model]
     logits = lm_head(params.target, spec.target_config, x)                  # [B, n, V']
     q, scores = target_probs(spec, state, logits, drafted_before(tree, tokens))  # [B, n, V]
-    walk = (tree, candidates.rule, tokens, valid, candidates.probs, q, keys)
-    if spec.trace:      # the same rule, returning its numbers too (`specjax.explain`)
-        n_accepted, path, next_token, details = spec.rules.verify_tree(*walk, with_details=True)
-    else:
-        (n_accepted, path, next_token), details = spec.rules.verify_tree(*walk), None
+    # With `spec.trace`, the same rule returns its numbers too (`specjax.explain`).
+    traced = {"with_details": True} if spec.trace else {}
+    verdict = spec.rules.verify_tree(tree, candidates.rule, tokens, valid, candidates.probs, q,
+                                     keys, **traced)
+    n_accepted, path = verdict.n_accepted, verdict.path
     new = jnp.take_along_axis(tokens, path, axis=1)                    # [B, D]
     new = jnp.concatenate([new, jnp.zeros_like(new[:, :1])], axis=1)   # [B, D + 1]
-    new = new.at[jnp.arange(new.shape[0]), n_accepted].set(next_token)
+    new = new.at[jnp.arange(new.shape[0]), n_accepted].set(verdict.next_token)
     cache = keep_path(cache, root, path, tree.size + 1)
     nodes = jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1)   # [B, D + 1]
     features = jnp.take_along_axis(x if tapped is None else tapped, nodes[:, :, None],
                                    axis=1)                                  # [B, D + 1, D']
     if scores is not None:
         scores = jnp.take_along_axis(scores, nodes[:, :, None], axis=1)          # [B, D + 1, V]
-    return Verified(new, n_accepted, path, cache, any_nan(logits), features, details, scores)
+    return Verified(new, n_accepted, path, cache, any_nan(logits), features, verdict.details,
+                    scores)
 
 
 def step(spec, params, state: DecodeState, candidates: Candidates, keys, *,
@@ -180,8 +180,7 @@ def step(spec, params, state: DecodeState, candidates: Candidates, keys, *,
     carry (a draft cache to put in order, the hidden state or features of the next step).
     """
     verified = score_and_verify(spec, params, state, candidates, keys, taps)
-    state = trace.record_tree(spec, state, candidates.tree, candidates.tokens, candidates.valid,
-                              verified.new, verified.n_accepted, verified.details)
+    state = trace.record_tree(spec, state, candidates, verified)
     return commit(spec, state, verified.new, verified.n_accepted, verified.cache,
                   drafted=jnp.sum(candidates.valid[:, 1:], axis=1), draft_calls=draft_calls,
                   nan=candidates.nan | verified.nan, scores=verified.scores), verified

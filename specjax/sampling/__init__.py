@@ -9,8 +9,8 @@ Layer: above `specjax.model` (it imports nothing from specjax today); below deco
 """
 
 from specjax.sampling.logits import SamplingParams, probs_from_logits, sample, sample_rows
-from specjax.sampling.rejection import verify, verify_tree
+from specjax.sampling.rejection import TreeVerdict, Verdict, verify, verify_tree
 from specjax.sampling.tree import Tree, TreeError
 
-__all__ = ["SamplingParams", "Tree", "TreeError", "probs_from_logits", "sample", "sample_rows",
-           "verify", "verify_tree"]
+__all__ = ["SamplingParams", "Tree", "TreeError", "TreeVerdict", "Verdict", "probs_from_logits",
+           "sample", "sample_rows", "verify", "verify_tree"]

@@ -230,7 +230,7 @@ def constrain(logits, constraint: Constraint, state, drafted=None):
     where none). A position after a forbidden draft (state -1) is never reached: it allows
     nothing. A batch without constrained rows returns the logits as they are."""
     def masked():
-        b, n, _ = logits.shape
+        b, n = logits.shape[:2]
         here = jnp.broadcast_to(state[:, None], (b, n))
         if drafted is not None and drafted.shape[-1]:
             def one(e, s):

@@ -44,6 +44,8 @@ they compute in float32.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -52,6 +54,8 @@ from specjax.sampling.tree import RowTrees
 
 __all__ = [
     "RULES",
+    "Verdict",
+    "TreeVerdict",
     "acceptance_probability",
     "accepts",
     "num_leading_accepted",
@@ -138,13 +142,28 @@ def emitted_token_law(p: jax.Array, q: jax.Array) -> jax.Array:
     return p * a + reject_mass * residual_distribution(p, q)
 
 
+class Verdict(NamedTuple):
+    """What `verify` decides for each row: it emits draft_tokens[:n_accepted], then next_token."""
+    n_accepted: jax.Array       # [B] int32 in [0, K]: the leading drafted tokens accepted
+    next_token: jax.Array       # [B] int32: the residual sample after a rejection, else the bonus
+    details: dict | None = None  # with `with_details`, the step's numbers (`specjax.explain`)
+
+
+class _RowVerdict(NamedTuple):
+    """One row's verdict before its next token is drawn (`verify` draws it for the batch)."""
+    n_accepted: jax.Array       # [] int32
+    next_key: jax.Array         # the key the next token is drawn with
+    next_dist: jax.Array        # [V] the law it is drawn from: the residual, or q
+    details: dict               # p_x, q_x, u [K] and the residual [V] (zero without a rejection)
+
+
 def _verify_row(
     draft_tokens: jax.Array,  # [K] int
     draft_probs: jax.Array,  # [K, V]
     target_probs: jax.Array,  # [K + 1, V]
     key: jax.Array,  # one PRNG key
     num_drafted: jax.Array,  # [] int: positions past this were not drafted
-) -> tuple[jax.Array, jax.Array]:
+) -> _RowVerdict:
     num_draft = draft_tokens.shape[0]
     k_accept, k_residual, k_bonus = jax.random.split(key, 3)
 
@@ -171,7 +190,7 @@ def _verify_row(
     next_dist = jnp.where(all_accepted, q_next, residual)
     # What a reader of one step wants to see (`specjax.explain`), computed anyway.
     details = dict(p_x=p_x, q_x=q_x, u=u, residual=jnp.where(all_accepted, 0.0, residual))
-    return n_accepted, next_key, next_dist, details
+    return _RowVerdict(n_accepted, next_key, next_dist, details)
 
 
 def verify(
@@ -181,7 +200,7 @@ def verify(
     keys: jax.Array,
     num_drafted: jax.Array | None = None,
     with_details: bool = False,
-):
+) -> Verdict:
     """Verify K drafted tokens per row against the target (Chen et al. 2023, Algorithm 2).
 
     Rows are independent: each has its own key, and its result does not depend on the others.
@@ -201,13 +220,15 @@ def verify(
         them p = 0 so that the token after the last real draft is drawn from q itself.
 
     Returns:
+      A `Verdict`:
       n_accepted: [B] int32 in [0, K], the number of leading drafted tokens accepted.
       next_token: [B] int32 in [0, V): the residual sample at position n_accepted + 1 if
         n_accepted < K, else the bonus token from q_{K+1}. The row emits
         draft_tokens[:n_accepted] followed by next_token.
-      With `with_details`, also a dict of each row's p_i(x_i) and q_i(x_i) [B, K], the uniform
-      draws u [B, K], and the residual it sampled from after a rejection ([B, V], zero when every
-      drafted token was accepted): the numbers of one step, for `specjax.explain`.
+      details: None, or with `with_details` a dict of each row's p_i(x_i) and q_i(x_i) [B, K],
+        the uniform draws u [B, K], and the residual it sampled from after a rejection ([B, V],
+        zero when every drafted token was accepted): the numbers of one step, for
+        `specjax.explain`.
     """
     if draft_tokens.ndim != 2 or draft_tokens.shape[1] < 1:
         raise ValueError(
@@ -231,10 +252,9 @@ def verify(
         )
     if num_drafted is None:
         num_drafted = jnp.full((batch,), num_draft, jnp.int32)
-    n_accepted, next_keys, next_dists, details = jax.vmap(_verify_row)(
-        draft_tokens, draft_probs, target_probs, keys, num_drafted)
-    next_token = sample_rows(next_keys, next_dists)
-    return (n_accepted, next_token, details) if with_details else (n_accepted, next_token)
+    rows = jax.vmap(_verify_row)(draft_tokens, draft_probs, target_probs, keys, num_drafted)
+    return Verdict(rows.n_accepted, sample_rows(rows.next_key, rows.next_dist),
+                   rows.details if with_details else None)
 
 
 # -- Token trees: several candidates per node ---------------------------------------------------
@@ -297,7 +317,26 @@ def after_rejection(rule: str, p: jax.Array, q: jax.Array, x: jax.Array):
     return p, q
 
 
-def _verify_tree_row(tree, rule, tokens, valid, draft_probs, target_probs, key):
+class TreeVerdict(NamedTuple):
+    """What `verify_tree` decides for each row: it emits the tokens of path[:n_accepted], then
+    next_token."""
+    n_accepted: jax.Array       # [B] int32: the depth the walk reached
+    path: jax.Array             # [B, D] int32: the accepted node at each depth (entries past
+    #                             n_accepted repeat the last node)
+    next_token: jax.Array       # [B] int32: drawn from the final residual, or q at the last node
+    details: dict | None = None  # with `with_details`, the walk's numbers (`specjax.explain`)
+
+
+class _RowWalk(NamedTuple):
+    """One row's walk before its next token is drawn (`verify_tree` draws it for the batch)."""
+    n_accepted: jax.Array       # [] int32
+    path: jax.Array             # [D] int32
+    next_key: jax.Array         # the key the next token is drawn with
+    next_dist: jax.Array        # [V] the law it is drawn from: the final q'
+    details: dict               # each sibling test [D, W], `final` [V], `from_residual` []
+
+
+def _verify_tree_row(tree, rule, tokens, valid, draft_probs, target_probs, key) -> _RowWalk:
     """One row's walk. tokens, valid: [n]; draft_probs, target_probs: [n, V] (p_n, q_n)."""
     children = jnp.asarray(tree.children)                               # [n, W]
     depth, width = tree.max_depth, tree.max_width
@@ -334,11 +373,12 @@ def _verify_tree_row(tree, rule, tokens, valid, draft_probs, target_probs, key):
                    final=q,
                    from_residual=jnp.any(jnp.any(node_of >= 0, axis=1)     # a level tried,
                                          & ~jnp.any(accepted, axis=1)))   # none accepted
-    return n_accepted.astype(jnp.int32), jnp.stack(path), k_next, q, details
+    return _RowWalk(n_accepted.astype(jnp.int32), jnp.stack(path), k_next, q, details)
 
 
 def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_probs: jax.Array | None,
-                target_probs: jax.Array, keys: jax.Array, with_details: bool = False):
+                target_probs: jax.Array, keys: jax.Array, with_details: bool = False
+                ) -> TreeVerdict:
     """Verify a token tree per row (Steps 1-4 above); lossless for the rule's candidate scheme.
 
     Rows are independent, each with its own key. Pure and jittable; the tree is static.
@@ -354,16 +394,16 @@ def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_prob
       target_probs: [B, n, V] q_n, the target's distribution for the token after node n.
       keys: [B] PRNG keys.
     Returns:
-      n_accepted [B] int32 (the depth reached), path [B, D] int32 (the accepted node at each
-      depth; entries past n_accepted repeat the last node) and next_token [B] int32. The row
-      emits the tokens of path[:n_accepted] followed by next_token.
-      With `with_details`, also a dict of each sibling test of the walk, indexed [B, D, W] by
-      depth and rank (`node`: the child tested, -1 where none was; `p_x`: p_r(x); `q_x`: q'(x);
-      `u`; `accepted`; `residual` [B, D, W, V]: q' after a rejection, zero elsewhere), the law
-      the next token was drawn from (`final` [B, V]: the residual
+      A `TreeVerdict`: n_accepted [B] int32 (the depth reached), path [B, D] int32 (the
+      accepted node at each depth; entries past n_accepted repeat the last node) and next_token
+      [B] int32. The row emits the tokens of path[:n_accepted] followed by next_token.
+      Its details are None, or with `with_details` a dict of each sibling test of the walk,
+      indexed [B, D, W] by depth and rank (`node`: the child tested, -1 where none was; `p_x`:
+      p_r(x); `q_x`: q'(x); `u`; `accepted`; `residual` [B, D, W, V]: q' after a rejection,
+      zero elsewhere), the law the next token was drawn from (`final` [B, V]: the residual
       after the last rejections, or q at the node the walk stopped on) and `from_residual` [B]
-      (whether the walk stopped because every child it tried was rejected): the numbers of one step, for
-      `specjax.explain`.
+      (whether the walk stopped because every child it tried was rejected): the numbers of one
+      step, for `specjax.explain`.
     """
     if rule not in RULES:
         raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
@@ -376,13 +416,10 @@ def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_prob
             raise ValueError(f"rule {rule!r} needs the draft distributions (draft_probs)")
         draft_probs = jnp.zeros_like(target_probs)      # never read by the deterministic rule
     if isinstance(tree, RowTrees):       # one topology per row (an EAGLE-2 dynamic tree)
-        n_accepted, path, next_keys, next_dists, details = jax.vmap(
-            lambda t, *a: _verify_tree_row(t, rule, *a))(tree, tokens, valid, draft_probs,
-                                                       target_probs, keys)
+        rows = jax.vmap(lambda t, *a: _verify_tree_row(t, rule, *a))(
+            tree, tokens, valid, draft_probs, target_probs, keys)
     else:
-        n_accepted, path, next_keys, next_dists, details = jax.vmap(
-            lambda *a: _verify_tree_row(tree, rule, *a))(tokens, valid, draft_probs,
-                                                       target_probs, keys)
-    next_token = sample_rows(next_keys, next_dists)
-    return (n_accepted, path, next_token, details) if with_details else (n_accepted, path,
-                                                                         next_token)
+        rows = jax.vmap(lambda *a: _verify_tree_row(tree, rule, *a))(
+            tokens, valid, draft_probs, target_probs, keys)
+    return TreeVerdict(rows.n_accepted, rows.path, sample_rows(rows.next_key, rows.next_dist),
+                       rows.details if with_details else None)

@@ -12,9 +12,10 @@ them, so that a rule can be studied under the distribution tests: the negative c
 tests/test_distribution.py and tests/test_controls.py pass deliberately broken rules and the
 tests must catch them.
 
-`specjax.explain` runs the same rules with `with_details=True`: a `verify` or `verify_tree` it
-shows must take that keyword (as the defaults do) and return its numbers, so the numbers shown
-are those of the rule that chose the tokens (`returns_details`).
+A `verify` returns a `rejection.Verdict` and a `verify_tree` a `rejection.TreeVerdict`, as the
+defaults do. `specjax.explain` runs the same rules with `with_details=True`: a rule it shows
+must take that keyword (as the defaults do) and then fill its verdict's `details`, so the
+numbers shown are those of the rule that chose the tokens (`returns_details`).
 """
 
 from __future__ import annotations
