@@ -70,25 +70,58 @@ def write(cache_k: jax.Array, cache_v: jax.Array, k: jax.Array, v: jax.Array,
       slots: [B, T] the slots to write (the tokens' positions, except in a token tree). The
         caller keeps them below S (an entry past the end would be dropped).
     """
-    rows = jnp.arange(slots.shape[0])[:, None]                            # [B, 1]
-    # Advanced indices (layer, row, slot) around the head axes: the update is [B, T, K, H].
-    return (_scatter(cache_k, (layer, rows, slice(None), slice(None), slots), k),
-            _scatter(cache_v, (layer, rows, slice(None), slots, slice(None)), v))
+    return (_scatter_rows(cache_k, 4, slots, k, layer),
+            _scatter_rows(cache_v, 3, slots, v, layer))
 
 
-def _scatter(buffer: jax.Array, index: tuple, new: jax.Array) -> jax.Array:
-    """buffer.at[index].set(new), on the bits of a 16-bit float buffer: XLA's CPU backend has
-    no bfloat16 update, so it converted the whole buffer to float32 and back at every write (a
-    SmolLM2 bfloat16 cache of 512 slots: 2.8 ms of a 25 ms step); as integers, the write
-    touches only the new slots. The bits, and so the values, are the same. Written as one
-    scatter over the rows, not a `vmap` over them: batching over the stack's second axis made
-    XLA transpose the whole stack around every write."""
-    new = new.astype(buffer.dtype)
+def _as_bits(buffer: jax.Array):
+    """A 16-bit float buffer as its integer bits, and the function that turns bits back: XLA's
+    CPU backend has no bfloat16 update or gather, so it converted the whole buffer to float32
+    and back at every write (a SmolLM2 bfloat16 cache of 512 slots: 2.8 ms of a 25 ms step); as
+    integers, the write touches only the new slots. The bits, and so the values, are the same."""
     if jnp.dtype(buffer.dtype).itemsize != 2 or not jnp.issubdtype(buffer.dtype, jnp.floating):
-        return buffer.at[index].set(new)
-    bits = lax.bitcast_convert_type(buffer, jnp.uint16).at[index].set(
-        lax.bitcast_convert_type(new, jnp.uint16))
-    return lax.bitcast_convert_type(bits, buffer.dtype)
+        return buffer, lambda bits: bits
+    dtype = buffer.dtype
+    return (lax.bitcast_convert_type(buffer, jnp.uint16),
+            lambda bits: lax.bitcast_convert_type(bits, dtype))
+
+
+def _scatter_rows(buffer: jax.Array, slot_axis: int, slots: jax.Array, new: jax.Array,
+                  layer=None) -> jax.Array:
+    """Writes new [B, T, ...] into a stacked buffer [L, B, ...] at row b's `slots[b, t]` along
+    `slot_axis` (and layer `layer`, or every layer when None: then new holds them, [B, T, L,
+    ...]); the other axes whole, in the buffer's order. One scatter whose rows are a batch
+    dimension of both operands: a device mesh keeps each row's write on its own devices, and
+    XLA transposes nothing (a `vmap` over the stack's second axis made it transpose the whole
+    stack around every write)."""
+    b, t = slots.shape
+    indexed = (0, slot_axis) if layer is not None else (slot_axis,)
+    window = tuple(a for a in range(buffer.ndim) if a not in (1, *indexed))
+    columns = [slots.astype(jnp.int32)]
+    if layer is not None:
+        columns.insert(0, jnp.broadcast_to(jnp.asarray(layer, jnp.int32), (b, t)))
+    numbers = lax.ScatterDimensionNumbers(
+        update_window_dims=tuple(range(2, 2 + len(window))), inserted_window_dims=indexed,
+        scatter_dims_to_operand_dims=indexed, operand_batching_dims=(1,),
+        scatter_indices_batching_dims=(0,))
+    bits, back = _as_bits(buffer)
+    new, _ = _as_bits(new.astype(buffer.dtype))
+    return back(lax.scatter(bits, jnp.stack(columns, axis=-1), new, numbers,
+                            unique_indices=True, mode=lax.GatherScatterMode.FILL_OR_DROP))
+
+
+def _gather_rows(buffer: jax.Array, slot_axis: int, slots: jax.Array) -> jax.Array:
+    """Row b's `slots[b, n]` along `slot_axis` of a stacked buffer [L, B, ...], every layer ->
+    [B, n, L, ...] (the other axes whole, in the buffer's order): `_scatter_rows`'s inverse."""
+    window = tuple(a for a in range(buffer.ndim) if a not in (1, slot_axis))
+    sizes = tuple(1 if a in (1, slot_axis) else buffer.shape[a] for a in range(buffer.ndim))
+    numbers = lax.GatherDimensionNumbers(
+        offset_dims=tuple(range(2, 2 + len(window))), collapsed_slice_dims=(slot_axis,),
+        start_index_map=(slot_axis,), operand_batching_dims=(1,),
+        start_indices_batching_dims=(0,))
+    bits, back = _as_bits(buffer)
+    return back(lax.gather(bits, slots.astype(jnp.int32)[..., None], numbers, sizes,
+                           mode=lax.GatherScatterMode.CLIP))
 
 
 @jax.tree_util.register_dataclass
@@ -154,17 +187,12 @@ def keep_path(cache_k: jax.Array, cache_v: jax.Array, root: jax.Array, path: jax
     source = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), path.astype(jnp.int32),
                               jnp.broadcast_to(jnp.arange(depth + 1, nodes, dtype=jnp.int32),
                                                (b, nodes - depth - 1))], axis=1)  # [B, n]
-    rows = jnp.arange(b)[:, None]                                         # [B, 1]
     sources = root[:, None] + source                                      # [B, n]
     targets = root[:, None] + jnp.arange(nodes, dtype=jnp.int32)          # [B, n]
-    every = slice(None)
 
     def move(buffer, slot_axis):     # each row's tree slots, in path order, every layer at once
-        def at(slots):
-            index = [every, rows, every, every]
-            index.insert(slot_axis, slots)
-            return tuple(index)
-        return _scatter(buffer, at(targets), buffer[at(sources)])
+        return _scatter_rows(buffer, slot_axis, targets,
+                             _gather_rows(buffer, slot_axis, sources))
     return move(cache_k, 4), move(cache_v, 3)
 
 
