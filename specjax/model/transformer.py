@@ -141,6 +141,11 @@ def decoder_layers(layers: dict, config: ModelConfig, x: jax.Array, positions: j
     return x, cache
 
 
+# Layers per iteration of the scan: two halve the loop's own cost per layer (its bookkeeping
+# between bodies) for a second copy of the body to compile (bench/compile-once-per-layer/).
+UNROLL = 2
+
+
 def _layers(layers: dict, config: ModelConfig, x, positions, cache, tree, attn_input=None,
             taps: tuple[int, ...] = ()):
     """The decoder layers as one compiled body in a `lax.scan` over L -> (the residual stream
@@ -181,7 +186,7 @@ def _layers(layers: dict, config: ModelConfig, x, positions, cache, tree, attn_i
 
     (x, tapped, buffers), _ = lax.scan(body, (x, tapped, buffers),
                                        (flat, jnp.arange(n_layers, dtype=jnp.int32)),
-                                       unroll=int(__import__("os").environ.get("UNROLL", "1")))
+                                       unroll=UNROLL)
     if cache is not None:
         cache = KVCache(*buffers, slots[:, -1] + 1, cache.first)
     return x, (tapped[:len(taps)] if taps else ()), cache
