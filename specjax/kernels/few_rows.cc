@@ -881,9 +881,15 @@ static void chunk_rows(const float* const* qr, const bool* const* mr, const C* k
   }
 }
 
+// A bfloat16 cache reaches the kernel as its bits (uint16): the decoder carries it so, because
+// XLA's CPU backend writes a bfloat16 array by converting all of it to float32 and back.
+template <typename C>
+constexpr ffi::DataType kCacheType = std::is_same_v<C, float> ? ffi::F32 : ffi::U16;
+
 template <typename C>
 static ffi::Error FewQueryAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
-                                    ffi::Buffer<kType<C>> keys, ffi::Buffer<kType<C>> values,
+                                    ffi::Buffer<kCacheType<C>> keys,
+                                    ffi::Buffer<kCacheType<C>> values,
                                     ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::S32> limit,
                                     ffi::Buffer<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> out) {
   auto qd = q.dimensions();
@@ -967,8 +973,8 @@ static ffi::Error FewQueryAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> 
                                 ffi::Ffi::Bind()                                      \
                                     .Ctx<ffi::ThreadPool>()                           \
                                     .Arg<ffi::Buffer<ffi::F32>>()  /* q [B, T, N, H] */ \
-                                    .Arg<ffi::Buffer<kType<C>>>()  /* keys [(L,) B, K, H, S] */ \
-                                    .Arg<ffi::Buffer<kType<C>>>()  /* values [(L,) B, K, S, H] */ \
+                                    .Arg<ffi::Buffer<kCacheType<C>>>() /* keys [(L,) B, K, H, S] */ \
+                                    .Arg<ffi::Buffer<kCacheType<C>>>() /* values [(L,) B, K, S, H] */ \
                                     .Arg<ffi::Buffer<ffi::PRED>>() /* mask [B, T, S] */ \
                                     .Arg<ffi::Buffer<ffi::S32>>()  /* limit [B] */      \
                                     .Arg<ffi::Buffer<ffi::S32>>()  /* layer [] */       \

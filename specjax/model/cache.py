@@ -74,11 +74,17 @@ def write(cache_k: jax.Array, cache_v: jax.Array, k: jax.Array, v: jax.Array,
             _scatter_rows(cache_v, 3, slots, v, layer))
 
 
-def _as_bits(buffer: jax.Array):
+# What a bfloat16 cache is carried as through the decoder's layers (`as_bits`).
+BITS = jnp.dtype(jnp.uint16)
+
+
+def as_bits(buffer: jax.Array):
     """A 16-bit float buffer as its integer bits, and the function that turns bits back: XLA's
     CPU backend has no bfloat16 update or gather, so it converted the whole buffer to float32
     and back at every write (a SmolLM2 bfloat16 cache of 512 slots: 2.8 ms of a 25 ms step); as
-    integers, the write touches only the new slots. The bits, and so the values, are the same."""
+    integers, the write touches only the new slots. The bits, and so the values, are the same.
+    The conversion itself is a copy of the buffer, so the decoder converts its stacked cache
+    once a call, not at every layer's write (`transformer.decoder_layers`)."""
     if jnp.dtype(buffer.dtype).itemsize != 2 or not jnp.issubdtype(buffer.dtype, jnp.floating):
         return buffer, lambda bits: bits
     dtype = buffer.dtype
@@ -104,8 +110,10 @@ def _scatter_rows(buffer: jax.Array, slot_axis: int, slots: jax.Array, new: jax.
         update_window_dims=tuple(range(2, 2 + len(window))), inserted_window_dims=indexed,
         scatter_dims_to_operand_dims=indexed, operand_batching_dims=(1,),
         scatter_indices_batching_dims=(0,))
-    bits, back = _as_bits(buffer)
-    new, _ = _as_bits(new.astype(buffer.dtype))
+    if buffer.dtype == BITS:           # a bfloat16 stack carried as its bits (`as_bits`)
+        new = lax.bitcast_convert_type(new.astype(jnp.bfloat16), BITS)
+    bits, back = as_bits(buffer)
+    new, _ = as_bits(new.astype(buffer.dtype))
     return back(lax.scatter(bits, jnp.stack(columns, axis=-1), new, numbers,
                             unique_indices=True, mode=lax.GatherScatterMode.FILL_OR_DROP))
 
@@ -119,7 +127,7 @@ def _gather_rows(buffer: jax.Array, slot_axis: int, slots: jax.Array) -> jax.Arr
         offset_dims=tuple(range(2, 2 + len(window))), collapsed_slice_dims=(slot_axis,),
         start_index_map=(slot_axis,), operand_batching_dims=(1,),
         start_indices_batching_dims=(0,))
-    bits, back = _as_bits(buffer)
+    bits, back = as_bits(buffer)
     return back(lax.gather(bits, slots.astype(jnp.int32)[..., None], numbers, sizes,
                            mode=lax.GatherScatterMode.CLIP))
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from specjax.model.cache import TreeAttention, attention_mask, windows
+from specjax.model.cache import BITS, TreeAttention, as_bits, attention_mask, windows
 from specjax.model.config import ModelConfig
 from specjax.model.linear import (attention_uses_kernel, few_query_attention, layer_of,
                                   rope_uses_kernel)
@@ -258,11 +258,19 @@ def attend_cache(q, cache_k, cache_v, query_slots, tree: TreeAttention | None = 
       [B, T, N, H]
     """
     layer = jnp.asarray(layer, jnp.int32)
-    if attention_uses_kernel(q, cache_k, cache_v):        # decoding steps and verify calls
+    if attention_uses_kernel(q, *(_as_float(c) for c in (cache_k, cache_v))):  # a few tokens
         return lax.platform_dependent(q, cache_k, cache_v, query_slots, tree, layer,
                                       cpu=functools.partial(_attend_in_place, first=first),
                                       default=functools.partial(_attend_windows, first=first))
     return _attend_windows(q, cache_k, cache_v, query_slots, tree, layer, first)
+
+
+def _as_float(buffer):
+    """A cache buffer carried as bfloat16's bits (`cache.as_bits`) as bfloat16 again: a copy
+    where it is computed, so it is taken of the few slots read, or as an abstract value."""
+    if isinstance(buffer, jax.ShapeDtypeStruct) or buffer.dtype != BITS:
+        return buffer
+    return lax.bitcast_convert_type(buffer, jnp.bfloat16)
 
 
 def _attend_in_place(q, cache_k, cache_v, query_slots, tree, layer, first=0):
@@ -271,14 +279,18 @@ def _attend_in_place(q, cache_k, cache_v, query_slots, tree, layer, first=0):
     b, slots = q.shape[0], cache_v.shape[-2]
     key_slots = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (b, slots))
     limit = jnp.max(query_slots, axis=1) + 1                                  # [B]
+    dtype = _as_float(cache_v).dtype
+    cache_k, cache_v = as_bits(cache_k)[0], as_bits(cache_v)[0]    # bfloat16 as its bits
     return few_query_attention(q, cache_k, cache_v,
-                               attention_mask(query_slots, key_slots, tree, first), limit, layer)
+                               attention_mask(query_slots, key_slots, tree, first), limit,
+                               layer).astype(dtype)
 
 
 def _attend_windows(q, cache_k, cache_v, query_slots, tree, layer, first=0):
     """`attend_cache` by XLA: the shortest static window of the layer's buffers that covers the
     queries."""
     cache_k, cache_v = layer_of((cache_k, cache_v), layer)
+    cache_k, cache_v = _as_float(cache_k), _as_float(cache_v)
     b, t = q.shape[:2]
     sizes = windows(cache_v.shape[2], CHUNK_WINDOW if t >= CHUNK_QUERIES else STEP_WINDOW)
 

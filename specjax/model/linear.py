@@ -413,13 +413,18 @@ def _product_jvp(primals, tangents):
 def few_query_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
                         limit: jax.Array, layer=0) -> jax.Array:
     """The few-query attention kernel: grouped-query attention of q [B, T, N, H] to a cache's
-    keys [B, K, H, S] and values [B, K, S, H] (float32 or bfloat16, q cast to float32), or to
+    keys [B, K, H, S] and values [B, K, S, H] (float32, or bfloat16 passed as its bits, uint16;
+    q cast to float32), or to
     layer `layer` of every layer's [L, B, ...], where mask [B, T, S] says which slots each
     query reads and no slot at or past limit [B] is read: `layers.attend` on the prefix,
     without copying it. -> [B, T, N, H] in the cache's dtype, as `attend` gives. CPU, the
     targets registered; not differentiable (decoding only)."""
     out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
-    target = _target(ATTENTION_TARGET, values.dtype)
+    # A bfloat16 cache is passed as its bits (uint16, `model.cache.as_bits`).
+    target = ATTENTION_TARGET if values.dtype == jnp.float32 else ATTENTION_TARGET + "_bf16"
+    dtype = jnp.float32 if values.dtype == jnp.float32 else jnp.bfloat16
+    if values.dtype == jnp.bfloat16:
+        keys, values = (lax.bitcast_convert_type(a, jnp.uint16) for a in (keys, values))
     return jax.ffi.ffi_call(target, out, vmap_method="sequential")(
         q.astype(jnp.float32), keys, values, mask, limit.astype(jnp.int32),
-        _index(layer)).astype(values.dtype)
+        _index(layer)).astype(dtype)

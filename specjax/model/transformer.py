@@ -171,7 +171,9 @@ def _layers(layers: dict, config: ModelConfig, x, positions, cache, tree, attn_i
     tapped = jnp.zeros((len(taps) + 1, *x.shape), x.dtype) if taps else None
     if 0 in taps:
         tapped = tapped.at[taps.index(0)].set(x)
-    buffers = None if cache is None else (cache.k, cache.v)
+    # A bfloat16 cache is carried as its bits through the loop (`cache.as_bits`): one
+    # conversion a call, where XLA would convert the whole stack at every layer's write.
+    buffers = None if cache is None else (kv.as_bits(cache.k)[0], kv.as_bits(cache.v)[0])
     first = 0 if cache is None else cache.first
 
     def body(carry, layer):
@@ -188,7 +190,8 @@ def _layers(layers: dict, config: ModelConfig, x, positions, cache, tree, attn_i
                                        (flat, jnp.arange(n_layers, dtype=jnp.int32)),
                                        unroll=UNROLL)
     if cache is not None:
-        cache = KVCache(*buffers, slots[:, -1] + 1, cache.first)
+        k, v = (kv.as_bits(c)[1](b) for c, b in zip((cache.k, cache.v), buffers))
+        cache = KVCache(k, v, slots[:, -1] + 1, cache.first)
     return x, (tapped[:len(taps)] if taps else ()), cache
 
 
