@@ -20,12 +20,6 @@ from tests import conftest
 # (starting JAX and torch, collecting the suite, building the kernels; docs/tests.md).
 BUDGET_S = 2 * (6 * 60 - 60)
 
-# The full tier's budget in worker-seconds: two workers' share of the 25 minutes it may take on a
-# 2-core host from a fresh clone (issue 74), less each worker's start; and the file its measured
-# time is recorded in (scripts/full_tier.py), module by module.
-FULL_BUDGET_S = 2 * (25 * 60 - 60)
-FULL_TIER = conftest.FAST_TIER.with_name("full_tier.txt")
-
 # What the fast tier must prove, each by at least one listed test of the module (docs/tests.md).
 PROVES = {
     "Theorem 1 exactly": "tests/test_rejection.py",
@@ -63,21 +57,6 @@ def test_the_fast_tier_fits_its_budget_and_proves_the_core():
     files = {node_id.split("::")[0] for node_id in listed}
     for what, module in PROVES.items():
         assert module in files, f"the fast tier runs nothing of {module} ({what})"
-
-
-def test_the_full_tiers_recorded_time_fits_its_budget():
-    lines = [line.split() for line in FULL_TIER.read_text().splitlines()
-             if line.strip() and not line.startswith("#")]
-    seconds = {module: float(value) for value, module in lines}
-    total = sum(seconds.values())
-    slowest = max(seconds, key=seconds.get)
-    assert total <= FULL_BUDGET_S, (
-        f"{FULL_TIER.name} records {total:.0f} worker-seconds, over the full tier's "
-        f"{FULL_BUDGET_S} (the slowest module: {slowest}, {seconds[slowest]:.0f} s)")
-    # Every test module of the suite is in the record: a new one is measured before it lands.
-    modules = {p.relative_to(FULL_TIER.parent.parent).as_posix()
-               for p in FULL_TIER.parent.glob("test_*.py")}
-    assert not modules - seconds.keys(), f"not in {FULL_TIER.name}: {sorted(modules - seconds.keys())}"
 
 
 def test_the_private_compile_option_hook_still_reaches_xla():
