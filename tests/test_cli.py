@@ -144,6 +144,7 @@ def test_json_has_documented_fields(generated, env):
         assert isinstance(r["text"], str) and r["text"] in streamed
         assert len(r["tokens"]) == r["stats"]["new_tokens"] <= 16
         assert r["tokens"] == report["results"][0]["tokens"]       # greedy: identical tokens
+        assert r["finish_reason"] == ("length" if len(r["tokens"]) == 16 else "eos")
         s = r["stats"]
         for key in ("acceptance_rate", "tokens_per_target_call", "tokens_per_second", "compile_s",
                     "run_s", "target_calls", "draft_calls", "drafted", "accepted",

@@ -287,6 +287,9 @@ def test_stop_strings_cut_every_method_alike_across_token_boundaries():
     draft = specjax.load(WEIGHTS / "llama-draft")
     prompts = ["def f(x):", "import os"]
     full = generate(target, prompts, max_new_tokens=30, temperature=0.0)
+    eos = set(target.config.eos_token_ids)
+    ended = ["eos" if row and row[-1] in eos else "length" for row in full.tokens]
+    assert full.finish_reasons == ended and "length" in ended
     text = full.texts[0]
     pieces = [target.tokenizer.decode(full.tokens[0][:j]) for j in range(31)]
     # A stop string that begins inside a token and ends inside a later one.
@@ -306,10 +309,12 @@ def test_stop_strings_cut_every_method_alike_across_token_boundaries():
         assert got.texts[0] == text[:end], name
         assert got.tokens[0] == full.tokens[0][:kept] and len(got.logprobs[0]) == kept, name
         assert got.tokens[1] == full.tokens[1] and got.texts[1] == full.texts[1], name
+        assert got.finish_reasons == ["stop", ended[1]], name
         steps = list(stream(target, prompts, max_new_tokens=30, temperature=0.0,
                             stop=[[stop], []], **options))
         yielded = [sum((s[b] for s, _ in steps[:-1]), []) for b in range(2)]
         assert yielded == steps[-1][1].tokens == got.tokens, name
+        assert steps[-1][1].finish_reasons == got.finish_reasons, name
     alone = list(stream(target, prompts[:1], max_new_tokens=30, temperature=0.0, stop=[stop]))
     assert len(alone) - 1 < 30                                    # streaming stops at the stop
     for bad, match in (("x", "stop must be a list of strings"), ([""], "non-empty strings"),
@@ -474,6 +479,20 @@ def test_constrained_outputs_are_valid_and_every_method_agrees():
     assert len(ended) >= 4
     for text, _ in ended:
         jsonschema.validate(json.loads(text), SCHEMA)
+    # Why each row ended: a row cut by the length limit says so (its text need not parse); a
+    # constrained row that drew EOS did so after a complete document, which nothing may follow
+    # (the schema's regex ends at the closing brace), so the constraint ended it; a free row
+    # that drew EOS ended by it.
+    for b, (tokens, reason) in enumerate(zip(sampled.tokens, sampled.finish_reasons)):
+        stopped = bool(tokens) and tokens[-1] in eos
+        assert reason == ("length" if not stopped else "constraint" if b < 6 else "eos"), b
+    assert "constraint" in sampled.finish_reasons
+    cut = generate(target, prompts, max_new_tokens=[8] * 6 + [48] * 6, temperature=1.0,
+                   seed=list(range(12)), json_schema=[SCHEMA] * 6 + [None] * 6)  # one program
+    assert cut.finish_reasons[:6] == ["length"] * 6 and cut.tokens[6:] == sampled.tokens[6:]
+    for text in cut.texts[:6]:                      # cut short: no document, and it says so
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(text)
     free = generate(target, prompts[6:], max_new_tokens=48, temperature=1.0,
                     seed=list(range(6, 12)))
     assert free.tokens == sampled.tokens[6:]            # free rows beside constrained ones
@@ -481,6 +500,12 @@ def test_constrained_outputs_are_valid_and_every_method_agrees():
                        regex=regex)
     assert all(re.fullmatch(regex, text) for text, tokens in zip(matched.texts, matched.tokens)
                if tokens[-1] in eos)
+    # Nothing can follow "... and " and five letters: such a row ended by the constraint; a
+    # shorter match could have gone on, so a row that drew EOS there ended by "eos".
+    for text, tokens, reason in zip(matched.texts, matched.tokens, matched.finish_reasons):
+        closed = re.fullmatch(r"(yes|no), [0-9]{2,3} and [a-z]{5}", text)
+        assert reason == ("length" if tokens[-1] not in eos else
+                          "constraint" if closed else "eos"), (text, reason)
     # Greedy: every method gives each row the autoregressive tokens, constrained rows beside
     # free ones in one batch.
     mixed = [regex, None, regex]

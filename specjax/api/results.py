@@ -132,6 +132,16 @@ class GenerationResult:
     row_stats: list[RowStats] = dataclasses.field(default_factory=list)   # one per row
     # With logprobs=N: each row's new tokens' `TokenLogprob`s; else None.
     logprobs: list[list[TokenLogprob]] | None = None
+    # Why each row ended (`FINISH_REASONS`), as OpenAI's and vLLM's finish_reason says it.
+    finish_reasons: list[str] = dataclasses.field(default_factory=list)
+
+
+# Why a row ended: "eos", one of its stop ids (eos_ids) was drawn; "stop", a stop string came
+# (the row is cut before it); "length", it reached max_new_tokens without either; "constraint",
+# its regex or JSON schema was matched in full with no way on, so that only a stop id was
+# allowed (the match is complete). A row that draws a stop id where the constraint also allowed
+# more text ended by "eos". vLLM and OpenAI say "stop" for both an EOS and a stop string.
+FINISH_REASONS = ("eos", "stop", "length", "constraint")
 
 
 # -- From the decode state -----------------------------------------------------------------------
@@ -162,12 +172,47 @@ def result(request, state: DecodeState, compile_s: float, run_s: float) -> Gener
                   tree_size=_tree_size(request.spec), compile_s=compile_s, run_s=run_s,
                   steps=int(host(state.step)),
                   accepted_histogram=tuple(np.sum(histograms, axis=0).tolist()))
+    reasons = finish_reasons(request, rows, cuts)
     rows = [row if cut is None else row[:cut[0]] for row, cut in zip(rows, cuts)]
     texts = None
     if request.tokenizer is not None:
         texts = [request.tokenizer.decode(r) if cut is None else cut[1]
                  for r, cut in zip(rows, cuts)]
-    return GenerationResult(rows, stats, texts, row_stats, _logprobs(state, rows, start))
+    return GenerationResult(rows, stats, texts, row_stats, _logprobs(state, rows, start),
+                            reasons)
+
+
+def finish_reasons(request, rows: list[list[int]], cuts) -> list[str]:
+    """Each row's `FINISH_REASONS` entry, from its new tokens (before any cut), its stop-string
+    cut (`cut_at_stop`, None without stop strings) and its settings."""
+    settings = request.settings
+    stop_ids = host(settings.stop_ids)
+    constraint = settings.constraint
+    table = active = starts = None
+    if np.any(host(constraint.active)):
+        table, active, starts = (host(a) for a in (constraint.table, constraint.active,
+                                                   constraint.start))
+    reasons = []
+    for b, (row, cut) in enumerate(zip(rows, cuts)):
+        ids = stop_ids[b][stop_ids[b] >= 0]
+        if cut is not None and cut[2]:
+            reasons.append("stop")
+        elif not row or row[-1] not in ids:
+            reasons.append("length")
+        elif table is not None and active[b] and _nothing_but(ids, table, starts[b], row[:-1]):
+            reasons.append("constraint")
+        else:
+            reasons.append("eos")
+    return reasons
+
+
+def _nothing_but(stop_ids: np.ndarray, table: np.ndarray, state: int, tokens: list[int]) -> bool:
+    """Whether the automaton, after `tokens` from `state`, allows only the stop ids."""
+    for token in tokens:
+        state = int(table[state, token])
+    allowed = table[state] >= 0
+    allowed[stop_ids] = False
+    return not allowed.any()
 
 
 def cut_at_stop(tokenizer, tokens: list[int], stops) -> tuple[int, str, bool]:

@@ -71,7 +71,9 @@ text; with --temperature > 0 each method still samples exactly from the target's
    "regex", "json_schema", "tree" (a list of
    paths, {"dynamic": [depth, top_k, total_tokens]} or null),
    "candidates", "chat", "dtype"},
-   "results": [{"method", "text", "tokens", "speedup_vs_autoregressive", "logprobs" (with
+   "results": [{"method", "text", "tokens", "finish_reason" ("eos", "stop", "length" or
+                "constraint": `specjax.api.results.FINISH_REASONS`),
+                "speedup_vs_autoregressive", "logprobs" (with
                 --logprobs N: one {"token", "logprob", "top": [[id, logprob], ...]} a new token,
                 a logprob of -inf as null; else null),
                 "stats": {"method", "rows", "new_tokens", "target_calls", "draft_calls",
@@ -574,7 +576,8 @@ def json_report(target, draft, prompt: str, ids: list[int], requests, options, a
         stats["timed_runs"] = runs
         stats["decode_tokens_per_second"] = decode_rate(result.stats, prefill_s)
         results.append({"method": method, "text": (result.texts or [None])[0],
-                        "tokens": result.tokens[0], "stats": stats,
+                        "tokens": result.tokens[0], "finish_reason": result.finish_reasons[0],
+                        "stats": stats,
                         "logprobs": (None if result.logprobs is None else
                                      [t.as_dict() for t in result.logprobs[0]]),
                         "row_stats": [row.as_dict() for row in result.row_stats]})
