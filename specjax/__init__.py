@@ -1,4 +1,5 @@
-"""specjax: GPT-2 and Llama inference in JAX with exact speculative and n-gram decoding.
+"""specjax: GPT-2 and Llama inference in JAX with exact autoregressive, speculative (a draft
+model), n-gram, Medusa, EAGLE and DFlash decoding (`specjax.decoding.methods`).
 
     import specjax
     target = specjax.load("weights/llama-target")

@@ -19,8 +19,7 @@ import jax
 
 from specjax import kernels
 from specjax import mesh as meshes
-from specjax.heads.dflash import BlockDrafter
-from specjax.heads.eagle import Drafter
+from specjax.decoding.methods import REGISTRY
 from specjax.io.checkpoint import load
 from specjax.io.fetch import FetchError, cache_root, fetch
 from specjax.model.config import DTYPES
@@ -175,8 +174,7 @@ def drafter_path(args) -> tuple[Path | None, str]:
 
 
 # The methods that read --drafter, and the kind of drafter each takes.
-DRAFTER_KINDS = {"eagle": (Drafter, "an EAGLE drafter"),
-                 "dflash": (BlockDrafter, "a DFlash drafter")}
+DRAFTER_KINDS = {m.name: (m.kind, m.what) for m in REGISTRY.values() if m.loads == "drafter"}
 
 
 def load_drafters(args, methods) -> tuple[dict, dict]:

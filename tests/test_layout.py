@@ -14,6 +14,7 @@ import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "specjax"
 # Imported inside functions on purpose: optional extras (bench, gguf, hub, tests) or
 # platform-specific modules, each with a comment at the import saying why.
 LAZY_ALLOWED = {"torch", "transformers", "matplotlib", "gguf", "huggingface_hub", "fcntl", "scipy",
@@ -109,3 +110,70 @@ def test_scripts_and_library_never_import_tests():
                 assert node.module.split(".")[0] != "tests", path
             if isinstance(node, ast.Import):
                 assert all(a.name.split(".")[0] != "tests" for a in node.names), path
+
+
+# -- The methods are listed once -----------------------------------------------------------------
+
+def _method_lists(source: str) -> list[tuple[int, list[str]]]:
+    """The tuple, list and set literals of `source` that hold two or more method names."""
+    from specjax.decoding.methods import METHODS
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            names = [e.value for e in node.elts
+                     if isinstance(e, ast.Constant) and e.value in METHODS]
+            if len(names) >= 2:
+                found.append((node.lineno, names))
+    return found
+
+
+def test_the_methods_are_listed_once_in_the_registry():
+    # The registry (`decoding.methods.REGISTRY`) is the one list of the decoding methods: every
+    # other place reads it, so no other literal in specjax/ lists two of them.
+    registry = PACKAGE / "decoding" / "methods.py"
+    lists = {f"{path.relative_to(PACKAGE)}:{line}": names
+             for path in sorted(PACKAGE.rglob("*.py")) if path != registry
+             for line, names in _method_lists(path.read_text())}
+    assert lists == {}
+    # The check sees a list where there is one.
+    assert _method_lists('X = ("speculative", "ngram", 3)\nif m in ["eagle", "dflash"]: pass') == [
+        (1, ["speculative", "ngram"]), (2, ["eagle", "dflash"])]
+
+
+# The descriptions of the project and of its layers that list the methods, and which they list:
+# every method, or every method of a kind.
+DESCRIPTIONS = {"pyproject.toml": "all", "__init__.py": "all", "decoding/__init__.py": "all",
+                "cli/main.py": "all", "cli/generate.py:GENERATE_HELP": "all", "bench/suite.py": "all",
+                "sampling/logits.py": "all", "heads/__init__.py": "loads heads or a drafter"}
+
+
+def _named(text: str) -> set[str]:
+    from specjax.decoding.methods import REGISTRY
+    lower = text.lower()
+    return {m.name for m in REGISTRY.values()
+            if m.name in lower or m.name.replace("ngram", "n-gram") in lower}
+
+
+def test_every_description_of_the_methods_names_them_all():
+    # Each description names every method its entry asks for: a new method's record is not
+    # done until these say so.
+    import tomllib
+
+    from specjax.decoding.methods import REGISTRY
+    kinds = {"all": set(REGISTRY),
+             "loads heads or a drafter": {m.name for m in REGISTRY.values()
+                                          if m.loads in ("heads", "drafter")}}
+    missing = {}
+    for where, kind in DESCRIPTIONS.items():
+        if where == "pyproject.toml":
+            text = tomllib.loads((ROOT / where).read_text())["project"]["description"]
+        else:
+            path, _, name = where.partition(":")
+            module = ast.parse((PACKAGE / path).read_text())
+            text = ast.get_docstring(module) if not name else next(
+                node.value.value for node in module.body if isinstance(node, ast.Assign)
+                and getattr(node.targets[0], "id", None) == name)
+        if kinds[kind] - _named(text):
+            missing[where] = sorted(kinds[kind] - _named(text))
+    assert missing == {}
+    assert _named("speculative and n-gram decoding") == {"speculative", "ngram"}

@@ -11,6 +11,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from specjax.decoding.methods import REGISTRY, listing, methods_taking
 from specjax.decoding.lookahead import DEFAULT_CONFIDENCE_THRESHOLD, DEFAULT_K_START, SCHEDULES
 from specjax.decoding.trees import SCHEMES
 from specjax.heads.eagle import Drafter
@@ -381,16 +382,13 @@ def check_drafter(drafter, tree, target, k: int, all_greedy: bool = True):
 
 
 # The methods with a drafter of their own, and the dtypes it can run in.
-DRAFTER_METHODS = ("speculative", "medusa", "eagle", "dflash")
-
-
 def check_drafter_dtype(dtype, method: str, target: Model, mesh=None) -> str:
     """The dtype the method's drafter runs in: `dtype`, else the target's."""
     if dtype is None:
         return target.config.dtype
-    if method not in DRAFTER_METHODS:
-        raise GenerationError(f"drafter_dtype applies to methods {', '.join(DRAFTER_METHODS)}, "
-                              f"not {method!r}")
+    if "drafter_dtype" not in REGISTRY[method].options:
+        raise GenerationError(f"drafter_dtype applies to methods "
+                              f"{', '.join(methods_taking('drafter_dtype'))}, not {method!r}")
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise GenerationError(f"drafter_dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if dtype in EIGHT_BIT and mesh is not None:
@@ -468,16 +466,18 @@ def check_schedule(method, tree, k, k_schedule, k_start, threshold) -> dict:
     if k_schedule not in SCHEDULES:
         raise GenerationError(f"k_schedule must be one of {', '.join(SCHEDULES)}; "
                               f"got {k_schedule!r}")
+    if k_schedule == "confidence" and method == "ngram":
+        raise GenerationError("k_schedule='confidence' needs a draft model's probabilities "
+                              "(method 'speculative'); n-gram lookup has none")
     if k_schedule != "constant":
-        if method not in ("speculative", "ngram"):
-            raise GenerationError(f"k_schedule={k_schedule!r} applies to methods 'speculative' "
-                                  f"and 'ngram', not {method!r}")
+        if k_schedule not in REGISTRY[method].schedules:
+            takers = [m.name for m in REGISTRY.values() if k_schedule in m.schedules]
+            raise GenerationError(f"k_schedule={k_schedule!r} applies to "
+                                  f"method{'s' * (len(takers) > 1)} {listing(takers)}, "
+                                  f"not {method!r}")
         if tree is not None:
             raise GenerationError(f"k_schedule={k_schedule!r} drafts a chain; a token tree's "
                                   "shape is fixed (use k_schedule='constant')")
-    if k_schedule == "confidence" and method != "speculative":
-        raise GenerationError("k_schedule='confidence' needs a draft model's probabilities "
-                              "(method 'speculative'); n-gram lookup has none")
     if k_start is not None and k_schedule != "heuristic":
         raise GenerationError("k_start applies to k_schedule='heuristic'")
     if threshold is not None and k_schedule != "confidence":

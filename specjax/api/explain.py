@@ -30,6 +30,7 @@ import numpy as np
 
 from specjax.api.generate import GenerationError, collect_options, prepare
 from specjax.decoding import loop
+from specjax.decoding.methods import REGISTRY
 from specjax.heads.eagle import Drafter
 from specjax.heads.medusa import Heads
 from specjax.io.checkpoint import Model
@@ -81,7 +82,7 @@ class TreeStep:
     new_tokens: list[int]                # what the step appended (fewer at EOS or the limit)
 
 
-METHODS = ("speculative", "ngram", "medusa", "eagle", "dflash")
+METHODS = tuple(name for name, m in REGISTRY.items() if m.explains)
 
 
 def _top(distribution: np.ndarray, top: int) -> list[tuple[int, float]]:

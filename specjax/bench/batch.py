@@ -60,6 +60,7 @@ from specjax.bench.common import (
     write_report,
 )
 from specjax.bench.peers import Peers
+from specjax.decoding.methods import REGISTRY
 from specjax.bench.prompts import SUITE
 from specjax.model.cache import KVCache
 from specjax.model.transformer import forward
@@ -73,7 +74,7 @@ def run(args, settings) -> int:
     batches = settings["batch"]
     notes: list[str] = []
     target_path, draft_path, no_draft = model_paths(args, "speculative" in settings["methods"])
-    methods = [m for m in settings["methods"] if m in ("autoregressive", "speculative", "ngram")]
+    methods = [m for m in settings["methods"] if "transformers" in REGISTRY[m].peers]
     if "speculative" in methods and draft_path is None:
         methods.remove("speculative")
         notes.append(f"speculative skipped: {no_draft}")

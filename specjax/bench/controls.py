@@ -22,7 +22,8 @@ from specjax.api.checks import encode_prompts
 from specjax.api.generate import generate, prepare
 from specjax.bench.common import Progress, fmt, machine, write_report
 from specjax.bench.prompts import SUITE
-from specjax.bench.settings import models
+from specjax.bench.settings import method_options, models
+from specjax.decoding.methods import REGISTRY
 from specjax.io import chat
 
 SCHEMA = "specjax.bench.controls/1"
@@ -39,7 +40,7 @@ VARIANTS = {"plain": dict(eos_ids=()), "controls": dict(CONTROLS, eos_ids=()),
 
 
 def run(args, settings: dict) -> int:
-    target, draft, heads, drafter, methods = models(args, settings["methods"])
+    target, beside, methods = models(args, settings["methods"])
     prompts = [p for p in SUITE["prompts"] if p["category"] != "long-code-editing"]
     texts = [chat.render(target, p["prompt"]) if p.get("chat") and target.chat_template
              else p["prompt"] for p in prompts]
@@ -49,13 +50,8 @@ def run(args, settings: dict) -> int:
     rows = []
     for method in methods:
         base = dict(method=method, max_new_tokens=settings["max_new_tokens"],
-                    temperature=settings["temperature"], top_p=settings["top_p"])
-        if method in ("speculative", "ngram"):
-            base.update(k=settings["ks"][-1], draft=draft if method == "speculative" else None)
-        if method == "medusa":
-            base.update(heads=heads)
-        if method in ("eagle", "dflash"):
-            base.update(drafter=drafter)
+                    temperature=settings["temperature"], top_p=settings["top_p"],
+                    **method_options(method, beside, settings["ks"][-1]))
         seconds = {name: [] for name in VARIANTS}
         tokens = dict.fromkeys(VARIANTS, 0)
         calls = dict.fromkeys(VARIANTS, 0)
@@ -87,7 +83,9 @@ def run(args, settings: dict) -> int:
         "schema": SCHEMA,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(None),
-        "settings": dict(target=target.name, draft=draft.name if draft else None,
+        "settings": dict(target=target.name,
+                         draft=next((w.name for m, w in beside.items()
+                                     if REGISTRY[m].loads == "draft" and w), None),
                          dtype=args.dtype, reps=settings["reps"], warmup=settings["warmup"],
                          k=settings["ks"][-1], max_new_tokens=settings["max_new_tokens"],
                          temperature=settings["temperature"], top_p=settings["top_p"],

@@ -19,8 +19,7 @@ from specjax.api.checks import check_compatible, encode_prompts
 from specjax.api.generate import generate
 from specjax.bench.common import Progress, fmt, machine, write_report
 from specjax.bench.prompts import SUITE
-from specjax.heads.dflash import BlockDrafter
-from specjax.heads.eagle import Drafter
+from specjax.decoding.methods import REGISTRY
 from specjax.io.checkpoint import load
 from specjax.presets import drafter_path, heads_path, model_paths
 
@@ -32,39 +31,49 @@ NEW = {"temperature 0.7": dict(temperature=0.7), "top-p 0.9": dict(temperature=0
 
 
 def models(args, wanted: list[str]):
-    """The target, the draft, heads and drafter the wanted methods read (each None where not
-    given or not wanted), and the methods among `wanted` that what was loaded can run."""
-    target_path, draft_path, _ = model_paths(args, "speculative" in wanted)
+    """The target; by method, what each wanted method reads beside it (`Method.loads`: the
+    draft, heads or a drafter, None where not given); and the methods among `wanted` that what
+    was loaded can run."""
+    needs = {REGISTRY[m].loads for m in wanted}
+    target_path, draft_path, _ = model_paths(args, "draft" in needs)
     target = load(target_path, dtype=args.dtype)
     draft = load(draft_path, dtype=args.dtype) if draft_path is not None else None
     if draft is not None:
         check_compatible(target, draft)
     heads_dir, _ = heads_path(args)
-    heads = load(heads_dir) if heads_dir is not None and "medusa" in wanted else None
     drafter_dir, _ = drafter_path(args)
-    drafter = (load(drafter_dir) if drafter_dir is not None and {"eagle", "dflash"} & set(wanted)
-               else None)
-    kinds = {"eagle": Drafter, "dflash": BlockDrafter}      # --drafter holds one or the other
+    found = {"draft": draft,
+             "heads": load(heads_dir) if heads_dir is not None and "heads" in needs else None,
+             # --drafter holds one kind or the other (EAGLE, DFlash)
+             "drafter": load(drafter_dir) if drafter_dir is not None and "drafter" in needs
+             else None}
+    beside = {m: found[REGISTRY[m].loads] for m in wanted if REGISTRY[m].loads}
     methods = [m for m in wanted
-               if (m != "speculative" or draft is not None) and (m != "medusa" or heads)
-               and (m not in kinds or isinstance(drafter, kinds[m]))]
-    return target, draft, heads, drafter, methods
+               if not REGISTRY[m].loads or isinstance(beside[m], REGISTRY[m].kind)]
+    return target, beside, methods
+
+
+def method_options(method: str, beside: dict, k: int) -> dict:
+    """`generate`'s method options for a bench run: k for a method that drafts a chain of k,
+    and what the method reads beside the target under its keyword."""
+    entry = REGISTRY[method]
+    options = dict(k=k) if entry.chain else {}
+    if entry.loads:
+        options[entry.loads] = beside[method]
+    return options
 
 
 def run(args, settings: dict) -> int:
-    target, draft, heads, drafter, methods = models(args, settings["methods"])
+    target, beside, methods = models(args, settings["methods"])
     prompt = next(p for p in SUITE["prompts"] if not p.get("chat"))
     ids = encode_prompts(target, [prompt["prompt"]])[0]
     progress = Progress(len(methods) * (1 + settings["reps"] * (1 + len(NEW))))
     rows = []
     for method in methods:
-        base = dict(method=method, max_new_tokens=1, temperature=0.0, seed=0, eos_ids=())
-        if method in ("speculative", "ngram"):
-            base.update(k=settings["ks"][0], draft=draft if method == "speculative" else None)
-        if method == "medusa":      # a tree's default scheme follows the temperatures: fixed
-            base.update(heads=heads, candidates="top")
-        if method in ("eagle", "dflash"):
-            base.update(drafter=drafter, candidates="top")
+        base = dict(method=method, max_new_tokens=1, temperature=0.0, seed=0, eos_ids=(),
+                    **method_options(method, beside, settings["ks"][0]))
+        if "candidates" in REGISTRY[method].options and not REGISTRY[method].chain:
+            base["candidates"] = "top"  # a tree's default scheme follows the temperatures: fixed
 
         def seconds(**change):
             start = time.perf_counter()

@@ -1,5 +1,5 @@
-"""Benchmarks autoregressive, speculative, n-gram and Medusa decoding on a fixed prompt suite, and
-how prefill and decoding times grow with the prompt's length.
+"""Benchmarks autoregressive, speculative, n-gram, Medusa, EAGLE and DFlash decoding on a fixed
+prompt suite, and how prefill and decoding times grow with the prompt's length.
 
 Suite. Every prompt of the suite (specjax/bench/prompts.py: code completion, code editing, long
 code editing, prose and chat) runs through every method and every K: --warmup untimed runs,
@@ -133,6 +133,7 @@ from specjax.bench.common import (
 )
 from specjax.bench.llamacpp import FASTEST_KINDS, GGUF_TYPES, LlamaCpp
 from specjax.bench.peers import Peers
+from specjax.decoding.methods import REGISTRY
 from specjax.bench.prompts import SUITE
 from specjax.bench.report import k_label, markdown, plots
 from specjax.io.checkpoint import load
@@ -281,10 +282,10 @@ def _jobs(prompts, settings, target, draft, peers, beside=None, llamacpp=None,
                          schedule=schedule, label=label, run=run_job))
 
     for p in prompts:
-        ks = {m: settings["ks"] if m in ("speculative", "ngram") else [None]
+        ks = {m: settings["ks"] if REGISTRY[m].chain else [None]
               for m in settings["methods"]}
         for method in settings["methods"]:
-            if method in ("medusa", "eagle"):       # their own tree first
+            if REGISTRY[method].own_tree:           # their own tree first
                 add(p, "specjax", method, None,
                     _specjax_job(p, settings, target, method, None, None, HEADS_TREE, beside),
                     HEADS_TREE)
@@ -317,7 +318,7 @@ def _jobs(prompts, settings, target, draft, peers, beside=None, llamacpp=None,
         add(p, "specjax", "prefill", None,
             _specjax_job(one_token, settings, target, "autoregressive", None, None))
         if peers is not None:
-            for method in (m for m in settings["methods"] if m not in ("medusa", "eagle")):
+            for method in (m for m in settings["methods"] if "transformers" in REGISTRY[m].peers):
                 for k in ks[method]:
                     add(p, "transformers", method, k, peers.job(p, method, k))
             if "speculative" in settings["methods"]:
@@ -325,7 +326,7 @@ def _jobs(prompts, settings, target, draft, peers, beside=None, llamacpp=None,
                     peers.job(p, "speculative-dynamic", None))
             add(p, "transformers", "prefill", None, peers.job(one_token, "autoregressive", None))
         if llamacpp is not None:
-            for method in (m for m in settings["methods"] if m in ("autoregressive", "ngram")):
+            for method in (m for m in settings["methods"] if "llama.cpp" in REGISTRY[m].peers):
                 for k in ks[method]:
                     add(p, llamacpp.engine, method, k, llamacpp.job(p, method, k))
         for other in llamacpp_others:
@@ -355,13 +356,12 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, beside=No
             extra = dict(draft=draft, k=k or 1)
         if schedule != CONSTANT:
             extra["k_schedule"] = schedule
-        if method in ("speculative", "medusa", "eagle", "dflash") and \
-                settings.get("drafter_dtype"):
+        if "drafter_dtype" in REGISTRY[method].options and settings.get("drafter_dtype"):
             extra["drafter_dtype"] = settings["drafter_dtype"]
         if schedule == "confidence":
             extra["confidence_threshold"] = settings["confidence_threshold"]
         request = prepare(model, [prompt["ids"]], method=method, **extra,
-                          **({} if method in ("eagle", "dflash") else dict(tree=_tree(tree))),
+                          **({} if REGISTRY[method].loads == "drafter" else dict(tree=_tree(tree))),
                           max_new_tokens=prompt["max_new_tokens"],
                           temperature=settings["temperature"], top_p=settings["top_p"],
                           max_ngram=settings["max_ngram"], mesh=make_mesh(settings["mesh"]))

@@ -20,7 +20,7 @@ from specjax.api.checks import (MAX_LOGPROBS, GenerationError, check_compatible,
 from specjax.api import options
 from specjax.api.generate import METHODS, generate, prepare, stream
 from specjax.cli.interrupt import Interrupt
-from specjax.heads.medusa import Heads
+from specjax.decoding.methods import REGISTRY
 from specjax.io import chat as chat_template
 from specjax.io.checkpoint import load
 from specjax.io.sidecar import tree_to_json
@@ -45,8 +45,8 @@ from specjax.sampling.logits import SamplingParams
 from specjax.sampling.tree import DynamicTree, Tree, parse_widths
 
 GENERATE_HELP = """\
-Generates a continuation of the prompt with autoregressive, speculative or n-gram decoding (or
-all three, then compares them). Text is streamed as it is produced by the Python step loop,
+Generates a continuation of the prompt with one decoding method (autoregressive, speculative,
+ngram, medusa, eagle or dflash), or with all of them, then compares them. Text is streamed as it is produced by the Python step loop,
 which gives the same tokens as the compiled loop; with --show-acceptance, drafted tokens that
 the target accepted are green and tokens the target produced itself (the correction or bonus
 token of each step, or every token of autoregressive decoding) are in the default colour.
@@ -88,7 +88,7 @@ text; with --temperature > 0 each method still samples exactly from the target's
 
 CONTROLS = ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
             "min_tokens")
-METHOD_CHOICES = ("autoregressive", "speculative", "ngram", "medusa", "eagle", "dflash", "all")
+METHOD_CHOICES = (*METHODS, "all")
 DEMO_PROMPT = "import os\nimport sys\n\n\ndef read_lines(path):\n    lines = []\n"   # bench --quick's
 GREEN, RESET, DIM = "\x1b[32m", "\x1b[0m", "\x1b[2m"
 
@@ -205,35 +205,27 @@ def run_generate(args) -> int:
     args.preset, note = generate_preset(args)
     if note is None and args.preset and args.preset.startswith("tiny-"):
         note = TINY_NOTE
-    target, draft, heads, drafter, block_drafter = load_models(args, methods, mesh)
+    target, draft, beside = load_models(args, methods, mesh)
     if mesh is not None:
 
         print(f"specjax: mesh data={mesh_shape[0]} x model={mesh_shape[1]}: "
               f"{plan(target.config, mesh)}", file=sys.stderr)
     if draft is not None:
         check_compatible(target, draft)
-    if draft is None and "speculative" in methods and len(methods) > 1:
-        methods.remove("speculative")
-    if heads is None and "medusa" in methods and len(methods) > 1:
-        methods.remove("medusa")
-    if drafter is None and "eagle" in methods and len(methods) > 1:
-        methods.remove("eagle")
-    if block_drafter is None and "dflash" in methods and len(methods) > 1:
-        methods.remove("dflash")
+    if len(methods) > 1:           # a method whose weights were not found is skipped (a note)
+        methods = [m for m in methods if not REGISTRY[m].loads or beside.get(m) is not None]
     ids = prompt_ids(target, prompt, args.chat)
-    options = {m: for_method(m, dict(options, heads=heads, drafter=drafter,
-                                     block_drafter=block_drafter, mesh=mesh), len(methods) > 1)
+    options = {m: for_method(m, dict(options, mesh=mesh), beside, len(methods) > 1)
                for m in methods}
     # Every error before the first token is printed; each method's request is checked and
     # placed once, then streamed and timed.
-    requests = {method: prepare(target, [ids], method=method, draft=draft, **options[method])
+    requests = {method: prepare(target, [ids], method=method, **options[method])
                 for method in methods}
     if note:
         print(f"specjax: note: {note}", file=sys.stderr)
 
     if args.trace is not None:
-        steps = explain(target, ids, method=methods[0], draft=draft, steps=args.trace,
-                        **options[methods[0]])
+        steps = explain(target, ids, method=methods[0], steps=args.trace, **options[methods[0]])
         print(format_steps(steps, target.tokenizer))
         return 0
     if args.json:
@@ -336,31 +328,24 @@ def read_tree(args, methods: list[str]):
     return parse_widths(args.tree) if args.tree is not None else Tree.from_json(args.tree_file)
 
 
-def for_method(method: str, options: dict, several: bool) -> dict:
-    """The options that apply to `method`. With --method all (`several`), the tree is for the
-    drafting methods only and --candidates for the draft model and the heads only; given for one
-    method, an option that does not apply to it stays, for `generate` to refuse. The heads go to
-    method medusa only and the drafter to eagle only, a DFlash drafter to dflash only (each is
-    loaded for no other)."""
-    if method != "medusa":
-        options = {k: v for k, v in options.items() if k != "heads"}
-    block_drafter = options.pop("block_drafter", None)
-    if method == "dflash":
-        options = dict(options, drafter=block_drafter)
-    elif method != "eagle":
-        options = {k: v for k, v in options.items() if k != "drafter"}
-    no_schedule = dict(k_schedule="constant", k_start=None, confidence_threshold=None)
-    if several and method in ("autoregressive", "medusa", "eagle", "dflash"):
-        options = dict(options, **no_schedule)
-    if several and method in ("autoregressive", "ngram"):   # no drafter of their own
-        options = dict(options, drafter_dtype=None)
-    if several and method in ("autoregressive", "dflash"):   # dflash: its whole block
-        return dict(options, tree=None, candidates=None, k=None)
-    if several and method == "ngram":
-        if options["k_schedule"] == "confidence":   # n-gram lookup has no probabilities
-            options = dict(options, **no_schedule)
-        return dict(options, candidates=None)
+def for_method(method: str, options: dict, beside: dict, several: bool) -> dict:
+    """The options for `method`, with the weights it loads (`beside`, by method) under its
+    keyword. With --method all (`several`), each method gets the shared options it takes
+    (`Method.under_all`) and its own defaults for the rest; given for one method, an option
+    that does not apply to it stays, for `generate` to refuse."""
+    entry = REGISTRY[method]
+    options = dict(options)
+    if entry.loads:
+        options[entry.loads] = beside.get(method)
+    if several:
+        options.update({name: None for name in SHARED if name not in entry.under_all})
+        if options["k_schedule"] not in entry.schedules:
+            options.update(k_schedule="constant", k_start=None, confidence_threshold=None)
     return options
+
+
+# The options --method all shares between the methods that take them (`for_method`).
+SHARED = ("k", "tree", "candidates", "drafter_dtype")
 
 
 def read_prompt(args) -> str:
@@ -404,26 +389,28 @@ def load_beside(args, methods: list[str], method: str, kind: type, what: str, fl
     return loaded
 
 
-def drafters(args, methods: list[str]):
-    """The EAGLE drafter and the DFlash drafter the methods need (`presets.load_drafters`): a
-    method without its kind is skipped with a note when other methods run, an error when it
-    runs alone."""
+def drafters(args, methods: list[str]) -> dict:
+    """The drafters the methods need (`presets.load_drafters`), by method: a method without its
+    kind is skipped with a note when other methods run, an error when it runs alone."""
     found, missing = load_drafters(args, methods)
     for method, why in missing.items():
         what = DRAFTER_KINDS[method][1]
         if methods == [method]:
             raise CLIError(f"method {method} needs {what}: {why}; pass --drafter DIR")
         print(f"specjax: note: skipping {method}: {why}", file=sys.stderr)
-    return found.get("eagle"), found.get("dflash")
+    return found
 
 
 def load_models(args, methods: list[str], mesh=None):
-    """The target, the draft, the Medusa heads, the EAGLE drafter and the DFlash drafter (each
-    None when not needed or not found) the methods need; on `mesh`, the target split and the
-    draft replicated."""
-    heads = load_beside(args, methods, "medusa", Heads, "Medusa heads", "heads")
-    drafter, block_drafter = drafters(args, methods)
-    want_draft = "speculative" in methods
+    """The target, the draft (None when not needed or not found) and, by method, what each
+    method that runs loads beside the target (`Method.loads`: the draft, heads or a drafter;
+    missing where not found); on `mesh`, the target split and the draft replicated."""
+    beside = drafters(args, methods)
+    for m in REGISTRY.values():
+        if m.loads == "heads":
+            beside[m.name] = load_beside(args, methods, m.name, m.kind, m.what, m.flag)
+    drafting = [m.name for m in REGISTRY.values() if m.loads == "draft"]
+    want_draft = any(m in methods for m in drafting)
     target_path, draft_path, no_draft = model_paths(args, want_draft)
     if want_draft and draft_path is None:
         if methods == ["speculative"]:
@@ -432,7 +419,8 @@ def load_models(args, methods: list[str], mesh=None):
         print(f"specjax: note: skipping speculative: {no_draft}", file=sys.stderr)
     target = load_model(target_path, args.dtype, mesh)
     draft = load_model(draft_path, args.dtype, mesh, shard=False) if draft_path else None
-    return target, draft, heads, drafter, block_drafter
+    beside.update({name: draft for name in drafting if draft is not None})
+    return target, draft, beside
 
 
 def prompt_ids(target, prompt: str, chat: bool) -> list[int]:
@@ -545,7 +533,7 @@ def summary_line(stats, runs: int, prefill_s: float | None = None) -> str:
             + f" (median of {runs} runs, {stats.run_s:.3f} s; compile {stats.compile_s:.1f} s), "
             f"{acceptance}, {stats.tokens_per_target_call:.2f} tokens/target call"
             + (f", {stats.mean_draft_length:.2f} drafted/call"
-               if stats.method in ("speculative", "ngram") else "")
+               if REGISTRY[stats.method].chain else "")
             + (f" ({stats.tree_size} candidates per call)" if stats.tree_size else "")
             + (", steps accepting 0..{}: {}".format(len(stats.accepted_histogram) - 1, " ".join(
                 map(str, stats.accepted_histogram))) if stats.accepted_histogram else ""))
@@ -563,6 +551,12 @@ def comparison_table(rows, prefill_s: float) -> str:
                      f"{f'{decode:,.1f}' if decode else '-':>11}{speedup:>9}{acceptance:>12}"
                      f"{stats.tokens_per_target_call:>13.2f}")
     return "\n".join(lines)
+
+
+def _loaded(options: dict, keyword: str) -> str | None:
+    """The name of the first running method's weights under `keyword` (heads, drafter)."""
+    return next((o[keyword].name for m, o in options.items() if REGISTRY[m].loads == keyword),
+                None)
 
 
 def json_report(target, draft, prompt: str, ids: list[int], requests, options, args) -> dict:
@@ -589,9 +583,7 @@ def json_report(target, draft, prompt: str, ids: list[int], requests, options, a
             "draft": draft.name if draft is not None and "speculative" in methods else None,
             "draft_path": str(draft.path) if draft is not None and "speculative" in methods else None,
             "prompt": prompt, "prompt_tokens": len(ids), "prefill_s": prefill_s,
-            "heads": options["medusa"]["heads"].name if "medusa" in methods else None,
-            "drafter": options["eagle"]["drafter"].name if "eagle" in methods
-            else options["dflash"]["drafter"].name if "dflash" in methods else None,
+            "heads": _loaded(options, "heads"), "drafter": _loaded(options, "drafter"),
             "settings": dict({k: v for k, v in settings.items()
                               if k not in ("heads", "drafter", "mesh")},
                              chat=args.chat, dtype=args.dtype, method=args.method, mesh=args.mesh,

@@ -1,12 +1,15 @@
 """`python -m specjax`: the command line.
 
-    python -m specjax generate --prompt "def fibonacci(n):"     # tiny-llama, speculative, greedy
+    python -m specjax generate --prompt "def fibonacci(n):"     # SmolLM2, speculative, greedy
     python -m specjax generate --method all -n 128 --prompt-file snippet.py
     python -m specjax generate --preset smollm2 --chat --method ngram --prompt "Tell me a joke"
     python -m specjax bench --quick
     python -m specjax fetch smollm2
     python -m specjax check                                      # the lossless check's catalogue
     python -m specjax train eagle3 --target DIR --prompts FILE --out DIR   # a drafter
+
+`generate --method` picks autoregressive, speculative (a draft model), ngram (prompt lookup),
+medusa, eagle or dflash (`specjax.decoding.methods`), or all of them, compared.
 
 Errors a user can cause (paths, weights, tokenizers, numbers, prompts) print one line
 `specjax: error: ...` on stderr and exit with status 2; Ctrl-C exits with status 130.

@@ -20,9 +20,6 @@ from specjax.model.config import ModelConfig
 from specjax.sampling.rules import Rules
 from specjax.sampling.tree import Tree
 
-METHODS = ("autoregressive", "speculative", "ngram", "medusa", "eagle", "dflash")
-
-
 @dataclasses.dataclass(frozen=True)
 class DecodeSpec:
     """Everything static about one generation: compiled code is shared between equal specs.

@@ -17,9 +17,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax import mesh as meshes
-from specjax.decoding.methods import MODULES
+from specjax.decoding.methods import METHODS, MODULES
 from specjax.decoding.sharding import pinned, settings_layout, state_shardings, weight_shardings
-from specjax.decoding.config import METHODS, DecodeSpec, Weights
+from specjax.decoding.config import DecodeSpec, Weights
 from specjax.decoding.state import DecodeState, RowSettings, initial_state
 from specjax.model.linear import use_kernels
 

@@ -1,5 +1,6 @@
-"""Drafters that live on the target itself: the math of Medusa heads (`medusa`) and EAGLE
-drafters (`eagle`), and what both use (`shared`: the subset projection, the target's identity).
+"""Drafters that live on the target itself: the math of Medusa heads (`medusa`), EAGLE
+drafters (`eagle`) and DFlash block drafters (`dflash`), and what they share (`shared`: the
+subset projection, the target's identity).
 
 Parameters, initialisation and the forward passes on the target's states. Files (saving,
 loading, the check that a drafter meets its target) live in `specjax.io.medusa`,
