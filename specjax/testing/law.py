@@ -65,8 +65,11 @@ def close_pair(vocab=6, std=1.0, noise=0.5, seed=1) -> tuple[Model, Model]:
 def _decode_call(kernels: bool):
     """`forward` jitted, one per setting of the kernels' switch (it acts when a function is
     traced, so it is part of the key, as in `decoding.loop`): one compiled program per model
-    shape and call width, shared by every law computed."""
-    return jax.jit(forward, static_argnums=1)
+    shape and call width, shared by every law computed. Each setting jits a function of its own:
+    jitting `forward` itself twice would share one cache of traces between the two."""
+    def call(params, config, tokens, positions, cache):
+        return forward(params, config, tokens, positions, cache)
+    return jax.jit(call, static_argnums=1)
 
 
 def exact_law(target: Model, prompt, sampling: SamplingParams, length: int,
