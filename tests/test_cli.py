@@ -22,7 +22,7 @@ import pytest
 
 import specjax
 from specjax.api.results import Stats
-from specjax.cli.generate import TextPrinter, summary_line
+from specjax.cli.generate import TextPrinter, summary_line, why_slower
 from specjax.cli.main import main
 from specjax.io.chat import ChatTemplateError, render
 from specjax.presets import TINY_NOTE
@@ -470,3 +470,22 @@ def test_generate_defaults_to_smollm2_or_the_tiny_pair_offline(tmp_path, monkeyp
     monkeypatch.setenv("SPECJAX_PRESET", "tiny")
     bad = run_main(args, capsys)
     assert bad.returncode == 2 and bad.stderr.startswith("specjax: error: $SPECJAX_PRESET must be")
+
+
+def test_a_method_slower_than_autoregressive_says_why():
+    # The front door's line for a method that loses (issue 74): its speedup is its tokens per
+    # target call over a step's cost in autoregressive steps, both from the run's counters.
+    # The numbers of the speculative row the issue saw on SmolLM2 (0.87x, 1.68 tokens a call).
+    base = Stats(method="autoregressive", rows=1, new_tokens=64, target_calls=64, draft_calls=0,
+                 drafted=0, accepted=0, tree_size=0, compile_s=1.0, run_s=1.0)
+    slow = Stats(method="speculative", rows=1, new_tokens=64, target_calls=38, draft_calls=152,
+                 drafted=152, accepted=26, tree_size=4, compile_s=1.0, run_s=64 / (64 * 0.87))
+    line = why_slower(slow, base)
+    step = (slow.run_s / 38) / (1.0 / 64)                   # 1.94 autoregressive steps a call
+    assert slow.tokens_per_target_call / step == pytest.approx(0.87)
+    assert line == ("speculative is slower here (0.87x): 1.68 tokens per target call "
+                    "(acceptance 17%) against a step that costs 1.94 autoregressive steps "
+                    "(4.0 draft calls and a verify of 5 tokens)")
+    fast = dataclasses.replace(slow, run_s=0.5)
+    assert why_slower(fast, base) is None and why_slower(base, base) is None
+    assert why_slower(slow, None) is None

@@ -54,7 +54,10 @@ token of each step, or every token of autoregressive decoding) are in the defaul
 The summary's tokens/s is measured after streaming, with `specjax.generate` (the whole loop
 compiled as one program): one untimed run (it compiles), then the median of 3 timed runs, compile
 time reported apart. The prompt's prefill is timed the same way (an autoregressive run that makes
-one token), and "decode" is the tokens after the first over the time after the prefill.
+one token), and "decode" is the tokens after the first over the time after the prefill. With
+--method all, a method slower than autoregressive decoding on the prompt gets a line saying
+why: its tokens per target call (and acceptance) against what its step costs, in
+autoregressive steps.
 
 With no --preset or --target, generate runs SmolLM2-135M-Instruct with its draft, heads and
 drafter (the "smollm2" preset, fetched on first use; $SPECJAX_PRESET names another preset).
@@ -252,6 +255,9 @@ def run_generate(args) -> int:
     if len(methods) > 1:
         print()
         print(comparison_table(rows, prefill_s))
+        base = next((s for m, s, _ in rows if m == "autoregressive"), None)
+        for line in filter(None, (why_slower(s, base) for _, s, _ in rows)):
+            print(line)
     if show and any(m != "autoregressive" for m in methods):
         print(f"{GREEN}green{RESET}: drafted tokens the target accepted; default colour: tokens "
               "the target produced")
@@ -537,6 +543,25 @@ def summary_line(stats, runs: int, prefill_s: float | None = None) -> str:
             + (f" ({stats.tree_size} candidates per call)" if stats.tree_size else "")
             + (", steps accepting 0..{}: {}".format(len(stats.accepted_histogram) - 1, " ".join(
                 map(str, stats.accepted_histogram))) if stats.accepted_histogram else ""))
+
+
+def why_slower(stats, base) -> str | None:
+    """One line for a method slower than autoregressive decoding in this run, saying why: its
+    speedup is its tokens per target call over the cost of a step (the time per target call in
+    autoregressive steps: the drafting and a wider verify call), and which of the two fell
+    short. None for a method that is not slower, or without the baseline."""
+    if base is None or stats.method == base.method or not stats.target_calls:
+        return None
+    speedup = stats.tokens_per_second / base.tokens_per_second if base.tokens_per_second else 0
+    if speedup >= 1:
+        return None
+    step = (stats.run_s / stats.target_calls) / (base.run_s / base.target_calls)
+    drafting = (f"{stats.draft_calls / stats.target_calls:.1f} draft calls and " if
+                stats.draft_calls else "")
+    return (f"{stats.method} is slower here ({speedup:.2f}x): {stats.tokens_per_target_call:.2f} "
+            f"tokens per target call (acceptance {stats.acceptance_rate:.0%}) against a step "
+            f"that costs {step:.2f} autoregressive steps ({drafting}a verify of "
+            f"{stats.tree_size + 1} tokens)")
 
 
 def comparison_table(rows, prefill_s: float) -> str:
