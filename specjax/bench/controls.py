@@ -22,8 +22,7 @@ from specjax.api.checks import encode_prompts
 from specjax.api.generate import generate, prepare
 from specjax.bench.common import Progress, fmt, machine, write_report
 from specjax.bench.prompts import SUITE
-from specjax.bench.settings import method_options, models
-from specjax.decoding.methods import REGISTRY
+from specjax.bench.settings import draft_name, method_options, models
 from specjax.io import chat
 
 SCHEMA = "specjax.bench.controls/1"
@@ -84,8 +83,7 @@ def run(args, settings: dict) -> int:
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(None),
         "settings": dict(target=target.name,
-                         draft=next((w.name for m, w in beside.items()
-                                     if REGISTRY[m].loads == "draft" and w), None),
+                         draft=draft_name(beside),
                          dtype=args.dtype, reps=settings["reps"], warmup=settings["warmup"],
                          k=settings["ks"][-1], max_new_tokens=settings["max_new_tokens"],
                          temperature=settings["temperature"], top_p=settings["top_p"],

@@ -53,6 +53,11 @@ def models(args, wanted: list[str]):
     return target, beside, methods
 
 
+def draft_name(beside: dict) -> str | None:
+    """The name of the draft model among what the methods read, if one was loaded."""
+    return next((w.name for m, w in beside.items() if REGISTRY[m].loads == "draft" and w), None)
+
+
 def method_options(method: str, beside: dict, k: int) -> dict:
     """`generate`'s method options for a bench run: k for a method that drafts a chain of k,
     and what the method reads beside the target under its keyword."""
@@ -96,7 +101,7 @@ def run(args, settings: dict) -> int:
         "schema": SCHEMA,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(None),
-        "settings": dict(target=target.name, draft=draft.name if draft else None,
+        "settings": dict(target=target.name, draft=draft_name(beside),
                          dtype=args.dtype, reps=settings["reps"], k=settings["ks"][0],
                          prompt=prompt["id"], prompt_tokens=len(ids)),
         "rows": rows,

@@ -350,6 +350,8 @@ def for_method(method: str, options: dict, beside: dict, several: bool) -> dict:
     return options
 
 
+# The keywords under which the methods take what they load (the draft, heads, a drafter).
+WEIGHTS = {m.loads for m in REGISTRY.values() if m.loads}
 # The options --method all shares between the methods that take them (`for_method`).
 SHARED = ("k", "tree", "candidates", "drafter_dtype")
 
@@ -610,7 +612,7 @@ def json_report(target, draft, prompt: str, ids: list[int], requests, options, a
             "prompt": prompt, "prompt_tokens": len(ids), "prefill_s": prefill_s,
             "heads": _loaded(options, "heads"), "drafter": _loaded(options, "drafter"),
             "settings": dict({k: v for k, v in settings.items()
-                              if k not in ("heads", "drafter", "mesh")},
+                              if k not in WEIGHTS and k != "mesh"},
                              chat=args.chat, dtype=args.dtype, method=args.method, mesh=args.mesh,
                              candidates=args.candidates,
                              tree=tree_to_json(settings["tree"])),
