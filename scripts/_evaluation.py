@@ -36,8 +36,9 @@ def evaluate_pair(args) -> None:
     if generate is not None:
         # The library's jitted loop, cached; the no-cache reference above is the cross-check.
         t0 = time.time()
-        out = generate(target, prompts.tolist(), method="speculative", draft=draft, k=args.k,
-                       max_new_tokens=args.new_tokens, temperature=0.0, eos_ids=())
+        out = generate(target, prompts.tolist(), method=specjax.Speculative(draft=draft, k=args.k),
+                       sampling=specjax.SamplingParams(temperature=0.0),
+                       max_new_tokens=args.new_tokens, eos_ids=())
         drafted, accepted = int(out.stats.drafted), int(out.stats.accepted)
         how = "specjax.generate(method='speculative', temperature=0.0)"
         seconds = round(time.time() - t0, 1)

@@ -27,6 +27,7 @@ from specjax.io import chat  # noqa: E402
 from specjax.sampling.tree import DynamicTree  # noqa: E402
 from specjax.train import data  # noqa: E402
 from specjax.train.prompts import EVAL_QUESTIONS  # noqa: E402
+import specjax
 
 
 def main() -> None:
@@ -71,9 +72,11 @@ def main() -> None:
         trees = [("own", own)] + ([("first's", first_tree)] if own != first_tree else [])
         for label, tree in trees:
             for temperature in (0.0, 1.0):
-                r = specjax.generate(target, prompts, method=args.method, **{keyword: model},
-                                     tree=tree, max_new_tokens=args.max_new_tokens, **options,
-                                     temperature=temperature, seed=args.seed)
+                r = specjax.generate(target, prompts,
+                                     method=specjax.api.methods.build(
+                                         args.method, tree=tree, **{keyword: model}, **options),
+                                     sampling=specjax.SamplingParams(temperature=temperature),
+                                     max_new_tokens=args.max_new_tokens, seed=args.seed)
                 row = {"drafter": name, "tree": label, "temperature": temperature,
                        "tree_shape": describe(tree),
                        "tokens_per_target_call": round(r.stats.tokens_per_target_call, 3),

@@ -32,6 +32,7 @@ from specjax.testing.law import close_pair, exact_law
 from specjax.sampling import rejection
 from specjax.sampling.logits import SamplingParams
 from specjax.sampling.rules import Rules
+import specjax
 
 # The case of tests/test_distribution.py that this measures (keep them equal): its tiny pair,
 # prompt, continuation length and per-case level (family alpha 0.01 over its 22 positive cases).
@@ -44,9 +45,9 @@ def draw_p_value(models, seed: int, rows: int, eps: float) -> float:
     against (1 + eps) q."""
     target, draft = models
     prompts = np.tile(np.asarray(PROMPT, np.int32), (rows, 1))
-    result = generate(target, prompts, method="speculative", draft=draft, k=K, max_new_tokens=L,
-                      temperature=1.0, seed=seed, eos_ids=(),
-                      rules=Rules(verify=generous_verify(eps)))
+    result = generate(target, prompts, method=specjax.Speculative(draft=draft, k=K),
+                      sampling=specjax.SamplingParams(temperature=1.0), max_new_tokens=L, seed=seed,
+                      eos_ids=(), rules=Rules(verify=generous_verify(eps)))
     law = exact_law(target, PROMPT, SamplingParams(1.0), L)
     return p_value(np.array(result.tokens, np.int32), law, V)
 

@@ -21,6 +21,8 @@ import jax
 import numpy as np
 
 from specjax.api import generate as api
+from specjax.api.methods import build
+from specjax.sampling.params import SamplingParams
 from specjax.testing.law import close_pair
 
 METHODS = ("autoregressive", "speculative", "ngram")
@@ -40,11 +42,12 @@ def random_call(rng: np.random.Generator, target, draft) -> dict:
 
     return dict(
         prompts=[rng.integers(0, 6, int(rng.integers(3, 9))).tolist() for _ in range(rows)],
-        method=METHODS[int(rng.integers(len(METHODS)))], draft=draft, k=3,
-        temperature=per_row(lambda: float(rng.choice([0.0, 0.5, 1.0, 1.5]))),
-        top_k=per_row(lambda: int(rng.choice([0, 2, 4]))),
-        top_p=per_row(lambda: float(rng.choice([1.0, 0.9, 0.5]))),
-        min_p=per_row(lambda: float(rng.choice([0.0, 0.1]))),
+        method=build(METHODS[int(rng.integers(len(METHODS)))], others="ignore", draft=draft, k=3),
+        sampling=SamplingParams(
+            temperature=per_row(lambda: float(rng.choice([0.0, 0.5, 1.0, 1.5]))),
+            top_k=per_row(lambda: int(rng.choice([0, 2, 4]))),
+            top_p=per_row(lambda: float(rng.choice([1.0, 0.9, 0.5]))),
+            min_p=per_row(lambda: float(rng.choice([0.0, 0.1])))),
         max_new_tokens=per_row(lambda: int(rng.integers(1, 17))),
         eos_ids=[int(rng.integers(0, 6))] if rng.random() < 0.5 else (),
         seed=int(rng.integers(2 ** 31)))

@@ -15,6 +15,7 @@ one flip, the failure would show the first differing row and position.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -148,27 +149,28 @@ def models():
     return target, draft, heads
 
 
-CASES = {
-    "autoregressive": dict(method="autoregressive"),
-    "speculative": dict(method="speculative", k=3),
-    "speculative-tree": dict(method="speculative", tree=((0,), (1,), (0, 0), (0, 1))),
-    "speculative-heuristic": dict(method="speculative", k=4, k_schedule="heuristic"),
-    "speculative-confidence": dict(method="speculative", k=4, k_schedule="confidence"),
-    "ngram": dict(method="ngram", k=3),
-    "ngram-tree": dict(method="ngram", tree=((0,), (0, 0), (1,))),
-    "medusa": dict(method="medusa", tree=((0,), (1,), (0, 0))),
+CASES = {           # each case's method, given the draft and the heads
+    "autoregressive": lambda draft, heads: specjax.Autoregressive(),
+    "speculative": lambda draft, heads: specjax.Speculative(draft, k=3),
+    "speculative-tree": lambda draft, heads: specjax.Speculative(
+        draft, tree=((0,), (1,), (0, 0), (0, 1))),
+    "speculative-heuristic": lambda draft, heads: specjax.Speculative(draft, k=4,
+                                                                      k_schedule="heuristic"),
+    "speculative-confidence": lambda draft, heads: specjax.Speculative(draft, k=4,
+                                                                       k_schedule="confidence"),
+    "ngram": lambda draft, heads: specjax.NGram(k=3),
+    "ngram-tree": lambda draft, heads: specjax.NGram(tree=((0,), (0, 0), (1,))),
+    "medusa": lambda draft, heads: specjax.Medusa(heads, tree=((0,), (1,), (0, 0))),
 }
 
 
-def decode(models, case, mesh=None, temperature=0.0, **extra):
+def decode(models, case, mesh=None, temperature=0.0, **options):
+    """A case decoded on one device or a mesh; `options` replace the method's."""
     target, draft, heads = models
-    kwargs = dict(CASES[case], **extra)
-    if kwargs["method"] == "speculative":
-        kwargs["draft"] = draft
-    if kwargs["method"] == "medusa":
-        kwargs["heads"] = heads
-    return specjax.generate(target, PROMPTS, max_new_tokens=12, temperature=temperature,
-                            seed=7, mesh=mesh, **kwargs)
+    method = dataclasses.replace(CASES[case](draft, heads), **options)
+    return specjax.generate(target, PROMPTS, method,
+                            specjax.SamplingParams(temperature=temperature),
+                            max_new_tokens=12, seed=7, mesh=mesh)
 
 
 def assert_same_tokens(expected, got, label):
@@ -204,8 +206,9 @@ def test_state_is_laid_out_on_the_mesh(models):
     replicated draft's cache whole over "model"; stream gives generate's tokens."""
     target, draft, _ = models
     mesh = specjax.make_mesh(2, 4)
-    request = prepare(target, PROMPTS, method="speculative", draft=draft, k=3,
-                      max_new_tokens=12, temperature=0.0, mesh=mesh)
+    request = prepare(target, PROMPTS, method=specjax.Speculative(draft=draft, k=3),
+                      sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=12,
+                      mesh=mesh)
     init = loop.programs(request.spec).init
     state = init(request.weights, *request.inputs)
     b, slots = 6, request.spec.buffer_length                         # 5 rows padded to 6
@@ -217,8 +220,9 @@ def test_state_is_laid_out_on_the_mesh(models):
     assert meshes.shard_shape(state.length) == (b // 2,)
     assert meshes.shard_shape(request.weights.draft["layers"]["wq"]) == (draft_layers, 2, 8, 32)
     streamed = [[] for _ in PROMPTS]
-    for new, result in specjax.stream(target, PROMPTS, method="speculative", draft=draft, k=3,
-                                      max_new_tokens=12, temperature=0.0, mesh=mesh):
+    for new, result in specjax.stream(target, PROMPTS, method=specjax.Speculative(draft=draft, k=3),
+                                      sampling=specjax.SamplingParams(temperature=0.0),
+                                      max_new_tokens=12, mesh=mesh):
         for row, tokens in zip(streamed, new):
             row.extend(tokens)
     assert streamed == result.tokens == decode(models, "speculative", mesh).tokens
@@ -235,10 +239,13 @@ def test_mesh_errors(models):
                              axis_types=(jax.sharding.AxisType.Explicit,) * 2)
     with pytest.raises(GenerationError, match="must be of type AxisType.Auto"):
         specjax.generate(target, PROMPTS, max_new_tokens=4, mesh=explicit)
+    draft = models[1]
     with pytest.raises(GenerationError, match="shard_draft must be True or False, got 1"):
-        specjax.generate(target, PROMPTS, max_new_tokens=4, shard_draft=1)
+        specjax.generate(target, PROMPTS, specjax.Speculative(draft, shard_draft=1),
+                         max_new_tokens=4)
     with pytest.raises(GenerationError, match="shard_draft applies"):
-        specjax.generate(target, PROMPTS, max_new_tokens=4, shard_draft=True)
+        specjax.generate(target, PROMPTS, specjax.Speculative(draft, shard_draft=True),
+                         max_new_tokens=4)
     with pytest.raises(specjax.MeshError, match="needs 16 devices; 8 available"):
         specjax.make_mesh(4, 4)
     with pytest.raises(specjax.MeshError, match="model must be an integer >= 1"):
@@ -265,7 +272,7 @@ def test_prefill_groups_rows_within_each_data_shard(models):
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, 16, int(n)).tolist() for n in rng.integers(1, 24, 16)]
     mesh = specjax.make_mesh(2, 4)
-    kwargs = dict(method="autoregressive", max_new_tokens=6, temperature=0.0)
+    kwargs = dict(sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=6)
     expected = specjax.generate(target, prompts, **kwargs)
     assert_same_tokens(expected, specjax.generate(target, prompts, mesh=mesh, **kwargs),
                        "16 rows on 2x4")
@@ -295,13 +302,14 @@ def test_training_splits_each_batch_over_data(tmp_path):
     leaves = lambda drafter: [np.asarray(a) for a in jax.tree.leaves(drafter.params)]  # noqa
     start, one = (eagle3.train(target, data, config, stop_after=s) for s in (0, None))
     moved = max(np.max(np.abs(a - b)) for a, b in zip(leaves(one), leaves(start)))
-    ar = specjax.generate(target, prompts, max_new_tokens=8, temperature=0.0)
+    ar = specjax.generate(target, prompts, sampling=specjax.SamplingParams(temperature=0.0),
+                          max_new_tokens=8)
     for size in (2,):
         split = eagle3.train(target, data, config, mesh=specjax.make_mesh(data=size, model=1))
         apart = max(np.max(np.abs(a - b)) for a, b in zip(leaves(one), leaves(split)))
         assert apart < 1e-5 < 1e-3 < moved, (apart, moved)
-        got = specjax.generate(target, prompts, method="eagle", drafter=split,
-                               max_new_tokens=8, temperature=0.0)
+        got = specjax.generate(target, prompts, method=specjax.Eagle(drafter=split),
+                               sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=8)
         assert got.tokens == ar.tokens
     with pytest.raises(TrainError, match="data-parallel: a mesh of data=N"):
         eagle3.train(target, data, config, mesh=specjax.make_mesh(data=2, model=2))

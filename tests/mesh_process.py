@@ -21,13 +21,16 @@ jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=proc
 
 import specjax  # noqa: E402
 from specjax.presets import WEIGHTS  # noqa: E402
+import specjax
 
 assert len(jax.devices()) == 8 and len(jax.local_devices()) == 4
 mesh = specjax.make_mesh(data=2, model=4)
 target = specjax.load(WEIGHTS / "llama-target", mesh=mesh)
 draft = specjax.load(WEIGHTS / "llama-draft")
-tokens = {method: specjax.generate(target, prompts, method=method, draft=draft, k=3,
-                                   max_new_tokens=8, temperature=1.0, seed=5, mesh=mesh).tokens
+tokens = {method: specjax.generate(target, prompts,
+                                   method=specjax.api.methods.build(method, others="ignore", draft=draft, k=3),
+                                   sampling=specjax.SamplingParams(temperature=1.0),
+                                   max_new_tokens=8, seed=5, mesh=mesh).tokens
           for method in ("autoregressive", "speculative")}
 print(json.dumps(tokens), flush=True)
 jax.distributed.shutdown()

@@ -52,11 +52,10 @@ def test_each_row_of_a_ragged_batch_of_32_is_its_single_row_output(models, promp
                                                                     temperature):
     target, draft = models
     seeds = list(range(100, 100 + BATCH))
-    kwargs = dict(method=method, max_new_tokens=NEW, temperature=temperature, eos_ids=(EOS,))
-    if method == "medusa":
-        kwargs["heads"] = medusa_heads(target)
-    else:
-        kwargs.update(draft=draft, k=3)
+    method = specjax.api.methods.build(method, others="ignore", k=3, draft=draft,
+                                       heads=medusa_heads(target) if method == "medusa" else None)
+    kwargs = dict(method=method, sampling=specjax.SamplingParams(temperature=temperature),
+                  max_new_tokens=NEW, eos_ids=(EOS,))
     batched = generate(target, prompts, seed=seeds, **kwargs)
     # The batch is really ragged at both ends: rows stop at EOS at different steps and idle.
     assert len({len(t) for t in batched.tokens}) > 1

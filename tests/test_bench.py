@@ -253,7 +253,8 @@ def test_peers_run_where_jax_runs_and_their_greedy_tokens_are_the_targets():
     assert any("torch.set_num_threads" in note for note in notes)
     prompt = [5, 17, 99, 4, 250, 31]
     job = peers.job(dict(ids=prompt, max_new_tokens=12), "autoregressive", None)()
-    ours = specjax.generate(target, [prompt], max_new_tokens=12, temperature=0.0, eos_ids=())
+    ours = specjax.generate(target, [prompt], sampling=specjax.SamplingParams(temperature=0.0),
+                            max_new_tokens=12, eos_ids=())
     assert job["records"][0]["tokens"] == ours.tokens[0][:len(job["records"][0]["tokens"])]
     assert len(job["records"][0]["tokens"]) >= 1
 

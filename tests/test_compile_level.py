@@ -65,12 +65,13 @@ def outputs() -> dict:
         for leaf in jax.tree.leaves(model.params))).hexdigest()
     target, draft = specjax.load(WEIGHTS / "llama-target"), specjax.load(WEIGHTS / "llama-draft")
     drafter = specjax.load(WEIGHTS / "llama-eagle")
-    runs = {"speculative": dict(method="speculative", draft=draft, k=3),
-            "tree": dict(method="speculative", draft=draft, tree=specjax.Tree.full((2, 2))),
-            "eagle": dict(method="eagle", drafter=drafter)}
+    runs = {"speculative": dict(method=specjax.Speculative(draft=draft, k=3)),
+            "tree": dict(method=specjax.Speculative(draft=draft, tree=specjax.Tree.full((2, 2)))),
+            "eagle": dict(method=specjax.Eagle(drafter=drafter))}
     for name, kwargs in runs.items():
-        result[name] = specjax.generate(target, PROMPTS, max_new_tokens=24, temperature=1.0,
-                                        top_p=0.9, seed=3, **kwargs).tokens
+        result[name] = specjax.generate(target, PROMPTS,
+                                        sampling=specjax.SamplingParams(temperature=1.0, top_p=0.9),
+                                        max_new_tokens=24, seed=3, **kwargs).tokens
     return result
 
 

@@ -102,13 +102,13 @@ def _methods(target, draft):
     drafter = eagle_drafter(target)
     block = dflash.init_block_drafter(target, layers=1, block_size=4, taps=(1, 2), std=0.6,
                                       mask_token_id=V - 1, seed=3)
-    return {"speculative": dict(method="speculative", draft=draft, k=3),
-            "speculative-tree": dict(method="speculative", draft=draft, tree=Tree.full((2, 2))),
-            "ngram": dict(method="ngram", k=3),
-            "ngram-heuristic": dict(method="ngram", k=4, k_schedule="heuristic"),
-            "medusa": dict(method="medusa", heads=medusa_heads(target)),
-            "eagle": dict(method="eagle", drafter=drafter),
-            "dflash": dict(method="dflash", drafter=block)}
+    return {"speculative": dict(method=specjax.Speculative(draft=draft, k=3)),
+            "speculative-tree": dict(method=specjax.Speculative(draft=draft, tree=Tree.full((2, 2)))),
+            "ngram": dict(method=specjax.NGram(k=3)),
+            "ngram-heuristic": dict(method=specjax.NGram(k=4, k_schedule="heuristic")),
+            "medusa": dict(method=specjax.Medusa(heads=medusa_heads(target))),
+            "eagle": dict(method=specjax.Eagle(drafter=drafter)),
+            "dflash": dict(method=specjax.DFlash(drafter=block))}
 
 
 ROWS = [dict(), dict(repetition_penalty=1.8), dict(presence_penalty=1.5, frequency_penalty=0.7),
@@ -125,18 +125,21 @@ def _per_row(rows):
 
 def test_every_method_is_greedy_equal_under_every_control_batched_and_alone(models):
     target, draft = models
-    alone = [generate(target, [p], max_new_tokens=16, temperature=0.0, eos_ids=EOS, **row)
-             .tokens[0] for p, row in zip(GREEDY_PROMPTS, ROWS)]
-    plain = generate(target, GREEDY_PROMPTS, max_new_tokens=16, temperature=0.0,
-                     eos_ids=EOS).tokens
+    alone = [generate(target, [p], sampling=SamplingParams(temperature=0.0, **row),
+                      max_new_tokens=16, eos_ids=EOS).tokens[0]
+             for p, row in zip(GREEDY_PROMPTS, ROWS)]
+    plain = generate(target, GREEDY_PROMPTS, sampling=SamplingParams(temperature=0.0),
+                     max_new_tokens=16, eos_ids=EOS).tokens
     assert sum(a != p for a, p in zip(alone, plain)) >= 3          # the controls do something
     for name, options in _methods(target, draft).items():
-        got = generate(target, GREEDY_PROMPTS, max_new_tokens=16, temperature=0.0, eos_ids=EOS,
-                       **_per_row(ROWS), **options)
+        got = generate(target, GREEDY_PROMPTS,
+                       sampling=SamplingParams(temperature=0.0, **_per_row(ROWS)),
+                       max_new_tokens=16, eos_ids=EOS, **options)
         assert got.tokens == alone, name
         assert got.stats.accepted > 0, name
-        last = generate(target, [GREEDY_PROMPTS[-1]], max_new_tokens=16, temperature=0.0,
-                        eos_ids=EOS, **ALL, **options)
+        last = generate(target, [GREEDY_PROMPTS[-1]],
+                        sampling=SamplingParams(temperature=0.0, **ALL), max_new_tokens=16,
+                        eos_ids=EOS, **options)
         assert last.tokens == [alone[-1]], name
 
 
@@ -167,13 +170,13 @@ def _draw(models, method, options, **extra):
     prompt = NGRAM_PROMPT if method == "ngram" else PROMPT
     extra.update(_methods(target, draft).get(method, dict(method=method)))
     if method == "speculative":
-        extra["k"] = 2
+        extra["method"] = dataclasses.replace(extra["method"], k=2)
     # An EOS id only where min_tokens keeps it out of the first L - 1 tokens: every row then
     # has L tokens, and the law is that of all V^L continuations.
     eos = EOS if options.get("min_tokens") == L - 1 else ()
-    result = generate(target, np.tile(np.asarray(prompt, np.int32), (N, 1)), max_new_tokens=L,
-                      temperature=sampling.temperature, top_p=sampling.top_p, seed=0,
-                      eos_ids=eos, **options, **extra)
+    result = generate(target, np.tile(np.asarray(prompt, np.int32), (N, 1)),
+                      sampling=sampling.replace(**options), max_new_tokens=L, seed=0,
+                      eos_ids=eos, **extra)
     samples = np.array(result.tokens, np.int32)
     law = laws.exact_law(target, prompt, sampling, L, controls=dict(options, eos_ids=eos))
     return gtest.p_value(samples, law, V), result.stats
@@ -206,7 +209,8 @@ def test_penalties_that_forget_the_drafts_are_caught(models, name):
 ])
 def test_bad_controls_are_named_errors(models, options, match):
     with pytest.raises(GenerationError, match=match):
-        generate(models[0], [PROMPT, [1, 2]], max_new_tokens=8, **options)
+        generate(models[0], [PROMPT, [1, 2]], sampling=SamplingParams(**options),
+                 max_new_tokens=8)
 
 
 def test_the_command_line_takes_the_controls(capsys):
@@ -222,10 +226,11 @@ def test_the_command_line_takes_the_controls(capsys):
     assert (settings["repetition_penalty"], settings["frequency_penalty"], settings["min_tokens"],
             settings["logit_bias"]) == (1.3, 0.5, 8, {"5": 30.0, "9": -1.0})
     target = specjax.load(report["target_path"])
-    want = generate(target, ["def f(x):"], max_new_tokens=8, temperature=0.0,
-                    repetition_penalty=1.3, frequency_penalty=0.5, logit_bias={5: 30.0, 9: -1.0},
-                    min_tokens=8, regex="[a-z ]+")
-    plain = generate(target, ["def f(x):"], max_new_tokens=8, temperature=0.0)
+    want = generate(target, ["def f(x):"],
+                    sampling=SamplingParams(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.5, logit_bias={5: 30.0, 9: -1.0}, min_tokens=8, regex="[a-z ]+"),
+                    max_new_tokens=8)
+    plain = generate(target, ["def f(x):"], sampling=SamplingParams(temperature=0.0),
+                     max_new_tokens=8)
     assert report["results"][0]["tokens"] == want.tokens[0] != plain.tokens[0]
     shown = report["results"][0]["logprobs"]
     assert [t["token"] for t in shown] == want.tokens[0]
@@ -262,9 +267,9 @@ def test_logprobs_are_the_target_law_at_each_token_for_every_method(models, temp
     sampling = SamplingParams(temperature, 0, 0.9 if temperature else 1.0)
     prompts = [PROMPT, [2, 5, 3]]
     for name, method in {"autoregressive": dict(), **_methods(target, draft)}.items():
-        result = generate(target, prompts, max_new_tokens=10, temperature=temperature,
-                          top_p=sampling.top_p, logprobs=3, eos_ids=EOS, seed=4, **options,
-                          **method)
+        result = generate(target, prompts,
+                          sampling=sampling.replace(logprobs=3, **options), max_new_tokens=10,
+                          eos_ids=EOS, seed=4, **method)
         for prompt, tokens, reported in zip(prompts, result.tokens, result.logprobs):
             want = _reference_logprobs(target, prompt, tokens, sampling, options, EOS)
             assert [r.token for r in reported] == tokens, name
@@ -276,7 +281,7 @@ def test_logprobs_are_the_target_law_at_each_token_for_every_method(models, temp
                 assert ids == list(np.argsort(-row, kind="stable")[:3]), name
                 np.testing.assert_allclose([x for _, x in r.top], row[ids], atol=2e-5)
     with pytest.raises(GenerationError, match="logprobs must be at most 6"):
-        generate(target, prompts, max_new_tokens=2, logprobs=7)
+        generate(target, prompts, sampling=SamplingParams(logprobs=7), max_new_tokens=2)
 
 
 # -- Stop strings --------------------------------------------------------------------------------
@@ -286,7 +291,8 @@ def test_stop_strings_cut_every_method_alike_across_token_boundaries():
     target = specjax.load(WEIGHTS / "llama-target")
     draft = specjax.load(WEIGHTS / "llama-draft")
     prompts = ["def f(x):", "import os"]
-    full = generate(target, prompts, max_new_tokens=30, temperature=0.0)
+    full = generate(target, prompts, sampling=SamplingParams(temperature=0.0),
+                    max_new_tokens=30)
     eos = set(target.config.eos_token_ids)
     ended = ["eos" if row and row[-1] in eos else "length" for row in full.tokens]
     assert full.finish_reasons == ended and "length" in ended
@@ -299,31 +305,34 @@ def test_stop_strings_cut_every_method_alike_across_token_boundaries():
     assert not any(len(p) == begin for p in pieces)               # not at a token boundary
     end = text.index(stop)
     kept = max(j for j, p in enumerate(pieces) if len(p) <= end)
-    methods = {"autoregressive": {}, "speculative": dict(method="speculative", draft=draft, k=3),
-               "ngram": dict(method="ngram"),
-               "speculative-tree": dict(method="speculative", draft=draft,
-                                        tree=Tree.full((2, 2)))}
+    methods = {"autoregressive": {}, "speculative": dict(method=specjax.Speculative(draft=draft, k=3)),
+               "ngram": dict(method='ngram'),
+               "speculative-tree": dict(method=specjax.Speculative(draft=draft, tree=Tree.full((2, 2))))}
     for name, options in methods.items():
-        got = generate(target, prompts, max_new_tokens=30, temperature=0.0, stop=[stop, "zzqq"],
-                       logprobs=1, **options)
+        got = generate(target, prompts,
+                       sampling=SamplingParams(temperature=0.0, stop=[stop, "zzqq"], logprobs=1),
+                       max_new_tokens=30, **options)
         assert got.texts[0] == text[:end], name
         assert got.tokens[0] == full.tokens[0][:kept] and len(got.logprobs[0]) == kept, name
         assert got.tokens[1] == full.tokens[1] and got.texts[1] == full.texts[1], name
         assert got.finish_reasons == ["stop", ended[1]], name
-        steps = list(stream(target, prompts, max_new_tokens=30, temperature=0.0,
-                            stop=[[stop], []], **options))
+        steps = list(stream(target, prompts,
+                            sampling=SamplingParams(temperature=0.0, stop=[[stop], []]),
+                            max_new_tokens=30, **options))
         yielded = [sum((s[b] for s, _ in steps[:-1]), []) for b in range(2)]
         assert yielded == steps[-1][1].tokens == got.tokens, name
         assert steps[-1][1].finish_reasons == got.finish_reasons, name
-    alone = list(stream(target, prompts[:1], max_new_tokens=30, temperature=0.0, stop=[stop]))
+    alone = list(stream(target, prompts[:1],
+                        sampling=SamplingParams(temperature=0.0, stop=[stop]),
+                        max_new_tokens=30))
     assert len(alone) - 1 < 30                                    # streaming stops at the stop
     for bad, match in (("x", "stop must be a list of strings"), ([""], "non-empty strings"),
                        ([["a"]], "stop has 1 lists for 2 prompts")):
         with pytest.raises(GenerationError, match=match):
-            generate(target, prompts, max_new_tokens=2, stop=bad)
+            generate(target, prompts, sampling=SamplingParams(stop=bad), max_new_tokens=2)
     tiny, _ = close_pair(vocab=V, std=0.5, noise=0.15)
     with pytest.raises(GenerationError, match="no tokenizer"):
-        generate(tiny, [PROMPT], max_new_tokens=2, stop=["a"])
+        generate(tiny, [PROMPT], sampling=SamplingParams(stop=["a"]), max_new_tokens=2)
 
 
 def test_bench_times_each_method_with_and_without_the_controls(tmp_path, capsys):
@@ -360,10 +369,11 @@ def _draw_constrained(models, method, **extra):
     target, draft = models
     options = dict(_methods(target, draft).get(method, dict(method=method)))
     if method == "speculative":
-        options["k"] = 2
+        options["method"] = dataclasses.replace(options["method"], k=2)
     options.update(extra)
-    result = generate(target, np.tile(np.asarray(PROMPT, np.int32), (N, 1)), max_new_tokens=L,
-                      temperature=1.0, seed=0, eos_ids=(5,), regex=_letters(), **options)
+    result = generate(target, np.tile(np.asarray(PROMPT, np.int32), (N, 1)),
+                      sampling=SamplingParams(temperature=1.0, regex=_letters()),
+                      max_new_tokens=L, seed=0, eos_ids=(5,), **options)
     samples = np.array([row + [5] * (L - len(row)) for row in result.tokens], np.int32)
     law = laws.exact_law(target, PROMPT, SamplingParams(1.0), L, automaton=_letters(),
                          eos_ids=(5,))
@@ -433,9 +443,11 @@ def test_every_drafter_drafts_within_the_automaton_and_the_bias(models, temperat
     automaton = _letters()
     banned = 4
     for name, extra in STEERED.items():
-        options = {**_methods(target, draft)[name.removesuffix("-static")], **extra}
-        steps = explain(target, PROMPT, steps=3, temperature=temperature, seed=1, eos_ids=EOS,
-                        regex=automaton, logit_bias={banned: -100.0}, **options)
+        method = _methods(target, draft)[name.removesuffix("-static")]["method"]
+        steps = explain(target, PROMPT, dataclasses.replace(method, **extra),
+                        SamplingParams(temperature=temperature, regex=automaton,
+                                       logit_bias={banned: -100.0}),
+                        steps=3, seed=1, eos_ids=EOS)
         state, paths = automaton.start, 0
         for step in steps:
             if hasattr(step, "nodes"):
@@ -471,8 +483,9 @@ def test_constrained_outputs_are_valid_and_every_method_agrees():
     drafter = specjax.load(WEIGHTS / "llama-eagle")
     prompts = ["def f(x):", "import os", "class A:", "# a note", "x = 1", "for i in"] * 2
     regex = r"(yes|no), [0-9]{2,3}( and [a-z]{1,5})?"
-    sampled = generate(target, prompts, max_new_tokens=48, temperature=1.0, seed=list(range(12)),
-                       json_schema=[SCHEMA] * 6 + [None] * 6)
+    sampled = generate(target, prompts,
+                       sampling=SamplingParams(temperature=1.0, json_schema=[SCHEMA] * 6 + [None] * 6),
+                       max_new_tokens=48, seed=list(range(12)))
     eos = set(target.config.eos_token_ids)
     ended = [(text, tokens) for text, tokens in zip(sampled.texts[:6], sampled.tokens[:6])
              if tokens and tokens[-1] in eos]
@@ -487,17 +500,19 @@ def test_constrained_outputs_are_valid_and_every_method_agrees():
         stopped = bool(tokens) and tokens[-1] in eos
         assert reason == ("length" if not stopped else "constraint" if b < 6 else "eos"), b
     assert "constraint" in sampled.finish_reasons
-    cut = generate(target, prompts, max_new_tokens=[8] * 6 + [48] * 6, temperature=1.0,
-                   seed=list(range(12)), json_schema=[SCHEMA] * 6 + [None] * 6)  # one program
+    cut = generate(target, prompts,
+                   sampling=SamplingParams(temperature=1.0, json_schema=[SCHEMA] * 6 + [None] * 6),
+                   max_new_tokens=[8] * 6 + [48] * 6, seed=list(range(12)))  # one program
     assert cut.finish_reasons[:6] == ["length"] * 6 and cut.tokens[6:] == sampled.tokens[6:]
     for text in cut.texts[:6]:                      # cut short: no document, and it says so
         with pytest.raises(json.JSONDecodeError):
             json.loads(text)
-    free = generate(target, prompts[6:], max_new_tokens=48, temperature=1.0,
-                    seed=list(range(6, 12)))
+    free = generate(target, prompts[6:], sampling=SamplingParams(temperature=1.0),
+                    max_new_tokens=48, seed=list(range(6, 12)))
     assert free.tokens == sampled.tokens[6:]            # free rows beside constrained ones
-    matched = generate(target, prompts[:6], max_new_tokens=24, temperature=1.0, seed=4,
-                       regex=regex)
+    matched = generate(target, prompts[:6],
+                       sampling=SamplingParams(temperature=1.0, regex=regex),
+                       max_new_tokens=24, seed=4)
     assert all(re.fullmatch(regex, text) for text, tokens in zip(matched.texts, matched.tokens)
                if tokens[-1] in eos)
     # Nothing can follow "... and " and five letters: such a row ended by the constraint; a
@@ -509,13 +524,16 @@ def test_constrained_outputs_are_valid_and_every_method_agrees():
     # Greedy: every method gives each row the autoregressive tokens, constrained rows beside
     # free ones in one batch.
     mixed = [regex, None, regex]
-    want = generate(target, prompts[:3], max_new_tokens=20, temperature=0.0, regex=mixed)
+    want = generate(target, prompts[:3],
+                    sampling=SamplingParams(temperature=0.0, regex=mixed),
+                    max_new_tokens=20)
     assert re.fullmatch(regex, want.texts[0]) and re.fullmatch(regex, want.texts[2])
-    for options in (dict(method="speculative", draft=draft, k=3), dict(method="ngram"),
-                    dict(method="eagle", drafter=drafter),
-                    dict(method="speculative", draft=draft, tree=Tree.full((2, 2)))):
-        got = generate(target, prompts[:3], max_new_tokens=20, temperature=0.0, regex=mixed,
-                       **options)
+    for options in (dict(method=specjax.Speculative(draft=draft, k=3)), dict(method='ngram'),
+                    dict(method=specjax.Eagle(drafter=drafter)),
+                    dict(method=specjax.Speculative(draft=draft, tree=Tree.full((2, 2))))):
+        got = generate(target, prompts[:3],
+                       sampling=SamplingParams(temperature=0.0, regex=mixed),
+                       max_new_tokens=20, **options)
         assert got.tokens == want.tokens, options["method"]
 
 
@@ -531,8 +549,10 @@ def test_bad_constraints_are_named_errors(models):
                            (dict(regex=["a"]), "regex has 1 values for 2 prompts"),
                            (dict(regex=3), "regex must be a string")):
         with pytest.raises(GenerationError, match=match):
-            generate(target, ["a", "b"], max_new_tokens=2, **options)
+            eos = {"eos_ids": options.pop("eos_ids")} if "eos_ids" in options else {}
+            generate(target, ["a", "b"], sampling=SamplingParams(**options), max_new_tokens=2,
+                     **eos)
     with pytest.raises(GenerationError, match="no tokenizer"):
-        generate(models[0], [PROMPT], max_new_tokens=2, regex="a")
+        generate(models[0], [PROMPT], sampling=SamplingParams(regex="a"), max_new_tokens=2)
     with pytest.raises(ConstraintError, match="no token of the vocabulary can continue"):
         from_vocabulary("z", LETTERS, V)

@@ -20,7 +20,8 @@ def models():
 @pytest.fixture(scope="module")
 def greedy(models):
     target, _ = models
-    return generate(target, PROMPTS, max_new_tokens=N, temperature=0.0, eos_ids=()).tokens
+    return generate(target, PROMPTS, sampling=specjax.SamplingParams(temperature=0.0),
+                    max_new_tokens=N, eos_ids=()).tokens
 
 
 def reference_greedy(model, prompt, n):
@@ -48,8 +49,9 @@ def test_autoregressive_greedy_equals_full_sequence_argmax(models, greedy):
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
 def test_speculative_greedy_equals_autoregressive(models, greedy, k):
     target, draft = models
-    result = generate(target, PROMPTS, method="speculative", draft=draft, k=k, max_new_tokens=N,
-                      temperature=0.0, eos_ids=())
+    result = generate(target, PROMPTS, method=specjax.Speculative(draft=draft, k=k),
+                      sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=N,
+                      eos_ids=())
     assert result.tokens == greedy
     assert result.stats.draft_calls == k * result.stats.target_calls
 
@@ -57,7 +59,8 @@ def test_speculative_greedy_equals_autoregressive(models, greedy, k):
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_ngram_greedy_equals_autoregressive(models, greedy, k):
     target, _ = models
-    result = generate(target, PROMPTS, method="ngram", k=k, max_new_tokens=N, temperature=0.0,
+    result = generate(target, PROMPTS, method=specjax.NGram(k=k),
+                      sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=N,
                       eos_ids=())
     assert result.tokens == greedy
     assert result.stats.accepted > 0  # the repetitive prompts make lookups hit
@@ -66,16 +69,18 @@ def test_ngram_greedy_equals_autoregressive(models, greedy, k):
 def test_unbatched_equals_batched_greedy(models, greedy):
     target, draft = models
     for i in (0, 2):
-        alone = generate(target, [PROMPTS[i]], method="speculative", draft=draft, k=3,
-                         max_new_tokens=N, temperature=0.0, eos_ids=())
+        alone = generate(target, [PROMPTS[i]], method=specjax.Speculative(draft=draft, k=3),
+                         sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=N,
+                         eos_ids=())
         assert alone.tokens[0] == greedy[i]
 
 
 def test_draft_equal_to_target_accepts_everything(models):
     target, _ = models
     k, rounds = 3, 6
-    result = generate(target, PROMPTS, method="speculative", draft=target, k=k,
-                      max_new_tokens=rounds * (k + 1), temperature=0.0, eos_ids=())
+    result = generate(target, PROMPTS, method=specjax.Speculative(draft=target, k=k),
+                      sampling=specjax.SamplingParams(temperature=0.0),
+                      max_new_tokens=rounds * (k + 1), eos_ids=())
     stats = result.stats
     assert stats.accepted == stats.drafted
     assert stats.target_calls == rounds * len(PROMPTS)
@@ -85,7 +90,8 @@ def test_draft_equal_to_target_accepts_everything(models):
 @pytest.mark.parametrize("method", ["autoregressive", "speculative", "ngram"])
 def test_same_seed_same_output_and_row_alone_equals_row_in_batch(models, method):
     target, draft = models
-    kwargs = dict(method=method, draft=draft, k=3, max_new_tokens=N, temperature=1.0, eos_ids=())
+    kwargs = dict(method=specjax.api.methods.build(method, others="ignore", draft=draft, k=3),
+                  sampling=specjax.SamplingParams(temperature=1.0), max_new_tokens=N, eos_ids=())
     seeds = [11, 12, 13, 14]
     first = generate(target, PROMPTS, seed=seeds, **kwargs).tokens
     assert generate(target, PROMPTS, seed=seeds, **kwargs).tokens == first
@@ -102,22 +108,27 @@ def test_eos_and_max_new_tokens_are_exact(models, greedy, method):
     j = 5
     eos = greedy[0][j]
     first = greedy[0].index(eos)
-    result = generate(target, PROMPTS, method=method, draft=draft, k=4, max_new_tokens=N,
-                      temperature=0.0, eos_ids=(eos,))
+    result = generate(target, PROMPTS,
+                      method=specjax.api.methods.build(method, others="ignore", draft=draft, k=4),
+                      sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=N,
+                      eos_ids=(eos,))
     assert result.tokens[0] == greedy[0][:first + 1]
     for got, want in zip(result.tokens, greedy):
         cut = want.index(eos) + 1 if eos in want else N
         assert got == want[:cut]
     for n in (1, 2, 7):  # never overshoots by up to K tokens
-        short = generate(target, PROMPTS, method=method, draft=draft, k=4, max_new_tokens=n,
-                         temperature=0.0, eos_ids=())
+        short = generate(target, PROMPTS,
+                         method=specjax.api.methods.build(method, others="ignore", draft=draft, k=4),
+                         sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=n,
+                         eos_ids=())
         assert short.tokens == [g[:n] for g in greedy]
 
 
 @pytest.mark.parametrize("method", ["speculative", "ngram"])
 def test_stream_equals_jitted_loop(models, method):
     target, draft = models
-    kwargs = dict(method=method, draft=draft, k=3, max_new_tokens=N, temperature=1.0, seed=3,
+    kwargs = dict(method=specjax.api.methods.build(method, others="ignore", draft=draft, k=3),
+                  sampling=specjax.SamplingParams(temperature=1.0), max_new_tokens=N, seed=3,
                   eos_ids=())
     chunks = [[] for _ in PROMPTS]
     result = None
@@ -137,28 +148,34 @@ def test_vocab_padding_draft_is_handled(models, greedy):
     target = specjax.Model(models[0].config, models[0].params, tokenizer)
     big = specjax.random_model(target.config.replace(vocab_size=12, n_layers=1), seed=5, std=0.5,
                                tokenizer=tokenizer)
-    result = generate(target, PROMPTS, method="speculative", draft=big, k=2, max_new_tokens=N,
-                      temperature=0.0, eos_ids=())
+    result = generate(target, PROMPTS, method=specjax.Speculative(draft=big, k=2),
+                      sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=N,
+                      eos_ids=())
     assert result.tokens == greedy
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(method="speculative", k=0), "k must be an integer >= 1, got 0"),
-    (dict(method="ngram", k=-2), "got -2"),
-    (dict(temperature=-0.5), "-0.5"),
-    (dict(top_p=0.0), "top_p"),
-    (dict(top_p=1.5), "1.5"),
-    (dict(top_k=-1), "top_k"),
-    (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(method="beam"), "'beam'"),
-    (dict(max_new_tokens=1000), "context window"),
-    (dict(method="speculative", draft=None), "draft"),
+@pytest.mark.parametrize("call, needle", [
+    (lambda t, d: generate(t, PROMPTS, specjax.Speculative(d, k=0)),
+     "k must be an integer >= 1, got 0"),
+    (lambda t, d: generate(t, PROMPTS, specjax.NGram(k=-2)), "got -2"),
+    (lambda t, d: generate(t, PROMPTS, sampling=specjax.SamplingParams(temperature=-0.5)),
+     "-0.5"),
+    (lambda t, d: generate(t, PROMPTS, sampling=specjax.SamplingParams(top_p=0.0)), "top_p"),
+    (lambda t, d: generate(t, PROMPTS, sampling=specjax.SamplingParams(top_p=1.5)), "1.5"),
+    (lambda t, d: generate(t, PROMPTS, sampling=specjax.SamplingParams(top_k=-1)), "top_k"),
+    (lambda t, d: generate(t, PROMPTS, max_new_tokens=0), "max_new_tokens"),
+    (lambda t, d: generate(t, PROMPTS, "beam"), "'beam'"),
+    (lambda t, d: generate(t, PROMPTS, max_new_tokens=1000), "context window"),
+    (lambda t, d: generate(t, PROMPTS, specjax.Speculative(None)), "draft"),
+    (lambda t, d: generate(t, PROMPTS, "speculative"), "needs a draft model"),
+    (lambda t, d: generate(t, PROMPTS, temperature=0.0), "a field of SamplingParams"),
+    (lambda t, d: generate(t, PROMPTS, draft=d), "belongs to the method object"),
 ])
-def test_invalid_parameters_raise_with_the_value(models, kwargs, needle):
+def test_invalid_parameters_raise_with_the_value(models, call, needle):
+    # Each option is checked where it enters: the object when made, the request in generate.
     target, draft = models
-    kwargs = {"draft": draft, **kwargs}
     with pytest.raises(GenerationError, match=None) as info:
-        generate(target, PROMPTS, **kwargs)
+        call(target, draft)
     assert needle in str(info.value)
 
 
@@ -166,7 +183,7 @@ def test_mismatched_draft_vocab_is_rejected(models):
     target, _ = models
     small = specjax.random_model(target.config.replace(vocab_size=5), seed=3)
     with pytest.raises(GenerationError, match="vocab_size 5 != target vocab_size 8"):
-        generate(target, PROMPTS, method="speculative", draft=small)
+        generate(target, PROMPTS, method=specjax.Speculative(draft=small))
 
 
 def test_nan_logits_are_an_error(models):
@@ -191,7 +208,8 @@ def test_long_and_short_rows_in_one_batch_decode_as_alone(long_model, temperatur
     model = long_model
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, 8, 1000).tolist(), rng.integers(0, 8, 10).tolist()]
-    kwargs = dict(max_new_tokens=12, temperature=temperature, eos_ids=(), seed=[11, 12])
+    kwargs = dict(sampling=specjax.SamplingParams(temperature=temperature), max_new_tokens=12,
+                  eos_ids=(), seed=[11, 12])
     batched = generate(model, prompts, **kwargs).tokens
     for i, prompt in enumerate(prompts):
         alone = generate(model, [prompt], **dict(kwargs, seed=[kwargs["seed"][i]])).tokens[0]
@@ -203,10 +221,10 @@ def test_long_and_short_rows_in_one_batch_decode_as_alone(long_model, temperatur
 def test_greedy_tokens_do_not_depend_on_the_buffer_size(long_model):
     # max_new_tokens sets the buffer (40 vs 1,200 new tokens: 64 vs 1,280 slots, the latter read
     # through windows); the first 40 tokens must not change.
-    short = generate(long_model, [PROMPTS[0]], max_new_tokens=40, temperature=0.0,
-                     eos_ids=()).tokens
-    long = generate(long_model, [PROMPTS[0]], max_new_tokens=1200, temperature=0.0,
-                    eos_ids=()).tokens
+    short = generate(long_model, [PROMPTS[0]], sampling=specjax.SamplingParams(temperature=0.0),
+                     max_new_tokens=40, eos_ids=()).tokens
+    long = generate(long_model, [PROMPTS[0]], sampling=specjax.SamplingParams(temperature=0.0),
+                    max_new_tokens=1200, eos_ids=()).tokens
     assert long[0][:40] == short[0]
 
 
@@ -223,16 +241,17 @@ def test_each_method_owns_its_state(models):
                                                    hidden_size=target.config.d_model,
                                                    vocab_size=8, subset_size=8), target, seed=3)
     drafter = specjax.init_drafter(target, seed=3)
-    beside = {"speculative": dict(draft=draft, k=2), "ngram": dict(k=2),
-              "medusa": dict(heads=heads, tree=specjax.Tree.full((2, 1))),
-              "eagle": dict(drafter=drafter, tree=specjax.Tree.full((2, 1))),
-              "dflash": dict(drafter=init_block_drafter(target, block_size=3, seed=3))}
+    methods = {"autoregressive": specjax.Autoregressive(),
+               "speculative": specjax.Speculative(draft, k=2), "ngram": specjax.NGram(k=2),
+               "medusa": specjax.Medusa(heads, tree=specjax.Tree.full((2, 1))),
+               "eagle": specjax.Eagle(drafter, tree=specjax.Tree.full((2, 1))),
+               "dflash": specjax.DFlash(init_block_drafter(target, block_size=3, seed=3))}
     assert list(MODULES) == list(specjax.decoding.methods.METHODS)      # the registry's order
     shared = {}
     for method, module in MODULES.items():
         assert all(callable(getattr(module, f)) for f in ("init", "step", "layout"))
-        request = prepare(target, PROMPTS, method=method, max_new_tokens=4, temperature=1.0,
-                          eos_ids=(), **beside.get(method, {}))
+        request = prepare(target, PROMPTS, methods[method],
+                          specjax.SamplingParams(temperature=1.0), max_new_tokens=4, eos_ids=())
         state = loop.init(request.spec, request.weights, *request.inputs)
         after = loop.step(request.spec, request.weights, state)
         if method == "autoregressive":
@@ -261,13 +280,14 @@ def test_low_precision_greedy_equality_for_every_method_batched_and_alone(dtype)
 
     target, draft = model(2, 1), model(1, 2)
     assert target.params["embed"].dtype == jax.numpy.dtype(dtype if dtype != "q8_0" else "int8")
-    kwargs = dict(max_new_tokens=16, temperature=0.0, eos_ids=())
+    kwargs = dict(sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=16,
+                  eos_ids=())
     want = generate(target, PROMPTS, **kwargs).tokens
-    for method, extra in (("speculative", dict(draft=draft, k=3)),
-                          ("speculative", dict(draft=draft, tree=specjax.Tree.full((2, 2)))),
-                          ("ngram", dict(k=3))):
-        assert generate(target, PROMPTS, method=method, **extra, **kwargs).tokens == want, method
-    alone = generate(target, PROMPTS[:1], method="speculative", draft=draft, k=3, **kwargs)
+    for method in (specjax.Speculative(draft, k=3),
+                   specjax.Speculative(draft, tree=specjax.Tree.full((2, 2))),
+                   specjax.NGram(k=3)):
+        assert generate(target, PROMPTS, method, **kwargs).tokens == want, method
+    alone = generate(target, PROMPTS[:1], specjax.Speculative(draft, k=3), **kwargs)
     assert alone.tokens == want[:1]
 
 
@@ -281,13 +301,13 @@ def test_low_precision_greedy_equality_for_medusa_and_eagle_batched_and_alone(dt
     target = specjax.load(weights / "llama-target", dtype=dtype)
     heads, drafter = specjax.load(weights / "llama-medusa"), specjax.load(weights / "llama-eagle")
     prompts = ["def add(a, b):", "class Stack:\n    def"]
-    kwargs = dict(max_new_tokens=16, temperature=0.0)
+    kwargs = dict(sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=16)
     want = generate(target, prompts, **kwargs).tokens
-    for method, extra in (("medusa", dict(heads=heads)),
-                          ("eagle", dict(drafter=drafter, tree=specjax.DynamicTree(3, 2, 4)))):
-        result = generate(target, prompts, method=method, **extra, **kwargs)
-        assert result.tokens == want and result.stats.tokens_per_target_call > 1.5, method
-        assert generate(target, prompts[1:], method=method, **extra, **kwargs).tokens == want[1:]
+    for method in (specjax.Medusa(heads),
+                   specjax.Eagle(drafter, tree=specjax.DynamicTree(3, 2, 4))):
+        result = generate(target, prompts, method, **kwargs)
+        assert result.tokens == want and result.stats.tokens_per_target_call > 1.5, method.name
+        assert generate(target, prompts[1:], method, **kwargs).tokens == want[1:]
 
 
 def test_int8_weights_on_a_device_mesh_are_a_named_error():

@@ -193,7 +193,7 @@ def test_a_drafter_that_does_not_fit_its_target_is_a_checkpoint_error(tmp_path, 
         published_drafter(directory, **change)
         with pytest.raises(CheckpointError, match=f"{directory / 'config.json'}.*{field}"):
             drafter = specjax.load(directory)
-            generate(target, [[1, 2, 3]], method="dflash", drafter=drafter, max_new_tokens=2)
+            generate(target, [[1, 2, 3]], method=specjax.DFlash(drafter=drafter), max_new_tokens=2)
 
 
 def test_hostile_layouts_are_checkpoint_errors_naming_the_file(tmp_path):
@@ -264,31 +264,36 @@ def test_greedy_dflash_equals_greedy_decoding_batched_and_alone(pair, dtype):
     if dtype != "float32":
         target = Model(target.config.replace(dtype=dtype), cast_params(target.params, dtype))
     prompts = [PROMPT, [3, 1], [2, 2, 2, 5, 0, 1, 4, 3]]
-    want = generate(target, prompts, max_new_tokens=24, temperature=0.0, eos_ids=()).tokens
-    got = generate(target, prompts, method="dflash", drafter=drafter, max_new_tokens=24,
-                   temperature=0.0, eos_ids=())
+    want = generate(target, prompts, sampling=specjax.SamplingParams(temperature=0.0),
+                    max_new_tokens=24, eos_ids=()).tokens
+    got = generate(target, prompts, method=specjax.DFlash(drafter=drafter),
+                   sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=24, eos_ids=())
     assert got.tokens == want
     assert 0 < got.stats.accepted < got.stats.drafted        # both branches of the walk
     for k in (1, 2):                                          # fewer of the block's drafts
-        alone = generate(target, [prompts[2]], method="dflash", drafter=drafter, k=k,
-                         max_new_tokens=24, temperature=0.0, eos_ids=())
+        alone = generate(target, [prompts[2]], method=specjax.DFlash(drafter=drafter, k=k),
+                         sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=24,
+                         eos_ids=())
         assert alone.tokens == [want[2]]
 
 
 def test_dflash_options_are_checked(pair):
     target, drafter = pair
-    for options, match in ((dict(), "needs a DFlash drafter"),
-                           (dict(drafter=target), "must be a DFlash drafter"),
-                           (dict(drafter=drafter, k=4), "k=4 is more than the 3"),
-                           (dict(drafter=drafter, tree=((0,),)), "tree does not apply"),
-                           (dict(drafter=drafter, candidates="distinct", temperature=1.0),
-                            "'top' or 'iid'"),
-                           (dict(drafter=drafter, candidates="iid", temperature=0.0),
-                            "use candidates='top'")):
+    build = specjax.api.methods.build
+    greedy, sampled = (specjax.SamplingParams(temperature=t) for t in (0.0, 1.0))
+    for method, sampling, match in (             # each made inside the check
+            (lambda: "dflash", None, "needs a DFlash drafter"),
+            (lambda: specjax.DFlash(target), None, "must be a DFlash drafter"),
+            (lambda: specjax.DFlash(drafter, k=4), None, "k=4 is more than the 3"),
+            (lambda: build("dflash", drafter=drafter, tree=((0,),)), None,
+             "tree does not apply to method 'dflash'"),
+            (lambda: specjax.DFlash(drafter, candidates="distinct"), sampled, "'top' or 'iid'"),
+            (lambda: specjax.DFlash(drafter, candidates="iid"), greedy, "use candidates='top'"),
+            (lambda: build("ngram", drafter=drafter), None,
+             "drafter does not apply to method 'ngram'; it is an option of 'eagle' and "
+             "'dflash'")):
         with pytest.raises(GenerationError, match=match):
-            generate(target, [PROMPT], method="dflash", max_new_tokens=2, **options)
-    with pytest.raises(GenerationError, match="drafter applies to methods 'eagle' and 'dflash'"):
-        generate(target, [PROMPT], method="ngram", drafter=drafter, max_new_tokens=2)
+            generate(target, [PROMPT], method(), sampling, max_new_tokens=2)
 
 
 # Theorem 1 (the level as in tests/test_distribution.py; the sample size of its token-tree
@@ -302,11 +307,10 @@ CASES = {"t1": SamplingParams(1.0, 0, 1.0), "t0.7-top-p": SamplingParams(0.7, 0,
 ALPHA = 0.01 / len(CASES)
 
 
-def draw(target, drafter, sampling, **options):
+def draw(target, drafter, sampling, rules=None):
     prompts = np.tile(np.asarray(PROMPT, np.int32), (N, 1))
-    result = generate(target, prompts, method="dflash", drafter=drafter, max_new_tokens=L,
-                      temperature=sampling.temperature, top_k=sampling.top_k,
-                      top_p=sampling.top_p, seed=0, eos_ids=(), **options)
+    result = generate(target, prompts, specjax.DFlash(drafter), sampling, max_new_tokens=L,
+                      seed=0, eos_ids=(), rules=rules)
     samples = np.array(result.tokens, np.int32)
     law = laws.exact_law(target, PROMPT, sampling, L)
     return gtest.p_value(samples, law, V), result.stats
@@ -403,12 +407,13 @@ def test_train_dflash_writes_a_published_drafter_that_clears_the_floor(tmp_path,
     target = specjax.load(root / "weights" / "llama-target")
     prompts = [json.loads(line)["prompt"] for line in
                (root / "tests" / "train_prompts.jsonl").read_text().splitlines()][64:72]
-    got = generate(target, prompts, method="dflash", drafter=drafter, max_new_tokens=32,
-                   temperature=0.0)
+    got = generate(target, prompts, method=specjax.DFlash(drafter=drafter),
+                   sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=32)
     assert got.stats.tokens_per_target_call == pytest.approx(log["tokens_per_target_call_t0"],
                                                              abs=1e-3)
-    untrained = generate(target, prompts, method="dflash", max_new_tokens=32, temperature=0.0,
-                         drafter=dflash.init_block_drafter(target, block_size=4, taps=(2, 3)))
+    untrained = generate(target, prompts,
+                         method=specjax.DFlash(drafter=dflash.init_block_drafter(target, block_size=4, taps=(2, 3))),
+                         sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=32)
     low = untrained.stats.tokens_per_target_call
     assert got.stats.tokens_per_target_call >= max(DFLASH_FLOOR, low + 0.8), (
         got.stats.tokens_per_target_call, low)

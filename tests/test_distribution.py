@@ -202,15 +202,16 @@ def draw(models, c, seed=0, rows=None, **hooks) -> tuple[np.ndarray, float]:
     draft = target if c["draft"] == "target" else draft
     sampling = SamplingParams(c["temperature"], c["top_k"], c["top_p"])
     rows = rows or (N if c["tree"] is None else N_TREE)
+    weights = {"draft": draft}
     if c["method"] == "medusa":
-        hooks["heads"] = medusa_heads(target, c.get("heads", "subset"))
+        weights["heads"] = medusa_heads(target, c.get("heads", "subset"))
     if c["method"] == "eagle":
-        hooks["drafter"] = eagle_drafter(target, c.get("drafter", "specjax"))
+        weights["drafter"] = eagle_drafter(target, c.get("drafter", "specjax"))
+    method = specjax.api.methods.build(c["method"], others="ignore", k=c["k"], tree=c["tree"],
+                                       candidates=c["candidates"], **weights, **c["schedule"])
     prompts = np.tile(np.asarray(c["prompt"], np.int32), (rows, 1))    # one row per sample
-    result = generate(target, prompts, method=c["method"], draft=draft,
-                      k=c["k"], max_new_tokens=L, temperature=c["temperature"], top_k=c["top_k"],
-                      top_p=c["top_p"], seed=seed, eos_ids=(), tree=c["tree"],
-                      candidates=c["candidates"], **c["schedule"], **hooks)
+    result = generate(target, prompts, method, sampling, max_new_tokens=L, seed=seed, eos_ids=(),
+                      **hooks)
     samples = np.array(result.tokens, np.int32)
     assert samples.shape == (rows, L)
     return samples, g_test(samples, exact_law(target, c["prompt"], sampling)), result.stats
@@ -438,9 +439,9 @@ def test_confidence_rows_stop_at_different_depths(models, name):
     c = CONFIDENCE[name]
     target, draft = models
     request = prepare(target, np.tile(np.asarray(c["prompt"], np.int32), (2000, 1)),
-                      method="speculative", draft=draft,
-                      k=c["k"], max_new_tokens=L, temperature=c["temperature"], top_p=c["top_p"],
-                      eos_ids=(), **c["schedule"])
+                      specjax.Speculative(draft, k=c["k"], **c["schedule"]),
+                      SamplingParams(c["temperature"], top_p=c["top_p"]), max_new_tokens=L,
+                      eos_ids=())
     state = loop.init(request.spec, request.weights, *request.inputs)
     drafted = np.asarray(loop.step(request.spec, request.weights, state).drafted)
     share = np.bincount(drafted, minlength=c["k"] + 1)[1:] / len(drafted)

@@ -1,8 +1,9 @@
 """The docs stay true: every repository path, `specjax.` name and internal link that README.md
 and docs/*.md mention exists; every number of the README's results table is the recorded run's;
-every directory under bench/ is cited by a page, and its README says which, truly.
+every directory under bench/ is cited by a page, and its README says which, truly; every call of
+the API a page's Python shows takes the API's keywords, and the README's example runs.
 
-Pure text (and imports of specjax's own modules): no model runs.
+Pure text and imports of specjax's own modules, but for the README's example (the tiny pair).
 """
 
 from __future__ import annotations
@@ -238,3 +239,64 @@ def test_every_bench_directory_is_cited_and_says_by_which_page(run):
     line, = [x for x in _text(readme).splitlines() if x.startswith("Cited by: ")]
     said = {p.strip() for p in line.removeprefix("Cited by: ").split(",")}
     assert said == citing, f"bench/{run.name}/README.md: {line!r}, but cited by {sorted(citing)}"
+
+
+# -- The API the pages show ------------------------------------------------------------------
+
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+CALLS = ("generate", "stream", "explain", "prepare")
+
+
+def _python_blocks(page: Path) -> list[str]:
+    return PYTHON_BLOCK.findall(_text(page))
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if _python_blocks(p)], ids=lambda p: p.name)
+def test_every_call_a_page_shows_is_the_api_s(page):
+    """Every `generate` / `stream` / `explain` / `prepare` call in a page's Python blocks passes
+    only the run's options by keyword (the method and the sampling by position or by their
+    names), and every method object or `SamplingParams` it makes names only its own fields: a
+    page still showing the flat keywords of 0.5 fails here."""
+    import ast
+    import dataclasses
+
+    import specjax
+    from specjax.api.generate import RUN_OPTIONS
+    from specjax.api.methods import TYPES
+
+    fields = {cls.__name__: {f.name for f in dataclasses.fields(cls)} for cls in TYPES.values()}
+    fields["SamplingParams"] = {f.name for f in dataclasses.fields(specjax.SamplingParams)}
+    allowed = {"method", "sampling", *RUN_OPTIONS, "steps", "top"}
+    bad, seen = [], 0
+    for block in _python_blocks(page):
+        for node in ast.walk(ast.parse(block)):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, (ast.Name, ast.Attribute)):
+                continue
+            name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+            given = {k.arg for k in node.keywords if k.arg}
+            if name in CALLS:
+                seen += 1
+                bad += [f"{name}(..., {k}=)" for k in sorted(given - allowed)]
+            elif name in fields:
+                bad += [f"{name}(..., {k}=)" for k in sorted(given - fields[name])]
+    assert seen or page.name not in ("README.md", "api.md"), f"{page.name} shows no call"
+    assert not bad, f"{page.relative_to(ROOT)} shows keywords the API does not take: {bad}"
+
+
+def test_the_readme_example_runs():
+    """The README's Python block, run as written on the shipped tiny pair."""
+    import contextlib
+    import io
+    import os
+
+    block = _python_blocks(ROOT / "README.md")[0]
+    out = io.StringIO()
+    cwd = os.getcwd()
+    try:
+        os.chdir(ROOT)
+        with contextlib.redirect_stdout(out):
+            exec(compile(block, "README.md", "exec"), {})
+    finally:
+        os.chdir(cwd)
+    text = out.getvalue()
+    assert "step 1:" in text and ("'length'" in text or "'eos'" in text), text

@@ -57,12 +57,12 @@ def test_drafters_follow_the_target_dtype_unless_told(models, dtype):
     t = in_dtype(target, dtype)
     for override in (None, "float32"):
         want = override or dtype
-        options = {} if override is None else dict(drafter_dtype=override)
-        r = prepare(t, PROMPTS, method="eagle", drafter=drafter, temperature=0.0, **options)
+        greedy = specjax.SamplingParams(temperature=0.0)
+        r = prepare(t, PROMPTS, specjax.Eagle(drafter, drafter_dtype=override), greedy)
         assert r.spec.drafter_config.layer.dtype == want
         w = r.weights.drafter
-        m = prepare(t, PROMPTS, method="medusa", heads=heads, temperature=0.0, **options).weights
-        s = prepare(t, PROMPTS, method="speculative", draft=draft, temperature=0.0, **options)
+        m = prepare(t, PROMPTS, specjax.Medusa(heads, drafter_dtype=override), greedy).weights
+        s = prepare(t, PROMPTS, specjax.Speculative(draft, drafter_dtype=override), greedy)
         assert s.spec.draft_config.dtype == want
         if want in ("int8", "q8_0"):
             for matrix in (w["fc"]["w"], w["proj"], w["layers"][0]["wq"],
@@ -81,11 +81,12 @@ def test_drafters_follow_the_target_dtype_unless_told(models, dtype):
 def test_greedy_decoding_with_drafters_in_the_target_dtype_equals_autoregressive(models, dtype):
     target, draft, drafter, heads = models
     t = in_dtype(target, dtype)
-    want = generate(t, PROMPTS, max_new_tokens=12, temperature=0.0).tokens
-    for method, extra in (("speculative", dict(draft=draft, k=3)), ("medusa", dict(heads=heads)),
-                          ("eagle", dict(drafter=drafter))):
-        got = generate(t, PROMPTS, method=method, max_new_tokens=12, temperature=0.0, **extra)
-        assert got.tokens == want, method
+    want = generate(t, PROMPTS, sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=12).tokens
+    for method in (specjax.Speculative(draft, k=3), specjax.Medusa(heads),
+                   specjax.Eagle(drafter)):
+        got = generate(t, PROMPTS, method, specjax.SamplingParams(temperature=0.0),
+                       max_new_tokens=12)
+        assert got.tokens == want, method.name
 
 
 @pytest.mark.skipif(not specjax_kernels.ensure(), reason="needs the CPU kernels (a C++ compiler)")
@@ -120,11 +121,12 @@ def test_every_drafter_product_is_a_kernel_call(models, dtype):
 def test_bad_drafter_dtypes_are_named_errors(models):
     target, draft, drafter, _ = models
     with pytest.raises(GenerationError, match="drafter_dtype must be one of"):
-        prepare(target, PROMPTS, method="eagle", drafter=drafter, drafter_dtype="float16")
+        prepare(target, PROMPTS, method=specjax.Eagle(drafter=drafter, drafter_dtype="float16"))
     with pytest.raises(GenerationError, match="drafter_dtype must be one of"):
-        prepare(target, PROMPTS, method="speculative", draft=draft, drafter_dtype=32)
-    with pytest.raises(GenerationError, match="drafter_dtype applies to methods"):
-        prepare(target, PROMPTS, method="ngram", drafter_dtype="bfloat16")
+        prepare(target, PROMPTS, method=specjax.Speculative(draft=draft, drafter_dtype=32))
+    with pytest.raises(GenerationError, match="drafter_dtype does not apply to method 'ngram'; "
+                                              "it is an option of 'speculative', 'medusa'"):
+        prepare(target, PROMPTS, specjax.api.methods.build("ngram", drafter_dtype="bfloat16"))
 
 
 def test_the_cli_refuses_a_bad_drafter_dtype():
@@ -132,7 +134,8 @@ def test_the_cli_refuses_a_bad_drafter_dtype():
                           "--method", "autoregressive", "--drafter-dtype", "bfloat16",
                           "--prompt", "hi", "-n", "2"], capture_output=True, text=True)
     assert out.returncode == 2, out
-    assert out.stderr.strip().count("\n") == 0 and "drafter_dtype" in out.stderr, out.stderr
+    assert out.stderr.strip().count("\n") == 0, out.stderr
+    assert "--drafter-dtype does not apply to --method autoregressive" in out.stderr, out.stderr
     out = subprocess.run([sys.executable, "-m", "specjax", "generate", "--drafter-dtype",
                           "float16"], capture_output=True, text=True)
     assert out.returncode == 2 and "--drafter-dtype" in out.stderr

@@ -81,14 +81,16 @@ def test_a_sampled_default_tree_round_trips_and_serves_sampled_calls(target, tmp
     assert loaded.tree == specjax.DynamicTree(3, 2, 5) and loaded.sampled_tree == Tree.chain(2)
     assert specjax.load(save_drafter(random_drafter(target), tmp_path / "one")).sampled_tree is None
 
-    def spec_tree(**options):
-        return prepare(target, [[1, 2, 3]], method="eagle", drafter=loaded, max_new_tokens=4,
-                       **options).spec.tree
-    assert spec_tree(temperature=0.0) == specjax.DynamicTree(3, 2, 5)
-    assert spec_tree(temperature=[0.7]) == Tree.chain(2)
-    assert spec_tree(temperature=1.0, tree=Tree.chain(3)) == Tree.chain(3)   # the caller's wins
-    result = generate(target, [[1, 2, 3], [4, 5]], method="eagle", drafter=loaded,
-                      max_new_tokens=6, temperature=[0.0, 1.0], seed=2)
+    def spec_tree(temperature, tree=None):
+        return prepare(target, [[1, 2, 3]], specjax.Eagle(loaded, tree=tree),
+                       specjax.SamplingParams(temperature=temperature),
+                       max_new_tokens=4).spec.tree
+    assert spec_tree(0.0) == specjax.DynamicTree(3, 2, 5)
+    assert spec_tree([0.7]) == Tree.chain(2)
+    assert spec_tree(1.0, tree=Tree.chain(3)) == Tree.chain(3)   # the caller's wins
+    result = generate(target, [[1, 2, 3], [4, 5]], method=specjax.Eagle(drafter=loaded),
+                      sampling=specjax.SamplingParams(temperature=[0.0, 1.0]), max_new_tokens=6,
+                      seed=2)
     assert result.stats.tree_size == 2
 
 
@@ -115,7 +117,7 @@ def test_eagle3_drafter_round_trip_and_its_errors(target, tmp_path):
             specjax.load(broken)
     deep = dataclasses.replace(drafter, config=dataclasses.replace(drafter.config, taps=(1, 2)))
     with pytest.raises(GenerationError, match=r"after \[1, 2\] layers.* has 2"):
-        generate(target, [[1, 2]], method="eagle", drafter=deep, max_new_tokens=2)
+        generate(target, [[1, 2]], method=specjax.Eagle(drafter=deep), max_new_tokens=2)
     with pytest.raises(ValueError, match="past the target's 2 layers"):
         eagle.init_drafter(target, kind="eagle3", taps=(1, 2))
     with pytest.raises(ValueError, match="no three distinct default"):
@@ -128,7 +130,7 @@ def test_drafter_for_another_target_is_refused(target, drafter_dir):
     other_weights = specjax.random_model(target.config, seed=7, std=1.0)
     for other, words in ((other_shape, "n_layers"), (other_weights, "LM-head weights")):
         with pytest.raises(GenerationError) as e:
-            generate(other, [[1, 2]], method="eagle", drafter=drafter, max_new_tokens=2)
+            generate(other, [[1, 2]], method=specjax.Eagle(drafter=drafter), max_new_tokens=2)
         assert str(drafter_dir / "config.json") in str(e.value) and words in str(e.value)
 
 
@@ -176,18 +178,19 @@ def test_corrupt_drafters_name_the_file(drafter_dir, tmp_path):
 
 def test_bad_eagle_requests_are_errors(target, drafter_dir):
     drafter = specjax.load(drafter_dir)
-    cases = {
-        "EAGLE drafter": dict(method="eagle"),
-        "drafter applies to methods 'eagle' and 'dflash'": dict(method="speculative", draft=target,
-                                                   drafter=drafter),
-        "candidates='iid'": dict(method="eagle", drafter=drafter, candidates="iid",
-                                 temperature=0.0),
-        "drafter must be an EAGLE drafter": dict(method="eagle", drafter=target),
-        "13 children": dict(method="eagle", drafter=drafter, tree=Tree.full((13,))),
+    build = specjax.api.methods.build
+    cases = {       # each made inside the check: a method object checks itself when made
+        "needs an EAGLE drafter": lambda: dict(method="eagle"),
+        "drafter does not apply to method 'speculative'; it is an option of 'eagle' and "
+        "'dflash'": lambda: dict(method=build("speculative", draft=target, drafter=drafter)),
+        "candidates='iid'": lambda: dict(method=specjax.Eagle(drafter, candidates="iid"),
+                                         sampling=specjax.SamplingParams(temperature=0.0)),
+        "drafter must be an EAGLE drafter": lambda: dict(method=specjax.Eagle(target)),
+        "13 children": lambda: dict(method=specjax.Eagle(drafter, tree=Tree.full((13,)))),
     }
     for words, kwargs in cases.items():
         with pytest.raises(GenerationError) as e:
-            generate(target, [[1, 2, 3]], max_new_tokens=4, **kwargs)
+            generate(target, [[1, 2, 3]], max_new_tokens=4, **kwargs())
         assert words in str(e.value), (words, str(e.value))
     gpt2 = specjax.random_model(specjax.ModelConfig(
         arch="gpt2", vocab_size=V, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=16,
@@ -202,18 +205,23 @@ def test_greedy_eagle_equals_autoregressive(target):
     drafter = random_drafter(target, seed=1)
     prompts = [[3, 1, 4, 1, 5], [9], [2, 7, 1, 8, 2, 8, 1, 8]]
     eos = (5,)
-    ar = generate(target, prompts, max_new_tokens=24, temperature=0.0, eos_ids=eos)
+    ar = generate(target, prompts, sampling=specjax.SamplingParams(temperature=0.0),
+                  max_new_tokens=24, eos_ids=eos)
     for name, tree in TREES.items():
-        batch = generate(target, prompts, method="eagle", drafter=drafter, tree=tree,
-                         max_new_tokens=24, temperature=0.0, eos_ids=eos)
+        batch = generate(target, prompts, method=specjax.Eagle(drafter=drafter, tree=tree),
+                         sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=24,
+                         eos_ids=eos)
         assert batch.tokens == ar.tokens, name
         assert batch.stats.accepted > 0, name          # the equality is not AR in disguise
     for name in ("sparse", "dynamic-4-3-9"):
-        alone = generate(target, prompts[1:2], method="eagle", drafter=drafter, tree=TREES[name],
-                         max_new_tokens=24, temperature=0.0, eos_ids=eos)
+        alone = generate(target, prompts[1:2],
+                         method=specjax.Eagle(drafter=drafter, tree=TREES[name]),
+                         sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=24,
+                         eos_ids=eos)
         assert alone.tokens == ar.tokens[1:2], name
-    chain = generate(target, prompts, method="eagle", drafter=drafter, k=3,
-                     max_new_tokens=24, temperature=0.0, eos_ids=eos)   # no tree: a chain of k
+    chain = generate(target, prompts, method=specjax.Eagle(drafter=drafter, k=3),
+                     sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=24,
+                     eos_ids=eos)   # no tree: a chain of k
     assert chain.tokens == ar.tokens and chain.stats.tree_size == 3
 
 
@@ -227,10 +235,12 @@ PUBLISHED = {"eagle1": dict(style="published", head="target", subset=V),
 def test_greedy_published_eagle_equals_autoregressive(target, kind):
     drafter = random_drafter(target, seed=4, **PUBLISHED[kind])
     prompts = [[3, 1, 4, 1, 5], [9], [2, 7, 1, 8, 2, 8, 1, 8]]
-    ar = generate(target, prompts, max_new_tokens=24, temperature=0.0, eos_ids=(5,))
+    ar = generate(target, prompts, sampling=specjax.SamplingParams(temperature=0.0),
+                  max_new_tokens=24, eos_ids=(5,))
     for name in ("sparse", "dynamic-4-3-9"):
-        out = generate(target, prompts, method="eagle", drafter=drafter, tree=TREES[name],
-                       max_new_tokens=24, temperature=0.0, eos_ids=(5,))
+        out = generate(target, prompts, method=specjax.Eagle(drafter=drafter, tree=TREES[name]),
+                       sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=24,
+                       eos_ids=(5,))
         assert out.tokens == ar.tokens, name
         assert out.stats.accepted > 0, name
 
@@ -304,8 +314,10 @@ def test_drafter_in_the_loop_matches_its_training_forward(kind, target):
         drafter = random_drafter(target, seed=4, kind="eagle3", taps=(0, 1))
         prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8, 1, 8]]
     depth = 3
-    request = prepare(target, prompts, method="eagle", drafter=drafter, tree=Tree.chain(depth),
-                      temperature=0.0, max_new_tokens=40, eos_ids=())
+    request = prepare(target, prompts,
+                      method=specjax.Eagle(drafter=drafter, tree=Tree.chain(depth)),
+                      sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=40,
+                      eos_ids=())
     programs = loop.programs(request.spec)
     state = programs.init(request.weights, *request.inputs)
     draft = jax.jit(lambda w, s: eagle_decoding.draft_tree(request.spec, w, s,
@@ -329,10 +341,11 @@ def test_shipped_tiny_drafter_gives_the_greedy_output():
     target = specjax.load(WEIGHTS / "llama-target")
     drafter = specjax.load(WEIGHTS / "llama-eagle")
     prompts = ["def read_lines(path):\n", "class Config:\n    def __init__(self"]
-    ar = generate(target, prompts, max_new_tokens=48, temperature=0.0)
+    ar = generate(target, prompts, sampling=specjax.SamplingParams(temperature=0.0),
+                  max_new_tokens=48)
     for tree in (None, Tree.chain(2), Tree.full((2, 2))):
-        out = generate(target, prompts, method="eagle", drafter=drafter, tree=tree,
-                       max_new_tokens=48, temperature=0.0)
+        out = generate(target, prompts, method=specjax.Eagle(drafter=drafter, tree=tree),
+                       sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=48)
         assert out.tokens == ar.tokens
         assert out.stats.tokens_per_target_call > 1.5, (tree, out.stats)
 
@@ -382,8 +395,10 @@ def test_dynamic_tree_matches_eagle2_selection_from_scratch(target, shape):
     recomputed path by path, at the first step and after two more; and its trees are well
     formed."""
     drafter = random_drafter(target, seed=2, std=0.5)
-    request = prepare(target, [[3, 1, 4, 1, 5], [9, 2]], method="eagle", drafter=drafter,
-                      tree=shape, temperature=0.0, max_new_tokens=12, eos_ids=())
+    request = prepare(target, [[3, 1, 4, 1, 5], [9, 2]],
+                      method=specjax.Eagle(drafter=drafter, tree=shape),
+                      sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=12,
+                      eos_ids=())
     programs = loop.programs(request.spec)
     state = programs.init(request.weights, *request.inputs)
 

@@ -21,33 +21,31 @@ from specjax.decoding import loop
 from specjax.sampling.tree import DynamicTree, Tree
 from specjax import testing
 from tests.test_distribution import NGRAM_PROMPT, eagle_drafter, in_dtype, medusa_heads
+import specjax
 
-METHODS = {
-    "autoregressive": dict(method="autoregressive"),
-    "speculative-chain": dict(method="speculative", k=3),
-    "speculative-tree": dict(method="speculative", tree=Tree.full((2, 2)), candidates="distinct"),
-    "ngram": dict(method="ngram", k=3),
-    "medusa": dict(method="medusa", tree=Tree.full((2, 2)), candidates="iid"),
-    "eagle-dynamic-tree": dict(method="eagle", tree=DynamicTree(3, 2, 4)),
-    "speculative-confidence-schedule": dict(method="speculative", k=3, k_schedule="confidence",
-                                            confidence_threshold=0.5),
+METHODS = {        # each case's method, given the tiny pair
+    "autoregressive": lambda pair: specjax.Autoregressive(),
+    "speculative-chain": lambda pair: specjax.Speculative(pair.draft, k=3),
+    "speculative-tree": lambda pair: specjax.Speculative(pair.draft, tree=Tree.full((2, 2)),
+                                                         candidates="distinct"),
+    "ngram": lambda pair: specjax.NGram(k=3),
+    "medusa": lambda pair: specjax.Medusa(medusa_heads(pair.target), tree=Tree.full((2, 2)),
+                                          candidates="iid"),
+    "eagle-dynamic-tree": lambda pair: specjax.Eagle(eagle_drafter(pair.target),
+                                                     tree=DynamicTree(3, 2, 4)),
+    "speculative-confidence-schedule": lambda pair: specjax.Speculative(
+        pair.draft, k=3, k_schedule="confidence", confidence_threshold=0.5),
 }
 
 
-def request(options, dtype="float32"):
+def request(method, dtype="float32"):
     pair = testing.pair()
     if dtype != "float32":
         pair = in_dtype((pair.target, pair.draft), dtype)
         pair = SimpleNamespace(target=pair[0], draft=pair[1])
-    options = dict(options)
-    if options["method"] == "speculative":
-        options["draft"] = pair.draft
-    if options["method"] == "medusa":
-        options["heads"] = medusa_heads(pair.target)
-    if options["method"] == "eagle":
-        options["drafter"] = eagle_drafter(pair.target)
-    return prepare(pair.target, [list(NGRAM_PROMPT), list(NGRAM_PROMPT[:5])],
-                   max_new_tokens=8, temperature=0.8, top_p=0.9, eos_ids=(), **options)
+    return prepare(pair.target, [list(NGRAM_PROMPT), list(NGRAM_PROMPT[:5])], method(pair),
+                   specjax.SamplingParams(temperature=0.8, top_p=0.9), max_new_tokens=8,
+                   eos_ids=())
 
 
 def flat_program(req):

@@ -22,12 +22,13 @@ from tests.test_distribution import NGRAM_PROMPT, eagle_drafter, in_dtype
 PROMPTS = [list(NGRAM_PROMPT), list(NGRAM_PROMPT[:5]), [3, 1]]
 
 
-def options(method):
+def method_of(name):
     pair = testing.pair()
-    return {"speculative": dict(draft=pair.draft, k=3),
-            "speculative-tree": dict(draft=pair.draft, tree=specjax.Tree.full((2, 2))),
-            "eagle": dict(drafter=eagle_drafter(pair.target),
-                          tree=specjax.DynamicTree(3, 2, 4))}[method]
+    return {"speculative": lambda: specjax.Speculative(pair.draft, k=3),
+            "speculative-tree": lambda: specjax.Speculative(pair.draft,
+                                                            tree=specjax.Tree.full((2, 2))),
+            "eagle": lambda: specjax.Eagle(eagle_drafter(pair.target),
+                                           tree=specjax.DynamicTree(3, 2, 4))}[name]()
 
 
 def lowered(spec_request) -> str:
@@ -42,9 +43,9 @@ def test_greedy_tokens_are_the_same_with_the_kernels_on_and_off(method):
     if not kernels.ensure():
         pytest.skip("the kernels cannot be built here (no C++ compiler)")
     target = testing.pair().target
-    name = method.split("-")[0]
-    on, off = (specjax.generate(target, PROMPTS, method=name, max_new_tokens=12,
-                                temperature=0.0, eos_ids=(), kernels=k, **options(method))
+    on, off = (specjax.generate(target, PROMPTS, method_of(method),
+                                specjax.SamplingParams(temperature=0.0), max_new_tokens=12,
+                                eos_ids=(), kernels=k)
                for k in (True, False))
     assert on.tokens == off.tokens
     assert on.stats.target_calls == off.stats.target_calls
@@ -59,8 +60,9 @@ def test_low_precision_greedy_tokens_are_the_same_with_the_kernels_on_and_off(dt
         pytest.skip("the kernels cannot be built here (no C++ compiler)")
     pair = testing.pair()
     target, draft = in_dtype((pair.target, pair.draft), dtype)
-    on, off = (specjax.generate(target, PROMPTS, method="speculative", draft=draft, k=3,
-                                max_new_tokens=12, temperature=0.0, eos_ids=(), kernels=k)
+    on, off = (specjax.generate(target, PROMPTS, method=specjax.Speculative(draft=draft, k=3),
+                                sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=12,
+                                eos_ids=(), kernels=k)
                for k in (True, False))
     assert on.tokens == off.tokens
     assert on.stats.target_calls == off.stats.target_calls
@@ -70,7 +72,7 @@ def test_the_switch_is_part_of_the_programs_key():
     if not kernels.ensure():
         pytest.skip("the kernels cannot be built here (no C++ compiler)")
     target, draft = testing.pair().target, testing.pair().draft
-    request = {k: prepare(target, PROMPTS, method="speculative", draft=draft, k=3,
+    request = {k: prepare(target, PROMPTS, method=specjax.Speculative(draft=draft, k=3),
                           max_new_tokens=8, kernels=k) for k in (True, False)}
     assert request[True].spec != request[False].spec
     assert linear.PRODUCT_TARGET in lowered(request[True])
@@ -100,8 +102,9 @@ from specjax import testing
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     pair = testing.pair()
-    result = specjax.generate(pair.target, {prompts}, method="speculative", draft=pair.draft,
-                              k=3, max_new_tokens=12, temperature=0.0, eos_ids=())
+    result = specjax.generate(pair.target, {prompts}, specjax.Speculative(pair.draft, k=3),
+                              specjax.SamplingParams(temperature=0.0), max_new_tokens=12,
+                              eos_ids=())
 print(json.dumps(dict(tokens=result.tokens, warnings=[str(w.message) for w in caught])))
 """
 
@@ -119,8 +122,9 @@ def test_without_a_compiler_generate_warns_and_runs_xla(tmp_path):
     assert any("kernels are not available" in w and "no C++ compiler" in w
                for w in out["warnings"]), out["warnings"]
     pair = testing.pair()
-    want = specjax.generate(pair.target, PROMPTS, method="speculative", draft=pair.draft, k=3,
-                            max_new_tokens=12, temperature=0.0, eos_ids=(), kernels=False)
+    want = specjax.generate(pair.target, PROMPTS, method=specjax.Speculative(draft=pair.draft, k=3),
+                            sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=12,
+                            eos_ids=(), kernels=False)
     assert out["tokens"] == want.tokens
     assert not (tmp_path / "cache" / "kernels").exists() or not any(
         (tmp_path / "cache" / "kernels").glob("*.so"))

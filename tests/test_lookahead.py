@@ -17,11 +17,13 @@ WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4], [7, 6], [5], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2]]
 N = 24
 K = 6
-SCHEDULES = {
-    "heuristic": dict(method="speculative", k_schedule="heuristic"),
-    "heuristic-start-1": dict(method="speculative", k_schedule="heuristic", k_start=1),
-    "confidence": dict(method="speculative", k_schedule="confidence", confidence_threshold=0.5),
-    "ngram-heuristic": dict(method="ngram", k_schedule="heuristic", k_start=2),
+SCHEDULES = {     # each a method of K drafts, given the draft model
+    "heuristic": lambda draft: specjax.Speculative(draft, K, k_schedule="heuristic"),
+    "heuristic-start-1": lambda draft: specjax.Speculative(draft, K, k_schedule="heuristic",
+                                                           k_start=1),
+    "confidence": lambda draft: specjax.Speculative(draft, K, k_schedule="confidence",
+                                                    confidence_threshold=0.5),
+    "ngram-heuristic": lambda draft: specjax.NGram(K, k_schedule="heuristic", k_start=2),
 }
 
 
@@ -33,13 +35,15 @@ def models():
 
 @pytest.fixture(scope="module")
 def greedy(models):
-    return generate(models[0], PROMPTS, max_new_tokens=N, temperature=0.0, eos_ids=()).tokens
+    return generate(models[0], PROMPTS, sampling=specjax.SamplingParams(temperature=0.0),
+                    max_new_tokens=N, eos_ids=()).tokens
 
 
 @pytest.mark.parametrize("name", SCHEDULES)
 def test_schedule_gives_the_greedy_output_batched_and_alone(models, greedy, name):
     target, draft = models
-    kwargs = dict(SCHEDULES[name], draft=draft, k=K, max_new_tokens=N, temperature=0.0, eos_ids=())
+    kwargs = dict(method=SCHEDULES[name](draft), sampling=specjax.SamplingParams(temperature=0.0),
+                  max_new_tokens=N, eos_ids=())
     batched = generate(target, PROMPTS, **kwargs)
     assert batched.tokens == greedy
     stats = batched.stats
@@ -54,8 +58,8 @@ def test_sampled_row_alone_equals_row_in_batch(models, name):
     # Each row's schedule state (its length, its stopping) is its own: batch neighbours that
     # draft longer or shorter change nothing in it.
     target, draft = models
-    kwargs = dict(SCHEDULES[name], draft=draft, k=K, max_new_tokens=N, temperature=1.0,
-                  eos_ids=())
+    kwargs = dict(method=SCHEDULES[name](draft), sampling=specjax.SamplingParams(temperature=1.0),
+                  max_new_tokens=N, eos_ids=())
     batch = generate(target, PROMPTS, seed=[11, 12, 13, 14], **kwargs).tokens
     assert generate(target, [PROMPTS[3]], seed=[14], **kwargs).tokens[0] == batch[3]
 
@@ -64,8 +68,9 @@ def test_rows_keep_their_own_heuristic_length(models):
     # After one step every row's next length follows its own acceptance: + 2 (capped at K)
     # after a fully accepted draft, - 1 (at least 1) otherwise.
     target, draft = models
-    request = prepare(target, PROMPTS, method="speculative", draft=draft, k=K,
-                      k_schedule="heuristic", k_start=3, max_new_tokens=60, temperature=1.0,
+    request = prepare(target, PROMPTS,
+                      method=specjax.Speculative(draft=draft, k=K, k_schedule="heuristic", k_start=3),
+                      sampling=specjax.SamplingParams(temperature=1.0), max_new_tokens=60,
                       eos_ids=(), seed=[1, 2, 3, 4])
     state = loop.init(request.spec, request.weights, *request.inputs)
     lengths = [np.asarray(state.carry.lookahead)]
@@ -91,8 +96,8 @@ def test_draft_works_less_where_it_is_unsure():
     # program for both calls.)
     target = specjax.load(WEIGHTS / "llama-target")
     draft = specjax.load(WEIGHTS / "llama-draft")
-    kwargs = dict(method="speculative", draft=draft, k=8, k_schedule="confidence",
-                  confidence_threshold=0.2, max_new_tokens=24, temperature=0.0, eos_ids=())
+    kwargs = dict(method=specjax.Speculative(draft=draft, k=8, k_schedule="confidence", confidence_threshold=0.2),
+                  sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=24, eos_ids=())
     confident = generate(target, ["import os\nimport sys\n" * 6], **kwargs).stats
     assignments = "".join(f"{name} = {i}\n" for i, name in enumerate("abcdefghijk", 1))
     unsure = generate(target, [assignments], **kwargs).stats
@@ -117,22 +122,28 @@ def test_verify_sizes():
     (dict(k_start=3), "k_start applies to k_schedule='heuristic'"),
     (dict(confidence_threshold=0.3), "confidence_threshold applies to k_schedule='confidence'"),
     (dict(method="ngram", k_schedule="confidence"), "n-gram lookup has none"),
-    (dict(method="autoregressive", k_schedule="heuristic"), "not 'autoregressive'"),
+    (dict(method="autoregressive", k_schedule="heuristic"),
+     "k_schedule does not apply to method 'autoregressive'"),
     (dict(k_schedule="heuristic", tree=((0,), (1,))), "a token tree's shape is fixed"),
 ])
 def test_bad_schedule_options_are_clear_errors(models, kwargs, needle):
+    # Each case as the command line builds it (`methods.build`): a name and its options.
     target, draft = models
-    kwargs = {"method": "speculative", "draft": draft, **kwargs}
+    name = kwargs.pop("method", "speculative")
     with pytest.raises(GenerationError) as info:
-        generate(target, PROMPTS, **kwargs)
+        method = specjax.api.methods.build(name, draft=draft if name == "speculative" else None,
+                                           **kwargs)
+        generate(target, PROMPTS, method)
     assert needle in str(info.value)
 
 
 def test_heuristic_default_start_fits_a_small_k(models, greedy):
     # k_start defaults to min(5, k): k = 2 with the heuristic schedule is not an error.
     target, draft = models
-    result = generate(target, PROMPTS, method="speculative", draft=draft, k=2,
-                      k_schedule="heuristic", max_new_tokens=N, temperature=0.0, eos_ids=())
+    result = generate(target, PROMPTS,
+                      method=specjax.Speculative(draft=draft, k=2, k_schedule="heuristic"),
+                      sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=N,
+                      eos_ids=())
     assert result.tokens == greedy
 
 

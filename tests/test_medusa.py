@@ -66,7 +66,7 @@ def test_heads_for_another_target_are_refused(target, heads_dir):
     other_weights = specjax.random_model(target.config, seed=7, std=1.0)
     for other, words in ((other_shape, "n_layers"), (other_weights, "LM-head weights")):
         with pytest.raises(GenerationError) as e:
-            generate(other, [[1, 2]], method="medusa", heads=heads, max_new_tokens=2)
+            generate(other, [[1, 2]], method=specjax.Medusa(heads=heads), max_new_tokens=2)
         assert str(heads_dir / "config.json") in str(e.value) and words in str(e.value)
 
 
@@ -102,17 +102,20 @@ def test_corrupt_heads_name_the_file(heads_dir, tmp_path):
 
 def test_bad_medusa_requests_are_errors(target, heads_dir):
     heads = specjax.load(heads_dir)
-    cases = {
-        "Medusa heads": dict(method="medusa"),
-        "heads applies to method 'medusa'": dict(method="speculative", draft=target, heads=heads),
-        "4 deep": dict(method="medusa", heads=heads, tree=Tree.chain(4)),
-        "candidates='iid'": dict(method="medusa", heads=heads, candidates="iid", temperature=0.0),
-        "heads must be Medusa heads": dict(method="medusa", heads=target),
-        "13 children": dict(method="medusa", heads=heads, tree=Tree.full((13,))),
+    build = specjax.api.methods.build
+    cases = {       # each made inside the check: a method object checks itself when made
+        "needs Medusa heads": lambda: dict(method="medusa"),
+        "heads does not apply to method 'speculative'; it is an option of 'medusa'":
+            lambda: dict(method=build("speculative", draft=target, heads=heads)),
+        "4 deep": lambda: dict(method=specjax.Medusa(heads, tree=Tree.chain(4))),
+        "candidates='iid'": lambda: dict(method=specjax.Medusa(heads, candidates="iid"),
+                                         sampling=specjax.SamplingParams(temperature=0.0)),
+        "heads must be Medusa heads": lambda: dict(method=specjax.Medusa(target)),
+        "13 children": lambda: dict(method=specjax.Medusa(heads, tree=Tree.full((13,)))),
     }
     for words, kwargs in cases.items():
         with pytest.raises(GenerationError) as e:
-            generate(target, [[1, 2, 3]], max_new_tokens=4, **kwargs)
+            generate(target, [[1, 2, 3]], max_new_tokens=4, **kwargs())
         assert words in str(e.value), (words, str(e.value))
 
 
@@ -121,16 +124,19 @@ def test_greedy_medusa_equals_autoregressive(target):
     heads = random_heads(target, seed=1)
     prompts = [[3, 1, 4, 1, 5], [9], [2, 7, 1, 8, 2, 8, 1, 8]]
     eos = (5,)
-    ar = generate(target, prompts, max_new_tokens=24, temperature=0.0, eos_ids=eos)
+    ar = generate(target, prompts, sampling=specjax.SamplingParams(temperature=0.0),
+                  max_new_tokens=24, eos_ids=eos)
     for name, tree in {**TREES, "none: a chain of one candidate per head": None}.items():
-        batch = generate(target, prompts, method="medusa", heads=heads, tree=tree,
-                         max_new_tokens=24, temperature=0.0, eos_ids=eos)
+        batch = generate(target, prompts, method=specjax.Medusa(heads=heads, tree=tree),
+                         sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=24,
+                         eos_ids=eos)
         assert batch.tokens == ar.tokens, name
         assert batch.stats.tree_size == (heads.config.num_heads if tree is None else tree.size)
         assert batch.stats.accepted > 0, name          # the equality is not AR in disguise
     # Alone (the one-token row, whose first step reads a zero hidden state), one shape suffices.
-    alone = generate(target, prompts[1:2], method="medusa", heads=heads, tree=TREES["sparse"],
-                     max_new_tokens=24, temperature=0.0, eos_ids=eos)
+    alone = generate(target, prompts[1:2], method=specjax.Medusa(heads=heads, tree=TREES["sparse"]),
+                     sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=24,
+                     eos_ids=eos)
     assert alone.tokens == ar.tokens[1:2]
 
 
@@ -143,8 +149,8 @@ def test_heads_that_agree_with_the_target_accept_whole_paths():
     params = dict(target.params, final_norm={"scale": np.zeros(target.config.d_model, np.float32)})
     constant = specjax.Model(target.config, params)
     heads = specjax.init_heads(specjax.HeadsConfig(3, 1, target.config.d_model, V, V), constant)
-    out = generate(constant, [[1, 2, 3]], method="medusa", heads=heads, tree=Tree.chain(3),
-                   max_new_tokens=12, temperature=0.0, eos_ids=())
+    out = generate(constant, [[1, 2, 3]], method=specjax.Medusa(heads=heads, tree=Tree.chain(3)),
+                   sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=12, eos_ids=())
     assert out.tokens == [[0] * 12]
     assert out.stats.accepted == out.stats.drafted == 9
     assert out.stats.tokens_per_target_call == 4.0
@@ -158,15 +164,16 @@ def test_shipped_tiny_heads_give_the_greedy_output():
     heads = specjax.load(SHIPPED)
     ids = target.tokenizer.encode("import os\nimport sys\n\n\ndef read_lines(path):\n").ids
     prompts = [ids, ids[:7], target.tokenizer.encode("class Stack:\n    def push(self, x):").ids]
-    ar = generate(target, prompts, max_new_tokens=48, temperature=0.0)
-    shipped = generate(target, prompts, method="medusa", heads=heads, max_new_tokens=48,
-                       temperature=0.0)
+    ar = generate(target, prompts, sampling=specjax.SamplingParams(temperature=0.0),
+                  max_new_tokens=48)
+    shipped = generate(target, prompts, method=specjax.Medusa(heads=heads),
+                       sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=48)
     assert shipped.tokens == ar.tokens
     # Its card expects 2.25 tokens per call on held-out generations; these prompts are new.
     assert shipped.stats.tokens_per_target_call >= 1.8, shipped.stats
-    alone = generate(target, prompts[1:2], method="medusa", heads=heads, max_new_tokens=48,
-                     temperature=0.0)
+    alone = generate(target, prompts[1:2], method=specjax.Medusa(heads=heads),
+                     sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=48)
     assert alone.tokens == ar.tokens[1:2]
-    wide = generate(target, prompts, method="medusa", heads=heads, tree=Tree.full((3, 2, 1)),
-                    max_new_tokens=48, temperature=0.0)
+    wide = generate(target, prompts, method=specjax.Medusa(heads=heads, tree=Tree.full((3, 2, 1))),
+                    sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=48)
     assert wide.tokens == ar.tokens

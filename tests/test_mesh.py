@@ -42,8 +42,10 @@ def test_mesh_checks_pass_on_eight_devices_and_across_two_processes():
             for i in range(2)]
 
     target, draft = specjax.load(WEIGHTS / "llama-target"), specjax.load(WEIGHTS / "llama-draft")
-    expected = {method: specjax.generate(target, prompts, method=method, draft=draft, k=3,
-                                         max_new_tokens=8, temperature=1.0, seed=5).tokens
+    expected = {method: specjax.generate(target, prompts,
+                                         method=specjax.api.methods.build(method, others="ignore", draft=draft, k=3),
+                                         sampling=specjax.SamplingParams(temperature=1.0),
+                                         max_new_tokens=8, seed=5).tokens
                 for method in ("autoregressive", "speculative")}
     outputs = [p.communicate(timeout=600) for p in pair]
     out, err = checks.communicate(timeout=1200)

@@ -315,7 +315,7 @@ def test_published_layouts_round_trip_exactly(target, tmp_path):
         json.dumps(dict(raw, eagle_tree={"depth": 10**6, "top_k": 10**3, "total_token": 4})))
     hostile = specjax.load(tmp_path / "treed-in3-speculators-1")
     with pytest.raises(GenerationError, match="drafts 999999000 frontier slots"):
-        generate(model, [[1, 2]], method="eagle", drafter=hostile, max_new_tokens=2)
+        generate(model, [[1, 2]], method=specjax.Eagle(drafter=hostile), max_new_tokens=2)
     (tmp_path / "treed-in3-speculators-1" / "config.json").write_text(
         json.dumps(dict(raw, eagle_sampled_tree=[[0, 0]])))
     with pytest.raises(specjax.CheckpointError, match="eagle_sampled_tree: .*"):
@@ -360,13 +360,16 @@ def test_loaded_published_drafters_give_the_greedy_output(target, tmp_path):
     write_eagle3(tmp_path / "e3", 11, "eagle")
     write_medusa(tmp_path / "m", 12)
     prompts = [[3, 1, 4, 1, 5], [9, 2]]
-    ar = generate(model, prompts, max_new_tokens=12, temperature=0.0)
+    ar = generate(model, prompts, sampling=specjax.SamplingParams(temperature=0.0),
+                  max_new_tokens=12)
     for tree in (specjax.DynamicTree(3, 2, 5), Tree.full((2, 2))):
-        out = generate(model, prompts, method="eagle", drafter=specjax.load(tmp_path / "e3"),
-                       tree=tree, max_new_tokens=12, temperature=0.0)
+        out = generate(model, prompts,
+                       method=specjax.Eagle(drafter=specjax.load(tmp_path / "e3"), tree=tree),
+                       sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=12)
         assert out.tokens == ar.tokens, tree
-    out = generate(model, prompts, method="medusa", heads=specjax.load(tmp_path / "m"),
-                   tree=Tree.full((2, 2)), max_new_tokens=12, temperature=0.0)
+    out = generate(model, prompts,
+                   method=specjax.Medusa(heads=specjax.load(tmp_path / "m"), tree=Tree.full((2, 2))),
+                   sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=12)
     assert out.tokens == ar.tokens
 
 
@@ -411,12 +414,12 @@ def test_hostile_published_layouts_are_checkpoint_errors(target, tmp_path):
     deep = specjax.load(variant("deep", config=lambda c: c.update(
         eagle_aux_hidden_state_layer_ids=[1, 3, 7])))
     with pytest.raises(GenerationError, match=r"after \[1, 3, 7\] layers"):
-        generate(model, [[1, 2]], method="eagle", drafter=deep, max_new_tokens=2)
+        generate(model, [[1, 2]], method=specjax.Eagle(drafter=deep), max_new_tokens=2)
     wide = specjax.load(variant("wide", config=lambda c: c["transformer_layer_config"].update(
         vocab_size=V + 1), change=lambda t: t.update(t2d=np.zeros(V + 1, bool)) or
         t["t2d"].__setitem__(np.arange(DRAFT_VOCAB) + t["d2t"], True)))
     with pytest.raises(GenerationError, match="vocab_size"):
-        generate(model, [[1, 2]], method="eagle", drafter=wide, max_new_tokens=2)
+        generate(model, [[1, 2]], method=specjax.Eagle(drafter=wide), max_new_tokens=2)
 
 
 class _Exploit:

@@ -124,29 +124,31 @@ def test_per_row_parameters_equal_each_rows_own():
 GROUPS = [SamplingParams(1.0), SamplingParams(0.7, 0, 0.9), SamplingParams(1.0, 3),
           SamplingParams(0.8, 0, 1.0, 0.2)]
 ROWS_PER_GROUP = 25_000
-CASES = {
-    "speculative-k2": dict(method="speculative", k=2),
-    "ngram-k2": dict(method="ngram", k=2, prompt=NGRAM_PROMPT),
-    "tree-2x2-distinct": dict(method="speculative", tree=((0,), (1,), (0, 0), (1, 0)),
-                              candidates="distinct"),
-    "medusa-2x2-iid": dict(method="medusa", tree=((0,), (1,), (0, 0), (1, 0)), candidates="iid"),
+TREE = ((0,), (1,), (0, 0), (1, 0))
+CASES = {           # each case's method, given the draft and the heads
+    "speculative-k2": lambda draft, heads: specjax.Speculative(draft, k=2),
+    "ngram-k2": lambda draft, heads: specjax.NGram(k=2),
+    "tree-2x2-distinct": lambda draft, heads: specjax.Speculative(draft, tree=TREE,
+                                                                  candidates="distinct"),
+    "medusa-2x2-iid": lambda draft, heads: specjax.Medusa(heads, tree=TREE, candidates="iid"),
 }
 # One test per group and case at a family level of 0.01 (Bonferroni), as test_distribution.py.
 ALPHA = 0.01 / (len(CASES) * len(GROUPS))
 
 
-def draw_groups(models, heads, case: dict, rules=None) -> list[np.ndarray]:
+def prompt_of(name: str) -> list[int]:
+    return NGRAM_PROMPT if name.startswith("ngram") else PROMPT
+
+
+def draw_groups(models, heads, name: str, rules=None) -> list[np.ndarray]:
     target, draft = models
-    prompt = case.get("prompt", PROMPT)
-    options = {name: v for name, v in case.items() if name != "prompt"}
-    if options["method"] == "medusa":
-        options["heads"] = heads
     per_row = lambda name: np.repeat([getattr(g, name) for g in GROUPS], ROWS_PER_GROUP)  # noqa: E731
-    result = generate(target, np.tile(np.asarray(prompt, np.int32), (len(GROUPS) * ROWS_PER_GROUP, 1)),
-                      draft=draft, max_new_tokens=L, eos_ids=(), seed=11,
-                      temperature=per_row("temperature"), top_k=per_row("top_k"),
-                      top_p=per_row("top_p"), min_p=per_row("min_p"),
-                      **({"rules": rules} if rules else {}), **options)
+    sampling = SamplingParams(*map(per_row, ("temperature", "top_k", "top_p", "min_p")))
+    result = generate(target,
+                      np.tile(np.asarray(prompt_of(name), np.int32),
+                              (len(GROUPS) * ROWS_PER_GROUP, 1)),
+                      CASES[name](draft, heads), sampling, max_new_tokens=L, eos_ids=(),
+                      seed=11, rules=rules)
     samples = np.array(result.tokens, np.int32)
     return [samples[i * ROWS_PER_GROUP:(i + 1) * ROWS_PER_GROUP] for i in range(len(GROUPS))]
 
@@ -154,9 +156,8 @@ def draw_groups(models, heads, case: dict, rules=None) -> list[np.ndarray]:
 @pytest.mark.parametrize("name", CASES)
 def test_each_row_group_samples_its_own_target_law(models, heads, name):
     target, _ = models
-    prompt = CASES[name].get("prompt", PROMPT)
-    laws = [exact_law(target, prompt, g, L) for g in GROUPS]
-    groups = draw_groups(models, heads, CASES[name])
+    laws = [exact_law(target, prompt_of(name), g, L) for g in GROUPS]
+    groups = draw_groups(models, heads, name)
     for group, law, params in zip(groups, laws, GROUPS):
         p_value = gtest.p_value(group, law, V)
         assert p_value > ALPHA, f"{name} {params}: G-test p = {p_value:.3g} <= {ALPHA:.3g}"
@@ -176,7 +177,7 @@ def _propose_with_the_first_rows_settings(keys, logits, sampling):
 
 def test_a_draft_ignoring_per_row_settings_is_caught(models, heads):
     target, _ = models
-    groups = draw_groups(models, heads, CASES["speculative-k2"],
+    groups = draw_groups(models, heads, "speculative-k2",
                          rules=Rules(propose=_propose_with_the_first_rows_settings))
     p_values = [gtest.p_value(group, exact_law(target, PROMPT, g, L), V)
                 for group, g in zip(groups[1:], GROUPS[1:])]
@@ -185,20 +186,22 @@ def test_a_draft_ignoring_per_row_settings_is_caught(models, heads):
 
 # -- Greedy rows of a mixed batch -----------------------------------------------------------------
 
-@pytest.mark.parametrize("options", [
-    dict(method="speculative", k=3), dict(method="ngram", k=3),
-    dict(method="speculative", tree=((0,), (1,), (0, 0)), candidates="distinct"),
-    dict(method="medusa", tree=((0,), (1,), (0, 0)), candidates="iid"),
+@pytest.mark.parametrize("method", [
+    lambda draft, heads: specjax.Speculative(draft, k=3),
+    lambda draft, heads: specjax.NGram(k=3),
+    lambda draft, heads: specjax.Speculative(draft, tree=((0,), (1,), (0, 0)),
+                                             candidates="distinct"),
+    lambda draft, heads: specjax.Medusa(heads, tree=((0,), (1,), (0, 0)), candidates="iid"),
 ], ids=["speculative", "ngram", "tree", "medusa"])
-def test_greedy_rows_of_a_mixed_batch_equal_autoregressive_greedy(models, heads, options):
+def test_greedy_rows_of_a_mixed_batch_equal_autoregressive_greedy(models, heads, method):
     target, draft = models
     prompts = [list(PROMPT), list(NGRAM_PROMPT), [3, 1, 4, 1, 5], [2, 2, 5]]
-    greedy = generate(target, prompts, method="autoregressive", max_new_tokens=12,
-                      temperature=0.0, eos_ids=())
-    mixed = generate(target, prompts, draft=draft, max_new_tokens=12, eos_ids=(), seed=5,
-                     temperature=[0.0, 0.9, 0.0, 1.0], top_p=[1.0, 0.9, 0.5, 1.0],
-                     min_p=[0.0, 0.1, 0.3, 0.0], heads=heads if options["method"] == "medusa"
-                     else None, **options)
+    greedy = generate(target, prompts, sampling=SamplingParams(temperature=0.0),
+                      max_new_tokens=12, eos_ids=())
+    mixed = generate(target, prompts, method(draft, heads),
+                     SamplingParams(temperature=[0.0, 0.9, 0.0, 1.0], top_p=[1.0, 0.9, 0.5, 1.0],
+                                    min_p=[0.0, 0.1, 0.3, 0.0]),
+                     max_new_tokens=12, eos_ids=(), seed=5)
     assert mixed.tokens[0] == greedy.tokens[0]
     assert mixed.tokens[2] == greedy.tokens[2]
 
@@ -212,13 +215,16 @@ def test_new_settings_reuse_the_compiled_program(models, heads):
         lambda event, seconds, **kw: compiles.append(event)
         if event == "/jax/core/compile/backend_compile_duration" else None)
 
-    def call(method, prompt_len, **settings):
+    # A tree's candidate scheme is static; its default ("top" when every row is greedy, else
+    # "distinct") would change with the temperatures, so it is fixed here.
+    methods = {"autoregressive": "autoregressive", "speculative": specjax.Speculative(draft, k=3),
+               "ngram": specjax.NGram(k=3),
+               "medusa": specjax.Medusa(heads, tree=((0,), (1,), (0, 0)), candidates="top")}
+
+    def call(method, prompt_len, max_new_tokens, seed, eos_ids=None, **sampling):
         prompts = [[1 + (i % 5) for i in range(prompt_len)]] * 3
-        # A tree's candidate scheme is static; its default ("top" when every row is greedy,
-        # else "distinct") would change with the temperatures, so it is fixed here.
-        extra = (dict(heads=heads, tree=((0,), (1,), (0, 0)), candidates="top")
-                 if method == "medusa" else {})
-        return generate(target, prompts, method=method, draft=draft, k=3, **extra, **settings)
+        return generate(target, prompts, methods[method], SamplingParams(**sampling),
+                        max_new_tokens=max_new_tokens, seed=seed, eos_ids=eos_ids)
 
     variants = [dict(temperature=0.7, max_new_tokens=10, seed=1),
                 dict(temperature=[0.0, 1.0, 0.5], top_k=[0, 3, 2], top_p=0.9, seed=2,
@@ -242,10 +248,11 @@ def test_new_settings_reuse_the_compiled_program(models, heads):
 @pytest.mark.parametrize("method", ["speculative", "ngram", "medusa"])
 def test_row_stats_add_up(models, heads, method):
     target, draft = models
-    extra = dict(heads=heads, tree=((0,), (1,), (0, 0))) if method == "medusa" else dict(k=3)
-    result = generate(target, [list(PROMPT), list(NGRAM_PROMPT), [3, 1, 4]], method=method,
-                      draft=draft, max_new_tokens=[5, 17, 11], temperature=[0.0, 1.0, 0.6],
-                      eos_ids=(), seed=3, **extra)
+    chosen = {"speculative": specjax.Speculative(draft, k=3), "ngram": specjax.NGram(k=3),
+              "medusa": specjax.Medusa(heads, tree=((0,), (1,), (0, 0)))}[method]
+    result = generate(target, [list(PROMPT), list(NGRAM_PROMPT), [3, 1, 4]], chosen,
+                      SamplingParams(temperature=[0.0, 1.0, 0.6]),
+                      max_new_tokens=[5, 17, 11], eos_ids=(), seed=3)
     depth = 2 if method == "medusa" else 3
     for row, tokens in zip(result.row_stats, result.tokens):
         hist = np.array(row.accepted_histogram)
@@ -266,24 +273,30 @@ def test_row_stats_add_up(models, heads, method):
 
 def test_stop_ids_per_row(models):
     target, _ = models
-    free = generate(target, [list(PROMPT)] * 2, max_new_tokens=12, temperature=0.0, eos_ids=())
+    free = generate(target, [list(PROMPT)] * 2, sampling=SamplingParams(temperature=0.0),
+                    max_new_tokens=12, eos_ids=())
     stop = free.tokens[0][4]
-    result = generate(target, [list(PROMPT)] * 2, max_new_tokens=12, temperature=0.0,
-                      eos_ids=[[stop], []])
+    result = generate(target, [list(PROMPT)] * 2, sampling=SamplingParams(temperature=0.0),
+                      max_new_tokens=12, eos_ids=[[stop], []])
     assert result.tokens[0] == free.tokens[0][:free.tokens[0].index(stop) + 1]
     assert result.tokens[1] == free.tokens[1]
 
 
 @pytest.mark.parametrize("kwargs, shown", [
-    (dict(temperature=[0.0, -1.0]), "-1.0"), (dict(min_p=1.5), "1.5"),
-    (dict(top_k=[1, 2, 3]), "3 values for 2 prompts"), (dict(top_p=[[0.5], [0.5]]), "flat list"),
-    (dict(max_new_tokens=[4, 0]), "max_new_tokens"), (dict(eos_ids=[[1], [2], [3]]), "3 lists"),
-    (dict(eos_ids=[-2]), "-2"), (dict(eos_ids=5), "eos_ids"), (dict(min_p="x"), "'x'"),
+    (lambda: dict(sampling=SamplingParams(temperature=[0.0, -1.0])), "-1.0"),
+    (lambda: dict(sampling=SamplingParams(min_p=1.5)), "1.5"),
+    (lambda: dict(sampling=SamplingParams(top_k=[1, 2, 3])), "3 values for 2 prompts"),
+    (lambda: dict(sampling=SamplingParams(top_p=[[0.5], [0.5]])), "flat list"),
+    (lambda: dict(max_new_tokens=[4, 0]), "max_new_tokens"),
+    (lambda: dict(eos_ids=[[1], [2], [3]]), "3 lists"),
+    (lambda: dict(eos_ids=[-2]), "-2"), (lambda: dict(eos_ids=5), "eos_ids"),
+    (lambda: dict(sampling=SamplingParams(min_p="x")), "'x'"),
 ])
 def test_bad_per_row_values_are_named_errors(models, kwargs, shown):
+    # Made inside the check: a SamplingParams checks its values when made.
     target, _ = models
     with pytest.raises(GenerationError, match=None) as error:
-        generate(target, [list(PROMPT)] * 2, **kwargs)
+        generate(target, [list(PROMPT)] * 2, **kwargs())
     assert shown in str(error.value)
 
 
@@ -295,8 +308,9 @@ def test_a_prepared_request_runs_as_its_arguments_would(models):
     from specjax.api.generate import prepare, stream
 
     target, draft = models
-    options = dict(method="speculative", draft=draft, k=3, max_new_tokens=9,
-                   temperature=[0.0, 1.0, 0.7], eos_ids=())
+    options = dict(method=specjax.Speculative(draft=draft, k=3),
+                   sampling=SamplingParams(temperature=[0.0, 1.0, 0.7]), max_new_tokens=9,
+                   eos_ids=())
     prompts = [list(PROMPT), list(NGRAM_PROMPT), [3, 1, 4]]
     request = prepare(target, prompts, seed=1, **options)
     assert generate(request).tokens == generate(target, prompts, seed=1, **options).tokens
@@ -309,8 +323,8 @@ def test_a_prepared_request_runs_as_its_arguments_would(models):
         again = generate(request.reseeded(seed)).tokens
         assert again == generate(target, prompts, seed=seed, **options).tokens
     assert generate(request.reseeded(2)).tokens != generate(request).tokens    # row 1 samples
-    with pytest.raises(GenerationError, match="'temperature' beside it"):
-        generate(request, temperature=0.5)
+    with pytest.raises(GenerationError, match="got sampling beside it"):
+        generate(request, sampling=SamplingParams(temperature=0.5))
     with pytest.raises(GenerationError, match="prompts beside it"):
         generate(request, prompts)
     with pytest.raises(GenerationError, match="prompts are required"):

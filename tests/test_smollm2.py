@@ -66,8 +66,9 @@ def theirs(directory):
 def reference(ours):
     """Greedy autoregressive tokens, stopping at the model's EOS as transformers' generate does:
     50 for each of PROMPTS[:3] and 60 for the code-editing prompt, in one batch (one program)."""
-    return generate(ours, PROMPTS[:3] + [EDIT_PROMPT], max_new_tokens=[50, 50, 50, 60],
-                    temperature=0.0).tokens
+    return generate(ours, PROMPTS[:3] + [EDIT_PROMPT],
+                    sampling=specjax.SamplingParams(temperature=0.0),
+                    max_new_tokens=[50, 50, 50, 60]).tokens
 
 
 @pytest.fixture(scope="module")
@@ -97,15 +98,15 @@ def test_greedy_generation_matches_transformers(ours, theirs, greedy):
 
 
 def test_ngram_greedy_equals_autoregressive(ours, greedy):
-    result = generate(ours, PROMPTS[:3], method="ngram", k=4, max_new_tokens=50,
-                      temperature=0.0)
+    result = generate(ours, PROMPTS[:3], method=specjax.NGram(k=4),
+                      sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=50)
     assert result.tokens == greedy
 
 
 def test_speculative_greedy_with_the_trained_draft_equals_autoregressive(ours, greedy):
     draft = specjax.load(DRAFT)
-    result = generate(ours, PROMPTS[:3], method="speculative", draft=draft, k=4,
-                      max_new_tokens=50, temperature=0.0)
+    result = generate(ours, PROMPTS[:3], method=specjax.Speculative(draft=draft, k=4),
+                      sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=50)
     assert result.tokens == greedy
     # The draft must also save target calls on these prompts, none of which it trained on: a
     # draft that never agrees with the target makes 1.0 tokens per target call. Measured: 1.41
@@ -117,20 +118,22 @@ def test_a_token_tree_gives_the_greedy_output(ours, greedy):
     # A full tree from the trained draft, on the batch of three prompts (n-gram trees are
     # checked on the shipped pairs, test_trained.py); `bench --trees` measures what they gain.
     draft = specjax.load(DRAFT)
-    spec = generate(ours, PROMPTS[:3], method="speculative", draft=draft,
-                    tree=specjax.Tree.full((2, 2, 1)), max_new_tokens=50, temperature=0.0)
+    spec = generate(ours, PROMPTS[:3],
+                    method=specjax.Speculative(draft=draft, tree=specjax.Tree.full((2, 2, 1))),
+                    sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=50)
     assert spec.tokens == greedy
     assert spec.stats.tokens_per_target_call >= 1.25, spec.stats
 
 
 def test_medusa_with_the_shipped_heads_gives_the_greedy_output(ours, greedy):
     heads = specjax.load(HEADS)
-    batched = generate(ours, PROMPTS[:3], method="medusa", heads=heads, max_new_tokens=50,
-                       temperature=0.0)                               # the heads' own tree
+    batched = generate(ours, PROMPTS[:3], method=specjax.Medusa(heads=heads),
+                       sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=50)                               # the heads' own tree
     assert batched.tokens == greedy
     assert batched.stats.accepted > 0
-    alone = generate(ours, PROMPTS[1:2], method="medusa", heads=heads,
-                     tree=specjax.Tree.full((3, 2)), max_new_tokens=50, temperature=0.0)
+    alone = generate(ours, PROMPTS[1:2],
+                     method=specjax.Medusa(heads=heads, tree=specjax.Tree.full((3, 2))),
+                     sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=50)
     assert alone.tokens == greedy[1:2]
 
 
@@ -140,21 +143,21 @@ def test_shipped_heads_make_1_6_tokens_per_target_call_on_held_out_prompts(ours)
     heads = specjax.load(HEADS)
     prompts = [chat.encode(ours, chat.render(ours, p["prompt"])) if p.get("chat") else p["prompt"]
                for p in SUITE["prompts"] if p["category"] != "long-code-editing"]
-    result = generate(ours, prompts, method="medusa", heads=heads, max_new_tokens=64,
-                      temperature=0.0)
+    result = generate(ours, prompts, method=specjax.Medusa(heads=heads),
+                      sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=64)
     assert result.stats.tokens_per_target_call >= 1.6, result.stats
 
 
 @pytest.mark.slow
 def test_eagle_with_the_shipped_drafter_gives_the_greedy_output(ours, greedy):
     drafter = specjax.load(DRAFTER)
-    batched = generate(ours, PROMPTS[:3], method="eagle", drafter=drafter, max_new_tokens=50,
-                       temperature=0.0)                               # the drafter's own tree
+    batched = generate(ours, PROMPTS[:3], method=specjax.Eagle(drafter=drafter),
+                       sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=50)                               # the drafter's own tree
     assert batched.tokens == greedy
     assert batched.stats.accepted > 0
     for tree in (specjax.Tree.chain(3), specjax.DynamicTree(depth=4, top_k=3, total_tokens=8)):
-        alone = generate(ours, PROMPTS[1:2], method="eagle", drafter=drafter, tree=tree,
-                         max_new_tokens=50, temperature=0.0)
+        alone = generate(ours, PROMPTS[1:2], method=specjax.Eagle(drafter=drafter, tree=tree),
+                         sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=50)
         assert alone.tokens == greedy[1:2], tree
 
 
@@ -164,7 +167,8 @@ def test_kernels_off_gives_the_same_greedy_output(ours, greedy):
     # product, and every step the few-query attention); XLA's formulation gives its tokens.
     # (EAGLE's tree verify with the kernels equals this greedy output too, test_eagle_with_...;
     # on and off for trees: tests/test_kernels.py.)
-    off = generate(ours, PROMPTS[:3], max_new_tokens=50, temperature=0.0, kernels=False)
+    off = generate(ours, PROMPTS[:3], sampling=specjax.SamplingParams(temperature=0.0),
+                   max_new_tokens=50, kernels=False)
     assert off.tokens == greedy
 
 
@@ -176,15 +180,16 @@ def test_shipped_drafter_makes_2_2_tokens_per_target_call_on_held_out_prompts(ou
     drafter = specjax.load(DRAFTER)
     prompts = [chat.encode(ours, chat.render(ours, p["prompt"])) if p.get("chat") else p["prompt"]
                for p in SUITE["prompts"] if p["category"] != "long-code-editing"]
-    result = generate(ours, prompts, method="eagle", drafter=drafter, max_new_tokens=64,
-                      tree=specjax.DynamicTree(depth=4, top_k=4, total_tokens=8),
-                      temperature=0.0)
+    result = generate(ours, prompts,
+                      method=specjax.Eagle(drafter=drafter, tree=specjax.DynamicTree(depth=4, top_k=4, total_tokens=8)),
+                      sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=64)
     assert result.stats.tokens_per_target_call >= 2.2, result.stats
 
 
 def test_ngram_accepts_long_runs_on_a_code_editing_prompt(ours, reference):
     # Rewriting a function given in the prompt: most of the output is copied from the prompt,
     # which is where prompt lookup pays off. The speedup itself is measured by `bench`.
-    lookup = generate(ours, [EDIT_PROMPT], method="ngram", k=8, max_new_tokens=60, temperature=0.0)
+    lookup = generate(ours, [EDIT_PROMPT], method=specjax.NGram(k=8),
+                      sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=60)
     assert lookup.tokens == reference[3:]
     assert lookup.stats.tokens_per_target_call >= 2.5, lookup.stats

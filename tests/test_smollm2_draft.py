@@ -78,5 +78,6 @@ def test_tokenizer_files_are_the_targets():
     for key in ("vocab_size", "bos_token_id", "eos_token_id", "tie_word_embeddings", "model_type"):
         assert draft_config[key] == target_config[key], key
     # What generate checks before speculative decoding: the same token ids.
-    specjax.generate(specjax.load(target), [[1, 2, 3]], method="speculative",
-                     draft=specjax.load(DRAFT), k=2, max_new_tokens=3, temperature=0.0)
+    specjax.generate(specjax.load(target), [[1, 2, 3]],
+                     method=specjax.Speculative(draft=specjax.load(DRAFT), k=2),
+                     sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=3)

@@ -74,21 +74,23 @@ METHODS = ["speculative", "ngram", "medusa", "eagle"]
 
 @functools.lru_cache(maxsize=None)
 def greedy(dtype: str) -> tuple:
-    return tuple(tuple(generate(load(dtype), [p], max_new_tokens=NEW, temperature=0.0).tokens[0])
+    return tuple(tuple(generate(load(dtype), [p], sampling=specjax.SamplingParams(temperature=0.0),
+                                max_new_tokens=NEW).tokens[0])
                  for p in PROMPTS)
 
 
-def drafting(method: str) -> dict:
+def drafting(method: str) -> specjax.api.methods.Method:
     """What `method` drafts with on SmolLM2: the shipped draft, heads and EAGLE drafter (they
     follow the target's dtype; float32 on disk). No DFlash drafter is shipped: a random one,
     whose drafts the target rejects, so each verify call's first position decides; the others
     equal one-token steps by the bit-identity test above (calls of 2, 9 and 17 tokens)."""
-    return {"speculative": lambda: dict(draft=specjax.load(WEIGHTS / "smollm2-draft"), k=4),
-            "ngram": lambda: dict(k=4),
-            "medusa": lambda: dict(heads=specjax.load(WEIGHTS / "smollm2-medusa")),
-            "eagle": lambda: dict(drafter=specjax.load(WEIGHTS / "smollm2-eagle")),
-            "dflash": lambda: dict(drafter=init_block_drafter(load("float32"), block_size=8,
-                                                              seed=1, std=0.3))}[method]()
+    return {"speculative": lambda: specjax.Speculative(specjax.load(WEIGHTS / "smollm2-draft"),
+                                                       k=4),
+            "ngram": lambda: specjax.NGram(k=4),
+            "medusa": lambda: specjax.Medusa(specjax.load(WEIGHTS / "smollm2-medusa")),
+            "eagle": lambda: specjax.Eagle(specjax.load(WEIGHTS / "smollm2-eagle")),
+            "dflash": lambda: specjax.DFlash(init_block_drafter(load("float32"), block_size=8,
+                                                                seed=1, std=0.3))}[method]()
 
 
 @pytest.mark.parametrize("dtype,method", [
@@ -98,10 +100,10 @@ def test_every_method_gives_the_greedy_output(dtype, method):
     # One prompt a call: the verify calls (a chain of 4, the drafter's and the heads' trees)
     # stay within the kernels' 32 rows. The drafters follow the target's dtype (float32 on disk).
     model = load(dtype)
-    extra = drafting(method)
+    drafted = drafting(method)
     for prompt, want in zip(PROMPTS, greedy(dtype)):
-        got = generate(model, [prompt], method=method, max_new_tokens=NEW, temperature=0.0,
-                       **extra)
+        got = generate(model, [prompt], drafted, specjax.SamplingParams(temperature=0.0),
+                       max_new_tokens=NEW)
         assert tuple(got.tokens[0]) == want, (dtype, method, prompt)
         if method not in ("ngram", "dflash"):
             assert got.stats.accepted > 0, (dtype, method)
@@ -121,8 +123,9 @@ CONTROLS = dict(repetition_penalty=1.2, presence_penalty=0.3, frequency_penalty=
 
 @functools.lru_cache(maxsize=None)
 def controlled(dtype: str) -> tuple:
-    return tuple(generate(load(dtype), [PROMPTS[1]], max_new_tokens=NEW, temperature=0.0,
-                          **CONTROLS).tokens[0])
+    return tuple(generate(load(dtype), [PROMPTS[1]],
+                          sampling=specjax.SamplingParams(temperature=0.0, **CONTROLS),
+                          max_new_tokens=NEW).tokens[0])
 
 
 @pytest.mark.parametrize("dtype,method", [
@@ -131,10 +134,9 @@ def controlled(dtype: str) -> tuple:
 def test_every_method_gives_the_greedy_output_under_the_controls(dtype, method):
     import json
     model = load(dtype)
-    extra = drafting(method)
     want = controlled(dtype)
-    got = generate(model, [PROMPTS[1]], method=method, max_new_tokens=NEW, temperature=0.0,
-                   **CONTROLS, **extra)
+    got = generate(model, [PROMPTS[1]], drafting(method),
+                   specjax.SamplingParams(temperature=0.0, **CONTROLS), max_new_tokens=NEW)
     assert tuple(got.tokens[0]) == want, (dtype, method)
     text = model.tokenizer.decode(list(want))
     if want[-1] in model.config.eos_token_ids:         # a finished document is valid JSON

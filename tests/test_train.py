@@ -89,9 +89,10 @@ def test_the_trained_drafter_loads_and_clears_the_floor(target, trained):
     log = json.loads((out / "train_log.json").read_text())
     assert (log["tree"], log["sampled_tree"]) == ({"dynamic": [4, 4, 8]},
                                                   [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]])
-    ar = specjax.generate(target, held_out, max_new_tokens=32, temperature=0.0)
-    got = specjax.generate(target, held_out, method="eagle", drafter=drafter, max_new_tokens=32,
-                           temperature=0.0)
+    ar = specjax.generate(target, held_out, sampling=specjax.SamplingParams(temperature=0.0),
+                          max_new_tokens=32)
+    got = specjax.generate(target, held_out, method=specjax.Eagle(drafter=drafter),
+                           sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=32)
     assert got.tokens == ar.tokens                                   # exact, batched
     assert got.stats.tokens_per_target_call == pytest.approx(log["tokens_per_target_call_t0"],
                                                              abs=1e-3)
@@ -101,9 +102,10 @@ def test_the_trained_drafter_loads_and_clears_the_floor(target, trained):
     start = eagle3.train(target, eagle3.features(target, sequences, TAPS),
                          eagle3.TrainConfig(steps=60, batch=8, learning_rate=4e-3, warmup=5,
                                             unroll=2), stop_after=0)
-    untrained = specjax.generate(target, held_out, method="eagle", drafter=start,
-                                 tree=drafter.tree,
-                                 max_new_tokens=32, temperature=0.0)
+    untrained = specjax.generate(target, held_out,
+                                 method=specjax.Eagle(drafter=start, tree=drafter.tree),
+                                 sampling=specjax.SamplingParams(temperature=0.0),
+                                 max_new_tokens=32)
     assert untrained.tokens == ar.tokens
     low = untrained.stats.tokens_per_target_call
     assert got.stats.tokens_per_target_call >= max(FLOOR, low + 1.0), (
@@ -525,18 +527,20 @@ def test_a_trained_eagle1_drafter_loads_in_the_eagle_layout_and_clears_the_floor
         "eagle1", "target", "published")
     assert (drafter.tree, drafter.sampled_tree) == (specjax.DynamicTree(4, 4, 8),
                                                     specjax.Tree.chain(4))
-    ar = specjax.generate(target, held_out, max_new_tokens=32, temperature=0.0)
-    got = specjax.generate(target, held_out, method="eagle", drafter=drafter, max_new_tokens=32,
-                           temperature=0.0)
+    ar = specjax.generate(target, held_out, sampling=specjax.SamplingParams(temperature=0.0),
+                          max_new_tokens=32)
+    got = specjax.generate(target, held_out, method=specjax.Eagle(drafter=drafter),
+                           sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=32)
     assert got.tokens == ar.tokens                                   # exact, batched
     sequences = eagle3.Sequences(*(np.load(work / "sequences.npz")[k]
                                    for k in ("tokens", "length", "prompt_length")))
     start = eagle3.train(target, eagle3.features(target, sequences, (0,)), eagle3.TrainConfig(
         kind="eagle1", steps=75, batch=8, learning_rate=4e-3, warmup=5, unroll=2),
         stop_after=0)
-    untrained = specjax.generate(target, held_out, method="eagle", drafter=start,
-                                 tree=drafter.tree,
-                                 max_new_tokens=32, temperature=0.0)
+    untrained = specjax.generate(target, held_out,
+                                 method=specjax.Eagle(drafter=start, tree=drafter.tree),
+                                 sampling=specjax.SamplingParams(temperature=0.0),
+                                 max_new_tokens=32)
     low = untrained.stats.tokens_per_target_call
     assert got.stats.tokens_per_target_call >= max(EAGLE1_FLOOR, low + 1.0), (
         got.stats.tokens_per_target_call, low)
@@ -595,9 +599,10 @@ def test_trained_medusa_heads_load_in_fasterdecodings_layout_and_clear_the_floor
     assert [list(p) for p in heads.tree.paths] == log["tree"]["paths"]
     assert heads.tree.size == 6 and log["tree"]["verify_cost"] is None
     assert medusa.best_tree(np.array(log["tree"]["rank_accuracy"]), 6)[0] == heads.tree
-    ar = specjax.generate(target, held_out, max_new_tokens=32, temperature=0.0)
-    got = specjax.generate(target, held_out, method="medusa", heads=heads, max_new_tokens=32,
-                           temperature=0.0)
+    ar = specjax.generate(target, held_out, sampling=specjax.SamplingParams(temperature=0.0),
+                          max_new_tokens=32)
+    got = specjax.generate(target, held_out, method=specjax.Medusa(heads=heads),
+                           sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=32)
     assert got.tokens == ar.tokens                                   # exact, batched
     assert got.stats.tokens_per_target_call == pytest.approx(log["tokens_per_target_call_t0"],
                                                              abs=1e-3)
@@ -611,8 +616,9 @@ def test_trained_medusa_heads_load_in_fasterdecodings_layout_and_clear_the_floor
     assert [line.split(",")[0] for line in bar] == [f"train: step {s}/80" for s in steps]
     assert ["held out" in line for line in bar] == [s >= 50 for s in steps]
     assert "loss/accuracy by head" in bar[-1]
-    chain = specjax.generate(target, held_out, method="medusa", heads=heads, max_new_tokens=32,
-                             temperature=0.0, tree=Tree.chain(3))
+    chain = specjax.generate(target, held_out,
+                             method=specjax.Medusa(heads=heads, tree=Tree.chain(3)),
+                             sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=32)
     assert f"held out {chain.stats.tokens_per_target_call:.2f} tokens/call" in bar[-1]
     assert got.stats.tokens_per_target_call > chain.stats.tokens_per_target_call
     sequences = eagle3.Sequences(*(np.load(work / "sequences.npz")[k]
@@ -620,8 +626,9 @@ def test_trained_medusa_heads_load_in_fasterdecodings_layout_and_clear_the_floor
     settings = medusa.TrainConfig(steps=80, batch=8, learning_rate=6e-3, warmup=5, heads=3)
     start = medusa.train(target, eagle3.features(target, sequences, (0,)), settings,
                          stop_after=0)
-    untrained = specjax.generate(target, held_out, method="medusa", heads=start,
-                                 max_new_tokens=32, temperature=0.0)
+    untrained = specjax.generate(target, held_out, method=specjax.Medusa(heads=start),
+                                 sampling=specjax.SamplingParams(temperature=0.0),
+                                 max_new_tokens=32)
     assert untrained.tokens == ar.tokens
     low = untrained.stats.tokens_per_target_call
     assert got.stats.tokens_per_target_call >= max(MEDUSA_FLOOR, low + 0.8), (
@@ -915,15 +922,17 @@ def test_a_trained_draft_model_loads_as_a_llama_checkpoint_and_clears_the_floor(
     assert f"--method speculative --draft {out} " in card
     assert "| draft parameters | 926336 |" in card
     assert f"| 1 | {log['tokens_per_target_call_t1']:.3f} |" in card
-    ar = specjax.generate(target, held_out, max_new_tokens=32, temperature=0.0)
-    got = specjax.generate(target, held_out, method="speculative", draft=model,
-                           max_new_tokens=32, temperature=0.0)
+    ar = specjax.generate(target, held_out, sampling=specjax.SamplingParams(temperature=0.0),
+                          max_new_tokens=32)
+    got = specjax.generate(target, held_out, method=specjax.Speculative(draft=model),
+                           sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=32)
     assert got.tokens == ar.tokens                                   # exact, batched
     assert got.stats.tokens_per_target_call == pytest.approx(log["tokens_per_target_call_t0"],
                                                              abs=1e-3)
     start = draft.train(target, states, draft.TrainConfig(**DRAFT_SETTINGS), stop_after=0)
-    untrained = specjax.generate(target, held_out, method="speculative", draft=start,
-                                 max_new_tokens=32, temperature=0.0)
+    untrained = specjax.generate(target, held_out, method=specjax.Speculative(draft=start),
+                                 sampling=specjax.SamplingParams(temperature=0.0),
+                                 max_new_tokens=32)
     assert untrained.tokens == ar.tokens
     low = untrained.stats.tokens_per_target_call
     assert got.stats.tokens_per_target_call >= max(DRAFT_FLOOR, low + 0.6), (

@@ -31,17 +31,22 @@ def trained_pair(request):
 @pytest.mark.slow
 def test_all_methods_give_the_greedy_output_on_code(trained_pair):
     target, draft = trained_pair
-    greedy = generate(target, PROMPTS, max_new_tokens=48, temperature=0.0, eos_ids=()).tokens
+    greedy = generate(target, PROMPTS, sampling=specjax.SamplingParams(temperature=0.0),
+                      max_new_tokens=48, eos_ids=()).tokens
     for k, min_tokens_per_call in ((2, 2.0), (5, 2.8)):
-        spec = generate(target, PROMPTS, method="speculative", draft=draft, k=k,
-                        max_new_tokens=48, temperature=0.0, eos_ids=())
+        spec = generate(target, PROMPTS, method=specjax.Speculative(draft=draft, k=k),
+                        sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=48,
+                        eos_ids=())
         assert spec.tokens == greedy
         assert spec.stats.tokens_per_target_call >= min_tokens_per_call, spec.stats
-        ngram = generate(target, PROMPTS, method="ngram", k=k, max_new_tokens=48,
-                         temperature=0.0, eos_ids=())
+        ngram = generate(target, PROMPTS, method=specjax.NGram(k=k),
+                         sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=48,
+                         eos_ids=())
         assert ngram.tokens == greedy
     tree = specjax.Tree.full((3, 2, 1))
     for method in ("speculative", "ngram"):
-        result = generate(target, PROMPTS, method=method, draft=draft, tree=tree,
-                          max_new_tokens=48, temperature=0.0, eos_ids=())
+        result = generate(target, PROMPTS,
+                          method=specjax.api.methods.build(method, others="ignore", draft=draft, tree=tree),
+                          sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=48,
+                          eos_ids=())
         assert result.tokens == greedy, method

@@ -339,7 +339,8 @@ def models():
 
 @pytest.fixture(scope="module")
 def greedy(models):
-    return generate(models[0], PROMPTS, max_new_tokens=N, temperature=0.0, eos_ids=()).tokens
+    return generate(models[0], PROMPTS, sampling=specjax.SamplingParams(temperature=0.0),
+                    max_new_tokens=N, eos_ids=()).tokens
 
 
 # Full 2,2,1 trees are compared with the greedy output in the EOS test below.
@@ -351,8 +352,10 @@ GREEDY_CASES = [("speculative", "full-3-2"), ("speculative", "medusa-like"),
 def test_greedy_trees_equal_autoregressive(models, greedy, method, shape):
     target, draft = models
     tree = SHAPES[shape]
-    result = generate(target, PROMPTS, method=method, draft=draft, tree=tree, max_new_tokens=N,
-                      temperature=0.0, eos_ids=())
+    result = generate(target, PROMPTS,
+                      method=specjax.api.methods.build(method, others="ignore", draft=draft, tree=tree),
+                      sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=N,
+                      eos_ids=())
     assert result.tokens == greedy
     stats = result.stats
     assert stats.tree_size == tree.size
@@ -363,10 +366,13 @@ def test_greedy_trees_equal_autoregressive(models, greedy, method, shape):
 def test_a_chain_tree_is_the_chain(models, greedy):
     # At temperature 0 the chain tree makes the same choices as the chain code, call for call.
     target, draft = models
-    kwargs = dict(max_new_tokens=N, temperature=0.0, eos_ids=())
+    kwargs = dict(sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=N, eos_ids=())
     for method in ("speculative", "ngram"):
-        chain = generate(target, PROMPTS, method=method, draft=draft, k=3, **kwargs)
-        tree = generate(target, PROMPTS, method=method, draft=draft, tree=SHAPES["chain-3"],
+        chain = generate(target, PROMPTS,
+                         method=specjax.api.methods.build(method, others="ignore", draft=draft, k=3),
+                         **kwargs)
+        tree = generate(target, PROMPTS,
+                        method=specjax.api.methods.build(method, others="ignore", draft=draft, tree=SHAPES["chain-3"]),
                         **kwargs)
         assert tree.tokens == chain.tokens == greedy
         assert ((tree.stats.target_calls, tree.stats.accepted)
@@ -376,8 +382,9 @@ def test_a_chain_tree_is_the_chain(models, greedy):
 def test_draft_equal_to_target_accepts_a_whole_path(models):
     target, _ = models
     tree, rounds = Tree.full((2, 2, 1)), 5
-    result = generate(target, PROMPTS, method="speculative", draft=target, tree=tree,
-                      max_new_tokens=rounds * 4, temperature=0.0, eos_ids=())
+    result = generate(target, PROMPTS, method=specjax.Speculative(draft=target, tree=tree),
+                      sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=rounds * 4,
+                      eos_ids=())
     assert result.stats.target_calls == rounds * len(PROMPTS)
     assert result.stats.tokens_per_target_call == tree.max_depth + 1
 
@@ -387,38 +394,48 @@ def test_tree_stops_exactly_at_eos_and_max_new_tokens(models, greedy, method):
     target, draft = models
     tree = Tree.full((2, 2, 1))
     eos = greedy[0][5]
-    result = generate(target, PROMPTS, method=method, draft=draft, tree=tree, max_new_tokens=N,
-                      temperature=0.0, eos_ids=(eos,))
+    result = generate(target, PROMPTS,
+                      method=specjax.api.methods.build(method, others="ignore", draft=draft, tree=tree),
+                      sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=N,
+                      eos_ids=(eos,))
     for got, want in zip(result.tokens, greedy):
         assert got == (want[:want.index(eos) + 1] if eos in want else want)
-    short = generate(target, PROMPTS, method=method, draft=draft, tree=tree, max_new_tokens=2,
-                     temperature=0.0, eos_ids=())      # a step could accept 4: never overshoots
+    short = generate(target, PROMPTS,
+                     method=specjax.api.methods.build(method, others="ignore", draft=draft, tree=tree),
+                     sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=2, eos_ids=())      # a step could accept 4: never overshoots
     assert short.tokens == [g[:2] for g in greedy]
 
 
 def test_a_tree_row_alone_equals_the_row_in_a_batch(models):
     target, draft = models
-    kwargs = dict(method="speculative", draft=draft, tree=Tree.full((2, 2, 1)), max_new_tokens=N,
-                  temperature=1.0, eos_ids=())
+    kwargs = dict(method=specjax.Speculative(draft=draft, tree=Tree.full((2, 2, 1))),
+                  sampling=specjax.SamplingParams(temperature=1.0), max_new_tokens=N, eos_ids=())
     batch = generate(target, PROMPTS, seed=[5, 6, 7, 8], **kwargs).tokens
     assert generate(target, [PROMPTS[2]], seed=[7], **kwargs).tokens[0] == batch[2]
     assert generate(target, PROMPTS, seed=[5, 6, 7, 8], **kwargs).tokens == batch
 
 
 @pytest.mark.parametrize("kwargs, needle", [
-    (dict(method="autoregressive", tree=((0,),)), "needs method 'speculative', 'ngram', 'medusa' or 'eagle'"),
+    (dict(method="autoregressive", tree=((0,),)),
+     "tree does not apply to method 'autoregressive'"),
     (dict(method="ngram", tree=((0,), (0, 0, 0))), "[0, 0, 0] has no parent"),
     (dict(method="ngram", tree=((0,), (-1,))), "rank -1"),
     (dict(method="speculative", tree=Tree.chain(200)), "the tree has 200 nodes"),
     (dict(method="speculative", tree=((0,),), candidates="distinct", temperature=0.0),
      "candidates='distinct'"),
     (dict(method="speculative", tree=((0,),), candidates="beam"), "'beam'"),
-    (dict(method="ngram", tree=((0,),), candidates="iid"), "deterministic"),
+    (dict(method="ngram", tree=((0,),), candidates="iid"),
+     "candidates does not apply to method 'ngram'"),
     (dict(method="speculative", candidates="iid"), "pass tree=... too"),
-    (dict(method="speculative", tree_size=3), "unknown keyword argument 'tree_size'"),
+    (dict(method="speculative", tree_size=3), "tree_size does not apply to method"),
 ])
 def test_invalid_tree_arguments_raise(models, kwargs, needle):
+    # Each case as the command line builds it (`methods.build`): a name and its options.
     target, draft = models
+    name = kwargs.pop("method")
+    sampling = specjax.SamplingParams(temperature=kwargs.pop("temperature", 1.0))
     with pytest.raises(GenerationError) as info:
-        generate(target, PROMPTS, draft=draft, **kwargs)
+        method = specjax.api.methods.build(name, draft=draft if name == "speculative" else None,
+                                           **kwargs)
+        generate(target, PROMPTS, method, sampling)
     assert needle in str(info.value)

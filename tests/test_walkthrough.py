@@ -202,8 +202,9 @@ def test_explain_agrees_with_generate_and_is_stable():
     from tests.tiny import close_pair
 
     target, draft = close_pair(vocab=8, std=0.5, noise=0.3)
-    kwargs = dict(method="speculative", draft=draft, k=3, max_new_tokens=12, temperature=1.0,
-                  seed=3, eos_ids=())
+    kwargs = dict(method=specjax.Speculative(draft=draft, k=3),
+                  sampling=specjax.SamplingParams(temperature=1.0), max_new_tokens=12, seed=3,
+                  eos_ids=())
     steps = specjax.explain(target, [1, 2, 3, 4], steps=20, **kwargs)
     tokens = generate(target, [[1, 2, 3, 4]], **kwargs).tokens[0]
     assert [t for s in steps for t in s.new_tokens] == tokens
@@ -241,11 +242,9 @@ def _tree_cases():
     return target, {
         # one case per verification rule: without replacement, i.i.d., deterministic (an
         # EAGLE-2 dynamic tree: one topology per row, as data)
-        "speculative-distinct": dict(method="speculative", draft=draft, tree=full,
-                                     candidates="distinct"),
-        "medusa-iid": dict(method="medusa", heads=heads, tree=full, candidates="iid"),
-        "eagle3-dynamic": dict(method="eagle", drafter=drafter,
-                               tree=specjax.DynamicTree(3, 2, 5)),
+        "speculative-distinct": dict(method=specjax.Speculative(draft=draft, tree=full, candidates="distinct")),
+        "medusa-iid": dict(method=specjax.Medusa(heads=heads, tree=full, candidates="iid")),
+        "eagle3-dynamic": dict(method=specjax.Eagle(drafter=drafter, tree=specjax.DynamicTree(3, 2, 5))),
     }
 
 
@@ -261,7 +260,8 @@ def test_explain_walks_trees_as_generate_does(case):
     from specjax.api.generate import generate
 
     target, cases = _tree_cases()
-    kwargs = dict(cases[case], max_new_tokens=16, temperature=1.0, seed=3, eos_ids=())
+    kwargs = dict(cases[case], sampling=specjax.SamplingParams(temperature=1.0),
+                  max_new_tokens=16, seed=3, eos_ids=())
     prompt = [1, 2, 3, 4, 1, 2]
     steps = specjax.explain(target, prompt, steps=40, **kwargs)
     assert [t for s in steps for t in s.new_tokens] == generate(target, [prompt],
@@ -326,12 +326,14 @@ def test_explain_shows_the_rules_generate_ran(shape):
     from tests.tiny import close_pair
 
     target, draft = close_pair(vocab=8, std=0.5, noise=0.3)
-    kwargs = dict(method="speculative", draft=draft, k=3, max_new_tokens=12, temperature=1.0,
-                  seed=3, eos_ids=())
+    kwargs = dict(method=specjax.Speculative(draft=draft, k=3),
+                  sampling=specjax.SamplingParams(temperature=1.0), max_new_tokens=12, seed=3,
+                  eos_ids=())
     if shape == "chain":
         rules = Rules(verify=_tripled_verify)
     else:
-        kwargs.update(tree=specjax.Tree.full((2, 2)), candidates="distinct")
+        kwargs.update(method=specjax.Speculative(draft, tree=specjax.Tree.full((2, 2)),
+                                                 candidates="distinct"))
         rules = Rules(verify_tree=_tripled_verify_tree)
     prompt = [1, 2, 3, 4]
     steps = specjax.explain(target, prompt, steps=20, rules=rules, **kwargs)
@@ -357,27 +359,39 @@ def test_explain_refuses_a_rule_that_returns_no_numbers():
 
     target, draft = close_pair(vocab=8, std=0.5, noise=0.3)
     with pytest.raises(GenerationError, match="'two_values' does not return them"):
-        specjax.explain(target, [1, 2], method="speculative", draft=draft,
+        specjax.explain(target, [1, 2], method=specjax.Speculative(draft=draft),
                         rules=Rules(verify=two_values))
 
 
 def test_generate_declares_every_option():
-    # generate, stream and explain take the options prepare takes, by name, with the same
-    # defaults, and generate's docstring says what each one means.
+    # generate, stream and explain take the target, the prompts, the method, the sampling and
+    # the run's options, which are declared once (prepare's keywords); generate's docstring
+    # says what each one means; and an option of the old flat API is an error that says where
+    # it went.
     import specjax
     from specjax.api import generate as api
 
-    for function in (specjax.generate, specjax.stream, specjax.explain):
+    head = ["target", "prompts", "method", "sampling"]
+    for function in (specjax.generate, specjax.stream, specjax.explain, api.prepare):
         parameters = inspect.signature(function).parameters
-        declared = {name: parameter.default for name, parameter in parameters.items()
-                    if parameter.kind is inspect.Parameter.KEYWORD_ONLY
-                    and name not in ("steps", "top")}
-        assert declared == api.OPTIONS, function.__name__
-    args = specjax.generate.__doc__.split("Args:")[1]
-    described = set(re.findall(r"^      (\w+(?:, \w+)*):", args, re.M))
-    names = {name for line in described for name in line.split(", ")}
-    assert names == {"target", "prompts", *api.OPTIONS}, names ^ {"target", "prompts",
-                                                                  *api.OPTIONS}
+        first = ["target", "prompt", *head[2:]] if function is specjax.explain else head
+        assert list(parameters)[:4] == first, function.__name__
+        assert len(parameters) <= 10, function.__name__
+    assert api.RUN_OPTIONS == ("max_new_tokens", "seed", "eos_ids", "mesh", "kernels", "rules")
+    run = specjax.generate.__doc__.split("**run:")[1]
+    described = set(re.findall(r"^        (\w+):", run, re.M))
+    assert described == set(api.RUN_OPTIONS), described ^ set(api.RUN_OPTIONS)
+    args = specjax.generate.__doc__.split("Args:")[1].split("**run:")[0]
+    assert set(re.findall(r"^      (\w+):", args, re.M)) == set(head)
+    from tests.tiny import close_pair
+
+    target, _ = close_pair(vocab=8, std=0.5, noise=0.3)
+    for name, where in (("temperature", "a field of SamplingParams"),
+                        ("k", "Speculative, NGram, Eagle, DFlash"), ("draft", "(Speculative)")):
+        with pytest.raises(specjax.GenerationError, match=re.escape(where)):
+            specjax.generate(target, [[1, 2]], **{name: 1})
+    with pytest.raises(specjax.GenerationError, match="unknown keyword argument 'steps'"):
+        specjax.generate(target, [[1, 2]], steps=1)
 
 SNAPSHOT = """\
 step 1: 3 draft token(s) examined

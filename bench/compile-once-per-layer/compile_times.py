@@ -21,16 +21,14 @@ def one_method(method: str, dtype: str) -> dict:
     import specjax
     from specjax.io.fetch import fetch
     target = specjax.load(fetch("smollm2"), dtype=dtype)
-    options = dict(method=method, max_new_tokens=16, temperature=0.0)
-    if method == "speculative":
-        options.update(draft=specjax.load("weights/smollm2-draft", dtype=dtype), k=4)
-    if method == "ngram":
-        options.update(k=4)
-    if method == "medusa":
-        options.update(heads=specjax.load("weights/smollm2-medusa"))
-    if method == "eagle":
-        options.update(drafter=specjax.load("weights/smollm2-eagle"))
-    result = specjax.generate(target, ["def fibonacci(n):"], **options)
+    chosen = {"autoregressive": lambda: specjax.Autoregressive(),
+              "speculative": lambda: specjax.Speculative(
+                  specjax.load("weights/smollm2-draft", dtype=dtype), k=4),
+              "ngram": lambda: specjax.NGram(k=4),
+              "medusa": lambda: specjax.Medusa(specjax.load("weights/smollm2-medusa")),
+              "eagle": lambda: specjax.Eagle(specjax.load("weights/smollm2-eagle"))}[method]()
+    result = specjax.generate(target, ["def fibonacci(n):"], chosen,
+                              specjax.SamplingParams(temperature=0.0), max_new_tokens=16)
     return {"method": method, "dtype": dtype, "compile_s": result.stats.compile_s}
 
 

@@ -17,7 +17,8 @@ bias = {i: -1.0 for i in range(100, 116)}
 for name, c in [("plain", {}), ("all", dict(repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.2, logit_bias=bias)),
                 ("no-repetition", dict(presence_penalty=0.2, frequency_penalty=0.2, logit_bias=bias)),
                 ("repetition-only", dict(repetition_penalty=1.1))]:
-    r = specjax.generate(target, prompts, method="eagle", drafter=eagle, max_new_tokens=64, temperature=0.0, **c)
-    a = specjax.generate(target, prompts, method="autoregressive", max_new_tokens=64, temperature=0.0, **c)
+    sampling = specjax.SamplingParams(temperature=0.0, **c)
+    r = specjax.generate(target, prompts, specjax.Eagle(eagle), sampling, max_new_tokens=64)
+    a = specjax.generate(target, prompts, sampling=sampling, max_new_tokens=64)
     assert r.tokens == a.tokens, name
     print(name, round(r.stats.tokens_per_target_call, 3), flush=True)

@@ -40,9 +40,10 @@ prompts = [chat.encode(target, chat.render(target, p["prompt"])) if p.get("chat"
            for p in SUITE["prompts"] if p["category"] != "long-code-editing"]
 eagle = specjax.load("/work/main/weights/smollm2-eagle")
 res = {}
-for name, opts in (("dflash", dict(method="dflash", drafter=drafter)),
-                   ("eagle", dict(method="eagle", drafter=eagle))):
-    r = generate(target, prompts, max_new_tokens=64, temperature=0.0, **opts)
+for name, opts in (("dflash", dict(method=specjax.DFlash(drafter=drafter))),
+                   ("eagle", dict(method=specjax.Eagle(drafter=eagle)))):
+    r = generate(target, prompts, sampling=specjax.SamplingParams(temperature=0.0),
+                 max_new_tokens=64, **opts)
     res[name] = dict(tokens_per_call=r.stats.tokens_per_target_call,
                      acceptance_by_position=[None if a is None else float(a) for a in r.stats.acceptance_by_position])
     print(name, res[name], flush=True)

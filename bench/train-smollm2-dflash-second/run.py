@@ -41,14 +41,15 @@ def stats_row(r):
 
 for dtype in ("float32", "bfloat16"):
     target = specjax.load(fetch("smollm2"), dtype=dtype)
-    methods = {"dflash": dict(method="dflash", drafter=specjax.load(drafter_dir)),
-               "eagle": dict(method="eagle", drafter=specjax.load(EAGLE))}
+    methods = {"dflash": dict(method=specjax.DFlash(drafter=specjax.load(drafter_dir))),
+               "eagle": dict(method=specjax.Eagle(drafter=specjax.load(EAGLE)))}
     if dtype == "float32":
         questions = [chat.encode(target, chat.render(target, q)) for q in EVAL_QUESTIONS]
         for temperature in (0.0, 1.0):
             for name, options in methods.items():
-                r = specjax.generate(target, questions, max_new_tokens=64,
-                                     temperature=temperature, seed=0, **options)
+                r = specjax.generate(target, questions,
+                                     sampling=specjax.SamplingParams(temperature=temperature),
+                                     max_new_tokens=64, seed=0, **options)
                 row = {"method": name, "temperature": temperature, **stats_row(r)}
                 result["questions"].append(row)
                 print(json.dumps(row), flush=True)
@@ -60,8 +61,9 @@ for dtype in ("float32", "bfloat16"):
             tokens, calls, seconds = 0, 0, 0.0
             for prompt in quick:
                 start = time.perf_counter()
-                r = specjax.generate(target, [prompt], max_new_tokens=64, temperature=0.0,
-                                     **options)
+                r = specjax.generate(target, [prompt],
+                                     sampling=specjax.SamplingParams(temperature=0.0),
+                                     max_new_tokens=64, **options)
                 seconds += time.perf_counter() - start
                 tokens += r.stats.new_tokens
                 calls += r.stats.target_calls

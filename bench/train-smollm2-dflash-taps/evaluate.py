@@ -23,8 +23,8 @@ for argument in sys.argv[1:]:
     name, path = argument.split("=", 1)
     drafter = specjax.load(path)
     for prompts_name, prompts in sets.items():
-        r = specjax.generate(target, prompts, method="dflash", drafter=drafter,
-                             max_new_tokens=64, temperature=0.0)
+        r = specjax.generate(target, prompts, method=specjax.DFlash(drafter=drafter),
+                             sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=64)
         rows.append({"drafter": name, "prompts": prompts_name,
                      "tokens_per_target_call": round(r.stats.tokens_per_target_call, 3),
                      "acceptance_by_position": [None if a is None else round(float(a), 3)

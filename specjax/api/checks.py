@@ -3,12 +3,12 @@ value (`GenerationError`); the compiled loop itself (`decoding.loop`) assumes va
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import numbers
 import os
 from typing import Sequence
 
-import jax
 import numpy as np
 
 from specjax.decoding.methods import REGISTRY, listing, methods_taking
@@ -21,12 +21,13 @@ from specjax.io.sidecar import check_target
 from specjax.model.config import DTYPES, EIGHT_BIT
 from specjax.sampling.constraints import (Automaton, ConstraintError, compile_json_schema,
                                           compile_regex, constraints_of)
-from specjax.sampling.logits import Controls, Sampling, SamplingParams
+from specjax.decoding.state import RowSettings
+from specjax.sampling.logits import Controls, Sampling
+from specjax.sampling.params import (BIAS_RANGE, MAX_LOGPROBS, MAX_STOPS, PENALTY_RANGE,
+                                     GenerationError, SamplingParams, check_int, distinct,
+                                     is_sequence)
 from specjax.sampling.tree import DynamicTree, Tree, TreeError
 
-
-class GenerationError(ValueError):
-    """Invalid input to `generate`: the message names the parameter and its value."""
 
 
 KERNELS_ENV = "SPECJAX_KERNELS"
@@ -112,6 +113,49 @@ def encode_prompts(model: Model, prompts) -> list[list[int]]:
     return rows
 
 
+def one_sampling(sampling) -> SamplingParams:
+    """`generate`'s sampling as one `SamplingParams`: the default for None, and a list of one
+    per row (each field a single value) as the object whose fields hold one value per row."""
+    if sampling is None:
+        return SamplingParams()
+    if isinstance(sampling, SamplingParams):
+        return sampling
+    if not (isinstance(sampling, Sequence) and sampling
+            and all(isinstance(s, SamplingParams) for s in sampling)):
+        raise GenerationError(f"sampling must be a SamplingParams or a list of one per prompt, "
+                              f"got {sampling!r}")
+    fields = {}
+    for field in dataclasses.fields(SamplingParams):
+        values = [getattr(s, field.name) for s in sampling]
+        if field.name == "logprobs":
+            if len(set(values)) > 1:
+                raise GenerationError(f"logprobs is one number for the request; the rows ask "
+                                      f"for {sorted(set(values))}")
+            fields["logprobs"] = values[0]
+        elif field.name == "stop":
+            fields["stop"] = [list(v) if v is not None else [] for v in values]
+        elif field.name in ("regex", "json_schema", "logit_bias"):
+            fields[field.name] = values if any(v is not None for v in values) else None
+        else:
+            fields[field.name] = values
+    return SamplingParams(**fields)
+
+
+def bind_sampling(sampling: SamplingParams, rows: int, vocab: int, max_new: np.ndarray,
+                  stop_ids: np.ndarray, target: Model) -> tuple[RowSettings, tuple]:
+    """The sampling as each row's settings (`state.RowSettings`) and stop strings, checked
+    against the rows, the vocabulary and the target's tokenizer."""
+    law = rows_of(check_sampling(sampling.temperature, sampling.top_k, sampling.top_p,
+                                 sampling.min_p), rows)
+    controls = check_controls(rows, vocab, max_new, sampling.repetition_penalty,
+                              sampling.presence_penalty, sampling.frequency_penalty,
+                              sampling.logit_bias, sampling.min_tokens)
+    constraint = check_constraints(sampling.regex, sampling.json_schema, rows, target, vocab,
+                                   stop_ids)
+    settings = RowSettings(law, max_new, stop_ids, controls, constraint)
+    return settings, check_stop(sampling.stop, rows, target.tokenizer)
+
+
 def check_sampling(temperature, top_k, top_p, min_p) -> Sampling:
     """The sampling parameters, each a number for every row or a sequence of one per row,
     validated (`SamplingParams`), as numpy arrays ([] or [B] each)."""
@@ -134,15 +178,7 @@ def check_sampling(temperature, top_k, top_p, min_p) -> Sampling:
     return Sampling(**arrays)
 
 
-def _is_sequence(value) -> bool:
-    """A list, tuple or array of values (not a string, not a 0-d array)."""
-    return (isinstance(value, (Sequence, np.ndarray, jax.Array)) and not isinstance(value, str)
-            and getattr(value, "ndim", 1) != 0)
-
-
-def _distinct(values: list) -> list:
-    """Each value once (1 and True apart), so that a per-row list is validated per value."""
-    return [v for _, v in dict.fromkeys((type(v), v) for v in values)]
+_is_sequence, _distinct = is_sequence, distinct
 
 
 def rows_of(sampling: Sampling, rows: int) -> Sampling:
@@ -154,12 +190,6 @@ def rows_of(sampling: Sampling, rows: int) -> Sampling:
             raise GenerationError(f"{name} has {len(value)} values for {rows} prompts")
         fields[name] = np.broadcast_to(value, (rows,)).copy()
     return Sampling(**fields)
-
-
-# The ranges the controls take: OpenAI's for the presence and frequency penalties and the
-# logit bias; a repetition penalty of any positive size (1 is off, below 1 favours repeats).
-PENALTY_RANGE = 2.0
-BIAS_RANGE = 100.0
 
 
 def check_controls(rows: int, vocab: int, max_new: np.ndarray, repetition_penalty,
@@ -266,9 +296,6 @@ def _checked_stops(automata, stop_ids, vocab, constraints_of):
     return constraints_of(automata, stop_ids, vocab)
 
 
-MAX_STOPS = 16
-
-
 def check_stop(stop, rows: int, tokenizer) -> tuple[tuple[str, ...], ...]:
     """Each row's stop strings: None (none), a list of non-empty strings for every row, or one
     such list per row; they need the target's tokenizer (they are found in the text)."""
@@ -292,9 +319,6 @@ def check_stop(stop, rows: int, tokenizer) -> tuple[tuple[str, ...], ...]:
                               "no tokenizer")
     table = tuple(tuple(s) for s in lists)
     return table if per_row else table * rows
-
-
-MAX_LOGPROBS = 20
 
 
 def check_logprobs(logprobs, vocab: int) -> int:
@@ -500,11 +524,6 @@ def check_schedule(method, tree, k, k_schedule, k_start, threshold) -> dict:
                                   f"got {threshold!r}")
         fields["confidence_threshold"] = float(threshold)
     return fields
-
-
-def check_int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise GenerationError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 def bucket(n: int) -> int:

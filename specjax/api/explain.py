@@ -1,7 +1,7 @@
 """`specjax.explain`: the numbers of a few verify steps, for reading the code next to the papers.
 
-    steps = specjax.explain(target, "def add(a, b):", method="speculative", draft=draft,
-                            k=4, temperature=1.0, seed=0, steps=3)
+    steps = specjax.explain(target, "def add(a, b):", specjax.Speculative(draft, k=4),
+                            specjax.SamplingParams(temperature=1.0), seed=0, steps=3)
     print(specjax.format_steps(steps, target.tokenizer))
 
 A chain step (`Step`: speculative or n-gram decoding without a tree) lists the drafted tokens
@@ -22,19 +22,18 @@ rules included (tested).
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.api.generate import GenerationError, collect_options, prepare
+from specjax.api.generate import GenerationError, check_run, prepare
+from specjax.api.methods import Method, method_of
 from specjax.decoding import loop
 from specjax.decoding.methods import REGISTRY
-from specjax.heads.eagle import Drafter
-from specjax.heads.medusa import Heads
-from specjax.io.checkpoint import Model
-from specjax.sampling.rules import Rules, returns_details
+from specjax.model.transformer import Model
+from specjax.sampling.params import SamplingParams
+from specjax.sampling.rules import returns_details
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,34 +122,25 @@ def _tree_step(trace: dict, top: int, new_tokens: list[int]) -> TreeStep:
                     int(trace["emitted"]), from_residual, new_tokens)
 
 
-def explain(target: Model, prompt, *, steps: int = 4, top: int = 3,
-            method: str = "autoregressive", draft: Model | None = None, k: int | None = None,
-            max_new_tokens=64, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-            seed: int | Sequence[int] = 0, eos_ids=None, max_ngram: int = 3,
-            min_ngram: int = 1, tree=None, candidates: str | None = None,
-            heads: Heads | None = None, drafter: Drafter | None = None,
-            k_schedule: str = "constant", k_start: int | None = None,
-            confidence_threshold: float | None = None, mesh=None, shard_draft: bool = False,
-            rules: Rules | None = None, kernels: bool | None = None,
-            drafter_dtype: str | None = None, repetition_penalty=1.0, presence_penalty=0.0,
-            frequency_penalty=0.0, logit_bias=None, min_tokens=0, logprobs=0, stop=None,
-            regex=None, json_schema=None,
-            **unknown) -> list[Step | TreeStep]:
+def explain(target: Model, prompt, method: Method | str,
+            sampling: SamplingParams | None = None, *, steps: int = 4, top: int = 3,
+            **run) -> list[Step | TreeStep]:
     """The first `steps` verify steps of one prompt, decoded with `generate`'s arguments (its
-    docstring says what each means; `method` is one of `METHODS`): `Step`s for a chain,
-    `TreeStep`s for a tree (Medusa and EAGLE always draft one). `top` is how many of a
-    residual's largest entries each step keeps. The numbers are those of the rules that chose
-    the tokens: `rules`' own, when given, whose `verify` or `verify_tree` must then take
-    `with_details` as the defaults do (`sampling.rules.returns_details`)."""
-    options = collect_options(locals())
-    if method not in METHODS:
+    docstring says what each means; the method is one that verifies drafts, `METHODS`):
+    `Step`s for a chain, `TreeStep`s for a tree (Medusa and EAGLE always draft one). `top` is
+    how many of a residual's largest entries each step keeps. The numbers are those of the
+    rules that chose the tokens: `rules`' own, when given, whose `verify` or `verify_tree` must
+    then take `with_details` as the defaults do (`sampling.rules.returns_details`)."""
+    check_run(run)
+    method = method_of(method)
+    if method.name not in METHODS:
         names = ", ".join(map(repr, METHODS))
-        raise GenerationError(f"explain shows verification: method {names}, not {method!r} "
-                              "(autoregressive decoding verifies nothing)")
+        raise GenerationError(f"explain shows verification: method {names}, not "
+                              f"{method.name!r} (autoregressive decoding verifies nothing)")
     for name, value in (("steps", steps), ("top", top)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise GenerationError(f"{name} must be an integer >= 1, got {value!r}")
-    request = prepare(target, [prompt], **options)
+    request = prepare(target, [prompt], method, sampling, **run)
     rule = (request.spec.rules.verify if request.spec.tree is None else
             request.spec.rules.verify_tree)
     if not returns_details(rule):

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 
 from specjax.api.checks import check_compatible
 from specjax.api.generate import generate, prepare
+from specjax.api.methods import build
 from specjax.bench.common import (
     Progress,
     encode_suite,
@@ -65,6 +66,7 @@ from specjax.bench.prompts import SUITE
 from specjax.model.cache import KVCache
 from specjax.model.transformer import forward
 from specjax.presets import CLIError, make_mesh, model_paths
+from specjax.sampling.params import SamplingParams
 
 CALL_POSITION, CALL_SLOTS = 64, 128      # where the timed target/draft calls write
 
@@ -138,12 +140,14 @@ def run(args, settings) -> int:
 
 def _specjax_job(rows, settings, target, draft, method, k):
     def run_job() -> dict:
-        request = prepare(target, [p["ids"] for p in rows], method=method, draft=draft,
-                          k=k or 1, max_new_tokens=min(p["max_new_tokens"] for p in rows),
-                          temperature=settings["temperature"], top_p=settings["top_p"],
-                          max_ngram=settings["max_ngram"], mesh=make_mesh(settings["mesh"]),
-                          drafter_dtype=(settings["drafter_dtype"] if method == "speculative"
-                                         else None))
+        options = dict(k=k or 1, max_ngram=settings["max_ngram"], draft=draft,
+                       drafter_dtype=settings["drafter_dtype"])
+        request = prepare(target, [p["ids"] for p in rows],
+                          build(method, others="ignore", **options),
+                          SamplingParams(temperature=settings["temperature"],
+                                         top_p=settings["top_p"]),
+                          max_new_tokens=min(p["max_new_tokens"] for p in rows),
+                          mesh=make_mesh(settings["mesh"]))
         results, compile_s = timed_runs(settings, lambda seed: generate(request.reseeded(seed)))
         records = [dict(new_tokens=r.stats.new_tokens, run_s=r.stats.run_s,
                         target_calls=r.stats.target_calls, drafted=r.stats.drafted,

@@ -22,7 +22,8 @@ from specjax.api.checks import encode_prompts
 from specjax.api.generate import generate, prepare
 from specjax.bench.common import Progress, fmt, machine, write_report
 from specjax.bench.prompts import SUITE
-from specjax.bench.settings import draft_name, method_options, models
+from specjax.bench.settings import draft_name, method_object, models
+from specjax.sampling.params import SamplingParams
 from specjax.io import chat
 
 SCHEMA = "specjax.bench.controls/1"
@@ -34,8 +35,9 @@ JSON_SCHEMA = {"type": "object", "properties": {
     "title": {"type": "string", "maxLength": 40}, "year": {"type": "integer"},
     "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
     "done": {"type": "boolean"}}, "required": ["title", "year", "tags", "done"]}
-VARIANTS = {"plain": dict(eos_ids=()), "controls": dict(CONTROLS, eos_ids=()),
-            "json": dict(json_schema=JSON_SCHEMA)}
+VARIANTS = {"plain": dict(run=dict(eos_ids=())),
+            "controls": dict(sampling=CONTROLS, run=dict(eos_ids=())),
+            "json": dict(sampling=dict(json_schema=JSON_SCHEMA))}
 
 
 def run(args, settings: dict) -> int:
@@ -48,14 +50,16 @@ def run(args, settings: dict) -> int:
     progress = Progress(len(methods) * len(ids) * len(VARIANTS) * runs)
     rows = []
     for method in methods:
-        base = dict(method=method, max_new_tokens=settings["max_new_tokens"],
-                    temperature=settings["temperature"], top_p=settings["top_p"],
-                    **method_options(method, beside, settings["ks"][-1]))
+        chosen = method_object(method, beside, settings["ks"][-1])
+        law = dict(temperature=settings["temperature"], top_p=settings["top_p"])
         seconds = {name: [] for name in VARIANTS}
         tokens = dict.fromkeys(VARIANTS, 0)
         calls = dict.fromkeys(VARIANTS, 0)
         for prompt in ids:
-            requests = {name: prepare(target, [prompt], **base, **variant)
+            requests = {name: prepare(target, [prompt], chosen,
+                                      SamplingParams(**law, **variant.get("sampling", {})),
+                                      max_new_tokens=settings["max_new_tokens"],
+                                      **variant.get("run", {}))
                         for name, variant in VARIANTS.items()}
             per_prompt = {name: [] for name in VARIANTS}
             for i in range(runs):

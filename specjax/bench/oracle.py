@@ -36,12 +36,14 @@ import numpy as np
 
 from specjax.api.checks import check_compatible
 from specjax.api.generate import generate, prepare
+from specjax.api.methods import Speculative
 from specjax.bench.common import Progress, encode_suite, machine, pyplot, write_report
 from specjax.bench.prompts import SUITE
 from specjax.decoding import loop
 from specjax.io.checkpoint import load
 from specjax.model.transformer import forward
 from specjax.presets import CLIError, model_paths
+from specjax.sampling.params import SamplingParams
 
 SCHEMA = "specjax.bench.oracle/1"
 
@@ -70,8 +72,8 @@ def draft_matches(draft, ids: list[int], continuation: list[int]) -> list[bool]:
 
 def schedule_steps(target, draft, ids: list[int], max_new_tokens: int, **options) -> dict:
     """One greedy run, step by step: tokens drafted and accepted at every step, and the tokens."""
-    request = prepare(target, [ids], method="speculative", draft=draft, temperature=0.0,
-                      max_new_tokens=max_new_tokens, **options)
+    request = prepare(target, [ids], Speculative(draft, **options),
+                      SamplingParams(temperature=0.0), max_new_tokens=max_new_tokens)
     spec, weights = request.spec, request.weights
     state = loop.init(spec, weights, *request.inputs)
     drafted, accepted = [], []
@@ -90,8 +92,8 @@ def analyse(target, draft, prompts: list[dict], ks: list[int], threshold: float,
     """Per prompt: the oracle and every schedule's per-step draft lengths and call counts."""
     out = []
     for p in prompts:
-        greedy = generate(target, [p["ids"]], max_new_tokens=p["max_new_tokens"],
-                          temperature=0.0).tokens[0]
+        greedy = generate(target, [p["ids"]], "autoregressive", SamplingParams(temperature=0.0),
+                          max_new_tokens=p["max_new_tokens"]).tokens[0]
         oracle = oracle_steps(draft_matches(draft, p["ids"], greedy))
         end = len(greedy)
         positions = np.cumsum([0] + [m + 1 for m in oracle])[:-1]

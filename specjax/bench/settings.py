@@ -19,7 +19,10 @@ from specjax.api.checks import check_compatible, encode_prompts
 from specjax.api.generate import generate
 from specjax.bench.common import Progress, fmt, machine, write_report
 from specjax.bench.prompts import SUITE
+from specjax.api.generate import SAMPLING_FIELDS
+from specjax.api.methods import build
 from specjax.decoding.methods import REGISTRY
+from specjax.sampling.params import SamplingParams
 from specjax.io.checkpoint import load
 from specjax.presets import drafter_path, heads_path, model_paths
 
@@ -31,7 +34,7 @@ NEW = {"temperature 0.7": dict(temperature=0.7), "top-p 0.9": dict(temperature=0
 
 
 def models(args, wanted: list[str]):
-    """The target; by method, what each wanted method reads beside it (`Method.loads`: the
+    """The target; by method, what each wanted method reads beside it (`Record.loads`: the
     draft, heads or a drafter, None where not given); and the methods among `wanted` that what
     was loaded can run."""
     needs = {REGISTRY[m].loads for m in wanted}
@@ -58,14 +61,15 @@ def draft_name(beside: dict) -> str | None:
     return next((w.name for m, w in beside.items() if REGISTRY[m].loads == "draft" and w), None)
 
 
-def method_options(method: str, beside: dict, k: int) -> dict:
-    """`generate`'s method options for a bench run: k for a method that drafts a chain of k,
-    and what the method reads beside the target under its keyword."""
+def method_object(method: str, beside: dict, k: int, **options):
+    """The method's object for a bench run: k for a method that drafts a chain of k, what the
+    method reads beside the target under its keyword, and `options` where it takes them."""
     entry = REGISTRY[method]
-    options = dict(k=k) if entry.chain else {}
+    if entry.chain:
+        options["k"] = k
     if entry.loads:
         options[entry.loads] = beside[method]
-    return options
+    return build(method, others="ignore", **options)
 
 
 def run(args, settings: dict) -> int:
@@ -75,14 +79,18 @@ def run(args, settings: dict) -> int:
     progress = Progress(len(methods) * (1 + settings["reps"] * (1 + len(NEW))))
     rows = []
     for method in methods:
-        base = dict(method=method, max_new_tokens=1, temperature=0.0, seed=0, eos_ids=(),
-                    **method_options(method, beside, settings["ks"][0]))
+        fixed = {}
         if "candidates" in REGISTRY[method].options and not REGISTRY[method].chain:
-            base["candidates"] = "top"  # a tree's default scheme follows the temperatures: fixed
+            fixed["candidates"] = "top"  # a tree's default scheme follows the temperatures
+        chosen = method_object(method, beside, settings["ks"][0], **fixed)
 
         def seconds(**change):
+            law = {k: v for k, v in change.items() if k in SAMPLING_FIELDS}
+            run = dict(dict(max_new_tokens=1, seed=0, eos_ids=()),
+                       **{k: v for k, v in change.items() if k not in law})
             start = time.perf_counter()
-            generate(target, [ids], **{**base, **change})
+            generate(target, [ids], chosen, SamplingParams(**dict(dict(temperature=0.0), **law)),
+                     **run)
             progress.update(method)
             return time.perf_counter() - start
 

@@ -114,6 +114,7 @@ import textwrap
 
 from specjax.api.checks import check_compatible, encode_prompts
 from specjax.api.generate import generate, prepare
+from specjax.api.methods import build
 from specjax.bench.common import (
     CONSTANT,
     DYNAMIC_PREFIX,
@@ -139,6 +140,7 @@ from specjax.bench.report import k_label, markdown, plots
 from specjax.io.checkpoint import load
 from specjax.io.sidecar import tree_to_json
 from specjax.presets import CLIError, heads_path, load_drafters, make_mesh, model_paths
+from specjax.sampling.params import SamplingParams
 from specjax.sampling.tree import DynamicTree, Tree, parse_widths
 
 SCHEMA = "specjax.bench/1"
@@ -360,11 +362,13 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, beside=No
             extra["drafter_dtype"] = settings["drafter_dtype"]
         if schedule == "confidence":
             extra["confidence_threshold"] = settings["confidence_threshold"]
-        request = prepare(model, [prompt["ids"]], method=method, **extra,
-                          **({} if REGISTRY[method].loads == "drafter" else dict(tree=_tree(tree))),
-                          max_new_tokens=prompt["max_new_tokens"],
-                          temperature=settings["temperature"], top_p=settings["top_p"],
-                          max_ngram=settings["max_ngram"], mesh=make_mesh(settings["mesh"]))
+        if REGISTRY[method].loads != "drafter":
+            extra["tree"] = _tree(tree)
+        request = prepare(model, [prompt["ids"]],
+                          build(method, others="ignore", max_ngram=settings["max_ngram"], **extra),
+                          SamplingParams(temperature=settings["temperature"],
+                                         top_p=settings["top_p"]),
+                          max_new_tokens=prompt["max_new_tokens"], mesh=make_mesh(settings["mesh"]))
         results, compile_s = timed_runs(settings, lambda seed: generate(request.reseeded(seed)))
         records = [dict(new_tokens=s.new_tokens, run_s=s.run_s,
                         acceptance_rate=s.acceptance_rate if s.drafted else None,
@@ -403,8 +407,9 @@ def _sweep_jobs(contexts, settings, target, peers) -> list[dict]:
 
 def _specjax_sweep_job(ids, settings, target):
     def seconds(new_tokens: int) -> float:
-        return generate(target, [ids], method="autoregressive", max_new_tokens=new_tokens,
-                        temperature=0.0, eos_ids=(), mesh=make_mesh(settings["mesh"])).stats.run_s
+        return generate(target, [ids], "autoregressive", SamplingParams(temperature=0.0),
+                        max_new_tokens=new_tokens, eos_ids=(),
+                        mesh=make_mesh(settings["mesh"])).stats.run_s
     return lambda: sweep_times(seconds, settings)
 
 

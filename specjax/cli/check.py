@@ -9,17 +9,20 @@ import argparse
 from specjax import testing
 from specjax.presets import CLIError
 from specjax.testing import clients, verdict
+from specjax.testing.llamacpp import engine_version
 
 DESCRIPTION = """\
 Runs the catalogue of specjax.testing: numpy references of speculative-sampling bugs found in
 public code (each must be rejected) and of exact schemes that look wrong (each must pass), each
 checked against the exact law of 3-token continuations of a tiny target/draft pair by G-tests at
 one family-wise level. --specjax adds specjax's own methods, --transformers adds transformers'
-assisted generation and prompt lookup (their verdicts are reported as measured).
+assisted generation and prompt lookup, --llama-cpp llama.cpp's sampling, draft-model and n-gram
+speculation (their verdicts are reported as measured, with the engine's version).
 
   python -m specjax check
   python -m specjax check --only always-accept speculative
   python -m specjax check --transformers --transformers-samples 6000
+  python -m specjax check --llama-cpp --llama-cpp-samples 20000
 """
 
 
@@ -35,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transformers-samples", type=int, default=None, metavar="N",
                         help="samples per transformers check (default "
                              f"{clients.TRANSFORMERS_SAMPLES:,}: one generate call each)")
+    parser.add_argument("--llama-cpp", action="store_true",
+                        help="also check llama.cpp's sampling, draft-model speculation (greedy "
+                             "and probabilistic drafting) and n-gram lookup (needs xllamacpp)")
+    parser.add_argument("--llama-cpp-samples", type=int, default=None, metavar="N",
+                        help="samples per llama.cpp check (default "
+                             f"{clients.LLAMACPP_SAMPLES:,}: one completion each)")
     parser.add_argument("--samples", type=int, default=None, metavar="N",
                         help="samples per check for every entry (default: each entry's own, "
                              "100,000 for most)")
@@ -45,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def entries(args) -> list:
-    for key in ("samples", "transformers_samples"):
+    for key in ("samples", "transformers_samples", "llama_cpp_samples"):
         value = getattr(args, key)
         if value is not None and value < 1:
             raise CLIError(f"--{key.replace('_', '-')} must be >= 1, got {value}")
@@ -59,6 +68,13 @@ def entries(args) -> list:
     if args.transformers:
         chosen += clients.transformers_entries(
             args.transformers_samples or clients.TRANSFORMERS_SAMPLES)
+    if args.llama_cpp:
+        try:
+            version = engine_version()
+        except ImportError as e:
+            raise CLIError(str(e)) from None
+        print(f"llama.cpp: xllamacpp {version}", flush=True)
+        chosen += clients.llamacpp_entries(args.llama_cpp_samples or clients.LLAMACPP_SAMPLES)
     if args.only:
         known = {e.name: e for e in chosen}
         unknown = [n for n in args.only if n not in known]

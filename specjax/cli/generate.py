@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 from specjax.api.explain import explain, format_steps
-import numpy as np
 
-from specjax.api.checks import (MAX_LOGPROBS, GenerationError, check_compatible,
-                                check_controls, check_int, check_logprobs, encode_prompts)
 from specjax.api import options
-from specjax.api.generate import METHODS, generate, prepare, stream
+from specjax.api.checks import GenerationError, check_compatible, check_int, encode_prompts
+from specjax.api.options import flag
+from specjax.api.generate import generate, prepare, stream
+from specjax.api.methods import TYPES, build
+from specjax.decoding.methods import METHODS
 from specjax.cli.interrupt import Interrupt
 from specjax.decoding.methods import REGISTRY
 from specjax.io import chat as chat_template
@@ -41,7 +42,7 @@ from specjax.presets import (
     model_paths,
     parse_mesh,
 )
-from specjax.sampling.logits import SamplingParams
+from specjax.sampling.params import SamplingParams
 from specjax.sampling.tree import DynamicTree, Tree, parse_widths
 
 GENERATE_HELP = """\
@@ -89,8 +90,6 @@ text; with --temperature > 0 each method still samples exactly from the target's
                                "acceptance_by_position"}]}]}
 """
 
-CONTROLS = ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
-            "min_tokens")
 METHOD_CHOICES = (*METHODS, "all")
 DEMO_PROMPT = "import os\nimport sys\n\n\ndef read_lines(path):\n    lines = []\n"   # bench --quick's
 GREEN, RESET, DIM = "\x1b[32m", "\x1b[0m", "\x1b[2m"
@@ -183,19 +182,16 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
 def run_generate(args) -> int:
 
     methods = list(METHODS) if args.method == "all" else [args.method]
-    options = dict(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                   top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed, max_ngram=args.max_ngram,
-                   min_ngram=args.min_ngram, tree=read_tree(args, methods),
-                   candidates=args.candidates, k_schedule=args.k_schedule, k_start=args.k_start,
+    # The method's options, given to each method's object below (`for_method`); the sampling
+    # and the run's options are the same for every method.
+    options = dict(k=args.k, max_ngram=args.max_ngram, min_ngram=args.min_ngram,
+                   tree=read_tree(args, methods), candidates=args.candidates,
+                   k_schedule=args.k_schedule, k_start=args.k_start,
                    confidence_threshold=args.confidence_threshold,
-                   drafter_dtype=args.drafter_dtype,
-                   repetition_penalty=args.repetition_penalty,
-                   presence_penalty=args.presence_penalty,
-                   frequency_penalty=args.frequency_penalty,
-                   logit_bias=parse_logit_bias(args.logit_bias), min_tokens=args.min_tokens,
-                   logprobs=args.logprobs, stop=args.stop, regex=args.regex,
-                   json_schema=read_schema(args.json_schema))
-    check_numbers(methods, options, args.json)
+                   drafter_dtype=args.drafter_dtype)
+    run = dict(max_new_tokens=args.max_new_tokens, seed=args.seed)
+    check_numbers(methods, options, run)
+    sampling = sampling_of(args)
     mesh_shape = parse_mesh(args.mesh)
     if args.trace is not None and args.trace < 1:
         raise CLIError(f"--trace must be an integer >= 1, got {args.trace}")
@@ -218,21 +214,22 @@ def run_generate(args) -> int:
     if len(methods) > 1:           # a method whose weights were not found is skipped (a note)
         methods = [m for m in methods if not REGISTRY[m].loads or beside.get(m) is not None]
     ids = prompt_ids(target, prompt, args.chat)
-    options = {m: for_method(m, dict(options, mesh=mesh), beside, len(methods) > 1)
+    objects = {m: method_object(m, for_method(m, options, beside, len(methods) > 1))
                for m in methods}
+    run["mesh"] = mesh
     # Every error before the first token is printed; each method's request is checked and
     # placed once, then streamed and timed.
-    requests = {method: prepare(target, [ids], method=method, **options[method])
-                for method in methods}
+    requests = {m: prepare(target, [ids], objects[m], sampling, **run) for m in methods}
     if note:
         print(f"specjax: note: {note}", file=sys.stderr)
 
     if args.trace is not None:
-        steps = explain(target, ids, method=methods[0], steps=args.trace, **options[methods[0]])
+        steps = explain(target, ids, objects[methods[0]], sampling, steps=args.trace, **run)
         print(format_steps(steps, target.tokenizer))
         return 0
     if args.json:
-        report = json_report(target, draft, prompt, ids, requests, options, args)
+        report = json_report(target, draft, prompt, ids, requests, objects,
+                             dict(options, **run, **dataclasses.asdict(sampling)), args)
         print(json.dumps(report, indent=2, ensure_ascii=False))
         return 0
     show = args.show_acceptance
@@ -240,7 +237,7 @@ def run_generate(args) -> int:
         show = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     rows = []
     runs = 3
-    prefill_s = prefill_seconds(target, ids, options[methods[0]], runs)
+    prefill_s = prefill_seconds(target, ids, sampling, run, runs)
     for method in methods:
         if len(methods) > 1:
             print(f"{DIM if show else ''}--- {method} ---{RESET if show else ''}", flush=True)
@@ -264,32 +261,34 @@ def run_generate(args) -> int:
     return 0
 
 
-def check_numbers(methods: list[str], options: dict, json_output: bool = True) -> None:
-    """Rejects bad numbers before any model is loaded (generate.prepare checks them again)."""
-
-    check_int("max_new_tokens (-n)", options["max_new_tokens"], 1)
+def check_numbers(methods: list[str], options: dict, run: dict) -> None:
+    """Rejects the method's bad numbers before any model is loaded (the objects check them
+    again when made; the sampling's are checked as its `SamplingParams` is made)."""
+    check_int("max_new_tokens (-n)", run["max_new_tokens"], 1)
     if set(methods) - {"autoregressive"} and options["k"] is not None:
         check_int("k (-k)", options["k"], 1)
     if "ngram" in methods:
         check_int("--min-ngram", options["min_ngram"], 1)
         check_int("--max-ngram", options["max_ngram"], options["min_ngram"])
-    try:
-        SamplingParams(options["temperature"], options["top_k"], options["top_p"],
-                       options["min_p"])
-    except ValueError as e:
-        raise GenerationError(str(e)) from None
-    if not 0 <= options["seed"] < 2**32:
-        raise GenerationError(f"seed must be an integer in [0, 2^32), got {options['seed']}")
+    if not 0 <= run["seed"] < 2**32:
+        raise GenerationError(f"seed must be an integer in [0, 2^32), got {run['seed']}")
     threshold = options["confidence_threshold"]
     if threshold is not None and not 0.0 <= threshold <= 1.0:
         raise GenerationError(f"--confidence-threshold must be in [0, 1], got {threshold}")
-    # The controls' ranges (their ids against the vocabulary once the target is loaded).
-    check_logprobs(options["logprobs"], MAX_LOGPROBS)
-    if options["logprobs"] and not json_output:
+
+
+def sampling_of(args) -> SamplingParams:
+    """The sampling and the controls of the flags, as one `SamplingParams` (checked as it is
+    made: a bad value exits 2 naming it)."""
+    if args.logprobs and not args.json:
         raise GenerationError("--logprobs shows in --json output: add --json")
-    bias = options["logit_bias"] or {}
-    check_controls(1, max(bias, default=0) + 1, np.array([options["max_new_tokens"]]),
-                   **{name: options[name] for name in CONTROLS})
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                          presence_penalty=args.presence_penalty,
+                          frequency_penalty=args.frequency_penalty,
+                          logit_bias=parse_logit_bias(args.logit_bias),
+                          min_tokens=args.min_tokens, logprobs=args.logprobs, stop=args.stop,
+                          regex=args.regex, json_schema=read_schema(args.json_schema))
 
 
 def read_schema(path: str | None) -> dict | None:
@@ -335,10 +334,10 @@ def read_tree(args, methods: list[str]):
 
 
 def for_method(method: str, options: dict, beside: dict, several: bool) -> dict:
-    """The options for `method`, with the weights it loads (`beside`, by method) under its
-    keyword. With --method all (`several`), each method gets the shared options it takes
-    (`Method.under_all`) and its own defaults for the rest; given for one method, an option
-    that does not apply to it stays, for `generate` to refuse."""
+    """The options for `method`'s object, with the weights it loads (`beside`, by method)
+    under its keyword. With --method all (`several`), each method gets the shared options it
+    takes (`Record.under_all`) and its own defaults for the rest; given for one method, an
+    option that does not apply to it stays, for `method_object` to refuse."""
     entry = REGISTRY[method]
     options = dict(options)
     if entry.loads:
@@ -352,6 +351,20 @@ def for_method(method: str, options: dict, beside: dict, several: bool) -> dict:
 
 # The keywords under which the methods take what they load (the draft, heads, a drafter).
 WEIGHTS = {m.loads for m in REGISTRY.values() if m.loads}
+
+
+def method_object(method: str, given: dict):
+    """`method`'s object from its options (`methods.build`; those at None or at the defaults
+    the flags share take the object's own); an option given that the method does not take is
+    an error naming its flag."""
+    shared_defaults = {"k_schedule": "constant", "max_ngram": 3, "min_ngram": 1}
+    fields = {f.name for f in dataclasses.fields(TYPES[method])}
+    for name, value in given.items():
+        if name not in fields and value is not None and shared_defaults.get(name) != value:
+            raise GenerationError(f"{flag(name)} does not apply to --method {method}")
+    return build(method, others="ignore", **given)
+
+
 # The options --method all shares between the methods that take them (`for_method`).
 SHARED = ("k", "tree", "candidates", "drafter_dtype")
 
@@ -411,7 +424,7 @@ def drafters(args, methods: list[str]) -> dict:
 
 def load_models(args, methods: list[str], mesh=None):
     """The target, the draft (None when not needed or not found) and, by method, what each
-    method that runs loads beside the target (`Method.loads`: the draft, heads or a drafter;
+    method that runs loads beside the target (`Record.loads`: the draft, heads or a drafter;
     missing where not found); on `mesh`, the target split and the draft replicated."""
     beside = drafters(args, methods)
     for m in REGISTRY.values():
@@ -511,11 +524,13 @@ def timed_generate(request, runs: int = 3):
     return dataclasses.replace(results[-1], stats=stats), runs
 
 
-def prefill_seconds(target, ids: list[int], options: dict, runs: int = 3) -> float:
+def prefill_seconds(target, ids: list[int], sampling: SamplingParams, run: dict,
+                    runs: int = 3) -> float:
     """The median time of an autoregressive run that makes one token: the prompt's prefill (the
     first token comes from its logits), timed as `timed_generate` times a method."""
-    settings = {k: v for k, v in options.items() if k in ("mesh", "temperature", "seed")}
-    request = prepare(target, [ids], method="autoregressive", max_new_tokens=1, **settings)
+    request = prepare(target, [ids], "autoregressive",
+                      SamplingParams(temperature=sampling.temperature),
+                      **dict(run, max_new_tokens=1))
     return timed_generate(request, runs)[0].stats.run_s
 
 
@@ -580,17 +595,20 @@ def comparison_table(rows, prefill_s: float) -> str:
     return "\n".join(lines)
 
 
-def _loaded(options: dict, keyword: str) -> str | None:
+def _loaded(objects: dict, keyword: str) -> str | None:
     """The name of the first running method's weights under `keyword` (heads, drafter)."""
-    return next((o[keyword].name for m, o in options.items() if REGISTRY[m].loads == keyword),
-                None)
+    return next((getattr(o, keyword).name for m, o in objects.items()
+                 if REGISTRY[m].loads == keyword), None)
 
 
-def json_report(target, draft, prompt: str, ids: list[int], requests, options, args) -> dict:
-    """`requests`, `options`: each method's prepared request and generate options."""
+def json_report(target, draft, prompt: str, ids: list[int], requests, objects, settings,
+                args) -> dict:
+    """`requests`, `objects`: each method's prepared request and its object; `settings`: the
+    flags' options, sampling and run options, as the report shows them."""
     results = []
     methods = list(requests)
-    prefill_s = prefill_seconds(target, ids, options[methods[0]])
+    prefill_s = prefill_seconds(target, ids, SamplingParams(temperature=settings["temperature"]),
+                                {k: settings[k] for k in ("seed", "mesh")})
     for method, request in requests.items():
         result, runs = timed_generate(request)
         stats = result.stats.as_dict()
@@ -602,7 +620,6 @@ def json_report(target, draft, prompt: str, ids: list[int], requests, options, a
                         "logprobs": (None if result.logprobs is None else
                                      [t.as_dict() for t in result.logprobs[0]]),
                         "row_stats": [row.as_dict() for row in result.row_stats]})
-    settings = options[methods[-1]]            # the drafting method's, when there is one
     base = {r["method"]: r["stats"]["tokens_per_second"] for r in results}.get("autoregressive")
     for r in results:
         r["speedup_vs_autoregressive"] = r["stats"]["tokens_per_second"] / base if base else None
@@ -610,9 +627,8 @@ def json_report(target, draft, prompt: str, ids: list[int], requests, options, a
             "draft": draft.name if draft is not None and "speculative" in methods else None,
             "draft_path": str(draft.path) if draft is not None and "speculative" in methods else None,
             "prompt": prompt, "prompt_tokens": len(ids), "prefill_s": prefill_s,
-            "heads": _loaded(options, "heads"), "drafter": _loaded(options, "drafter"),
-            "settings": dict({k: v for k, v in settings.items()
-                              if k not in WEIGHTS and k != "mesh"},
+            "heads": _loaded(objects, "heads"), "drafter": _loaded(objects, "drafter"),
+            "settings": dict({k: v for k, v in settings.items() if k not in WEIGHTS and k != "mesh"},
                              chat=args.chat, dtype=args.dtype, method=args.method, mesh=args.mesh,
                              candidates=args.candidates,
                              tree=tree_to_json(settings["tree"])),

@@ -49,6 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specjax.api.methods import DFlash, Eagle, Medusa, Speculative
+from specjax.sampling.params import SamplingParams
 from specjax.api.generate import generate
 from specjax.bench.common import machine
 from specjax.io import chat as chat_template
@@ -60,7 +62,6 @@ from specjax.io.dflash import save_block_drafter
 from specjax.io.eagle import save_drafter
 from specjax.presets import (DEFAULT_PRESET, PRESETS, CLIError, load_model, make_mesh,
                              model_paths, parse_mesh)
-from specjax.sampling.logits import SamplingParams
 from specjax.sampling.tree import DynamicTree, Tree, TreeError
 from specjax.io.medusa import save_heads
 from specjax.io.sidecar import check_target, tree_to_json
@@ -464,7 +465,7 @@ def run_train(args) -> int:
         raise CLIError(NO_HELD_OUT_SEARCH)
     features = _features(target, sequences, taps, args, final_only=config.kind == "eagle1")
     progress = _progress(args, config, "loss/agreement by pass" if config.kind == "eagle3"
-                         else "cross-entropy/agreement by pass", target, held_out, "drafter",
+                         else "cross-entropy/agreement by pass", target, held_out, Eagle,
                          tree=tree)
     drafter = eagle3.train(target, features, config, checkpoint=work / "checkpoint",
                            progress=progress, mesh=mesh, init=init)
@@ -480,7 +481,7 @@ def run_train(args) -> int:
            "sampled_tree": tree_to_json(sampled_tree), **search,
            "train_sequences": int(len(sequences.length)), "held_out_prompts": len(held_out),
            "seconds": round(time.time() - started, 1)}
-    _finish(out, log, target, held_out, args, method="eagle", drafter=drafter)
+    _finish(out, log, target, held_out, args, Eagle(drafter))
     return 0
 
 
@@ -521,7 +522,7 @@ def run_dflash(args) -> int:
     sequences, held_out = _training_data(args, target, work)
     features = _features(target, sequences, taps, args)
     progress = _progress(args, config, "loss/accuracy/accepted prefix", target, held_out,
-                         "dflash")
+                         DFlash)
     drafter = dflash_train.train(target, features, config, checkpoint=work / "checkpoint",
                                  progress=progress, mask_token_id=mask)
     save_block_drafter(drafter, out)
@@ -529,7 +530,7 @@ def run_dflash(args) -> int:
            "taps": list(taps), "config": vars(config),
            "train_sequences": int(len(sequences.length)), "held_out_prompts": len(held_out),
            "seconds": round(time.time() - started, 1)}
-    _finish(out, log, target, held_out, args, method="dflash", drafter=drafter)
+    _finish(out, log, target, held_out, args, DFlash(drafter))
     return 0
 
 
@@ -595,7 +596,7 @@ def run_medusa(args) -> int:
     sequences, held_out, states = _final_states(args, target, work)
     if args.tree_nodes and not held_out:            # --data without held-out prompts
         raise CLIError(NO_HELD_OUT_TREE)
-    progress = _progress(args, config, "loss/accuracy by head", target, held_out, "heads")
+    progress = _progress(args, config, "loss/accuracy by head", target, held_out, Medusa)
     try:
         heads = medusa.train(target, states, config, checkpoint=work / "checkpoint",
                              progress=progress, mesh=mesh)
@@ -607,7 +608,7 @@ def run_medusa(args) -> int:
         heads = _heads_tree(heads, target, held_out, costs, args, log)
     save_heads(heads, out, format=args.format)
     log["seconds"] = round(time.time() - started, 1)
-    _finish(out, log, target, held_out, args, method="medusa", heads=heads)
+    _finish(out, log, target, held_out, args, Medusa(heads))
     return 0
 
 
@@ -669,7 +670,7 @@ def run_draft(args) -> int:
     out, work = _out_and_work(args)
     started = time.time()
     sequences, held_out, states = _final_states(args, target, work)
-    progress = _progress(args, config, "loss/agreement", target, held_out, "draft")
+    progress = _progress(args, config, "loss/agreement", target, held_out, Speculative)
     model = draft.train(target, states, config, checkpoint=work / "checkpoint",
                         progress=progress, mesh=mesh)
     save_model(model, out)
@@ -680,7 +681,7 @@ def run_draft(args) -> int:
                      "parameters": count_params(model.params)},
            "train_sequences": int(len(sequences.length)), "held_out_prompts": len(held_out),
            "seconds": round(time.time() - started, 1)}
-    _finish(out, log, target, held_out, args, method="speculative", draft=model)
+    _finish(out, log, target, held_out, args, Speculative(model))
     return 0
 
 
@@ -693,26 +694,24 @@ def _tokenizer_files(target_path: Path, out: Path) -> None:
             shutil.copyfile(target_path / name, out / name)
 
 
-def _progress(args, config, label: str, target, held_out, keyword: str,
+def _progress(args, config, label: str, target, held_out, method: type,
               tree=None) -> StepProgress:
     """The training's progress bar (on stderr), with the held-out tokens per target call at
-    temperature 0 every --eval-every steps: the model as it stands, passed as `keyword`
-    (drafter, heads or draft) to `generate` with the method that reads it (and `tree`, the one
-    it will be written with)."""
-    method = {"drafter": "eagle", "heads": "medusa", "draft": "speculative",
-              "dflash": "dflash"}[keyword]
+    temperature 0 every --eval-every steps: the model as it stands, given to `method` (the
+    object's class: Eagle, DFlash, Medusa or Speculative, with `tree`, the one it will be
+    written with, where the method takes one)."""
     every = args.eval_every if args.eval_every is not None else max(1, config.steps // 5)
 
     def evaluate(model) -> float:
-        given = {"drafter": model} if keyword == "dflash" else {keyword: model, "tree": tree}
-        result = generate(target, held_out, method=method, **given,
-                          max_new_tokens=args.max_new_tokens, temperature=0.0)
+        chosen = method(model) if method is DFlash else method(model, tree=tree)
+        result = generate(target, held_out, chosen, SamplingParams(temperature=0.0),
+                          max_new_tokens=args.max_new_tokens)
         return result.stats.tokens_per_target_call
 
     return StepProgress(config.steps, label, evaluate if held_out and every else None, every)
 
 
-def _finish(out: Path, log: dict, target, held_out, args, **method) -> None:
+def _finish(out: Path, log: dict, target, held_out, args, method) -> None:
     """The held-out evaluation (tokens per target call and acceptance by depth at temperature
     0 and 1, on prompts never trained on) into the log, with the machine and the version that
     made it; the log into out/train_log.json, and the model card rendered from it into
@@ -723,8 +722,8 @@ def _finish(out: Path, log: dict, target, held_out, args, **method) -> None:
         "jax": host["jax_version"]})
     if held_out:
         for temperature in (0.0, 1.0):
-            result = generate(target, held_out, **method, max_new_tokens=args.max_new_tokens,
-                              temperature=temperature, seed=args.seed)
+            result = generate(target, held_out, method, SamplingParams(temperature=temperature),
+                              max_new_tokens=args.max_new_tokens, seed=args.seed)
             log[f"tokens_per_target_call_t{temperature:g}"] = round(
                 result.stats.tokens_per_target_call, 3)
             log[f"acceptance_by_position_t{temperature:g}"] = [

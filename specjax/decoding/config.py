@@ -27,7 +27,7 @@ class DecodeSpec:
     (`state.RowSettings`)."""
     method: str
     target_config: ModelConfig
-    draft_config: ModelConfig | None
+    draft_config: ModelConfig | None = None
     k: int = 1
     max_ngram: int = 3
     min_ngram: int = 1

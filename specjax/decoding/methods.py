@@ -1,4 +1,4 @@
-"""The decoding methods: one record each (`Method`), the only list of them (`REGISTRY`).
+"""The decoding methods: one record each (`Record`), the only list of them (`REGISTRY`).
 
 Every module of a method has the same three functions:
 
@@ -32,8 +32,8 @@ from specjax.model.transformer import Model
 
 
 @dataclasses.dataclass(frozen=True)
-class Method:
-    """What the house knows of one decoding method."""
+class Record:
+    """What the house knows of one decoding method: its record in the registry."""
     name: str
     module: ModuleType             # init, step and layout (module docstring)
     summary: str                   # one line, for help texts and listings
@@ -75,23 +75,23 @@ class Method:
 
 _TREE = ("k", "tree", "candidates")
 REGISTRY = {m.name: m for m in (
-    Method("autoregressive", autoregressive, "one target call per token: the baseline",
+    Record("autoregressive", autoregressive, "one target call per token: the baseline",
            peers=("transformers", "llama.cpp")),
-    Method("speculative", speculative, "a small draft model proposes, the target verifies",
+    Record("speculative", speculative, "a small draft model proposes, the target verifies",
            loads="draft", flag="draft", kind=Model, what="a draft model",
            options=(*_TREE, "drafter_dtype", "shard_draft"),
            schedules=("constant", "heuristic", "confidence"), chain=True,
            peers=("transformers",)),
-    Method("ngram", ngram, "drafts copied from the prompt and the output (prompt lookup)",
+    Record("ngram", ngram, "drafts copied from the prompt and the output (prompt lookup)",
            options=("k", "tree", "max_ngram", "min_ngram"), schedules=("constant", "heuristic"),
            chain=True, peers=("transformers", "llama.cpp")),
-    Method("medusa", medusa, "extra heads on the target propose a token tree",
+    Record("medusa", medusa, "extra heads on the target propose a token tree",
            loads="heads", flag="heads", kind=Heads, what="Medusa heads",
            options=("tree", "candidates", "drafter_dtype"), own_tree=True),
-    Method("eagle", eagle, "a one-layer drafter on the target's states (EAGLE-1/2/3)",
+    Record("eagle", eagle, "a one-layer drafter on the target's states (EAGLE-1/2/3)",
            loads="drafter", flag="drafter", kind=Drafter, what="an EAGLE drafter",
            options=(*_TREE, "drafter_dtype"), own_tree=True),
-    Method("dflash", dflash, "a block drafter proposes a whole block in one call (DFlash)",
+    Record("dflash", dflash, "a block drafter proposes a whole block in one call (DFlash)",
            loads="drafter", flag="drafter", kind=BlockDrafter,
            what="a DFlash drafter",
            options=("k", "candidates", "drafter_dtype"), shared=("drafter_dtype",)),
@@ -106,7 +106,7 @@ def methods_where(test) -> tuple[str, ...]:
 
 
 def methods_taking(option: str) -> tuple[str, ...]:
-    """The methods that take `option` (one of `Method.options`)."""
+    """The methods that take `option` (one of `Record.options`)."""
     return tuple(name for name, m in REGISTRY.items() if option in m.options)
 
 

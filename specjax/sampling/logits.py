@@ -55,8 +55,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import numbers
 from dataclasses import dataclass
 
 import jax
@@ -64,54 +62,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from specjax.sampling.params import SamplingParams
+
 __all__ = ["Sampling", "SamplingParams", "probs_from_logits", "sample", "sample_rows", "has_nan"]
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """One setting of how logits are turned into a distribution, validated (Python values).
-
-    Attributes:
-      temperature: >= 0 and finite. 0 means greedy (one-hot of the argmax).
-      top_k: number of most likely tokens to keep; 0 means no top-k filtering. A value >= V
-        keeps everything.
-      top_p: nucleus mass in (0, 1]; 1.0 means no nucleus filtering.
-      min_p: in [0, 1]; keep tokens with probability >= min_p times the largest; 0 means off.
-    """
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise ValueError, naming the offending value, if any parameter is out of range."""
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
-        k = self.top_k
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
-        if k > _MAX_TOP_K:
-            raise ValueError(f"top_k must be at most {_MAX_TOP_K} (0 = off), got {k!r}")
-        p = self.top_p
-        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 < p <= 1.0:
-            # `not 0 < p <= 1` is also True for NaN, which fails every comparison.
-            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {p!r}")
-        m = self.min_p
-        if isinstance(m, bool) or not isinstance(m, numbers.Real) or not 0.0 <= m <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {m!r}")
-
-    @property
-    def greedy(self) -> bool:
-        """True when temperature is 0: the distribution is the one-hot of the argmax."""
-        return self.temperature == 0
-
-
-_MAX_TOP_K = 2 ** 31 - 1      # top_k is an int32 per row
 
 
 @jax.tree_util.register_dataclass

@@ -14,7 +14,8 @@ from typing import Callable
 import numpy as np
 
 from specjax.api.generate import generate
-from specjax.sampling.logits import SamplingParams
+from specjax.api.methods import build
+from specjax.sampling.params import SamplingParams
 
 __all__ = ["numpy_step", "specjax_rules"]
 
@@ -53,18 +54,19 @@ def numpy_step(step: Step, room: int = 16, name: str | None = None):
 def specjax_rules(rules=None, method: str = "speculative", k: int = 2, name: str | None = None,
                   **options):
     """A sampler that runs `specjax.generate` with `method` on the pair (one row per sample, in
-    one call), with `rules` in place of the default `Rules()` when given. `options` go to
-    `generate` as they are (tree=, candidates=, k_schedule=, ...)."""
+    one call), with `rules` in place of the default `Rules()` when given. `options` go to the
+    method's object as they are (tree=, candidates=, k_schedule=, ...); the kit's controls to
+    its `SamplingParams`."""
     def sampler(pair, prompt, seed, *, samples, length, sampling: SamplingParams,
                 controls=None):
-        extra = {} if method == "autoregressive" else {"k": k}
-        extra.update(controls or {})
+        extra = dict(options) if method == "autoregressive" else dict(options, k=k)
         if method == "speculative":
             extra["draft"] = pair.draft
+        law = dict(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                   min_p=sampling.min_p, **(controls or {}))
         result = generate(pair.target, np.tile(np.asarray(prompt, np.int32), (samples, 1)),
-                          method=method, max_new_tokens=length, temperature=sampling.temperature,
-                          top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p,
-                          seed=seed, eos_ids=(), rules=rules, **extra, **options)
+                          build(method, **extra), SamplingParams(**law), max_new_tokens=length,
+                          seed=seed, eos_ids=(), rules=rules)
         return np.array(result.tokens, np.int32)
 
     sampler.__name__ = name or f"specjax {method}"

@@ -1,5 +1,6 @@
-"""Real decoders as catalogue entries: specjax's own methods and transformers' assisted
-generation and prompt lookup, checked the same way as the numpy references."""
+"""Real decoders as catalogue entries: specjax's own methods, transformers' assisted
+generation and prompt lookup, and llama.cpp's sampling and speculative decoding, checked the
+same way as the numpy references."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from specjax.sampling.logits import SamplingParams
 from specjax.sampling.tree import Tree
 from specjax.testing.adapters import specjax_rules
 from specjax.testing.hf import transformers_sampler
+from specjax.testing.llamacpp import MODES, llamacpp_sampler
 from specjax.testing.verdict import Entry
 
-__all__ = ["TRANSFORMERS_SAMPLES", "specjax_entries", "transformers_entries"]
+__all__ = ["LLAMACPP_SAMPLES", "TRANSFORMERS_SAMPLES", "llamacpp_entries", "specjax_entries",
+           "transformers_entries"]
 
 SETTINGS = {"t1": SamplingParams(1.0), "t0.7-top-p": SamplingParams(0.7, top_p=0.9)}
 
@@ -18,11 +21,19 @@ SETTINGS = {"t1": SamplingParams(1.0), "t0.7-top-p": SamplingParams(0.7, top_p=0
 # check rejects 8 of the catalogue's 10 bugs (all but the two subtlest: docs/conformance.md).
 TRANSFORMERS_SAMPLES = 4_000
 
+# llama.cpp's in-process server answers a 4-token completion of the tiny pair in 1-4 ms on a
+# 2-core host: 50,000 samples a check (the issue's floor) take one to three minutes.
+LLAMACPP_SAMPLES = 50_000
+# Continuations of 4 tokens: the first comes from the prompt's evaluation, so a request drafts
+# up to 3 tokens, a draft of k = 2 and more.
+LLAMACPP_LENGTH = 4
+LLAMACPP_SETTINGS = {**SETTINGS, "t0.8-top-k-min-p": SamplingParams(0.8, top_k=4, min_p=0.05)}
+
 
 def specjax_entries() -> tuple[Entry, ...]:
     """specjax's speculative chain, token tree and n-gram decoding, expected exact."""
     methods = {
-        "speculative-k2": dict(method="speculative", k=2),
+        "speculative-k2": dict(method="speculative", k=2),  # specjax_rules' own keywords
         "speculative-tree-2x2": dict(method="speculative", tree=Tree.full((2, 2)),
                                      candidates="distinct"),
         "ngram-k2": dict(method="ngram", k=2),
@@ -44,3 +55,16 @@ def transformers_entries(samples: int = TRANSFORMERS_SAMPLES) -> tuple[Entry, ..
               lambda method=method: transformers_sampler(method, k=2),
               sampling=sampling, samples=samples)
         for method in ("assisted", "prompt-lookup") for setting, sampling in SETTINGS.items())
+
+
+def llamacpp_entries(samples: int = LLAMACPP_SAMPLES, k: int = 2) -> tuple[Entry, ...]:
+    """llama.cpp through xllamacpp (`testing.llamacpp`): plain sampling, the control; a draft
+    model with greedy drafting (its default) and with probabilistic drafting; n-gram lookup;
+    each at T = 1, T = 0.7 with top-p 0.9 and T = 0.8 with top-k 4 and min-p 0.05; verdicts
+    reported as measured."""
+    return tuple(
+        Entry(f"llama.cpp {mode} {setting}", None, "llama.cpp server (xllamacpp)",
+              f"llama.cpp's {mode} decoding",
+              lambda mode=mode: llamacpp_sampler(mode, k=k),
+              sampling=sampling, samples=samples, length=LLAMACPP_LENGTH)
+        for mode in MODES for setting, sampling in LLAMACPP_SETTINGS.items())

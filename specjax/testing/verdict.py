@@ -26,6 +26,7 @@ class Entry:
     pair: str = "close"
     samples: int = 100_000
     controls: dict | None = None          # penalties and bias (`check`'s `controls`)
+    length: int = 3                       # tokens per continuation (`check`'s `length`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +48,7 @@ def run(entries: Sequence[Entry], *, level: float = 0.01, seed: int = 0,
     for entry in entries:
         report = check(entry.make(), pair=entry.pair, sampling=entry.sampling,
                        samples=samples or entry.samples, seed=seed, controls=entry.controls,
-                       level=level / len(entries), name=entry.name)
+                       length=entry.length, level=level / len(entries), name=entry.name)
         verdicts.append(Verdict(entry, report))
         if progress:
             progress(verdicts[-1])

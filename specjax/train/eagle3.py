@@ -53,12 +53,14 @@ import numpy as np
 
 from specjax.api.checks import encode_prompts
 from specjax.api.generate import generate
+from specjax.api.methods import Eagle
 from specjax.heads import eagle
 from specjax.heads.shared import projection, target_identity
 from specjax.io.checkpoint import Model
 from specjax.io.sidecar import check_target
 from specjax.model.cache import KVCache
 from specjax.model.transformer import tapped_states
+from specjax.sampling.params import SamplingParams
 from specjax.sampling.tree import DynamicTree
 from specjax.train.state import (TrainError, check_settings, key_settings, on_mesh,
                                  optimizer, run_steps)
@@ -138,6 +140,9 @@ NOISE_STREAM = 1        # batch b's noise: numpy.random.default_rng([seed, b, NO
 CLASSIFICATION_WEIGHT = 0.1
 
 
+GREEDY = SamplingParams(temperature=0.0)
+
+
 # -- Data ---------------------------------------------------------------------------------------
 
 def continuations(target: Model, prompts, *, max_new_tokens: int = 64, temperature: float = 0.0,
@@ -151,8 +156,10 @@ def continuations(target: Model, prompts, *, max_new_tokens: int = 64, temperatu
     out = []
     for start in range(0, len(rows), batch):
         part = rows[start:start + batch]
-        result = generate(target, part, max_new_tokens=max_new_tokens, temperature=temperature,
-                          top_p=top_p, seed=[seed + start + i for i in range(len(part))])
+        result = generate(target, part, "autoregressive",
+                          SamplingParams(temperature=temperature, top_p=top_p),
+                          max_new_tokens=max_new_tokens,
+                          seed=[seed + start + i for i in range(len(part))])
         out += [(p, p + list(new)) for p, new in zip(part, result.tokens)]
         if progress is not None:
             progress(min(start + batch, len(rows)), len(rows))
@@ -432,8 +439,8 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
 # -- The tree ---------------------------------------------------------------------------------
 
 def step_seconds(target: Model, prompt, new_tokens: int = 64, repeats: int = 3,
-                 **method) -> float:
-    """The time of one decoding step of `generate(target, [prompt], **method)` at temperature
+                 method="autoregressive") -> float:
+    """The time of one decoding step of `generate(target, [prompt], method)` at temperature
     0: a run's time over its decoding steps, the fastest of `repeats` runs after the one that
     compiles. A whole step, with all that comes with the verify call (the drafter, the tree's
     walk, the loop); the prompt's prefill is spread over the steps as in any run, so make
@@ -442,8 +449,8 @@ def step_seconds(target: Model, prompt, new_tokens: int = 64, repeats: int = 3,
         raise TrainError(f"step times need new_tokens >= 2 and repeats >= 1, got {new_tokens} "
                          f"and {repeats}")
     prompt = encode_prompts(target, [prompt])[0]
-    runs = [generate(target, [prompt], max_new_tokens=new_tokens, temperature=0.0,
-                     **method).stats for _ in range(repeats + 1)]
+    runs = [generate(target, [prompt], method, GREEDY, max_new_tokens=new_tokens).stats
+            for _ in range(repeats + 1)]
     return min(r.run_s / max(r.steps, 1) for r in runs[1:])
 
 
@@ -463,10 +470,10 @@ def best_dynamic_tree(target: Model, drafter: eagle.Drafter, trees, prompts, *,
     one = step_seconds(target, prompts[0], new_tokens, repeats)
     rows = []
     for tree in trees:
-        calls = generate(target, prompts, method="eagle", drafter=drafter, tree=tree,
-                         max_new_tokens=max_new_tokens, temperature=0.0).stats
-        cost = step_seconds(target, prompts[0], new_tokens, repeats, method="eagle",
-                            drafter=drafter, tree=tree) / one
+        calls = generate(target, prompts, Eagle(drafter, tree=tree), GREEDY,
+                         max_new_tokens=max_new_tokens).stats
+        cost = step_seconds(target, prompts[0], new_tokens, repeats,
+                            Eagle(drafter, tree=tree)) / one
         tokens = calls.tokens_per_target_call
         rows.append({"tree": [tree.depth, tree.top_k, tree.total_tokens],
                      "tokens_per_call": round(tokens, 3), "step_cost": round(cost, 3),

@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.api.forward import kernels_as_generate
+from specjax.api.methods import Medusa
 from specjax.heads import medusa as heads_math
 from specjax.heads.shared import projection, target_identity
 from specjax.io.checkpoint import Model
@@ -320,6 +321,6 @@ def step_costs(target: Model, heads: heads_math.Heads, paths, prompt,
         raise TrainError(f"step costs need a tree, new_tokens >= 2 and repeats >= 1, got "
                          f"{len(paths)} paths, {new_tokens}, {repeats}")
     one = step_seconds(target, prompt, new_tokens, repeats)
-    return {n: round(step_seconds(target, prompt, new_tokens, repeats, method="medusa",
-                                  heads=heads, tree=Tree.from_paths(paths[:n - 1])) / one, 3)
+    return {n: round(step_seconds(target, prompt, new_tokens, repeats,
+                                  Medusa(heads, tree=Tree.from_paths(paths[:n - 1]))) / one, 3)
             for n in range(2, len(paths) + 2)}
