@@ -37,7 +37,8 @@ from specjax.model.cache import KVCache
 from specjax.model.config import DTYPES
 from specjax.model.linear import use_kernels
 from specjax.model.quant import Int8Weight, dequantize
-from specjax.model.transformer import count_params, forward, unstack_layers
+from specjax.model.params import unstack_layers
+from specjax.model.transformer import count_params, forward
 
 
 def main():

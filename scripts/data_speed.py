@@ -18,7 +18,7 @@ import numpy as np
 
 import specjax
 from specjax.bench.common import _cpu_model
-from specjax.cli.train import read_prompts
+from specjax.cli.train_stages import read_prompts
 from specjax.train import eagle3
 
 

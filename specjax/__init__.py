@@ -22,7 +22,8 @@ from specjax.io.eagle import save_drafter
 from specjax.io.medusa import save_heads
 from specjax.mesh import MeshError, make_mesh
 from specjax.model.config import ConfigError, ModelConfig
-from specjax.model.transformer import Model, init_params
+from specjax.model.params import init_params
+from specjax.model.transformer import Model
 from specjax.sampling.params import SamplingParams
 from specjax.sampling.tree import DynamicTree, Tree, TreeError
 

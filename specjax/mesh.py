@@ -45,7 +45,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from specjax.model.config import ModelConfig
-from specjax.model.transformer import PARAM_AXES, logical_sizes, param_shapes
+from specjax.model.params import PARAM_AXES, logical_sizes, param_shapes
 
 DATA, MODEL = "data", "model"
 AXES = (DATA, MODEL)

@@ -22,7 +22,8 @@ import pytest
 
 import specjax
 from specjax.api.results import Stats
-from specjax.cli.generate import TextPrinter, summary_line, why_slower
+from specjax.cli.generate import TextPrinter
+from specjax.cli.generate_report import summary_line, why_slower
 from specjax.cli.main import main
 from specjax.io.chat import ChatTemplateError, render
 from specjax.presets import TINY_NOTE

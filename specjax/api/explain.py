@@ -141,7 +141,7 @@ def explain(target: Model, prompt, method: Method | str,
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise GenerationError(f"{name} must be an integer >= 1, got {value!r}")
     request = prepare(target, [prompt], method, sampling, **run)
-    rule = (request.spec.rules.verify if request.spec.tree is None else
+    rule = (request.spec.rules.verify if request.spec.method.tree is None else
             request.spec.rules.verify_tree)
     if not returns_details(rule):
         raise GenerationError(f"explain shows the numbers of the verification rule, and "

@@ -29,9 +29,10 @@ import numpy as np
 
 from specjax import kernels as specjax_kernels
 from specjax import mesh as meshes
-from specjax.api.checks import (KERNELS_ENV, GenerationError, bind_sampling, bucket,
-                                check_compatible, check_logprobs, check_stop_ids, encode_prompts,
-                                kernels_switch, one_sampling, per_row_ints, prompt_matrix)
+from specjax.api.checks import (KERNELS_ENV, GenerationError, bucket, check_compatible,
+                                encode_prompts, kernels_switch, prompt_matrix)
+from specjax.api.sampling_checks import (bind_sampling, check_logprobs, check_stop_ids,
+                                         one_sampling, per_row_ints)
 from specjax.api.methods import TYPES, Method, method_of
 from specjax.api.results import (GenerationResult, RowStats, Stats, acceptance_by_position, host,
                                  result, safe_prefix)
@@ -107,11 +108,11 @@ def prepare(target: Model, prompts, method: Method | str = "autoregressive",
     buffer_length = bucket(int(lengths.max()) + int(max_new.max()) + bound.room + 1)
     if mesh is not None:
         check_on_mesh(target, draft)
-    spec = DecodeSpec(method=method.name, target_config=target.config,
+    kernels = kernels_switch(kernels) and mesh is None and specjax_kernels.ensure()
+    spec = DecodeSpec(method=bound.spec, target_config=target.config,
                       buffer_length=buffer_length, mesh=mesh, rules=rules or Rules(),
                       logprobs=check_logprobs(sampling.logprobs, target.config.vocab_size),
-                      kernels=kernels_switch(kernels) and mesh is None and specjax_kernels.ensure(),
-                      **bound.fields)
+                      kernels=kernels)
     weights = Weights(target.params, draft.params if draft else None,
                       bound.weights if method.record.loads == "heads" else None,
                       bound.weights if method.record.loads == "drafter" else None)

@@ -18,6 +18,8 @@ from typing import Any, ClassVar
 
 from specjax.api.checks import (check_compatible, check_drafter, check_drafter_dtype,
                                 check_heads, check_schedule, check_tree, check_tree_fits_heads)
+from specjax.decoding.config import (AutoregressiveSpec, DFlashSpec, EagleSpec, MedusaSpec,
+                                     MethodSpec, NGramSpec, SpeculativeSpec)
 from specjax.decoding.methods import REGISTRY, listing
 from specjax.heads import dflash, eagle
 from specjax.heads.dflash import BlockDrafter
@@ -33,10 +35,10 @@ DEFAULT_K = 4
 
 @dataclasses.dataclass(frozen=True)
 class Bound:
-    """A method checked against a target: the decoding spec's method fields, what it runs
+    """A method checked against a target: its static spec (`DecodeSpec.method`), what it runs
     beside the target (the draft model, the runtime weights of heads or a drafter) and how many
     slots one step writes past a row's end (`room`)."""
-    fields: dict
+    spec: MethodSpec
     draft: Model | None = None
     weights: Any = None          # `Weights.heads` or `Weights.drafter`, by the method
     room: int = 1
@@ -64,10 +66,6 @@ def _dtype(method: str, dtype, target: Model, mesh) -> str:
     return check_drafter_dtype(dtype, method, target, mesh)
 
 
-def _schedule(method: str, tree, k, k_schedule, k_start, threshold) -> dict:
-    return check_schedule(method, tree, k, k_schedule, k_start, threshold)
-
-
 def _chain(tree, k: int) -> int:
     """How many slots a step of a chain of k, or of a tree, writes."""
     if isinstance(tree, DynamicTree):   # the drafter reads its frontiers past the tree's end
@@ -81,7 +79,7 @@ class Autoregressive(Method):
     name: ClassVar[str] = "autoregressive"
 
     def bind(self, target, greedy, mesh) -> Bound:
-        return Bound(dict(k=1, tree=None, candidates="top", k_schedule="constant"))
+        return Bound(AutoregressiveSpec())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,15 +111,16 @@ class Speculative(Method):
     def bind(self, target, greedy, mesh) -> Bound:
         dtype = _dtype(self.name, self.drafter_dtype, target, mesh)
         tree, candidates = check_tree(self.name, self.tree, self.candidates, greedy, target)
-        schedule = _schedule(self.name, tree, self.k, self.k_schedule, self.k_start,
-                             self.confidence_threshold)
+        schedule = check_schedule(self.name, tree, self.k, self.k_schedule, self.k_start,
+                                  self.confidence_threshold)
         if self.shard_draft and mesh is None:
             raise GenerationError("shard_draft applies to method 'speculative' on a mesh "
                                   "(mesh=...)")
         check_compatible(target, self.draft)
         draft = in_dtype(self.draft, dtype)
-        return Bound(dict(k=_chain(tree, self.k), tree=tree, candidates=candidates,
-                          draft_config=draft.config, shard_draft=self.shard_draft, **schedule),
+        return Bound(SpeculativeSpec(k=_chain(tree, self.k), tree=tree, candidates=candidates,
+                                     draft_config=draft.config, lookahead=schedule,
+                                     shard_draft=self.shard_draft),
                      draft=draft, room=_chain(tree, self.k))
 
 
@@ -145,9 +144,10 @@ class NGram(Method):
 
     def bind(self, target, greedy, mesh) -> Bound:
         tree, candidates = check_tree(self.name, self.tree, None, greedy, target)
-        schedule = _schedule(self.name, tree, self.k, self.k_schedule, self.k_start, None)
-        return Bound(dict(k=_chain(tree, self.k), tree=tree, candidates=candidates,
-                          max_ngram=self.max_ngram, min_ngram=self.min_ngram, **schedule),
+        schedule = check_schedule(self.name, tree, self.k, self.k_schedule, self.k_start, None)
+        return Bound(NGramSpec(k=_chain(tree, self.k), tree=tree, candidates=candidates,
+                               max_ngram=self.max_ngram, min_ngram=self.min_ngram,
+                               lookahead=schedule),
                      room=_chain(tree, self.k))
 
 
@@ -166,8 +166,8 @@ class Medusa(Method):
         tree = check_heads(self.heads, self.tree, target)
         tree, candidates = check_tree(self.name, tree, self.candidates, greedy, target)
         check_tree_fits_heads(tree, self.heads)
-        return Bound(dict(k=_chain(tree, 1), tree=tree, candidates=candidates,
-                          heads_config=self.heads.config, k_schedule="constant"),
+        return Bound(MedusaSpec(k=_chain(tree, 1), tree=tree, candidates=candidates,
+                                heads_config=self.heads.config),
                      weights=runtime_weights(self.heads, target, dtype), room=_chain(tree, 1))
 
 
@@ -195,8 +195,8 @@ class Eagle(Method):
             raise GenerationError(f"the tree has {tree.max_width} children at a node, more "
                                   f"than the {drafter.config.subset_size} tokens "
                                   f"{drafter.name} can propose")
-        return Bound(dict(k=_chain(tree, self.k), tree=tree, candidates=candidates,
-                          drafter_config=drafter.config, k_schedule="constant"),
+        return Bound(EagleSpec(k=_chain(tree, self.k), tree=tree, candidates=candidates,
+                               drafter_config=drafter.config),
                      weights=eagle.runtime_weights(drafter, target), room=_chain(tree, self.k))
 
 
@@ -241,8 +241,8 @@ class DFlash(Method):
                                   "distribution is its argmax; use candidates='top'")
         drafter = dflash.with_dtype(drafter, dtype)
         # A block is written to the drafter's cache whole, past the k drafts verified.
-        return Bound(dict(k=k, tree=Tree.chain(k), candidates=candidates,
-                          dflash_config=drafter.config, k_schedule="constant"),
+        return Bound(DFlashSpec(k=k, tree=Tree.chain(k), candidates=candidates,
+                                dflash_config=drafter.config),
                      weights=dflash.runtime_weights(drafter),
                      room=max(k, drafter.config.drafts))
 

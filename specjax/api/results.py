@@ -166,10 +166,10 @@ def result(request, state: DecodeState, compile_s: float, run_s: float) -> Gener
     row_stats = [RowStats(len(row), *numbers, accepted_histogram=tuple(histogram))
                  for row, histogram, *numbers in zip(rows, histograms.tolist(),
                                                      *(c.tolist() for c in counters.values()))]
-    stats = Stats(method=request.spec.method, rows=len(rows),
+    stats = Stats(method=request.spec.method.name, rows=len(rows),
                   new_tokens=int(sum(len(r) for r in rows)),
                   **{name: int(np.sum(values)) for name, values in counters.items()},
-                  tree_size=_tree_size(request.spec), compile_s=compile_s, run_s=run_s,
+                  tree_size=request.spec.method.width, compile_s=compile_s, run_s=run_s,
                   steps=int(host(state.step)),
                   accepted_histogram=tuple(np.sum(histograms, axis=0).tolist()))
     reasons = finish_reasons(request, rows, cuts)
@@ -260,9 +260,3 @@ def host(array) -> np.ndarray:
     if getattr(array, "is_fully_addressable", True):
         return np.asarray(array)
     return np.asarray(multihost_utils.process_allgather(array, tiled=True))
-
-
-def _tree_size(spec) -> int:
-    if spec.method == "autoregressive":
-        return 0
-    return spec.tree.size if spec.tree is not None else spec.k

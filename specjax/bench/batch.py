@@ -73,7 +73,6 @@ CALL_POSITION, CALL_SLOTS = 64, 128      # where the timed target/draft calls wr
 
 def run(args, settings) -> int:
     """`bench --batch`: the batch sweep, written to --out."""
-    batches = settings["batch"]
     notes: list[str] = []
     target_path, draft_path, no_draft = model_paths(args, "speculative" in settings["methods"])
     methods = [m for m in settings["methods"] if "transformers" in REGISTRY[m].peers]
@@ -97,18 +96,7 @@ def run(args, settings) -> int:
              if settings["peers"] else None)
     notes += [n for n in peer_notes if "speculative-dynamic" not in n]   # not run here
 
-    jobs = []
-    for b in batches:
-        rows = [prompts[i % len(prompts)] for i in range(b)]
-        for method in methods:
-            for k in settings["ks"] if method != "autoregressive" else [None]:
-                jobs.append(dict(batch=b, engine="specjax", method=method, k=k,
-                                 run=_specjax_job(rows, settings, target, draft, method, k)))
-        if peers is not None:
-            jobs.append(dict(batch=b, engine="transformers", method="autoregressive", k=None,
-                             run=_peer_job(peers, rows, settings)))
-        jobs.append(dict(batch=b, engine="specjax", method="call-times", k=None,
-                         run=_call_times_job(target, draft, b, settings)))
+    jobs = _jobs(settings["batch"], prompts, methods, settings, target, draft, peers)
     progress = Progress(len(jobs))
     for job in jobs:
         progress.update(f"B={job['batch']} {job['engine']} {job['method']}"
@@ -134,6 +122,23 @@ def run(args, settings) -> int:
     write_report(args.out, "batch", results, plots, markdown,
                  printed=lambda r: markdown(r, heading=False))
     return 0
+
+def _jobs(batches, prompts, methods, settings, target, draft, peers) -> list[dict]:
+    """One job per (batch size, engine, method, K), and one timing the calls at each batch size;
+    a batch of B rows holds the prompts in turn."""
+    jobs = []
+    for b in batches:
+        rows = [prompts[i % len(prompts)] for i in range(b)]
+        for method in methods:
+            for k in settings["ks"] if method != "autoregressive" else [None]:
+                jobs.append(dict(batch=b, engine="specjax", method=method, k=k,
+                                 run=_specjax_job(rows, settings, target, draft, method, k)))
+        if peers is not None:
+            jobs.append(dict(batch=b, engine="transformers", method="autoregressive", k=None,
+                             run=_peer_job(peers, rows, settings)))
+        jobs.append(dict(batch=b, engine="specjax", method="call-times", k=None,
+                         run=_call_times_job(target, draft, b, settings)))
+    return jobs
 
 
 # -- Measurements -------------------------------------------------------------------------------

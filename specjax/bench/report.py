@@ -31,6 +31,15 @@ def k_label(row: dict) -> str:
 
 def markdown(results: dict, heading: bool = True) -> str:
     """results.md: the summary, the rows by category, the context sweep and the notes."""
+    lines = (_header(results, heading) + _summary(results) + _prompt_apart(results)
+             + _by_category(results) + _context_sweep(results))
+    if results["notes"]:
+        lines += ["", "Notes:", ""] + [f"- {n}" for n in results["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def _header(results: dict, heading: bool) -> list[str]:
+    """The title (with `heading`), the suite, the settings and the machine."""
     s, m = results["settings"], results["machine"]
     versions = ", ".join(f"{name} {m.get(name + '_version') or '-'}"
                          for name in ("jax", "jaxlib", "numpy", "torch", "transformers",
@@ -50,7 +59,13 @@ def markdown(results: dict, heading: bool = True) -> str:
               f"{m['platform']}; Python {m['python']}, {versions}; jax on {m['device']}"
               + (f", torch on {m['torch_device']}" if m.get("torch_device") else "")
               + f"; {results['created']}.", ""]
-    lines += ["| engine | method | K | tokens/s | speedup (ratio of medians) | spread | "
+    return lines
+
+
+def _summary(results: dict) -> list[str]:
+    """The summary table over every prompt, and what its columns mean."""
+    s = results["settings"]
+    lines = ["| engine | method | K | tokens/s | speedup (ratio of medians) | spread | "
               "vs specjax AR | spread | "
               "acceptance | tokens/call | step cost | c | theory | measured/theory | "
               "drafted/call |",
@@ -79,10 +94,15 @@ def markdown(results: dict, heading: bool = True) -> str:
                   "drafter (its sampled default, if it has one, when sampling); ≤K heuristic / confidence: at most K "
                   "drafted per step under that lookahead schedule (no chain theory); "
                   "drafted/call: tokens drafted per target call."]
+    return lines
+
+
+def _prompt_apart(results: dict) -> list[str]:
+    """Prompt and decode speeds apart, where the rows have them."""
     apart = any(r.get("prompt_tokens_per_second") is not None for r in results["summary"])
     # Results written before llama.cpp ran in several precisions have no such ratios.
     peer = any(r.get("vs_fastest_llamacpp") is not None for r in results["summary"])
-    lines += [] if not apart else [
+    lines = [] if not apart else [
               "", "Prompt and decode apart (medians over prompts; prompt: prompt tokens / "
                   "prefill time; decode: the tokens after the first / the time after the "
                   "prefill, for llama.cpp its own prompt and predicted timings"
@@ -101,7 +121,12 @@ def markdown(results: dict, heading: bool = True) -> str:
                      f"{fmt(r['tokens_per_second'], ',.1f')} |"
                      + (f" {fmt(r.get('decode_vs_fastest_llamacpp'), '.2f', 'x')} | "
                         f"{fmt(r.get('vs_fastest_llamacpp'), '.2f', 'x')} |" if peer else ""))
-    lines += ["", "By category (speedup / acceptance; medians over the category's prompts):", "",
+    return lines
+
+
+def _by_category(results: dict) -> list[str]:
+    """The rows by category."""
+    lines = ["", "By category (speedup / acceptance; medians over the category's prompts):", "",
               "| category | engine | method | K | tokens/s | speedup (ratio of medians) | "
               "acceptance | tokens/call | drafted/call |",
               "|---|---|---|--:|--:|--:|--:|--:|--:|"]
@@ -110,6 +135,12 @@ def markdown(results: dict, heading: bool = True) -> str:
                      f"{fmt(r['tokens_per_second'], ',.1f')} | {fmt(r['speedup'], '.2f', 'x')} | "
                      f"{fmt(r['acceptance_rate'], '.1%')} | {fmt(r['tokens_per_target_call'])} | "
                      f"{fmt(r.get('mean_draft_length'))} |")
+    return lines
+
+
+def _context_sweep(results: dict) -> list[str]:
+    """The context sweep's table, when it ran."""
+    s, lines = results["settings"], []
     if results["context_sweep"]:
         n = s["context_decode_tokens"]
         lines += ["", f"Context sweep (greedy autoregressive, EOS ignored; prompt: the first N "
@@ -125,9 +156,7 @@ def markdown(results: dict, heading: bool = True) -> str:
                          f"{fmt(r['per_token_ms'], '.1f', ' ms')} | "
                          f"{fmt(r['per_token_spread'], '.1%')} | "
                          f"{fmt(r['per_token_over_shortest'], '.2f', 'x')} |")
-    if results["notes"]:
-        lines += ["", "Notes:", ""] + [f"- {n}" for n in results["notes"]]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def plots(results: dict, out: Path) -> list[str]:

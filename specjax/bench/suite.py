@@ -113,45 +113,24 @@ import platform
 import textwrap
 
 from specjax.api.checks import check_compatible, encode_prompts
-from specjax.api.generate import generate, prepare
-from specjax.api.methods import build
+from specjax.bench import suite_jobs, suite_rows
 from specjax.bench.common import (
-    CONSTANT,
-    DYNAMIC_PREFIX,
-    HEADS_TREE,
     SWEEP_DECODE_TOKENS,
     Progress,
     encode_suite,
     load_pair,
     machine,
-    median,
-    ratio,
-    spread,
-    sweep_times,
-    theoretical_speedup,
-    timed_runs,
     write_report,
 )
 from specjax.bench.llamacpp import FASTEST_KINDS, GGUF_TYPES, LlamaCpp
 from specjax.bench.peers import Peers
-from specjax.decoding.methods import REGISTRY
 from specjax.bench.prompts import SUITE
 from specjax.bench.report import k_label, markdown, plots
 from specjax.io.checkpoint import load
 from specjax.io.sidecar import tree_to_json
-from specjax.presets import CLIError, heads_path, load_drafters, make_mesh, model_paths
-from specjax.sampling.params import SamplingParams
-from specjax.sampling.tree import DynamicTree, Tree, parse_widths
+from specjax.presets import CLIError, heads_path, load_drafters, model_paths
 
 SCHEMA = "specjax.bench/1"
-METRICS = ("tokens_per_second", "speedup", "speedup_vs_specjax_autoregressive", "acceptance_rate",
-           "tokens_per_target_call", "step_cost", "cost_ratio", "theoretical_speedup",
-           "measured_over_theoretical", "mean_draft_length", "prompt_tokens_per_second",
-           "decode_tokens_per_second")
-# llama.cpp's engines: "llama.cpp" at the bench's precision, "llama.cpp F16" and so on beside it.
-LLAMACPP = "llama.cpp"
-# Jobs that time something a row needs, not rows themselves.
-HELPER_METHODS = ("draft-autoregressive", "prefill")
 
 
 def run(args, settings: dict) -> int:
@@ -173,42 +152,30 @@ def run(args, settings: dict) -> int:
     fastest = [LlamaCpp.create(target, settings, args.dtype, notes, kind)
                for kind in FASTEST_KINDS if kind != GGUF_TYPES[args.dtype]] if llamacpp else []
 
-    suite_jobs = _jobs(prompts, settings, target, draft, peers,
-                       dict(heads=heads, drafter=drafter, block_drafter=block_drafter),
-                       llamacpp, [peer for peer in fastest if peer is not None])
-    sweep_jobs = _sweep_jobs(contexts, settings, target, peers)
-    progress = Progress(len(suite_jobs) + len(sweep_jobs))
-    for job in suite_jobs + sweep_jobs:
+    prompt_jobs = suite_jobs.jobs(prompts, settings, target, draft, peers,
+                                  dict(heads=heads, drafter=drafter, block_drafter=block_drafter),
+                                  llamacpp, [peer for peer in fastest if peer is not None])
+    context_jobs = suite_jobs.sweep_jobs(contexts, settings, target, peers)
+    progress = Progress(len(prompt_jobs) + len(context_jobs))
+    for job in prompt_jobs + context_jobs:
         progress.update(job["label"])
         job["result"] = job.pop("run")()
     progress.close()
 
-    rows = _rows(suite_jobs, settings)
+    rows = suite_rows.rows(prompt_jobs, settings)
     categories = list(dict.fromkeys(p["category"] for p in prompts))
     results = {
         "schema": SCHEMA, "suite_version": SUITE["version"],
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(peers),
-        "settings": {**settings, "target": target.name, "target_path": str(target.path),
-                     "draft": draft.name if draft is not None else None,
-                     "draft_path": str(draft.path) if draft is not None else None,
-                     "heads": heads.name if heads is not None else None,
-                     "heads_tree": ([list(p) for p in heads.tree.paths]
-                                    if heads is not None and heads.tree is not None else None),
-                     "drafter": drafter.name if drafter is not None else None,
-                     "drafter_tree": tree_to_json(
-                         drafter.sampled_tree if drafter.sampled_tree is not None
-                         and settings["temperature"] > 0 else drafter.tree) if drafter else None,
-                     "dtype": args.dtype, "peers": peers is not None,
-                     "context_text": f"textwrap source of Python {platform.python_version()}",
-                     "context_decode_tokens": SWEEP_DECODE_TOKENS},
+        "settings": _settings(settings, args, target, draft, heads, drafter, peers),
         "prompts": [{k: p[k] for k in ("id", "category", "chat", "prompt_tokens",
                                        "max_new_tokens")} for p in prompts],
         "rows": rows,
-        "summary": summarize(rows, "all"),
+        "summary": suite_rows.summarize(rows, "all"),
         "by_category": [r for c in categories
-                        for r in summarize([x for x in rows if x["category"] == c], c)],
-        "context_sweep": _sweep_rows(sweep_jobs),
+                        for r in suite_rows.summarize([x for x in rows if x["category"] == c], c)],
+        "context_sweep": suite_rows.sweep_rows(context_jobs),
         "notes": notes,
     }
     mismatched = [r for r in results["summary"] if r["same_tokens_as_specjax_autoregressive"] is False]
@@ -218,6 +185,23 @@ def run(args, settings: dict) -> int:
     write_report(args.out, "results", results, plots, markdown,
                  printed=lambda r: markdown(r, heading=False))
     return 0
+
+
+def _settings(settings, args, target, draft, heads, drafter, peers) -> dict:
+    """The run's settings as results.json records them: the bench's, and what ran."""
+    return {**settings, "target": target.name, "target_path": str(target.path),
+            "draft": draft.name if draft is not None else None,
+            "draft_path": str(draft.path) if draft is not None else None,
+            "heads": heads.name if heads is not None else None,
+            "heads_tree": ([list(p) for p in heads.tree.paths]
+                           if heads is not None and heads.tree is not None else None),
+            "drafter": drafter.name if drafter is not None else None,
+            "drafter_tree": tree_to_json(
+                drafter.sampled_tree if drafter.sampled_tree is not None
+                and settings["temperature"] > 0 else drafter.tree) if drafter else None,
+            "dtype": args.dtype, "peers": peers is not None,
+            "context_text": f"textwrap source of Python {platform.python_version()}",
+            "context_decode_tokens": SWEEP_DECODE_TOKENS}
 
 
 def _beside(args, settings, notes: list[str], method: str, find, flag: str):
@@ -262,314 +246,3 @@ def _sweep_prompts(target, contexts: list[int], notes: list[str]) -> list[dict]:
         else:
             prompts.append(dict(context_tokens=n, ids=ids[:n]))
     return prompts
-
-
-# -- Measurements -------------------------------------------------------------------------------
-
-def _jobs(prompts, settings, target, draft, peers, beside=None, llamacpp=None,
-          llamacpp_others=()) -> list[dict]:
-    """One job per (prompt, engine, method, K or tree); `run` returns the timed runs' records.
-    `beside`: the Medusa heads and the EAGLE drafter, {"heads": ..., "drafter": ...}. Per prompt
-    and engine also a "prefill" job (specjax, transformers): autoregressive runs that make one
-    token, whose time is the prompt's prefill (llama.cpp reports its own). `llamacpp_others`:
-    llama.cpp in other precisions, plain decoding only (its fastest, `summarize`)."""
-    beside = beside or {}
-    jobs = []
-
-    def add(prompt, engine, method, k, run_job, tree=None, schedule=CONSTANT):
-        label = (f"{prompt['id']} {engine} {method}" + (f" K={k}" if k else "")
-                 + (f" tree {tree}" if tree else "")
-                 + (f" {schedule}" if schedule != CONSTANT else ""))
-        jobs.append(dict(prompt=prompt, engine=engine, method=method, k=k, tree=tree,
-                         schedule=schedule, label=label, run=run_job))
-
-    for p in prompts:
-        ks = {m: settings["ks"] if REGISTRY[m].chain else [None]
-              for m in settings["methods"]}
-        for method in settings["methods"]:
-            if REGISTRY[method].own_tree:           # their own tree first
-                add(p, "specjax", method, None,
-                    _specjax_job(p, settings, target, method, None, None, HEADS_TREE, beside),
-                    HEADS_TREE)
-            if method == "eagle":                   # then chains of each K
-                for k in settings["ks"]:
-                    add(p, "specjax", method, k,
-                        _specjax_job(p, settings, target, method, k, None, None, beside))
-            elif method == "dflash":                # its whole block, verified as a chain
-                k = beside["block_drafter"].config.drafts
-                add(p, "specjax", method, k,
-                    _specjax_job(p, settings, target, method, k, None, None, beside))
-                continue
-            elif method != "medusa":
-                for k in ks[method]:
-                    for schedule in _method_schedules(method, settings):
-                        add(p, "specjax", method, k,
-                            _specjax_job(p, settings, target, method, k, draft,
-                                         schedule=schedule), schedule=schedule)
-            for tree in settings["trees"] if method != "autoregressive" else []:
-                add(p, "specjax", method, None,
-                    _specjax_job(p, settings, target, method, None, draft, tree, beside), tree)
-            for tree in settings["dynamic_trees"] if method == "eagle" else []:
-                add(p, "specjax", method, None,
-                    _specjax_job(p, settings, target, method, None, draft, tree, beside), tree)
-        if "speculative" in settings["methods"]:
-            # The draft decoding on its own, for the cost ratio c.
-            add(p, "specjax", "draft-autoregressive", None,
-                _specjax_job(p, settings, draft, "autoregressive", None, None))
-        one_token = dict(p, max_new_tokens=1)
-        add(p, "specjax", "prefill", None,
-            _specjax_job(one_token, settings, target, "autoregressive", None, None))
-        if peers is not None:
-            for method in (m for m in settings["methods"] if "transformers" in REGISTRY[m].peers):
-                for k in ks[method]:
-                    add(p, "transformers", method, k, peers.job(p, method, k))
-            if "speculative" in settings["methods"]:
-                add(p, "transformers", "speculative-dynamic", None,
-                    peers.job(p, "speculative-dynamic", None))
-            add(p, "transformers", "prefill", None, peers.job(one_token, "autoregressive", None))
-        if llamacpp is not None:
-            for method in (m for m in settings["methods"] if "llama.cpp" in REGISTRY[m].peers):
-                for k in ks[method]:
-                    add(p, llamacpp.engine, method, k, llamacpp.job(p, method, k))
-        for other in llamacpp_others:
-            add(p, other.engine, "autoregressive", None, other.job(p, "autoregressive", None))
-    return jobs
-
-
-def _method_schedules(method: str, settings) -> list[str]:
-    """The lookahead schedules that apply to `method` among --k-schedules."""
-    if method == "speculative":
-        return settings["k_schedules"]
-    if method == "ngram":
-        return [s for s in settings["k_schedules"] if s != "confidence"]
-    return [CONSTANT]
-
-
-def _specjax_job(prompt, settings, model, method, k, draft, tree=None, beside=None,
-                 schedule=CONSTANT):
-    def run_job() -> dict:
-        if method == "medusa":
-            extra = dict(heads=beside["heads"])
-        elif method == "eagle":          # K: a chain of K; otherwise the row's tree
-            extra = dict(drafter=beside["drafter"], tree=Tree.chain(k) if k else _tree(tree))
-        elif method == "dflash":         # the first K of the block's drafts
-            extra = dict(drafter=beside["block_drafter"], k=k)
-        else:
-            extra = dict(draft=draft, k=k or 1)
-        if schedule != CONSTANT:
-            extra["k_schedule"] = schedule
-        if "drafter_dtype" in REGISTRY[method].options and settings.get("drafter_dtype"):
-            extra["drafter_dtype"] = settings["drafter_dtype"]
-        if schedule == "confidence":
-            extra["confidence_threshold"] = settings["confidence_threshold"]
-        if REGISTRY[method].loads != "drafter":
-            extra["tree"] = _tree(tree)
-        request = prepare(model, [prompt["ids"]],
-                          build(method, others="ignore", max_ngram=settings["max_ngram"], **extra),
-                          SamplingParams(temperature=settings["temperature"],
-                                         top_p=settings["top_p"]),
-                          max_new_tokens=prompt["max_new_tokens"], mesh=make_mesh(settings["mesh"]))
-        results, compile_s = timed_runs(settings, lambda seed: generate(request.reseeded(seed)))
-        records = [dict(new_tokens=s.new_tokens, run_s=s.run_s,
-                        acceptance_rate=s.acceptance_rate if s.drafted else None,
-                        tokens_per_target_call=s.tokens_per_target_call,
-                        mean_draft_length=(s.mean_draft_length
-                                           if method != "autoregressive" else None),
-                        accepted_histogram=list(s.accepted_histogram), tokens=r.tokens[0])
-                   for r, s in ((r, r.stats) for r in results)]
-        return dict(records=records, compile_s=compile_s)
-    return run_job
-
-
-def _tree(label: str | None):
-    """A row's tree from its label: None (a chain, or the heads' or drafter's own tree), the
-    full tree of "3,2,1", or the dynamic tree of "dynamic 4,4,8"."""
-    if not label or label == HEADS_TREE:
-        return None
-    if label.startswith(DYNAMIC_PREFIX):
-        return DynamicTree.parse(label[len(DYNAMIC_PREFIX):])
-    return parse_widths(label)
-
-
-def _sweep_jobs(contexts, settings, target, peers) -> list[dict]:
-    """One job per (context length, engine); `run` returns the timed runs' seconds."""
-    jobs = []
-    for c in contexts:
-        n = c["context_tokens"]
-        jobs.append(dict(engine="specjax", context_tokens=n, label=f"context {n} specjax",
-                         run=_specjax_sweep_job(c["ids"], settings, target)))
-        if peers is not None:
-            jobs.append(dict(engine="transformers", context_tokens=n,
-                             label=f"context {n} transformers",
-                             run=peers.sweep_job(c["ids"], settings)))
-    return jobs
-
-
-def _specjax_sweep_job(ids, settings, target):
-    def seconds(new_tokens: int) -> float:
-        return generate(target, [ids], "autoregressive", SamplingParams(temperature=0.0),
-                        max_new_tokens=new_tokens, eos_ids=(),
-                        mesh=make_mesh(settings["mesh"])).stats.run_s
-    return lambda: sweep_times(seconds, settings)
-
-
-def _sweep_rows(jobs) -> list[dict]:
-    """One row per (context length, engine): medians and spreads over the timed pairs, and the
-    per-token time over the same engine's at the shortest context measured."""
-    rows = []
-    for job in jobs:
-        prefill, per_token = job["result"]["prefill_s"], job["result"]["per_token_s"]
-        rows.append(dict(engine=job["engine"], context_tokens=job["context_tokens"],
-                         prefill_s=median(prefill), prefill_spread=spread(prefill),
-                         per_token_ms=1000 * median(per_token),
-                         per_token_spread=spread(per_token), runs=len(prefill)))
-    for row in rows:
-        shortest = min((r for r in rows if r["engine"] == row["engine"]),
-                       key=lambda r: r["context_tokens"])
-        row["per_token_over_shortest"] = ratio(row["per_token_ms"], shortest["per_token_ms"])
-    return rows
-
-
-def _rows(jobs, settings) -> list[dict]:
-    """Per-prompt rows: medians over the timed runs, speedups, cost ratio and theory."""
-    prompt_tokens = {job["prompt"]["id"]: len(job["prompt"]["ids"]) for job in jobs}
-    measured = {}
-    for job in jobs:
-        recs = job["result"]["records"]
-        per_run = [ratio(r["new_tokens"], r["run_s"]) for r in recs]
-        measured[(job["prompt"]["id"], job["engine"], job["method"], job["k"],
-                  job.get("tree"), job.get("schedule", CONSTANT))] = dict(
-            prompt_id=job["prompt"]["id"], category=job["prompt"]["category"],
-            engine=job["engine"], method=job["method"], k=job["k"], tree=job.get("tree"),
-            schedule=job.get("schedule", CONSTANT),
-            new_tokens=int(median([r["new_tokens"] for r in recs])),
-            tokens_per_second=median(per_run), per_run_tokens_per_second=per_run,
-            run_s=median([r["run_s"] for r in recs]), compile_s=job["result"]["compile_s"],
-            acceptance_rate=median([r["acceptance_rate"] for r in recs]),
-            tokens_per_target_call=median([r["tokens_per_target_call"] for r in recs]),
-            mean_draft_length=median([r.get("mean_draft_length") for r in recs]),
-            accepted_histogram=_pooled([r.get("accepted_histogram") for r in recs]),
-            prompt_s=median([r.get("prompt_s") for r in recs]),
-            decode_s=median([r.get("decode_s") for r in recs]),
-            tokens=recs[0]["tokens"])
-    tokens = {key: row.pop("tokens") for key, row in measured.items()}
-    rows = []
-    for (pid, engine, method, k, tree, schedule), row in measured.items():
-        if method in HELPER_METHODS:
-            continue
-        _prompt_and_decode(row, measured.get((pid, engine, "prefill", None, None, CONSTANT)),
-                           prompt_tokens[pid])
-        own_ar = measured[(pid, engine, "autoregressive", None, None, CONSTANT)]
-        specjax_ar = measured[(pid, "specjax", "autoregressive", None, None, CONSTANT)]
-        row["speedup"] = ratio(row["tokens_per_second"], own_ar["tokens_per_second"])
-        row["speedup_vs_specjax_autoregressive"] = ratio(row["tokens_per_second"],
-                                                         specjax_ar["tokens_per_second"])
-        # Timed run i against the baseline's run i, for the spread of the suite's ratios.
-        for key, base in (("per_run_speedup", own_ar),
-                          ("per_run_speedup_vs_specjax_autoregressive", specjax_ar)):
-            row[key] = [ratio(a, b) for a, b in zip(row["per_run_tokens_per_second"],
-                                                    base["per_run_tokens_per_second"])]
-        # Greedy decoding with any method is the target's greedy output: a live check.
-        # (llama.cpp's runs report text, not tokens: no check for them.)
-        own_tokens = tokens[(pid, engine, method, k, tree, schedule)]
-        row["same_tokens_as_specjax_autoregressive"] = (
-            own_tokens == tokens[(pid, "specjax", "autoregressive", None, None, CONSTANT)]
-            if settings["temperature"] == 0 and own_tokens is not None else None)
-        cost = None
-        if engine == "specjax" and method == "speculative":
-            draft_ar = measured[(pid, "specjax", "draft-autoregressive", None, None, CONSTANT)]
-            cost = ratio(specjax_ar["tokens_per_second"], draft_ar["tokens_per_second"])
-            row["draft_tokens_per_second"] = draft_ar["tokens_per_second"]
-        elif engine == "specjax" and method == "ngram":
-            cost = 0.0
-        row["cost_ratio"] = cost
-        if method == "autoregressive":
-            row["theoretical_speedup"] = 1.0
-        elif schedule != CONSTANT:
-            row["theoretical_speedup"] = None     # the chain theory assumes K drafts per step
-        else:
-            row["theoretical_speedup"] = theoretical_speedup(row["acceptance_rate"], k, cost)
-        row["measured_over_theoretical"] = ratio(row["speedup"], row["theoretical_speedup"])
-        # The time of one step (a target call and its drafting) over an autoregressive step's.
-        row["step_cost"] = ratio(row["tokens_per_target_call"], row["speedup"])
-        rows.append(row)
-    return rows
-
-
-def _prompt_and_decode(row: dict, prefill: dict | None, prompt_tokens: int) -> None:
-    """The row's prompt speed (prompt tokens / prefill time) and decode speed: from the
-    engine's own timings where it reports them (llama.cpp: its prompt and predicted times),
-    else from its "prefill" job (the tokens after the first over the time after the
-    prefill)."""
-    prompt_s, decode_s = row.pop("prompt_s"), row.pop("decode_s")
-    if prompt_s is None and prefill is not None:
-        prompt_s = prefill["run_s"]
-        rest = row["run_s"] - prompt_s
-        decode = ratio(row["new_tokens"] - 1, rest) if rest > 0 else None
-    else:
-        decode = ratio(row["new_tokens"], decode_s)
-    row["prompt_tokens_per_second"] = ratio(prompt_tokens, prompt_s)
-    row["decode_tokens_per_second"] = decode
-
-
-def summarize(rows: list[dict], category: str) -> list[dict]:
-    """One row per (engine, method, K): medians over the prompts. A speedup is a ratio of the
-    same statistic: the row's median tokens/s over its baseline's median tokens/s (the
-    engine's own autoregressive row, or specjax's), so it equals the table's tokens/s column
-    over the baseline's. The spread of each speedup is taken over the suite runs (module
-    docstring); step cost and measured/theory follow from the speedup."""
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["engine"], row["method"], row["k"], row.get("tree"),
-                           row.get("schedule", CONSTANT)), []).append(row)
-
-    def baseline(engine: str) -> list[dict]:
-        return groups.get((engine, "autoregressive", None, None, CONSTANT), [])
-
-    # llama.cpp's fastest plain decoding, in whichever precision it ran fastest: end to end
-    # and in decode tokens/s, each the fastest of its own column.
-    plain = [rows for (engine, method, _, _, _), rows in groups.items()
-             if engine.startswith(LLAMACPP) and method == "autoregressive"]
-    fastest = {m: max((median([r[m] for r in g]) for g in plain), default=None,
-                      key=lambda v: -1.0 if v is None else v)
-               for m in ("tokens_per_second", "decode_tokens_per_second")}
-
-    out = []
-    for (engine, method, k, tree, schedule), group in groups.items():
-        same = [r["same_tokens_as_specjax_autoregressive"] for r in group]
-        medians = {m: median([r[m] for r in group]) for m in METRICS}
-        spreads = {}
-        for key, base in (("speedup", baseline(engine)),
-                          ("speedup_vs_specjax_autoregressive", baseline("specjax"))):
-            medians[key] = ratio(medians["tokens_per_second"],
-                                 median([r["tokens_per_second"] for r in base]))
-            spreads[key + "_spread"] = spread([
-                ratio(a, b) for a, b in zip(_suite_runs(group, "per_run_tokens_per_second"),
-                                            _suite_runs(base, "per_run_tokens_per_second"))])
-        medians["step_cost"] = ratio(medians["tokens_per_target_call"], medians["speedup"])
-        medians["vs_fastest_llamacpp"] = ratio(medians["tokens_per_second"],
-                                               fastest["tokens_per_second"])
-        medians["decode_vs_fastest_llamacpp"] = ratio(medians["decode_tokens_per_second"],
-                                                      fastest["decode_tokens_per_second"])
-        medians["measured_over_theoretical"] = ratio(medians["speedup"],
-                                                     medians["theoretical_speedup"])
-        out.append(dict(category=category, engine=engine, method=method, k=k, tree=tree,
-                        schedule=schedule,
-                        prompts=len(group),
-                        **medians,
-                        accepted_histogram=_pooled([r.get("accepted_histogram") for r in group]),
-                        **spreads,
-                        same_tokens_as_specjax_autoregressive=(
-                            None if None in same else all(same))))
-    return out
-
-
-def _pooled(histograms) -> list[int] | None:
-    """Histograms of accepted drafts per step, added up (None when there are none)."""
-    histograms = [h for h in histograms if h]
-    return [sum(col) for col in zip(*histograms)] if histograms else None
-
-
-def _suite_runs(rows: list[dict], key: str) -> list[float | None]:
-    """Suite run i's value: the median over the prompts of their timed run i's value."""
-    return [median(run) for run in zip(*(r[key] for r in rows))]

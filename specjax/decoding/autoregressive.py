@@ -23,10 +23,10 @@ def layout(spec, rows, cache) -> None:
     return None
 
 
-def step(spec, params, state: DecodeState) -> DecodeState:
+def step(spec, weights, state: DecodeState) -> DecodeState:
     """Feeds each row's last token, samples the next one from the target."""
     token, position = last_tokens(state, 1)                            # [B, 1]
-    logits, cache = forward(params.target, spec.target_config, token, position, state.target_cache)
+    logits, cache = forward(weights.target, spec.target_config, token, position, state.target_cache)
     probs, scores = target_probs(spec, state, logits)                  # [B, 1, V] each
     next_token = sample_rows(step_keys(state), probs[:, 0])            # [B]
     return commit(spec, state, next_token[:, None], jnp.zeros_like(state.length), cache,

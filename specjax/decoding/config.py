@@ -8,6 +8,7 @@ keys, each row's sampling parameters, length and stop ids) is an argument instea
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 
@@ -21,33 +22,99 @@ from specjax.sampling.rules import Rules
 from specjax.sampling.tree import Tree
 
 @dataclasses.dataclass(frozen=True)
+class Lookahead:
+    """How many of its k tokens a row drafts each step (`decoding.lookahead`): the schedule,
+    the heuristic's starting length and the confidence schedule's threshold."""
+    schedule: str = "constant"
+    start: int = lookahead.DEFAULT_K_START
+    threshold: float = lookahead.DEFAULT_CONFIDENCE_THRESHOLD
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Drafting:
+    """What every method that drafts has static: a chain of k tokens, or a token tree instead
+    (`specjax.sampling.tree`), and how a drafter fills the tree (`decoding.trees.SCHEMES`)."""
+    name: ClassVar[str]
+    k: int = 1
+    tree: Tree | None = None
+    candidates: str = "top"
+
+    @property
+    def max_accepted(self) -> int:
+        """The most drafted tokens one step can accept: the tree's depth, else k."""
+        return self.tree.max_depth if self.tree is not None else self.k
+
+    @property
+    def width(self) -> int:
+        """The drafted tokens one step verifies: the tree's nodes, else k."""
+        return self.tree.size if self.tree is not None else self.k
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoregressiveSpec:
+    """Plain decoding has nothing static of its own."""
+    name: ClassVar[str] = "autoregressive"
+    max_accepted: ClassVar[None] = None
+    width: ClassVar[int] = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpeculativeSpec(Drafting):
+    """A draft model's chain or tree; with `shard_draft` its weights are split over a mesh's
+    "model" axis like the target's, else replicated."""
+    name: ClassVar[str] = "speculative"
+    draft_config: ModelConfig
+    lookahead: Lookahead = Lookahead()
+    shard_draft: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NGramSpec(Drafting):
+    """Prompt lookup: the longest suffix of max_ngram down to min_ngram tokens that recurs."""
+    name: ClassVar[str] = "ngram"
+    max_ngram: int = 3
+    min_ngram: int = 1
+    lookahead: Lookahead = Lookahead()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MedusaSpec(Drafting):
+    """Medusa's heads (`specjax.heads.medusa`) over their tree."""
+    name: ClassVar[str] = "medusa"
+    heads_config: HeadsConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EagleSpec(Drafting):
+    """An EAGLE drafter (`specjax.heads.eagle`), over a static or a dynamic tree."""
+    name: ClassVar[str] = "eagle"
+    drafter_config: DrafterConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DFlashSpec(Drafting):
+    """A DFlash block drafter (`specjax.heads.dflash`): k drafts of one block, or a tree."""
+    name: ClassVar[str] = "dflash"
+    dflash_config: DFlashConfig
+
+
+MethodSpec = (AutoregressiveSpec | SpeculativeSpec | NGramSpec | MedusaSpec | EagleSpec
+              | DFlashSpec)
+
+
+@dataclasses.dataclass(frozen=True)
 class DecodeSpec:
     """Everything static about one generation: compiled code is shared between equal specs.
     What each row asks for (sampling parameters, length, stop ids) is data instead
     (`state.RowSettings`)."""
-    method: str
+    method: MethodSpec             # the method's own static spec; `method.name` selects it
     target_config: ModelConfig
-    draft_config: ModelConfig | None = None
-    k: int = 1
-    max_ngram: int = 3
-    min_ngram: int = 1
     buffer_length: int = 0         # token buffer and cache slots per row
-    tree: Tree | None = None       # a token tree instead of a chain of k (`specjax.sampling.tree`)
-    candidates: str = "top"        # how a drafter fills a tree (`decoding.trees.SCHEMES`)
-    heads_config: HeadsConfig | None = None     # method "medusa" (`specjax.heads.medusa`)
-    drafter_config: DrafterConfig | None = None  # method "eagle" (`specjax.heads.eagle`)
-    dflash_config: DFlashConfig | None = None    # method "dflash" (`specjax.heads.dflash`)
-    # How many of the k tokens a row drafts each step (`decoding.lookahead`).
-    k_schedule: str = "constant"
-    k_start: int = lookahead.DEFAULT_K_START
-    confidence_threshold: float = lookahead.DEFAULT_CONFIDENCE_THRESHOLD
     # Keep each step's verify numbers in the state (`specjax.explain`, stepping only: the
     # state's structure changes after the first step, so `run` never traces).
     trace: bool = False
-    # A "data" x "model" device mesh to run on (`specjax.mesh`), None for one device; with
-    # shard_draft the draft's weights are split like the target's instead of replicated.
+    # A "data" x "model" device mesh to run on (`specjax.mesh`), None for one device.
     mesh: jax.sharding.Mesh | None = None
-    shard_draft: bool = False
     # The draw and verification rules (`specjax.sampling.rules`); the default is Theorem 1's.
     rules: Rules = Rules()
     # How many alternatives each emitted token's log-probability comes with (`state.Logprobs`);
@@ -64,17 +131,9 @@ class DecodeSpec:
 
     @property
     def vocab_size(self) -> int:
-        sizes = [self.target_config.vocab_size]
-        if self.draft_config is not None:
-            sizes.append(self.draft_config.vocab_size)
-        return max(sizes)
-
-    @property
-    def max_accepted(self) -> int | None:
-        """The most drafted tokens one step can accept: K, a tree's depth, None without drafts."""
-        if self.method == "autoregressive":
-            return None
-        return self.tree.max_depth if self.tree is not None else self.k
+        """The larger vocabulary of the target and the draft."""
+        draft = getattr(self.method, "draft_config", None)
+        return max(self.target_config.vocab_size, draft.vocab_size if draft else 0)
 
 
 @jax.tree_util.register_dataclass

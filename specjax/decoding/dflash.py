@@ -3,9 +3,9 @@
 The drafter (`specjax.heads.dflash`) keeps a KV cache of the context: slot s holds the keys and
 values of the target's fused features at position s. Its slots line up with the target's.
 
-One step, for every row at once:
+One step, for every row at once, in Algorithm 2's Steps (docs/walkthrough.md):
 
-  1. Draft: one drafter call reads the context the last step committed (the target's tapped
+  Step 1 (draft): one drafter call reads the context the last step committed (the target's tapped
      states at the m = accepted + 1 positions it verified, `Carry.features` and
      `Carry.pending`; written to the drafter's cache) and the block: the row's last token
      x_{L-1} at slot L - 1 and `block_size - 1` mask tokens after it. Block position j's
@@ -14,11 +14,12 @@ One step, for every row at once:
      ("iid": sampling rows), given the row's sampling settings. A row with penalties, a bias
      or a constraint steers position j's logits by its drafts before j (`steered_drafts`:
      the positions are then drawn in turn, from the same one drafter call).
-  2. Verify: the first k drafts are a chain (a token tree of one child per node), which one
-     target call scores and `rejection.verify_tree` walks with the rule exact for how they
-     were drawn (`trees.step`): a draw from p_j is accepted with probability
-     min(1, q_j / p_j), and on a rejection the next token comes from the residual.
-  3. Commit, and keep the target's tapped states along the accepted path: the next step's
+  Steps 2 to 4 (score, accept or resample, bonus): the first k drafts are a chain (a token
+     tree of one child per node), which one target call scores and `rejection.verify_tree`
+     walks with the rule exact for how they were drawn (`trees.step`): a draw from p_j is
+     accepted with probability min(1, q_j / p_j), and on a rejection the next token comes
+     from the residual.
+  Then commit, and keep the target's tapped states along the accepted path: the next step's
      context.
 
 Why it is exact: the drafts depend only on committed tokens, the target's states at committed
@@ -47,7 +48,6 @@ from specjax.decoding.prefill import prefill
 from specjax.decoding.state import DecodeState, any_nan, pad_vocab, steered, steering, step_keys
 from specjax.heads import dflash
 from specjax.model.cache import KVCache
-from specjax.model.linear import prefill_products
 from specjax.sampling.logits import probs_from_logits
 
 
@@ -63,17 +63,16 @@ class Carry:
 def init(spec, weights, prompts, prompt_length):
     """Prefill: the target's cache and tapped states, then the drafter's context for every
     prompt position before the last (the first step feeds the last token in the block)."""
-    config = spec.dflash_config
+    config = spec.method.dflash_config
     prefilled = prefill(weights.target, spec.target_config, prompts, prompt_length,
                         spec.buffer_length, hidden="all", shards=spec.data_shards,
                         taps=config.taps)
     features = prefilled.hidden                          # [B, P, D'] the states it reads
     b, p = prompts.shape
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    with prefill_products():
-        cache = dflash.context_kv(weights.drafter, config, features, positions,
-                                  KVCache.init(config.layer, b, spec.buffer_length))
-    width = spec.k + 1
+    cache = dflash.context_kv(weights.drafter, config, features, positions,
+                              KVCache.init(config.layer, b, spec.buffer_length), prefill=True)
+    width = spec.method.k + 1
     carry = Carry(cache, jnp.zeros((b, width, features.shape[-1]), features.dtype),
                   jnp.zeros_like(prompt_length))
     return prefilled.cache, carry
@@ -82,29 +81,29 @@ def init(spec, weights, prompts, prompt_length):
 def layout(spec, rows, cache) -> Carry:
     """The carry's layout on a device mesh (`decoding.sharding`): the drafter's cache whole on
     each device of a row block (its weights are replicated)."""
-    return Carry(cache(spec.dflash_config.layer, False, 0), rows, rows)
+    return Carry(cache(spec.method.dflash_config.layer, False, 0), rows, rows)
 
 
-def draft(spec, params, state: DecodeState, keys):
-    """Step 1: the block's drafts. Returns the chain's `Candidates` (node 0 the row's last
+def draft(spec, weights, state: DecodeState, keys):
+    """Step 1 (draft): the block's drafts. Returns the chain's `Candidates` (node 0 the row's last
     token, nodes 1..k the first k drafts) and the drafter's cache."""
-    config, carry = spec.dflash_config, state.carry
+    config, carry = spec.method.dflash_config, state.carry
     b, width = carry.features.shape[:2]
-    block_size, k = config.block_size, spec.k
+    block_size, k = config.block_size, spec.method.k
     rows = jnp.arange(b)
     root = state.length - 1                                                      # [B]
     context_slots = (root - carry.pending)[:, None] + jnp.arange(width, dtype=jnp.int32)
     block_slots = root[:, None] + jnp.arange(block_size, dtype=jnp.int32)
     block = jnp.full((b, block_size), config.mask_token_id, jnp.int32)
     block = block.at[:, 0].set(state.tokens[rows, root])
-    states, cache = dflash.draft_block(params.drafter, config, params.target["embed"],
+    states, cache = dflash.draft_block(weights.drafter, config, weights.target["embed"],
                                        carry.features, context_slots, block, block_slots,
                                        carry.draft_cache)
-    logits = dflash.draft_logits(config, params.target, spec.target_config,
+    logits = dflash.draft_logits(config, weights.target, spec.target_config,
                                  states[:, 1:k + 1])                             # [B, k, V]
     logits = pad_vocab(logits, spec.vocab_size)
     nan = any_nan(logits)
-    if spec.candidates == "top":
+    if spec.method.candidates == "top":
         drafts = lax.cond(steering(state), lambda: steered_drafts(spec, state, logits, keys)[0],
                           lambda: jnp.argmax(logits, axis=-1).astype(jnp.int32))
         probs = None
@@ -113,14 +112,14 @@ def draft(spec, params, state: DecodeState, keys):
             p = probs_from_logits(logits, state.settings.sampling)              # [B, k, V]
             # One candidate per position (its tokens; a width of 1 is always filled).
             cand = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
-                spec.candidates, keys, logits, p, 1)[0]                          # [B, k, 1]
+                spec.method.candidates, keys, logits, p, 1)[0]                          # [B, k, 1]
             return cand[..., 0].astype(jnp.int32), p
         drafts, p = lax.cond(steering(state), lambda: steered_drafts(spec, state, logits, keys),
                              free)
         probs = jnp.concatenate([p, jnp.zeros_like(p[:, :1])], axis=1)          # [B, k + 1, V]
     tokens = jnp.concatenate([block[:, :1], drafts], axis=1)                    # [B, k + 1]
     candidates = trees.Candidates(tokens, jnp.ones(tokens.shape, bool), probs,
-                                  trees.SCHEMES[spec.candidates], spec.tree, nan)
+                                  trees.SCHEMES[spec.method.candidates], spec.method.tree, nan)
     return candidates, cache
 
 
@@ -135,11 +134,11 @@ def steered_drafts(spec, state: DecodeState, logits, keys):
         drafts, probs = carry
         drafted = jnp.where(jnp.arange(k) < j, drafts, -1)[:, None, :]           # [B, 1, k]
         here = steered(spec, state, lax.dynamic_slice_in_dim(logits, j, 1, 1), drafted)
-        if spec.candidates == "top":
+        if spec.method.candidates == "top":
             return drafts.at[:, j].set(jnp.argmax(here[:, 0], -1).astype(jnp.int32)), probs
         p = probs_from_logits(here, state.settings.sampling)                    # [B, 1, V]
         cand = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
-            spec.candidates, jax.vmap(jax.random.fold_in, (0, None))(keys, j), here, p, 1)[0]
+            spec.method.candidates, jax.vmap(jax.random.fold_in, (0, None))(keys, j), here, p, 1)[0]
         return (drafts.at[:, j].set(cand[:, 0, 0].astype(jnp.int32)),
                 lax.dynamic_update_slice_in_dim(probs, p, j, 1))
 
@@ -147,12 +146,12 @@ def steered_drafts(spec, state: DecodeState, logits, keys):
                                           jnp.zeros((b, k, vocab), jnp.float32)))
 
 
-def step(spec, params, state: DecodeState) -> DecodeState:
+def step(spec, weights, state: DecodeState) -> DecodeState:
     k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
-    candidates, draft_cache = draft(spec, params, state, k_draft)
+    candidates, draft_cache = draft(spec, weights, state, k_draft)
     active = ~state.done
-    state, verified = trees.step(spec, params, state, candidates, k_verify, draft_calls=1,
-                                 taps=spec.dflash_config.taps)
+    state, verified = trees.step(spec, weights, state, candidates, k_verify, draft_calls=1,
+                                 taps=spec.method.dflash_config.taps)
     old = state.carry
     return state.replace(carry=Carry(
         draft_cache, jnp.where(active[:, None, None], verified.features, old.features),

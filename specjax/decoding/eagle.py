@@ -5,21 +5,22 @@ The drafter (`specjax.heads.eagle`) keeps its own one-layer KV cache whose slot 
 the target's: the row's last token x_{L-1} sits in slot L - 1 of both caches, and a tree node i
 in slot L - 1 + i.
 
-One step, for every row at once:
+One step, for every row at once, in Algorithm 2's Steps (docs/walkthrough.md):
 
-  1. Catch up: the pairs the drafter has not read yet (the ones the last step committed, m =
+  Step 1 (draft), catching up: the pairs the drafter has not read yet (the ones the last step committed, m =
      accepted + 1 of them, `Carry.pending`) go through it in one call, with the target's own
      features, which the last verify call left in `Carry.features`. Its output at the last pair,
      slot L - 1, is the predicted feature f'_{L-1}, whose logits propose x_L: the tree's first
      level.
-  2. Fill the tree level by level (`trees.fill`), at the feature level: a node's pair is (its
-     parent's predicted feature, its own token), fed at the node's slot with tree attention;
-     its output proposes the node's children. Candidates are the drafter's top tokens
+  Step 1 (draft), the tree: filled level by level (`trees.fill`), at the feature level: a
+     node's pair is (its parent's predicted feature, its own token), fed at the node's slot
+     with tree attention; its output proposes the node's children. Candidates are the drafter's top tokens
      ("top": deterministic) or draws from its distribution ("iid", "distinct").
-  3. One target call scores the tree; `rejection.verify_tree` walks it with the rule exact for
-     the scheme (`trees.score_and_verify`), which also returns the target's features at the root
-     and along the accepted path: the pairs of the next step's catch-up, with the new tokens.
-  4. Commit.
+  Steps 2 to 4 (score, accept or resample, bonus): one target call scores the tree;
+     `rejection.verify_tree` walks it with the rule exact for the scheme
+     (`trees.score_and_verify`), which also returns the target's features at the root and
+     along the accepted path: the pairs of the next step's catch-up, with the new tokens.
+  Then commit.
 
 Why it is exact: the drafter reads only committed tokens, the target's features of committed
 positions and its own output, so every node's candidates depend on the past and the step's
@@ -40,7 +41,6 @@ from specjax.decoding.prefill import prefill, prefill_chunk
 from specjax.decoding.state import DecodeState, any_nan, steered, step_keys
 from specjax.heads import eagle
 from specjax.model.cache import KVCache, TreeAttention
-from specjax.model.linear import prefill_products
 from specjax.sampling.logits import probs_from_logits
 from specjax.sampling.tree import DynamicTree, RowTrees
 
@@ -59,7 +59,7 @@ def init(spec, weights, prompts, prompt_length):
     is the prompt's last (re-read by the first step's catch-up)."""
     target_cache, draft_cache, last = prefill_drafter(spec, weights, prompts, prompt_length,
                                                       spec.buffer_length)
-    features = jnp.zeros((prompts.shape[0], spec.tree.max_depth + 1, last.shape[-1]),
+    features = jnp.zeros((prompts.shape[0], spec.method.tree.max_depth + 1, last.shape[-1]),
                          last.dtype).at[:, :1].set(last)
     return target_cache, Carry(draft_cache, features, jnp.ones_like(prompt_length))
 
@@ -67,7 +67,7 @@ def init(spec, weights, prompts, prompt_length):
 def layout(spec, rows, cache) -> Carry:
     """The carry's layout on a device mesh (`decoding.sharding`): the drafter's cache whole on
     each device of a row block (its weights are replicated)."""
-    config = spec.drafter_config
+    config = spec.method.drafter_config
     return Carry(cache(config.layer, False, config.first_slot), rows, rows)
 
 
@@ -78,7 +78,7 @@ def prefill_drafter(spec, weights, prompts, prompt_length, slots: int):
     f_{-1} = 0) and each row's last prompt pair's feature f_{P-2} (zeros for a one-token prompt):
     the first step's catch-up re-reads that pair, so the step needs no special first case.
     """
-    config = spec.drafter_config
+    config = spec.method.drafter_config
     prefilled = prefill(weights.target, spec.target_config, prompts, prompt_length, slots,
                         hidden="all", shards=spec.data_shards, taps=config.taps)
     features = eagle.from_target(weights.drafter, config, prefilled.hidden)     # [B, P, D]
@@ -92,12 +92,12 @@ def prefill_drafter(spec, weights, prompts, prompt_length, slots: int):
         positions = start + jnp.broadcast_to(jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
         return eagle.draft_features(          # the cache (the outputs are not read here)
             weights.drafter, config, embed, lax.dynamic_slice_in_dim(shifted, start, chunk, 1),
-            lax.dynamic_slice_in_dim(prompts, start, chunk, 1), positions, cache)[1]
+            lax.dynamic_slice_in_dim(prompts, start, chunk, 1), positions, cache,
+            prefill=True)[1]
 
     n_chunks = (jnp.max(prompt_length) + chunk - 1) // chunk
-    with prefill_products():
-        draft_cache = lax.fori_loop(0, n_chunks, run_chunk,
-                                    KVCache.init(config.layer, b, slots, first=config.first_slot))
+    draft_cache = lax.fori_loop(0, n_chunks, run_chunk,
+                                KVCache.init(config.layer, b, slots, first=config.first_slot))
     last = jnp.take_along_axis(features, jnp.maximum(prompt_length - 2, 0)[:, None, None], 1)
     last = jnp.where((prompt_length >= 2)[:, None, None], last, 0)
     return prefilled.cache, draft_cache, last
@@ -114,29 +114,30 @@ def pending_pairs(state: DecodeState):
     return tokens, start[:, None] + jnp.arange(width, dtype=jnp.int32)
 
 
-def catch_up(spec, params, state: DecodeState):
-    """Step 1: the drafter reads the pairs the last step committed. Returns its output at the
-    last pair, the predicted f'_{L-1} [B, 1, D], its cache and whether a NaN was seen."""
+def catch_up(spec, weights, state: DecodeState):
+    """Step 1 (draft), its start: the drafter reads the pairs the last step committed. Returns
+    its output at the last pair, the predicted f'_{L-1} [B, 1, D], its cache and whether a NaN
+    was seen."""
     carry = state.carry
     tokens, slots = pending_pairs(state)
-    out, cache = eagle.draft_features(params.drafter, spec.drafter_config,
-                                      eagle.embedding(params.drafter, params.target),
+    out, cache = eagle.draft_features(weights.drafter, spec.method.drafter_config,
+                                      eagle.embedding(weights.drafter, weights.target),
                                       carry.features, tokens, slots, carry.draft_cache)
     root_feature = jnp.take_along_axis(out, (carry.pending - 1)[:, None, None], axis=1)
     return root_feature, cache, any_nan(out)
 
 
-def draft_tree(spec, params, state: DecodeState, keys):
-    """Steps 1 and 2 for a static tree: the `trees.Candidates` (the draft distribution at each
+def draft_tree(spec, weights, state: DecodeState, keys):
+    """Step 1 (draft) for a static tree: the `trees.Candidates` (the draft distribution at each
     node [B, n, V], None for "top" candidates) and the drafter's cache. One drafter call to
     catch up and one per level above the deepest: D calls."""
-    tree, scheme, vocab = spec.tree, spec.candidates, spec.vocab_size
-    config, weights = spec.drafter_config, params.drafter
-    embed = eagle.embedding(weights, params.target)
+    tree, scheme, vocab = spec.method.tree, spec.method.candidates, spec.vocab_size
+    config, drafter = spec.method.drafter_config, weights.drafter
+    embed = eagle.embedding(drafter, weights.target)
     b, n, depth = state.length.shape[0], tree.size + 1, tree.max_depth
     root = state.length - 1
     level_keys = jax.vmap(lambda key: jax.random.split(key, depth))(keys)       # [B, D]
-    root_feature, cache, nan = catch_up(spec, params, state)
+    root_feature, cache, nan = catch_up(spec, weights, state)
     outs = jnp.zeros((b, n, root_feature.shape[-1]), root_feature.dtype)
     outs = outs.at[:, :1].set(root_feature)                                       # [B, n, D']
     # A row's drafts follow its controls and automaton at each node, given the node's path
@@ -148,20 +149,20 @@ def draft_tree(spec, params, state: DecodeState, keys):
         if d > 1:          # the parents' pairs: their parent's predicted feature, their token
             features = outs[:, tree.parent[parents.start:parents.stop]]
             level, cache = eagle.draft_features(
-                weights, config, embed, features, tokens[:, parents.start:parents.stop],
+                drafter, config, embed, features, tokens[:, parents.start:parents.stop],
                 trees.node_positions(tree, root)[:, parents.start:parents.stop], cache,
                 trees.tree_attention(tree, root, parents.start))
             outs = outs.at[:, parents.start:parents.stop].set(level)
-        sub_logits = eagle.draft_logits(weights, config,
+        sub_logits = eagle.draft_logits(drafter, config,
                                         outs[:, parents.start:parents.stop])      # [B, P, S]
         nan = nan | any_nan(sub_logits)
         paths = trees.drafted_before(tree, tokens)[:, parents.start:parents.stop]  # [B, P, D]
         if scheme == "top":
-            sub_logits = trees.steered_subset(spec, state, weights["ids"], sub_logits, paths)
+            sub_logits = trees.steered_subset(spec, state, drafter["ids"], sub_logits, paths)
             best = lax.top_k(sub_logits, tree.max_width)[1]
-            cand = weights["ids"][best]
+            cand = drafter["ids"][best]
             return cand, jnp.ones(cand.shape, bool), (outs, cache, probs, nan)
-        logits = steered(spec, state, eagle.full_logits(weights, sub_logits, vocab), paths)
+        logits = steered(spec, state, eagle.full_logits(drafter, sub_logits, vocab), paths)
         p = probs_from_logits(logits, state.settings.sampling)
         probs = probs.at[:, parents.start:parents.stop].set(p)
         cand, filled = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
@@ -175,59 +176,46 @@ def draft_tree(spec, params, state: DecodeState, keys):
     return trees.Candidates(tokens, valid, probs, trees.SCHEMES[scheme], tree, nan), cache
 
 
-def draft_dynamic_tree(spec, params, state: DecodeState):
-    """Steps 1 and 2 for EAGLE-2's dynamic tree (`sampling.tree.DynamicTree`): each row's own
+def draft_dynamic_tree(spec, weights, state: DecodeState):
+    """Step 1 (draft) for EAGLE-2's dynamic tree (`sampling.tree.DynamicTree`): each row's own
     tree, chosen by the drafter's confidence. Returns the `trees.Candidates` over the rows'
     trees (`RowTrees`) and the drafter's cache.
 
     Depth d expands E nodes (the root at d = 1, then the frontier of K): the drafter reads the
     frontier's pairs (one call, tree attention among the nodes it has read), and each expanded
-    node's K likeliest tokens become candidates scored by the path's summed log-probability.
-    The K best new candidates are the next frontier. Every candidate goes to a pool (K + (D - 1)
-    K^2 of them, in the order made, so a parent comes before its children); the N best of the
-    pool, kept in pool order, are the tree's nodes 1..N. A child's score is its parent's plus a
-    log-probability <= 0, and the top-N selection prefers the earlier of equal scores, so the
-    nodes' parents are chosen too; a node whose parent was not (ties at -inf) is left invalid.
+    node's K likeliest tokens become candidates scored by the path's summed log-probability
+    (`_expand`). The K best new candidates are the next frontier. Every candidate goes to a pool
+    (K + (D - 1) K^2 of them, in the order made), whose N best are the tree (`_chosen_tree`).
     The candidates are deterministic given the past: they are verified by the deterministic
     rule, exact at every temperature.
     """
-    shape = spec.tree
+    shape = spec.method.tree
     depth, k, total = shape.depth, shape.top_k, shape.total_tokens
-    config, weights = spec.drafter_config, params.drafter
-    embed = eagle.embedding(weights, params.target)
-    b = state.length.shape[0]
-    root = state.length - 1
+    config, drafter = spec.method.drafter_config, weights.drafter
+    embed = eagle.embedding(drafter, weights.target)
+    b, root = state.length.shape[0], state.length - 1
     rows = jnp.arange(b)[:, None]
-    root_feature, cache, nan = catch_up(spec, params, state)
+    outs, cache, nan = catch_up(spec, weights, state)          # the root's: the node expanded
     fed = 1 + (depth - 1) * k             # the nodes the drafter reads: the root, the frontiers
     fed_ancestors = jnp.broadcast_to(jnp.eye(fed, dtype=bool), (b, fed, fed))
 
-    pool_tokens, pool_scores, pool_parents, pool_depths = [], [], [], []
-    outs, scores = root_feature, jnp.zeros((b, 1), jnp.float32)    # the nodes being expanded
+    pool = []                           # each depth's (tokens, scores, parents, depths)
+    scores = jnp.zeros((b, 1), jnp.float32)                  # the expanded nodes' path scores
     pool_index, fed_index = jnp.full((b, 1), -1), jnp.zeros((b, 1), jnp.int32)
-    # The expanded nodes' paths [B, E, D] (-1 past their depth): a row's drafts follow its
-    # controls and automaton there (any deterministic candidates are exact; these are
-    # accepted more often).
+    # The expanded nodes' paths [B, E, D] (-1 past their depth), where a row's drafts follow its
+    # controls and automaton (any deterministic candidates are exact; these are accepted more).
     paths = jnp.full((b, 1, depth), -1, jnp.int32)
     for d in range(1, depth + 1):
-        sub_logits = eagle.draft_logits(weights, config, outs)                      # [B, E, S]
-        nan = nan | any_nan(sub_logits)
-        sub_logits = trees.steered_subset(spec, state, weights["ids"], sub_logits, paths)
-        # A token steered to -inf has log-probability -inf, even where a row allows none.
-        logp = jnp.where(sub_logits == -jnp.inf, -jnp.inf,
-                         jax.nn.log_softmax(sub_logits, -1))                      # [B, E, S]
-        top_logp, top = lax.top_k(logp, k)                                        # [B, E, K]
-        cand_scores = (scores[:, :, None] + top_logp).reshape(b, -1)              # [B, E*K]
-        cand_tokens = weights["ids"][top].reshape(b, -1)
+        cand_tokens, cand_scores, nan_here = _expand(spec, state, drafter, config, outs, scores,
+                                                     paths, k)                    # [B, E*K]
+        nan = nan | nan_here
         cand_parent = jnp.repeat(jnp.arange(outs.shape[1]), k)                     # [E*K]
-        pool_tokens.append(cand_tokens)
-        pool_scores.append(cand_scores)
-        pool_parents.append(pool_index[:, cand_parent])
-        pool_depths.append(jnp.full(cand_tokens.shape, d, jnp.int32))
+        pool.append((cand_tokens, cand_scores, pool_index[:, cand_parent],
+                     jnp.full(cand_tokens.shape, d, jnp.int32)))
         if d == depth:
             break
         # The next frontier: the K best candidates, read by the drafter at once.
-        offset = sum(t.shape[1] for t in pool_tokens) - cand_tokens.shape[1]
+        offset = sum(t.shape[1] for t, *_ in pool) - cand_tokens.shape[1]
         best = lax.top_k(cand_scores, k)[1]                                       # [B, K]
         parent = cand_parent[best]                                                # [B, K]
         first = 1 + (d - 1) * k
@@ -237,7 +225,7 @@ def draft_dynamic_tree(spec, params, state: DecodeState):
             parent_rows | jax.nn.one_hot(new_fed, fed, dtype=bool)[None])
         features = jnp.take_along_axis(outs, parent[..., None], axis=1)           # [B, K, D']
         outs, cache = eagle.draft_features(
-            weights, config, embed, features, cand_tokens[rows, best],
+            drafter, config, embed, features, cand_tokens[rows, best],
             jnp.broadcast_to(root[:, None] + d, (b, k)), cache,
             TreeAttention(root=root, ancestors=fed_ancestors, first=first))
         scores = cand_scores[rows, best]
@@ -245,8 +233,37 @@ def draft_dynamic_tree(spec, params, state: DecodeState):
             cand_tokens[rows, best])
         pool_index, fed_index = offset + best, jnp.broadcast_to(new_fed, (b, k))
 
-    tokens, scores, parents, depths = (jnp.concatenate(x, axis=1) for x in (
-        pool_tokens, pool_scores, pool_parents, pool_depths))                     # [B, C]
+    pool = (jnp.concatenate(x, axis=1) for x in zip(*pool))                      # [B, C]
+    node_tokens, valid, row_trees = _chosen_tree(state, root, *pool, total, depth, k)
+    return trees.Candidates(node_tokens, valid, None, "deterministic", row_trees, nan), cache
+
+
+def _expand(spec, state: DecodeState, drafter, config, outs, scores, paths, k: int):
+    """The K likeliest tokens after each of the E expanded nodes (the drafter's outputs `outs`
+    [B, E, D'], steered along their `paths`), as candidates [B, E*K] scored by their path's
+    summed log-probability (`scores` [B, E] the nodes'); and whether a NaN was seen."""
+    b = outs.shape[0]
+    sub_logits = eagle.draft_logits(drafter, config, outs)                          # [B, E, S]
+    nan = any_nan(sub_logits)
+    sub_logits = trees.steered_subset(spec, state, drafter["ids"], sub_logits, paths)
+    # A token steered to -inf has log-probability -inf, even where a row allows none.
+    logp = jnp.where(sub_logits == -jnp.inf, -jnp.inf,
+                     jax.nn.log_softmax(sub_logits, -1))                          # [B, E, S]
+    top_logp, top = lax.top_k(logp, k)                                            # [B, E, K]
+    cand_scores = (scores[:, :, None] + top_logp).reshape(b, -1)                  # [B, E*K]
+    return drafter["ids"][top].reshape(b, -1), cand_scores, nan
+
+
+def _chosen_tree(state: DecodeState, root, tokens, scores, parents, depths, total: int,
+                 depth: int, k: int):
+    """The N = `total` best candidates of the pool (tokens, scores, parent pool index, depth:
+    each [B, C], in the order made, so a parent comes before its children), kept in pool order,
+    as the tree's nodes 1..N under the root: their tokens [B, n], validity [B, n] and
+    `RowTrees`. A child's score is its parent's plus a log-probability <= 0, and the top-N
+    selection prefers the earlier of equal scores, so the nodes' parents are chosen too; a node
+    whose parent was not (ties at -inf) is left invalid."""
+    b = tokens.shape[0]
+    rows = jnp.arange(b)[:, None]
     chosen = jnp.sort(lax.top_k(scores, total)[1], axis=1)                        # [B, N]
     node_of = jnp.full(scores.shape, -1, jnp.int32).at[rows, chosen].set(
         jnp.arange(1, total + 1, dtype=jnp.int32))
@@ -262,7 +279,7 @@ def draft_dynamic_tree(spec, params, state: DecodeState):
                         jnp.concatenate([jnp.zeros((b, 1), jnp.int32), depths[rows, chosen]], 1),
                         depth, k)
     node_tokens = jnp.concatenate([state.tokens[rows, root[:, None]], tokens[rows, chosen]], 1)
-    return trees.Candidates(node_tokens, valid, None, "deterministic", trees_, nan), cache
+    return node_tokens, valid, trees_
 
 
 def _row_trees(parent, valid, scores, depth, max_depth: int, width: int) -> RowTrees:
@@ -288,19 +305,20 @@ def _row_trees(parent, valid, scores, depth, max_depth: int, width: int) -> RowT
                     max_depth=max_depth, max_width=width)
 
 
-def step(spec, params, state: DecodeState) -> DecodeState:
+def step(spec, weights, state: DecodeState) -> DecodeState:
     k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
-    # Steps 1 and 2: catch up, then the tree of candidates.
-    if isinstance(spec.tree, DynamicTree):
-        candidates, draft_cache = draft_dynamic_tree(spec, params, state)
+    # Step 1 (draft): catch up, then the tree of candidates.
+    if isinstance(spec.method.tree, DynamicTree):
+        candidates, draft_cache = draft_dynamic_tree(spec, weights, state)
     else:
-        candidates, draft_cache = draft_tree(spec, params, state, k_draft)
-    # Steps 3 and 4: one target call over the tree, the walk, commit (`trees.step`), and the
-    # features of the next catch-up; finished rows keep their pending pairs.
+        candidates, draft_cache = draft_tree(spec, weights, state, k_draft)
+    # Steps 2 to 4 (score, accept or resample, bonus): one target call over the tree, the walk,
+    # then commit (`trees.step`), and the features of the next catch-up; finished rows keep
+    # their pending pairs.
     active = ~state.done
-    state, verified = trees.step(spec, params, state, candidates, k_verify,
-                                 draft_calls=spec.tree.max_depth, taps=spec.drafter_config.taps)
-    features = eagle.from_target(params.drafter, spec.drafter_config, verified.features)
+    state, verified = trees.step(spec, weights, state, candidates, k_verify,
+                                 draft_calls=spec.method.tree.max_depth, taps=spec.method.drafter_config.taps)
+    features = eagle.from_target(weights.drafter, spec.method.drafter_config, verified.features)
     old = state.carry
     return state.replace(carry=Carry(draft_cache,
                                      jnp.where(active[:, None, None], features, old.features),

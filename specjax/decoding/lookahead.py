@@ -1,6 +1,7 @@
 """Dynamic speculation lookahead: how many tokens each row drafts at each step.
 
-Three schedules (`DecodeSpec.k_schedule`), with K (`spec.k`) the most a row ever drafts:
+Three schedules (`config.Lookahead`: `spec.method.lookahead`), with K (`spec.method.k`) the
+most a row ever drafts:
 
   constant    K every step (Leviathan et al.; Chen et al.).
   heuristic   a per-row length kept in the decode state, starting at `k_start`: + 2 after a step
@@ -47,17 +48,17 @@ DEFAULT_CONFIDENCE_THRESHOLD = 0.4  # transformers' assistant_confidence_thresho
 def initial_lengths(spec, rows: int) -> jax.Array | None:
     """The heuristic schedule's starting lengths [B], which the method carries from step to step
     (`speculative.Carry`, `ngram.Carry`); None for the other schedules (no state)."""
-    if spec.k_schedule != "heuristic":
+    if spec.method.lookahead.schedule != "heuristic":
         return None
-    return jnp.full((rows,), spec.k_start, jnp.int32)
+    return jnp.full((rows,), spec.method.lookahead.start, jnp.int32)
 
 
 def draft_limit(spec, state: DecodeState, lengths: jax.Array | None) -> jax.Array:
     """The most tokens each row may draft this step: [B] int32 in 1..K. `lengths` are the
     heuristic's (`initial_lengths`, `update`)."""
-    if spec.k_schedule == "heuristic":
+    if spec.method.lookahead.schedule == "heuristic":
         return lengths
-    return jnp.full(state.length.shape, spec.k, jnp.int32)
+    return jnp.full(state.length.shape, spec.method.k, jnp.int32)
 
 
 def confidence(logits: jax.Array, p: jax.Array, token: jax.Array,
@@ -77,9 +78,9 @@ def stops(spec, state: DecodeState, position: int | jax.Array, limit: jax.Array,
           token) -> jax.Array:
     """Whether each row stops after drafting `token` at 0-based `position`: [B] bool."""
     stop = position + 1 >= limit
-    if spec.k_schedule == "confidence":
+    if spec.method.lookahead.schedule == "confidence":
         greedy = state.settings.sampling.temperature == 0
-        stop = stop | (confidence(logits, p, token, greedy) < spec.confidence_threshold)
+        stop = stop | (confidence(logits, p, token, greedy) < spec.method.lookahead.threshold)
     return stop
 
 
@@ -90,10 +91,10 @@ def update(spec, state: DecodeState, lengths: jax.Array | None, drafted: jax.Arr
     A row that drafted nothing (an n-gram lookup with no match) learnt nothing and keeps its
     length; a finished row keeps it too.
     """
-    if spec.k_schedule != "heuristic":
+    if spec.method.lookahead.schedule != "heuristic":
         return lengths
     grown = jnp.where(accepted == drafted, lengths + 2, lengths - 1)
-    grown = jnp.clip(grown, 1, spec.k)
+    grown = jnp.clip(grown, 1, spec.method.k)
     return jnp.where(~state.done & (drafted > 0), grown, lengths)
 
 
@@ -122,7 +123,7 @@ def ragged(verify_fn, k: int, num_drafted: jax.Array, *args):
     return lax.switch(index, [lambda *a, n=n: verify_fn(n, *a) for n in sizes], *args)
 
 
-def ragged_score_and_verify(score_and_verify, spec, params, state: DecodeState, draft_tokens,
+def ragged_score_and_verify(score_and_verify, spec, weights, state: DecodeState, draft_tokens,
                             draft_probs, keys, num_drafted):
     """`score_and_verify` (`speculative.score_and_verify`) for rows that drafted different
     numbers of tokens, `num_drafted` [B]: the target scores only as many positions as the
@@ -131,7 +132,7 @@ def ragged_score_and_verify(score_and_verify, spec, params, state: DecodeState, 
     k = draft_tokens.shape[1]
 
     def verify_first(n, tokens, probs):
-        verified = score_and_verify(spec, params, state, tokens[:, :n], probs[:, :n], keys,
+        verified = score_and_verify(spec, weights, state, tokens[:, :n], probs[:, :n], keys,
                                     num_drafted=jnp.minimum(num_drafted, n))
         details, scores = verified.details, verified.scores
         if details is not None:         # per-position numbers padded to K, as every branch

@@ -36,15 +36,15 @@ class Programs(NamedTuple):
 
 def _init(spec: DecodeSpec, weights: Weights, prompts, prompt_length, row_keys,
           settings: RowSettings) -> DecodeState:
-    target_cache, carry = MODULES[spec.method].init(spec, weights, prompts, prompt_length)
+    target_cache, carry = MODULES[spec.method.name].init(spec, weights, prompts, prompt_length)
     return pinned(spec, initial_state(prompts, prompt_length, row_keys, settings,
                                       spec.buffer_length, target_cache, carry,
-                                      max_accepted=spec.max_accepted,
+                                      max_accepted=spec.method.max_accepted,
                                       logprobs=spec.logprobs))
 
 
 def _step(spec: DecodeSpec, weights: Weights, state: DecodeState) -> DecodeState:
-    state = MODULES[spec.method].step(spec, weights, state)
+    state = MODULES[spec.method.name].step(spec, weights, state)
     return pinned(spec, state.replace(step=state.step + 1))
 
 

@@ -1,17 +1,19 @@
 """Medusa decoding (Cai et al. 2024): the target's own extra heads fill a token tree.
 
-One step, for every row at once:
+One step, for every row at once, in Algorithm 2's Steps (docs/walkthrough.md):
 
-  1. The heads read the target's hidden state h at the position before the row's last token x
-     (the state whose LM head produced x) and give K distributions: head d's is the draft p_d
-     for the token d places after x. The tree's rank-r child at depth d is the r-th candidate
-     of head d: its r-th most likely token ("top"), or draws from p_d ("distinct": without
-     replacement, "iid": independent), made afresh at each node of depth d - 1 with that
-     node's own randomness.
-  2. The target scores x and every node in one call with tree attention (`decoding.trees`).
-  3. `rejection.verify_tree` accepts a path and draws one more token with the rule exact for
-     the candidate scheme; the same call's hidden state at the last accepted node is the h of
-     the next step, so the heads cost no extra target work.
+  Step 1 (draft): the heads read the target's hidden state h at the position before the row's
+     last token x (the state whose LM head produced x) and give K distributions: head d's is
+     the draft p_d for the token d places after x. The tree's rank-r child at depth d is the
+     r-th candidate of head d: its r-th most likely token ("top"), or draws from p_d
+     ("distinct": without replacement, "iid": independent), made afresh at each node of depth
+     d - 1 with that node's own randomness.
+  Step 2 (score): the target scores x and every node in one call with tree attention
+     (`decoding.trees`).
+  Steps 3 and 4 (accept or resample, bonus): `rejection.verify_tree` accepts a path and draws
+     one more token with the rule exact for the candidate scheme; the same call's hidden state
+     at the last accepted node is the h of the next step, so the heads cost no extra target
+     work.
 
 Why it is exact: the heads' distributions depend only on the target's past (the accepted
 tokens), never on the verification's coins, and each node's children are drawn from the p it
@@ -57,9 +59,9 @@ def layout(spec, rows, cache) -> Carry:
 
 
 def candidate_tree(spec, heads, state: DecodeState, keys) -> trees.Candidates:
-    """Step 1: the heads' `trees.Candidates` (the draft distribution at each node [B, n, V],
+    """Step 1 (draft): the heads' `trees.Candidates` (the draft distribution at each node [B, n, V],
     None for "top" candidates), from the hidden state the last call left."""
-    tree, scheme, vocab = spec.tree, spec.candidates, spec.vocab_size
+    tree, scheme, vocab = spec.method.tree, spec.method.candidates, spec.vocab_size
     b, n, width = state.length.shape[0], tree.size + 1, tree.max_width
     sub_logits = medusa.subset_logits(heads, state.carry.hidden, tree.max_depth)     # [B, D, S]
     level_keys = jax.vmap(lambda key: jax.random.split(key, tree.max_depth))(keys)   # [B, D]
@@ -101,16 +103,17 @@ def candidate_tree(spec, heads, state: DecodeState, keys) -> trees.Candidates:
                             any_nan(state.carry.hidden))
 
 
-def step(spec, params, state: DecodeState) -> DecodeState:
+def step(spec, weights, state: DecodeState) -> DecodeState:
     hidden = state.carry.hidden
     k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
-    # Step 1: the heads' candidates, from the hidden state the last call left.
-    candidates = candidate_tree(spec, params.heads, state, k_draft)
-    # Steps 2 to 4: one target call over the tree, the walk, commit (`trees.step`); the same
+    # Step 1 (draft): the heads' candidates, from the hidden state the last call left.
+    candidates = candidate_tree(spec, weights.heads, state, k_draft)
+    # Steps 2 to 4 (score, accept or resample, bonus): one target call over the tree, the walk,
+    # then commit (`trees.step`); the same
     # call's state at the last accepted node is the next step's hidden state. Finished rows
     # keep theirs.
     active = ~state.done
-    state, verified = trees.step(spec, params, state, candidates, k_verify)
+    state, verified = trees.step(spec, weights, state, candidates, k_verify)
     new_hidden = jnp.take_along_axis(verified.features, verified.n_accepted[:, None, None],
                                      axis=1)[:, 0]
     return state.replace(carry=Carry(jnp.where(active[:, None], new_hidden, hidden)))

@@ -5,7 +5,7 @@ Every module of a method has the same three functions:
   init(spec, weights, prompts, prompt_length) -> (target cache, carry)
       the prefill, and the method's own state (`DecodeState.carry`; None if it has none);
   step(spec, weights, state) -> state
-      one step for every row, over a chain or a token tree (`spec.tree`);
+      one step for every row, over a chain or a token tree (`spec.method.tree`);
   layout(spec, rows, cache) -> carry of shardings
       where the carry lives on a device mesh (`decoding.sharding`).
 

@@ -14,7 +14,7 @@ temperature 0 it is the target's greedy output. (The reference implementations o
 lookup are greedy-only.) Positions past a row's lookup get p = 0 and are never accepted, so the
 token after the last real draft is drawn from q itself.
 
-With a token tree (`spec.tree`), several earlier occurrences of the suffix are kept, most recent
+With a token tree (`spec.method.tree`), several earlier occurrences of the suffix are kept, most recent
 first for each n from the longest, and their continuations are merged into a trie laid on the
 static tree: the rank-r child of a node is the r-th distinct token that follows the node's path
 among the continuations agreeing with it (`lookup_tree`). Lookups that disagree then fill
@@ -53,7 +53,7 @@ def init(spec, weights, prompts, prompt_length):
 
 def layout(spec, rows, cache) -> Carry:
     """The carry's layout on a device mesh (`decoding.sharding`)."""
-    return Carry(rows if spec.k_schedule == "heuristic" else None)
+    return Carry(rows if spec.method.lookahead.schedule == "heuristic" else None)
 
 
 def lookup(tokens, length, k: int, max_n: int, min_n: int):
@@ -84,30 +84,30 @@ def lookup(tokens, length, k: int, max_n: int, min_n: int):
     return lax.dynamic_slice(tokens, (continuation,), (k,)), count.astype(jnp.int32)
 
 
-def step(spec, params, state: DecodeState) -> DecodeState:
+def step(spec, weights, state: DecodeState) -> DecodeState:
     """One step for every row: the chain below, or a token tree (`tree_step`)."""
-    if spec.tree is not None:
-        return tree_step(spec, params, state)
-    k, vocab, lengths = spec.k, spec.vocab_size, state.carry.lookahead
-    # Step 1: the draft is a lookup; a one-hot p makes it a deterministic draft.
+    if spec.method.tree is not None:
+        return tree_step(spec, weights, state)
+    k, vocab, lengths = spec.method.k, spec.vocab_size, state.carry.lookahead
+    # Step 1 (draft): a lookup; a one-hot p makes it a deterministic draft.
     draft_tokens, count = jax.vmap(lookup, in_axes=(0, 0, None, None, None))(
-        state.tokens, state.length, k, spec.max_ngram, spec.min_ngram)          # [B, K], [B]
+        state.tokens, state.length, k, spec.method.max_ngram, spec.method.min_ngram)          # [B, K], [B]
     # The heuristic schedule caps a row's draft at its current length (`lookahead`).
     count = jnp.minimum(count, lookahead.draft_limit(spec, state, lengths))
     drafted = jnp.arange(k) < count[:, None]                                     # [B, K]
     draft_probs = jax.nn.one_hot(draft_tokens, vocab) * drafted[..., None]       # [B, K, V]
-    # Steps 2 and 3: as speculative sampling's.
-    if spec.k_schedule == "constant":
-        verified = score_and_verify(spec, params, state, draft_tokens, draft_probs,
+    # Steps 2 to 4 (score, accept or resample, bonus): as speculative sampling's.
+    if spec.method.lookahead.schedule == "constant":
+        verified = score_and_verify(spec, weights, state, draft_tokens, draft_probs,
                                     step_keys(state), num_drafted=count)
     else:
         verified = lookahead.ragged_score_and_verify(
-            score_and_verify, spec, params, state, draft_tokens, draft_probs, step_keys(state),
+            score_and_verify, spec, weights, state, draft_tokens, draft_probs, step_keys(state),
             jnp.where(state.done, 0, count))
     state = trace.record(spec, state, draft_tokens, count, verified)
     state = state.replace(carry=Carry(lookahead.update(spec, state, lengths, count,
                                                        verified.n_accepted)))
-    # Step 4: commit.
+    # Then commit.
     return commit(spec, state, verified.new, verified.n_accepted, verified.cache, drafted=count,
                   nan=verified.nan, scores=verified.scores)
 
@@ -164,10 +164,11 @@ def lookup_tree(tokens, length, tree, max_n: int, min_n: int):
     return trees.fill(tree, tokens[length - 1], expand, path)[:2]     # the tokens and filled
 
 
-def tree_step(spec, params, state: DecodeState) -> DecodeState:
-    # Step 1: the lookups' trie; every node is a deterministic candidate.
+def tree_step(spec, weights, state: DecodeState) -> DecodeState:
+    # Step 1 (draft): the lookups' trie; every node is a deterministic candidate.
     tokens, filled = jax.vmap(lookup_tree, in_axes=(0, 0, None, None, None))(
-        state.tokens, state.length, spec.tree, spec.max_ngram, spec.min_ngram)   # [B, n]
-    candidates = trees.Candidates(tokens, filled, None, "deterministic", spec.tree)
-    # Steps 2 to 4: one target call over the tree, the walk, commit (`trees.step`).
-    return trees.step(spec, params, state, candidates, step_keys(state))[0]
+        state.tokens, state.length, spec.method.tree, spec.method.max_ngram, spec.method.min_ngram)   # [B, n]
+    candidates = trees.Candidates(tokens, filled, None, "deterministic", spec.method.tree)
+    # Steps 2 to 4 (score, accept or resample, bonus): one target call over the tree, the walk,
+    # then commit (`trees.step`).
+    return trees.step(spec, weights, state, candidates, step_keys(state))[0]

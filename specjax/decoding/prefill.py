@@ -13,7 +13,6 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax.model.cache import KVCache
-from specjax.model.linear import prefill_products
 from specjax.model.transformer import hidden_states, tapped_states
 
 # Prompts are read this many positions per call: long enough for efficient matrix products,
@@ -123,16 +122,11 @@ def _rows_first(out):
     return jax.tree.map(swap, out, is_leaf=lambda a: isinstance(a, KVCache))
 
 
-def _prefill_rows(params, config, prompts, prompt_length, slots, chunk, hidden,
+def _prefill_rows(params, config, prompts, prompt_length, slots, chunk, which,
                   taps) -> Prefilled:
-    """`prefill` of one group of rows, all in every call (a batch's calls of more than 32 rows
-    by XLA's GEMM: `linear.prefill_products`)."""
-    with prefill_products():
-        return _read_rows(params, config, prompts, prompt_length, slots, chunk, hidden, taps)
-
-
-def _read_rows(params, config, prompts, prompt_length, slots, chunk, which,
-               taps) -> Prefilled:
+    """`prefill` of one group of rows, all in every call. Each call is a prefill's
+    (`transformer.hidden_states`' `prefill`): the model computes its wide products by XLA's
+    GEMM."""
     b, p = prompts.shape
     chunk = min(p, chunk or prefill_chunk(b))
     n_chunks = (jnp.max(prompt_length) - 1 + chunk - 1) // chunk
@@ -147,9 +141,10 @@ def _read_rows(params, config, prompts, prompt_length, slots, chunk, which,
         positions = start + jnp.broadcast_to(jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
         if taps:
             # The tapped states and the cache (not the final-normed states).
-            x, cache = tapped_states(params, config, tokens, positions, cache, taps=taps)[1:]
+            x, cache = tapped_states(params, config, tokens, positions, cache, taps=taps,
+                                     prefill=True)[1:]
         else:
-            x, cache = hidden_states(params, config, tokens, positions, cache)
+            x, cache = hidden_states(params, config, tokens, positions, cache, prefill=True)
         if which == "all":
             hidden = lax.dynamic_update_slice_in_dim(hidden, x.astype(hidden.dtype), start, 1)
         elif which == "last":

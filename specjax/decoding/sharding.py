@@ -9,24 +9,24 @@ from jax import lax
 
 from specjax import mesh as meshes
 from specjax.decoding.methods import MODULES
-from specjax.decoding.config import DecodeSpec, Weights
+from specjax.decoding.config import (DecodeSpec, DFlashSpec, EagleSpec, MedusaSpec,
+                                     SpeculativeSpec, Weights)
 from specjax.decoding.state import DecodeState, Logprobs, RowSettings
 from specjax.sampling.constraints import Constraint
 from specjax.model.cache import KVCache
 
 
 def weight_shardings(spec: DecodeSpec) -> Weights:
-    """The target split (`mesh.param_shardings`), the draft replicated unless
-    spec.shard_draft, the Medusa heads replicated."""
-    mesh = spec.mesh
+    """The target split (`mesh.param_shardings`), the draft replicated unless its spec's
+    `shard_draft`, the heads and drafters replicated."""
+    mesh, method = spec.mesh, spec.method
     draft = None
-    if spec.draft_config is not None:
-        draft = meshes.param_shardings(spec.draft_config, mesh, shard=spec.shard_draft)
+    if isinstance(method, SpeculativeSpec):
+        draft = meshes.param_shardings(method.draft_config, mesh, shard=method.shard_draft)
     one = meshes.replicated(mesh)
     return Weights(meshes.param_shardings(spec.target_config, mesh), draft,
-                   one if spec.heads_config is not None else None,
-                   one if spec.drafter_config is not None or spec.dflash_config is not None
-                   else None)
+                   one if isinstance(method, MedusaSpec) else None,
+                   one if isinstance(method, (EagleSpec, DFlashSpec)) else None)
 
 
 def state_shardings(spec: DecodeSpec) -> DecodeState:
@@ -40,12 +40,12 @@ def state_shardings(spec: DecodeSpec) -> DecodeState:
         heads = meshes.cache_sharding(config, mesh, shard)
         return KVCache(k=heads, v=heads, length=rows, first=first)
 
-    drafts = spec.method != "autoregressive"
+    drafts = spec.method.max_accepted is not None
     return DecodeState(
         tokens=rows, length=rows, prompt_length=rows, done=rows, row_keys=rows,
         settings=settings_layout(spec), step=one, target_cache=cache(spec.target_config, True),
         target_calls=rows, draft_calls=rows, drafted=rows, accepted=rows, nan_seen=one,
-        carry=MODULES[spec.method].layout(spec, rows, cache),
+        carry=MODULES[spec.method.name].layout(spec, rows, cache),
         accepted_histogram=rows if drafts else None,
         logprobs=Logprobs(rows, rows, rows) if spec.logprobs else None, fsm=rows)
 

@@ -2,16 +2,17 @@
 2023, Algorithm 1), for a chain of K drafted tokens. Letters follow Chen et al.: p is the
 draft, q the target (Leviathan et al. swap them).
 
-One step, for every row at once:
+One step, for every row at once, in Algorithm 2's Steps (docs/walkthrough.md):
 
-  1. Draft: the draft proposes x_1..x_K autoregressively, each sampled from its own
+  Step 1 (draft): the draft proposes x_1..x_K autoregressively, each sampled from its own
      distribution p_i, which is kept (up to K under a dynamic lookahead schedule: each row may
      stop earlier, `decoding.lookahead`).
-  2. Score: the target scores the row's last token and x_1..x_K in one call: K + 1
+  Step 2 (score): the target scores the row's last token and x_1..x_K in one call: K + 1
      distributions q_i.
-  3. Verify: `rejection.verify` accepts a prefix of the drafts and samples one more token, from
-     the residual at the first rejection or from q_{K+1} when all K were accepted.
-  4. Commit: append what was accepted and roll both caches back by length (`state.commit`).
+  Steps 3 and 4 (accept or resample, bonus): `rejection.verify` accepts a prefix of the drafts
+     and samples one more token, from the residual at the first rejection or from q_{K+1} when
+     all K were accepted.
+  Then commit: append what was accepted and roll both caches back by length (`state.commit`).
 
 The draft never makes an extra call: when all K drafts were accepted it has not yet seen x_K,
 so each step's first draft call feeds the last two tokens of the row (rewriting one cache slot
@@ -51,21 +52,21 @@ class Carry:
 def init(spec, weights, prompts, prompt_length):
     """Prefill: both models read the prompts [B, P]. Returns the target's cache and the
     `Carry`."""
-    caches = [prefill(params, config, prompts, prompt_length, spec.buffer_length,
+    caches = [prefill(model, config, prompts, prompt_length, spec.buffer_length,
                       shards=spec.data_shards).cache
-              for params, config in ((weights.target, spec.target_config),
-                                     (weights.draft, spec.draft_config))]
+              for model, config in ((weights.target, spec.target_config),
+                                     (weights.draft, spec.method.draft_config))]
     return caches[0], Carry(caches[1], lookahead.initial_lengths(spec, prompts.shape[0]))
 
 
 def layout(spec, rows, cache) -> Carry:
     """The carry's layout on a device mesh (`decoding.sharding`)."""
-    return Carry(cache(spec.draft_config, spec.shard_draft),
-                 rows if spec.k_schedule == "heuristic" else None)
+    return Carry(cache(spec.method.draft_config, spec.method.shard_draft),
+                 rows if spec.method.lookahead.schedule == "heuristic" else None)
 
 
-def draft(spec, params, state: DecodeState, keys, limit):
-    """Step 1: up to K draft tokens per row, each row stopping as its schedule says.
+def draft(spec, weights, state: DecodeState, keys, limit):
+    """Step 1 (draft): up to K draft tokens per row, each row stopping as its schedule says.
 
     Args:
       keys: [B, K] one key per draft position; limit: [B] the most each row drafts this step.
@@ -74,11 +75,11 @@ def draft(spec, params, state: DecodeState, keys, limit):
       number each row drafted [B] (0 for a finished row), the draft's cache, and whether a NaN
       was seen.
     """
-    vocab, k = spec.vocab_size, spec.k
+    vocab, k = spec.vocab_size, spec.method.k
     # The first call feeds the last two tokens (see the module docstring) and reads the logits
     # of the row's last real position: index 1, or 0 for a row of a single token.
     window, positions = last_tokens(state, 2)
-    logits, cache = forward(params.draft, spec.draft_config, window, positions,
+    logits, cache = forward(weights.draft, spec.method.draft_config, window, positions,
                             state.carry.draft_cache)
     last = state.length - 1 - positions[:, 0]
     logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]   # [B, V']
@@ -111,7 +112,7 @@ def draft(spec, params, state: DecodeState, keys, limit):
         # Feed x_i at position length + i - 1 for the logits of p_{i+1}. Rows that stopped feed
         # it too (static shapes); their cache slots past the draft are rolled back in `step`.
         i, token, running, cache, tokens, probs, count, nan = carry
-        out, cache = forward(params.draft, spec.draft_config, token[:, None],
+        out, cache = forward(weights.draft, spec.method.draft_config, token[:, None],
                              (state.length + i - 1)[:, None], cache)
         token, running, tokens, probs, count = propose_at(
             i, pad_vocab(out[:, 0], vocab), running, tokens, probs, count)
@@ -136,9 +137,9 @@ class ChainVerified(NamedTuple):
     #                               positions [B, K + 1, V]
 
 
-def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs, keys,
+def score_and_verify(spec, weights, state: DecodeState, draft_tokens, draft_probs, keys,
                      num_drafted=None) -> ChainVerified:
-    """Steps 2 and 3, shared with n-gram decoding.
+    """Steps 2 to 4 (score, accept or resample, bonus), shared with n-gram decoding.
 
     The target scores [last token, x_1..x_K] at positions length-1 .. length-1+K in one call,
     then the spec's verification rule (`spec.rules.verify`: `rejection.verify` unless the caller
@@ -148,7 +149,7 @@ def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs
     last, last_position = last_tokens(state, 1)
     target_in = jnp.concatenate([last, draft_tokens], axis=1)          # [B, K + 1]
     positions = last_position + jnp.arange(k + 1, dtype=jnp.int32)      # [B, K + 1]
-    logits, cache = forward(params.target, spec.target_config, target_in, positions,
+    logits, cache = forward(weights.target, spec.target_config, target_in, positions,
                             state.target_cache)
     q, scores = target_probs(spec, state, logits, chain_drafted(draft_tokens))
     # With `spec.trace`, the same rule returns its numbers too (`specjax.explain`).
@@ -160,29 +161,30 @@ def score_and_verify(spec, params, state: DecodeState, draft_tokens, draft_probs
     return ChainVerified(new, verdict.n_accepted, cache, any_nan(logits), verdict.details, scores)
 
 
-def step(spec, params, state: DecodeState) -> DecodeState:
+def step(spec, weights, state: DecodeState) -> DecodeState:
     """One step for every row: the chain below, or a token tree (`speculative_tree`)."""
-    if spec.tree is not None:
-        return speculative_tree.step(spec, params, state)
-    k, carry = spec.k, state.carry
+    if spec.method.tree is not None:
+        return speculative_tree.step(spec, weights, state)
+    k, carry = spec.method.k, state.carry
     keys = step_keys(state)                                            # [B]
     split = jax.vmap(lambda key: jax.random.split(key, k + 1))(keys)   # [B, K + 1]
     draft_keys, verify_keys = split[:, :k], split[:, k]
 
-    # Step 1: draft x_1..x_n ~ p_1..p_n, n <= K as the row's schedule says (`lookahead`).
+    # Step 1 (draft): x_1..x_n ~ p_1..p_n, n <= K as the row's schedule says (`lookahead`).
     draft_tokens, draft_probs, count, draft_cache, draft_nan = draft(
-        spec, params, state, draft_keys, lookahead.draft_limit(spec, state, carry.lookahead))
-    # Steps 2 and 3: score with the target, accept a prefix, draw the residual or bonus token.
-    if spec.k_schedule == "constant":
-        verified = score_and_verify(spec, params, state, draft_tokens, draft_probs, verify_keys)
+        spec, weights, state, draft_keys, lookahead.draft_limit(spec, state, carry.lookahead))
+    # Steps 2 to 4 (score, accept or resample, bonus): one target call, a prefix accepted, then
+    # the residual or the bonus token.
+    if spec.method.lookahead.schedule == "constant":
+        verified = score_and_verify(spec, weights, state, draft_tokens, draft_probs, verify_keys)
     else:       # rows drafted different numbers of tokens: score only what the longest needs
-        verified = lookahead.ragged_score_and_verify(score_and_verify, spec, params, state,
+        verified = lookahead.ragged_score_and_verify(score_and_verify, spec, weights, state,
                                                      draft_tokens, draft_probs, verify_keys,
                                                      count)
     state = trace.record(spec, state, draft_tokens, count, verified)
     lengths = lookahead.update(spec, state, carry.lookahead, count, verified.n_accepted)
 
-    # Step 4: commit, and roll the draft back too. It has seen the fed tokens up to x_{n-1}, so
+    # Then commit, and roll the draft back too. It has seen the fed tokens up to x_{n-1}, so
     # it may be one behind (the next step catches up).
     old_length = state.length
     state = commit(spec, state, verified.new, verified.n_accepted, verified.cache, drafted=count,

@@ -1,15 +1,19 @@
-"""Speculative sampling over a token tree (`spec.tree`, see `specjax.sampling.tree`) with a
+"""Speculative sampling over a token tree (`spec.method.tree`, see `specjax.sampling.tree`) with a
 draft model: the chain of `speculative`, widened (its `step` calls this one's for a tree; the
 two share its `init` and `Carry`).
 
-  1. The draft expands the tree level by level (`trees.fill`): one draft call per depth over all
-     the nodes of that depth, each attending to its ancestors; every node's children are its
-     first W candidates under the spec's scheme (`Rules.candidates`: the draft's top tokens, or
-     draws from its distribution p at the node, independent or without replacement).
-  2-3. One target call scores every node; `rejection.verify_tree` walks the tree with the rule
-     exact for the scheme (`trees.score_and_verify`).
-  4. Commit (`trees.step` runs 2 to 4, as for every tree drafter), and move the accepted
-     path's entries in the draft's cache to a chain's slots.
+In Algorithm 2's Steps (docs/walkthrough.md):
+
+  Step 1 (draft): the draft expands the tree level by level (`trees.fill`): one draft call per
+     depth over all the nodes of that depth, each attending to its ancestors; every node's
+     children are its first W candidates under the spec's scheme (`Rules.candidates`: the
+     draft's top tokens, or draws from its distribution p at the node, independent or without
+     replacement).
+  Steps 2 to 4 (score, accept or resample, bonus): one target call scores every node;
+     `rejection.verify_tree` walks the tree with the rule exact for the scheme
+     (`trees.score_and_verify`).
+  Then commit (`trees.step` runs all but the draft, as for every tree drafter), and move the
+     accepted path's entries in the draft's cache to a chain's slots.
 """
 
 from __future__ import annotations
@@ -26,18 +30,18 @@ from specjax.model.transformer import forward
 from specjax.sampling.logits import probs_from_logits
 
 
-def draft_tree(spec, params, state: DecodeState, keys):
-    """Step 1 for a tree: the `trees.Candidates` (the draft distribution at each node [B, n, V],
-    None for "top" candidates) and the draft's cache.
+def draft_tree(spec, weights, state: DecodeState, keys):
+    """Step 1 (draft) for a tree: the `trees.Candidates` (the draft distribution at each node
+    [B, n, V], None for "top" candidates) and the draft's cache.
 
     Depth d's candidates come from the draft's distributions at the nodes of depth d - 1: one
     draft call per depth, over that depth's nodes at once, each attending to its ancestors. The
     deepest level needs no call (like x_K of a chain), so a tree of depth D costs D draft calls.
     """
-    tree, scheme, vocab = spec.tree, spec.candidates, spec.vocab_size
+    tree, scheme, vocab = spec.method.tree, spec.method.candidates, spec.vocab_size
     b, n, depth = state.length.shape[0], tree.size + 1, tree.max_depth
     window, positions = last_tokens(state, 2)            # the first call, as in `draft`
-    logits, cache = forward(params.draft, spec.draft_config, window, positions,
+    logits, cache = forward(weights.draft, spec.method.draft_config, window, positions,
                             state.carry.draft_cache)
     last = (state.length - 1 - positions[:, 0])[:, None]
     root = state.length - 1
@@ -47,7 +51,7 @@ def draft_tree(spec, params, state: DecodeState, keys):
         level_logits, cache, probs, nan = carry
         parents = tree.level(d - 1)
         if d > 1:                       # the draft's distributions at the parents' level
-            level_logits, cache = forward(params.draft, spec.draft_config,
+            level_logits, cache = forward(weights.draft, spec.method.draft_config,
                                           tokens[:, parents.start:parents.stop],
                                           trees.node_positions(tree, root)[:, parents.start:
                                                                             parents.stop],
@@ -74,18 +78,19 @@ def draft_tree(spec, params, state: DecodeState, keys):
     return trees.Candidates(tokens, valid, probs, trees.SCHEMES[scheme], tree, nan), cache
 
 
-def step(spec, params, state: DecodeState) -> DecodeState:
-    tree = spec.tree
+def step(spec, weights, state: DecodeState) -> DecodeState:
+    tree = spec.method.tree
     depth, nodes = tree.max_depth, tree.size + 1
     k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
 
-    # Step 1: the tree of candidates, level by level.
-    candidates, draft_cache = draft_tree(spec, params, state, k_draft)
-    # Steps 2 to 4: one target call over the tree, the walk, commit (`trees.step`). The draft
+    # Step 1 (draft): the tree of candidates, level by level.
+    candidates, draft_cache = draft_tree(spec, weights, state, k_draft)
+    # Steps 2 to 4 (score, accept or resample, bonus): one target call over the tree, the walk,
+    # then commit (`trees.step`). The draft
     # fed the nodes above the deepest level: after moving the accepted ones into place it holds
     # the path up to depth D - 1, and catches up on the rest next step.
     old_length = state.length
-    state, verified = trees.step(spec, params, state, candidates, k_verify, draft_calls=depth)
+    state, verified = trees.step(spec, weights, state, candidates, k_verify, draft_calls=depth)
     draft_cache = trees.keep_path(draft_cache, old_length - 1, verified.path, nodes)
     draft_cache = draft_cache.with_length(jnp.minimum(state.length - 1, old_length + depth - 1))
     return state.replace(carry=dataclasses.replace(state.carry, draft_cache=draft_cache))

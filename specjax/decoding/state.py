@@ -21,8 +21,8 @@ from jax import lax
 
 from specjax.model.cache import KVCache
 from specjax.sampling.constraints import Constraint, advance, constrain
-from specjax.sampling.logits import (Controls, History, Sampling, apply_controls,
-                                     probs_from_logits)
+from specjax.sampling.controls import Controls, History, apply_controls
+from specjax.sampling.logits import Sampling, probs_from_logits
 
 
 @jax.tree_util.register_dataclass
@@ -33,7 +33,7 @@ class RowSettings:
     sampling: Sampling         # [B] per field (`specjax.sampling.logits`)
     max_new_tokens: jax.Array  # [B] int32, within the compiled buffer
     stop_ids: jax.Array        # [B, S] int32: ids that end the row; -1 fills unused slots
-    controls: Controls         # [B] per field, the bias [B, V] (`specjax.sampling.logits`)
+    controls: Controls         # [B] per field, the bias [B, V] (`specjax.sampling.controls`)
     constraint: Constraint     # the rows' automata (`specjax.sampling.constraints`)
 
 

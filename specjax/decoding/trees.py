@@ -106,7 +106,7 @@ def keep_path(cache: KVCache, root, path, nodes: int) -> KVCache:
 
 
 class Candidates(NamedTuple):
-    """A drafted token tree, as every drafter hands it to the verifier (step 1 of a tree step)."""
+    """A drafted token tree, as every drafter hands it to the verifier: Step 1 (draft)'s output."""
     tokens: jax.Array             # [B, n] int32: the nodes' tokens, node 0 each row's last token
     valid: jax.Array              # [B, n] bool: the nodes the drafter filled
     probs: jax.Array | None       # [B, n, V] the draft distribution at each node; None for
@@ -130,11 +130,11 @@ class Verified(NamedTuple):
     #                               path [B, D + 1, V]
 
 
-def score_and_verify(spec, params, state: DecodeState, candidates: Candidates, keys,
+def score_and_verify(spec, weights, state: DecodeState, candidates: Candidates, keys,
                      taps: tuple[int, ...] = ()) -> Verified:
-    """Steps 2 and 3 of a tree step: the target scores every node of the tree in one call, and
-    the spec's rule (`spec.rules.verify_tree`: `rejection.verify_tree` unless the caller gave
-    other rules) walks it and accepts a path.
+    """Steps 2 to 4 (score, accept or resample, bonus) of a tree step: the target scores every
+    node of the tree in one call, and the spec's rule (`spec.rules.verify_tree`:
+    `rejection.verify_tree` unless the caller gave other rules) walks it and accepts a path.
 
     Args:
       candidates: the drafted tree; keys: [B] the walk's keys; taps: the target layers whose
@@ -148,10 +148,10 @@ def score_and_verify(spec, params, state: DecodeState, candidates: Candidates, k
     """
     tokens, valid, tree = candidates.tokens, candidates.valid, candidates.tree
     root = last_tokens(state, 1)[1][:, 0]             # [B] the last token's slot = position
-    x, tapped, cache = tapped_states(params.target, spec.target_config, tokens,
+    x, tapped, cache = tapped_states(weights.target, spec.target_config, tokens,
                                      node_positions(tree, root), state.target_cache,
                                      tree_attention(tree, root), taps)      # [B, n, D_model]
-    logits = lm_head(params.target, spec.target_config, x)                  # [B, n, V']
+    logits = lm_head(weights.target, spec.target_config, x)                  # [B, n, V']
     q, scores = target_probs(spec, state, logits, drafted_before(tree, tokens))  # [B, n, V]
     # With `spec.trace`, the same rule returns its numbers too (`specjax.explain`).
     traced = {"with_details": True} if spec.trace else {}
@@ -171,15 +171,16 @@ def score_and_verify(spec, params, state: DecodeState, candidates: Candidates, k
                     scores)
 
 
-def step(spec, params, state: DecodeState, candidates: Candidates, keys, *,
+def step(spec, weights, state: DecodeState, candidates: Candidates, keys, *,
          draft_calls: int = 0, taps: tuple[int, ...] = ()) -> tuple[DecodeState, Verified]:
-    """Steps 2 to 4 of every tree step, whichever drafter filled the tree: score and walk
-    (`score_and_verify`), keep the numbers for `specjax.explain` (`trace.record_tree`), commit.
+    """Steps 2 to 4 (score, accept or resample, bonus) of every tree step, then its commit,
+    whichever drafter filled the tree: score and walk (`score_and_verify`), keep the numbers
+    for `specjax.explain` (`trace.record_tree`), commit.
 
     Returns the committed state and the `Verified` result, from which a method updates its own
     carry (a draft cache to put in order, the hidden state or features of the next step).
     """
-    verified = score_and_verify(spec, params, state, candidates, keys, taps)
+    verified = score_and_verify(spec, weights, state, candidates, keys, taps)
     state = trace.record_tree(spec, state, candidates, verified)
     return commit(spec, state, verified.new, verified.n_accepted, verified.cache,
                   drafted=jnp.sum(candidates.valid[:, 1:], axis=1), draft_calls=draft_calls,

@@ -41,7 +41,8 @@ from specjax.model.config import ModelConfig
 from specjax.model.layers import (activation, apply_rope, attend, attend_cache, lookup, rms_norm,
                                   rope_frequencies, rope_tables, rotate)
 from specjax.model.linear import linear
-from specjax.model.transformer import Model, init_params, layer_shapes, lm_head, unstack_layers
+from specjax.model.params import init_params, layer_shapes, unstack_layers
+from specjax.model.transformer import Model, lm_head
 
 __all__ = ["MODEL_TYPE", "BlockDrafter", "DFlashConfig", "blocks_states", "context_kv",
            "default_taps", "draft_block", "draft_logits", "init_block_drafter", "param_shapes",
@@ -188,40 +189,43 @@ def runtime_weights(drafter: BlockDrafter) -> dict:
     return dict(drafter.params)
 
 
-def _project(x, w):
+def _project(x, w, prefill: bool = False):
     """x [B, T, D] through w [heads, H, D] -> [B, T, heads, H]."""
     heads, h, d = w.shape
-    return linear(x, w.reshape(heads * h, d)).reshape(*x.shape[:2], heads, h)
+    return linear(x, w.reshape(heads * h, d), prefill=prefill).reshape(*x.shape[:2], heads, h)
 
 
-def fuse_context(weights: dict, config: DFlashConfig, features: jax.Array) -> jax.Array:
+def fuse_context(weights: dict, config: DFlashConfig, features: jax.Array,
+                 prefill: bool = False) -> jax.Array:
     """The target's tapped states [B, T, n D] -> the fused context [B, T, D]:
     hidden_norm(fc(features))."""
     dtype = config.layer.compute_dtype
-    fused = linear(features.astype(dtype), weights["fc"])                    # BTE,DE->BTD
+    fused = linear(features.astype(dtype), weights["fc"], prefill=prefill)   # BTE,DE->BTD
     return rms_norm(fused, weights["hidden_norm"]["scale"], config.layer.norm_eps)
 
 
-def _context_kv(p: dict, config: DFlashConfig, context: jax.Array, tables: jax.Array):
+def _context_kv(p: dict, config: DFlashConfig, context: jax.Array, tables: jax.Array,
+                prefill: bool = False):
     """One layer's keys and values of the fused context [B, T, D]: k_proj, its k_norm and
     RoPE; v_proj. No input norm: the context is already normed."""
     c = config.layer
-    k, v = _project(context, p["wk"]), _project(context, p["wv"])          # [B, T, K, H]
+    k, v = _project(context, p["wk"], prefill), _project(context, p["wv"], prefill)  # [B, T, K, H]
     if c.qkv_bias:
         k, v = k + p["bk"], v + p["bv"]
     return rotate(rms_norm(k, p["k_norm"]["scale"], c.norm_eps), tables), v
 
 
 def context_kv(weights: dict, config: DFlashConfig, features: jax.Array, slots: jax.Array,
-               cache: KVCache) -> KVCache:
+               cache: KVCache, prefill: bool = False) -> KVCache:
     """Writes the context's keys and values for the target's tapped states [B, T, n D] at
     positions (= slots) [B, T], consecutive per row, into every layer of the drafter's cache:
-    what the prefill does for the prompt."""
-    context = fuse_context(weights, config, features)
+    what the prefill does for the prompt (`prefill`: a prompt's, as in
+    `transformer.hidden_states`)."""
+    context = fuse_context(weights, config, features, prefill)
     tables = rope_tables(slots, jnp.asarray(rope_frequencies(config.layer)))
     keys, values = cache.k, cache.v
     for i, p in enumerate(weights["layers"]):
-        k, v = _context_kv(p, config, context, tables)
+        k, v = _context_kv(p, config, context, tables, prefill)
         keys, values = kv.write(keys, values, k, v, slots, i)
     return KVCache(keys, values, cache.length, cache.first)
 

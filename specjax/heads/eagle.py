@@ -59,8 +59,8 @@ from specjax.model.cache import KVCache, TreeAttention
 from specjax.model.config import ModelConfig
 from specjax.model.layers import lookup, rms_norm
 from specjax.model.linear import linear
-from specjax.model.transformer import (Model, decoder_layers, final_norm, init_params,
-                                       layer_params, layer_shapes, stack_layers)
+from specjax.model.params import init_params, layer_params, layer_shapes, stack_layers
+from specjax.model.transformer import Model, decoder_layers, final_norm
 from specjax.sampling.tree import DynamicTree, Tree
 
 __all__ = ["HEADS", "KINDS", "MODEL_TYPE", "STYLES", "Drafter", "DrafterConfig",
@@ -317,12 +317,13 @@ def from_target(weights: dict, config: DrafterConfig, features: jax.Array) -> ja
 
 
 def draft_features(weights: dict, config: DrafterConfig, embed, features, tokens, positions,
-                   cache: KVCache | None = None,
-                   tree: TreeAttention | None = None) -> tuple[jax.Array, KVCache | None]:
+                   cache: KVCache | None = None, tree: TreeAttention | None = None,
+                   prefill: bool = False) -> tuple[jax.Array, KVCache | None]:
     """The drafter on pairs: the target's (or its own predicted) features [B, T, D] and the
     tokens after them [B, T] at drafter slots `positions` [B, T] -> its outputs [B, T, D] (what
     `draft_logits` reads and what is fed back) and the drafter's cache (None: the pairs attend
-    among themselves, causally, as in training). `embed`: `embedding(...)`, [V, D]."""
+    among themselves, causally, as in training). `embed`: `embedding(...)`, [V, D]. `prefill`:
+    the pairs are a prompt's (`transformer.hidden_states`' `prefill`)."""
     layer = weights["layers"][0]
     eps = config.layer.norm_eps
     dtype = config.layer.compute_dtype
@@ -335,12 +336,12 @@ def draft_features(weights: dict, config: DrafterConfig, embed, features, tokens
         x = hidden if config.norm_before_residual else features
     else:
         pair = [features, e] if config.style == "specjax" else [e, features]
-        x = linear(jnp.concatenate(pair, axis=-1), weights["fc"]["w"]) \
+        x = linear(jnp.concatenate(pair, axis=-1), weights["fc"]["w"], prefill=prefill) \
             + weights["fc"]["b"]                                                    # BTE,DE->BTD
         attn_input = None if config.style == "specjax" else x   # published: no input norm
     # Its one layer as a stack of one (a reshape, not a copy) for the model's decoder.
     x, cache = decoder_layers(stack_layers(weights["layers"]), config.layer, x, positions, cache,
-                              tree, attn_input)
+                              tree, attn_input, prefill)
     if config.style == "specjax":
         x = final_norm(weights, config.layer, x)
     return x, cache

@@ -2,17 +2,15 @@
 
 A checkpoint directory holds `config.json`, the weights (`model.safetensors`, or shards listed
 in `model.safetensors.index.json`) and usually `tokenizer.json`. One explicit name table per
-architecture maps each Hugging Face tensor to a leaf of specjax's parameter tree, with the
-transform between the two layouts; every tensor's shape is checked against
+architecture (`specjax.io.hf_names`) maps each Hugging Face tensor to a leaf of specjax's parameter
+tree, with the transform between the two layouts; every tensor's shape is checked against
 `model.param_shapes` before it is used.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -27,124 +25,15 @@ from specjax.io.dflash import is_dflash_dir, load_block_drafter
 from specjax.io.eagle import is_eagle_dir, load_drafter
 from specjax.io.errors import CheckpointError
 from specjax.io.fetch import cache_root
-from specjax.io.gguf import convert_gguf, q8_0_matrices
+from specjax.io.gguf import convert_gguf
+from specjax.io.gguf_read import q8_0_matrices
+from specjax.io.hf_names import IGNORED_SUFFIXES, canonical, name_table
 from specjax.io.medusa import is_heads_dir, load_heads
 from specjax.io.sidecar import json_object
 from specjax.model.config import ConfigError, ModelConfig
 from specjax.model.quant import EIGHT_BIT, Int8Weight, convert, dequantize
-from specjax.model.transformer import Model, Params, init_params, param_shapes, unstack_layers
-
-# -- Name tables --------------------------------------------------------------------------------
-# Each entry: (Hugging Face name, path in specjax's tree, HF -> specjax, specjax -> HF).
-# `{i}` in a name is the layer index; such an entry's path is inside each of params["layers"].
-
-@dataclasses.dataclass(frozen=True)
-class Entry:
-    hf_name: str
-    path: tuple[str, ...]
-    to_specjax: Callable[[np.ndarray], np.ndarray]
-    to_hf: Callable[[np.ndarray], np.ndarray]
-
-
-def _same(a):
-    return a
-
-
-def _gpt2_table(c: ModelConfig) -> list[Entry]:
-    D, N, H = c.d_model, c.n_heads, c.head_dim
-    # GPT-2's Conv1D weights are [in, out], transposed to specjax's [out, in]. c_attn packs q, k
-    # and v side by side along its output axis.
-    def qkv(index):
-        return lambda w: w[:, index * D:(index + 1) * D].T.reshape(N, H, D)
-
-    def qkv_bias(index):
-        return lambda b: b[index * D:(index + 1) * D].reshape(N, H)
-
-    t = [Entry("wte.weight", ("embed",), _same, _same),
-         Entry("wpe.weight", ("pos_embed",), _same, _same),
-         Entry("ln_f.weight", ("final_norm", "scale"), _same, _same),
-         Entry("ln_f.bias", ("final_norm", "bias"), _same, _same)]
-    layer = "h.{i}."
-    t += [Entry(layer + "ln_1.weight", ("layers", "attn_norm", "scale"), _same, _same),
-          Entry(layer + "ln_1.bias", ("layers", "attn_norm", "bias"), _same, _same),
-          Entry(layer + "ln_2.weight", ("layers", "mlp_norm", "scale"), _same, _same),
-          Entry(layer + "ln_2.bias", ("layers", "mlp_norm", "bias"), _same, _same),
-          # c_attn is split three ways; the to_hf side is handled by `_gpt2_c_attn`.
-          Entry(layer + "attn.c_attn.weight", ("layers", "wq"), qkv(0), None),
-          Entry(layer + "attn.c_attn.weight", ("layers", "wk"), qkv(1), None),
-          Entry(layer + "attn.c_attn.weight", ("layers", "wv"), qkv(2), None),
-          Entry(layer + "attn.c_attn.bias", ("layers", "bq"), qkv_bias(0), None),
-          Entry(layer + "attn.c_attn.bias", ("layers", "bk"), qkv_bias(1), None),
-          Entry(layer + "attn.c_attn.bias", ("layers", "bv"), qkv_bias(2), None),
-          Entry(layer + "attn.c_proj.weight", ("layers", "wo"),
-                lambda w: w.T.reshape(D, N, H), lambda w: w.reshape(D, N * H).T),
-          Entry(layer + "attn.c_proj.bias", ("layers", "bo"), _same, _same),
-          Entry(layer + "mlp.c_fc.weight", ("layers", "w_in"), np.transpose, np.transpose),
-          Entry(layer + "mlp.c_fc.bias", ("layers", "b_in"), _same, _same),
-          Entry(layer + "mlp.c_proj.weight", ("layers", "w_out"), np.transpose, np.transpose),
-          Entry(layer + "mlp.c_proj.bias", ("layers", "b_out"), _same, _same)]
-    if not c.tie_embeddings:
-        t.append(Entry("lm_head.weight", ("lm_head",), _same, _same))
-    return t
-
-
-def _llama_table(c: ModelConfig) -> list[Entry]:
-    D, N, K, H = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim
-    # torch.nn.Linear stores [out, in], as specjax does, with heads split out.
-    # Hugging Face Llama q/k rows are already in the half-split (rotate_half) RoPE layout that
-    # `layers.apply_rope` uses, so no permutation is needed (GGUF files differ: see gguf.py).
-    def proj_in(heads):
-        return (lambda w: w.reshape(heads, H, D), lambda w: w.reshape(heads * H, D))
-
-    def bias(heads):
-        return (lambda b: b.reshape(heads, H), lambda b: b.reshape(heads * H))
-
-    layer = "model.layers.{i}."
-    t = [Entry("model.embed_tokens.weight", ("embed",), _same, _same),
-         Entry("model.norm.weight", ("final_norm", "scale"), _same, _same),
-         Entry(layer + "input_layernorm.weight", ("layers", "attn_norm", "scale"), _same, _same),
-         Entry(layer + "post_attention_layernorm.weight", ("layers", "mlp_norm", "scale"), _same, _same),
-         Entry(layer + "self_attn.q_proj.weight", ("layers", "wq"), *proj_in(N)),
-         Entry(layer + "self_attn.k_proj.weight", ("layers", "wk"), *proj_in(K)),
-         Entry(layer + "self_attn.v_proj.weight", ("layers", "wv"), *proj_in(K)),
-         Entry(layer + "self_attn.o_proj.weight", ("layers", "wo"),
-               lambda w: w.reshape(D, N, H), lambda w: w.reshape(D, N * H)),
-         Entry(layer + "mlp.gate_proj.weight", ("layers", "w_gate"), _same, _same),
-         Entry(layer + "mlp.up_proj.weight", ("layers", "w_up"), _same, _same),
-         Entry(layer + "mlp.down_proj.weight", ("layers", "w_down"), _same, _same)]
-    if c.qkv_bias:
-        t += [Entry(layer + "self_attn.q_proj.bias", ("layers", "bq"), *bias(N)),
-              Entry(layer + "self_attn.k_proj.bias", ("layers", "bk"), *bias(K)),
-              Entry(layer + "self_attn.v_proj.bias", ("layers", "bv"), *bias(K))]
-    if c.qk_norm:
-        t += [Entry(layer + "self_attn.q_norm.weight", ("layers", "q_norm", "scale"), _same, _same),
-              Entry(layer + "self_attn.k_norm.weight", ("layers", "k_norm", "scale"), _same, _same)]
-    if c.out_bias:
-        t.append(Entry(layer + "self_attn.o_proj.bias", ("layers", "bo"), _same, _same))
-    if c.mlp_bias:
-        t += [Entry(layer + "mlp.gate_proj.bias", ("layers", "b_gate"), _same, _same),
-              Entry(layer + "mlp.up_proj.bias", ("layers", "b_up"), _same, _same),
-              Entry(layer + "mlp.down_proj.bias", ("layers", "b_down"), _same, _same)]
-    if not c.tie_embeddings:
-        t.append(Entry("lm_head.weight", ("lm_head",), _same, _same))
-    return t
-
-
-def name_table(config: ModelConfig) -> list[Entry]:
-    return _gpt2_table(config) if config.arch == "gpt2" else _llama_table(config)
-
-
-# Tensors some checkpoints carry that are not parameters (buffers of older transformers).
-_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
-
-
-def _canonical(name: str, config: ModelConfig) -> str:
-    # GPT-2 checkpoints come with and without the "transformer." prefix (GPT2LMHeadModel vs
-    # GPT2Model, and the original openai-community/gpt2 upload).
-    if config.arch == "gpt2" and name.startswith("transformer."):
-        return name[len("transformer."):]
-    return name
-
+from specjax.model.params import Params, init_params, param_shapes, unstack_layers
+from specjax.model.transformer import Model
 
 # -- Loading ------------------------------------------------------------------------------------
 
@@ -201,7 +90,7 @@ def load_params(directory: Path, config: ModelConfig, mesh=None) -> Params:
     """Reads the weights of `directory` into specjax's parameter tree (float32 numpy -> jax),
     each array placed on one device, or with `mesh` straight from the host to its shards
     (`specjax.mesh.place`)."""
-    tensors = {_canonical(k, config): v for k, v in _read_tensors(_weight_files(directory)).items()}
+    tensors = {canonical(k, config): v for k, v in _read_tensors(_weight_files(directory)).items()}
     if config.n_layers > len(tensors):  # before anything is built per layer
         raise CheckpointError(f"{directory}: config.json has {config.n_layers} layers, but the "
                               f"weights hold {len(tensors)} tensors in all")
@@ -260,7 +149,7 @@ def load_params(directory: Path, config: ModelConfig, mesh=None) -> Params:
 
 
 def _ignorable(name: str, config: ModelConfig) -> bool:
-    if name.endswith(_IGNORED_SUFFIXES):
+    if name.endswith(IGNORED_SUFFIXES):
         return True
     # A tied model's checkpoint sometimes stores the (identical) head too; it is not used.
     return config.tie_embeddings and name == "lm_head.weight"
@@ -307,6 +196,20 @@ def load(path: str | Path, dtype: str = "float32", mesh=None):
         return load_block_drafter(path)
     if is_eagle_dir(path):
         return load_drafter(path)
+    config = _model_config(path, dtype, mesh)
+    params = load_params(path, config, mesh)
+    if gguf_file is not None and dtype in EIGHT_BIT:
+        params = _stored_q8_0(params, config, q8_0_matrices(gguf_file))
+    tokenizer = load_tokenizer(path)
+    if tokenizer is not None and tokenizer.get_vocab_size(with_added_tokens=True) > config.vocab_size:
+        raise CheckpointError(f"{path}: tokenizer.json has {tokenizer.get_vocab_size()} tokens but "
+                              f"the model's vocab_size is {config.vocab_size}")
+    return Model(config, params, tokenizer, path, _chat_template(path))
+
+
+def _model_config(path: Path, dtype: str, mesh) -> ModelConfig:
+    """The directory's config.json as a `ModelConfig` in `dtype` (with generation_config.json's
+    EOS ids), checked to run on `mesh`; a bad file or setting is a CheckpointError."""
     file = path / "config.json"
     if not file.exists():
         raise CheckpointError(f"missing {file}")
@@ -327,14 +230,7 @@ def load(path: str | Path, dtype: str = "float32", mesh=None):
             meshes.check_mesh(mesh)
         except meshes.MeshError as e:
             raise CheckpointError(str(e)) from None
-    params = load_params(path, config, mesh)
-    if gguf_file is not None and dtype in EIGHT_BIT:
-        params = _stored_q8_0(params, config, q8_0_matrices(gguf_file))
-    tokenizer = load_tokenizer(path)
-    if tokenizer is not None and tokenizer.get_vocab_size(with_added_tokens=True) > config.vocab_size:
-        raise CheckpointError(f"{path}: tokenizer.json has {tokenizer.get_vocab_size()} tokens but "
-                              f"the model's vocab_size is {config.vocab_size}")
-    return Model(config, params, tokenizer, path, _chat_template(path))
+    return config
 
 
 def _stored_q8_0(params: Params, config: ModelConfig, stored: dict) -> Params:

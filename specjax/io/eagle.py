@@ -25,8 +25,8 @@ from safetensors.numpy import save_file
 
 from specjax.heads.eagle import MODEL_TYPE, Drafter, DrafterConfig, layer_config, param_shapes
 from specjax.heads.shared import PROJECTION
-from specjax.io.published import (DRAFTER_FORMATS, is_published_drafter, load_published_drafter,
-                                  save_published_drafter)
+from specjax.io.published import DRAFTER_FORMATS, is_published_drafter
+from specjax.io.published_eagle import load_published_drafter, save_published_drafter
 from specjax.io.sidecar import is_sidecar_dir, read_sidecar, tree_from_json, tree_to_json
 from specjax.model.config import ModelConfig
 

@@ -1,5 +1,6 @@
-"""The CPU kernels as a plug-in: builds `few_rows.cc` with the machine's C++ compiler and
-registers its two XLA FFI targets, so that `specjax.model.linear` may use them.
+"""The CPU kernels as a plug-in: builds `few_rows.cc` with the machine's C++ compiler,
+registers its XLA FFI targets, and registers their calls (`ffi.KERNELS`) with the model's one
+interface to kernels, `specjax.model.linear`, which decides which calls they serve.
 
     from specjax import kernels
     kernels.ensure()          # True once built and registered; False (with a warning) if not
@@ -11,12 +12,13 @@ are for the CPU, and programs for other platforms never contain them.
 The source is compiled for the CPU it runs on (-march=native), against the FFI headers that ship
 with jaxlib, once per source, compiler, jaxlib and CPU: the library is cached as
 <cache>/kernels/few_rows-<key>.so, where <cache> is `specjax.io.fetch.cache_root()`
-($SPECJAX_CACHE or ~/.cache/specjax). A build takes about 2 s. Without a compiler the build
-fails, `ensure()` is False with a warning that says why, and every product stays XLA's: the
-same numbers up to float32 rounding, slower verify calls.
+($SPECJAX_CACHE or ~/.cache/specjax). Without a compiler the build fails, `ensure()` is False
+with a warning that says why, and every product stays XLA's: the same numbers up to float32
+rounding, slower verify calls.
 
-Layer: above the file I/O it reads its cache root from, below the API that calls it; the core
-never imports it (it may not import subprocess or ctypes).
+`ffi` holds the custom calls by target name. Layer: above the file I/O it reads its cache root
+from, below the API that calls it; the core never imports it (it may not import subprocess or
+ctypes).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import jax
 import jaxlib
 
 from specjax.io.fetch import cache_root
+from specjax.kernels import ffi
 from specjax.model import linear
 
 __all__ = ["BuildError", "SOURCE", "build", "build_key", "ensure", "load"]
@@ -104,13 +107,14 @@ def build(cache_dir: Path | None = None) -> Path:
 
 
 def load(cache_dir: Path | None = None) -> bool:
-    """Builds (or finds) the kernels and registers them with XLA's CPU backend. False, with a
-    warning, when they cannot be built or loaded here; nothing on a non-CPU backend."""
+    """Builds (or finds) the kernels, registers them with XLA's CPU backend and their calls
+    with `specjax.model.linear`. False, with a warning, when they cannot be built or loaded
+    here; nothing on a non-CPU backend."""
     if jax.default_backend() != "cpu":
         return False
     try:
         library = ctypes.cdll.LoadLibrary(str(build(cache_dir)))
-        for target in linear.TARGETS:
+        for target in ffi.TARGETS:
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)),
                                         platform="cpu")
     except (BuildError, OSError) as error:
@@ -118,7 +122,7 @@ def load(cache_dir: Path | None = None) -> bool:
                       f"XLA's products and attention (slower): {error}", RuntimeWarning,
                       stacklevel=2)
         return False
-    linear.mark_registered()
+    linear.register(ffi.KERNELS)
     return True
 
 

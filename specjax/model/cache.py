@@ -80,11 +80,11 @@ BITS = jnp.dtype(jnp.uint16)
 
 def as_bits(buffer: jax.Array):
     """A 16-bit float buffer as its integer bits, and the function that turns bits back: XLA's
-    CPU backend has no bfloat16 update or gather, so it converted the whole buffer to float32
-    and back at every write (a SmolLM2 bfloat16 cache of 512 slots: 2.8 ms of a 25 ms step); as
-    integers, the write touches only the new slots. The bits, and so the values, are the same.
-    The conversion itself is a copy of the buffer, so the decoder converts its stacked cache
-    once a call, not at every layer's write (`transformer.decoder_layers`)."""
+    CPU backend has no bfloat16 update or gather, so it would convert the whole buffer to
+    float32 and back at every write; as integers, the write touches only the new slots. The
+    bits, and so the values, are the same. The conversion itself is a copy of the buffer, so
+    the decoder converts its stacked cache once a call, not at every layer's write
+    (`transformer.decoder_layers`)."""
     if jnp.dtype(buffer.dtype).itemsize != 2 or not jnp.issubdtype(buffer.dtype, jnp.floating):
         return buffer, lambda bits: bits
     dtype = buffer.dtype

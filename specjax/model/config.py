@@ -121,11 +121,7 @@ class ModelConfig:
                 raise ConfigError(f"{source}: {e}") from None
 
         if model_type == "gpt2":
-            if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn"):
-                raise ConfigError(f"{source}: scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn "
-                                  "are not supported")
-            if hf.get("scale_attn_weights") is False:
-                raise ConfigError(f"{source}: scale_attn_weights=false is not supported")
+            _unsupported(hf, model_type, source)
             d = need("n_embd")
             return build(arch="gpt2", vocab_size=need("vocab_size"), d_model=d,
                          n_layers=need("n_layer"), n_heads=need("n_head"), n_kv_heads=need("n_head"),
@@ -137,13 +133,7 @@ class ModelConfig:
                          qkv_bias=True, out_bias=True, mlp_bias=True)
 
         if model_type in _LLAMA_FAMILY:
-            if model_type == "mistral" and hf.get("sliding_window") is not None:
-                window = hf["sliding_window"]
-                if window < hf.get("max_position_embeddings", 0):
-                    raise ConfigError(f"{source}: mistral sliding_window={window} is not supported")
-            if model_type in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
-                raise ConfigError(f"{source}: {model_type} use_sliding_window=true is not "
-                                  "supported")
+            _unsupported(hf, model_type, source)
             d, n = need("hidden_size"), need("num_attention_heads")
             # transformers v5 moved rope_theta and rope_scaling into one `rope_parameters` dict.
             rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
@@ -205,6 +195,23 @@ class ModelConfig:
                 "hidden_act": self.activation, "rope_theta": self.rope_theta,
                 "rope_scaling": self.rope_scaling_dict, "rope_parameters": rope,
                 "attention_bias": self.qkv_bias, "mlp_bias": self.mlp_bias, **common}
+
+
+def _unsupported(hf: dict[str, Any], model_type: str, source: str) -> None:
+    """Refuses the options of config.json that change the model in ways specjax does not run
+    (GPT-2's attention scalings, Mistral's and Qwen's sliding windows)."""
+    if model_type == "gpt2":
+        if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn"):
+            raise ConfigError(f"{source}: scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn "
+                              "are not supported")
+        if hf.get("scale_attn_weights") is False:
+            raise ConfigError(f"{source}: scale_attn_weights=false is not supported")
+    if model_type == "mistral" and hf.get("sliding_window") is not None:
+        window = hf["sliding_window"]
+        if window < hf.get("max_position_embeddings", 0):
+            raise ConfigError(f"{source}: mistral sliding_window={window} is not supported")
+    if model_type in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
+        raise ConfigError(f"{source}: {model_type} use_sliding_window=true is not supported")
 
 
 def _activation(name: str, source: str) -> str:

@@ -16,19 +16,16 @@ from jax import lax
 
 from specjax.model.cache import BITS, TreeAttention, as_bits, attention_mask, windows
 from specjax.model.config import ModelConfig
-from specjax.model.linear import (attention_uses_kernel, few_query_attention, layer_of,
-                                  rope_uses_kernel)
-from specjax.model.linear import rope as rope_kernel, rope_tables as rope_tables_kernel
+from specjax.model.linear import attention_uses_kernel, layer_of, plugin, rope_uses_kernel
 from specjax.model.quant import Int8Weight, rows
 
 
 def lookup(table: jax.Array, ids: jax.Array) -> jax.Array:
     """table[ids]: rows of an embedding table. A 16-bit float table is read as its integer
-    bits: XLA's CPU backend has no bfloat16 gather, so it converted the whole table to float32
-    first, and in a decoding loop it hoists that out, making one float32 copy of the table per
-    call (SmolLM2's 49,152 x 576 embeddings: 3.3 ms). The bits, and so the values, are the
-    same. An 8-bit table (`specjax.model.quant.Int8Weight`) gives its rows dequantised to
-    float32."""
+    bits: XLA's CPU backend has no bfloat16 gather, so it would convert the whole table to
+    float32 first, and in a decoding loop hoist that out, making one float32 copy of the table
+    per call. The bits, and so the values, are the same. An 8-bit table
+    (`specjax.model.quant.Int8Weight`) gives its rows dequantised to float32."""
     if isinstance(table, Int8Weight):
         return rows(table, ids)
     if jnp.dtype(table.dtype).itemsize != 2 or not jnp.issubdtype(table.dtype, jnp.floating):
@@ -94,7 +91,7 @@ def activation(name: str, x):
 def rope_frequencies(config: ModelConfig) -> np.ndarray:
     """Inverse frequencies [H/2] (float32), with `linear` or `llama3` scaling applied.
 
-    Computed once on the host: they depend only on the (static) config.
+    Computed once, in numpy: they depend only on the (static) config.
     """
     h = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, h, 2, dtype=np.float32) / np.float32(h)))
@@ -128,7 +125,7 @@ def rope_tables(positions, inv_freq):
       positions: [B, T] int; inv_freq: [H/2] (`rope_frequencies`).
     """
     if rope_uses_kernel(positions.shape[1]):          # decoding steps and verify calls
-        return lax.platform_dependent(positions, inv_freq, cpu=rope_tables_kernel,
+        return lax.platform_dependent(positions, inv_freq, cpu=plugin().rope_tables,
                                       default=_rope_tables)
     return _rope_tables(positions, inv_freq)
 
@@ -142,12 +139,12 @@ def apply_rope(q, k, tables):
     """Half-split ("rotate_half") RoPE, the Hugging Face Llama layout.
 
     A call on at most 32 tokens (decoding steps, verify calls) on a CPU with the kernels on
-    rotates by the RoPE kernel (`specjax.model.linear.rope`), as its tables come from the
-    tables kernel (`rope_tables`). Why: XLA fuses this arithmetic into its consumers, and the
-    keys' consumer is the cache write, a transpose whose code differs with the call's width; a
-    key rotated in a 9-token call and in a one-token step came out a rounding apart (float32
-    and int8 SmolLM2: the logits then differed by up to 3e-5), so greedy speculation could
-    leave greedy decoding at a near-tie. The kernel computes every value by the same written
+    rotates by the RoPE kernel (`specjax.model.linear.Kernels.rope`), as its tables come from
+    the tables kernel (`rope_tables`). Why: XLA fuses this arithmetic into its consumers, and
+    the keys' consumer is the cache write, a transpose whose code differs with the call's
+    width; a key rotated in a 9-token call and in a one-token step can come out a rounding
+    apart (the logits then differ in the fifth decimal), so greedy speculation could leave
+    greedy decoding at a near-tie. The kernel computes every value by the same written
     operations whatever the call (specjax/kernels/few_rows.cc gives them), queries and keys in
     one call.
 
@@ -159,8 +156,10 @@ def apply_rope(q, k, tables):
     def xla(q, k, tables):
         return _apply_rope(q, tables), _apply_rope(k, tables)
     if rope_uses_kernel(q.shape[1], q.dtype):          # decoding steps and verify calls
+        rope = plugin().rope
+
         def kernel(q, k, tables):
-            rq, rk = rope_kernel(q, k, tables)
+            rq, rk = rope(q, k, tables)
             return rq.astype(q.dtype), rk.astype(k.dtype)
         return lax.platform_dependent(q, k, tables, cpu=kernel, default=xla)
     return xla(q, k, tables)
@@ -233,7 +232,8 @@ def attend_cache(q, cache_k, cache_v, query_slots, tree: TreeAttention | None = 
     """Attention of queries to layer `layer` of a cache, reading only the prefix they can see.
 
     A call on few tokens (a decoding step, a verify call) uses the few-query kernel, which
-    reads the cache in place up to the last slot any query sees (`specjax.model.linear`). The
+    reads the cache in place up to the last slot any query sees (`specjax.model.linear`
+    decides, `Kernels.attention` computes). The
     rest of this docstring is about XLA's path, for prefill chunks:
 
     The queries in `query_slots` see keys in slots <= their own, so slots past the batch's
@@ -244,7 +244,7 @@ def attend_cache(q, cache_k, cache_v, query_slots, tree: TreeAttention | None = 
 
     A decoding step's smallest window is 1,024 slots, not less, because taking a prefix is a
     copy under XLA, and on a CPU that copy costs about what attention over the unused slots
-    would (SmolLM2's shapes, 1,536 of 2,048 slots: the same step time either way). A prefill
+    would (docs/benchmarks.md, "The model's layouts, measured"). A prefill
     chunk of 256 queries does 256 times the arithmetic per key read, so its windows start at
     128 slots.
 
@@ -281,9 +281,9 @@ def _attend_in_place(q, cache_k, cache_v, query_slots, tree, layer, first=0):
     limit = jnp.max(query_slots, axis=1) + 1                                  # [B]
     dtype = _as_float(cache_v).dtype
     cache_k, cache_v = as_bits(cache_k)[0], as_bits(cache_v)[0]    # bfloat16 as its bits
-    return few_query_attention(q, cache_k, cache_v,
-                               attention_mask(query_slots, key_slots, tree, first), limit,
-                               layer).astype(dtype)
+    return plugin().attention(q, cache_k, cache_v,
+                              attention_mask(query_slots, key_slots, tree, first), limit,
+                              layer).astype(dtype)
 
 
 def _attend_windows(q, cache_k, cache_v, query_slots, tree, layer, first=0):

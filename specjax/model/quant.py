@@ -12,7 +12,7 @@ give. Where they do not split (small test models), B is the whole input axis: a 
 output row. O... are the weight's output axes and I' its input axes flattened: one axis for
 most matrices, two for the attention output wo [D, N, H], whose inputs are the heads and their
 sizes together. `reshape` keeps the blocks with their values, so the model's flat products
-(`transformer._project`, wo) reshape an `Int8Weight` as they reshape an array.
+(`transformer._flat`: wq, wk, wv and wo) reshape an `Int8Weight` as they reshape an array.
 
 A value times a float16 scale is exact in float32 (8 + 11 significant bits), so the dequantised
 weights are exact float32 numbers, and the few-row kernel's product with them has the bits of
@@ -101,7 +101,7 @@ def quantize(w, input_axes: int = 1) -> Int8Weight:
     `input_axes` axes, flattened): scale = max |w| / 127 in float32, value = w / scale rounded
     half away from zero, then the scale stored as float16. This is ggml's Q8_0 reference
     quantiser (and the `gguf` package's), to the bit, so the values and scales equal a Q8_0
-    file's made from the same float32 weights. Runs on the host (numpy): it is part of loading."""
+    file's made from the same float32 weights. Runs in numpy: it is part of loading."""
     w = np.asarray(w, np.float32)
     outputs, inputs = w.shape[:w.ndim - input_axes], int(np.prod(w.shape[w.ndim - input_axes:]))
     block = BLOCK if inputs % BLOCK == 0 else inputs

@@ -21,7 +21,7 @@ Parameters are a plain dict pytree:
 
 Every matrix is stored [out, in], as torch.nn.Linear stores it (and the embedding, which the
 tied LM head reads the same way): each product contracts the activations' last axis with the
-weight's last axis. XLA's CPU dot is faster that way for the few-row products of decoding.
+weight's last axis, the layout XLA's CPU dot reads best for the few-row products of decoding.
 
 The layers are one compiled body in a loop over L (`decoder_layers`, a `lax.scan`), so a
 program's size and its compile time do not grow with depth. A slice of a stacked array is a copy
@@ -57,9 +57,8 @@ from specjax.model.layers import (
     rope_tables,
 )
 from specjax.model.linear import linear
+from specjax.model.params import Params
 from specjax.model.quant import EIGHT_BIT, Int8Weight, convert
-
-Params = dict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,20 +99,23 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, positions: j
 
 
 def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
-                  cache: KVCache | None = None,
-                  tree: TreeAttention | None = None) -> tuple[jax.Array, KVCache | None]:
+                  cache: KVCache | None = None, tree: TreeAttention | None = None,
+                  prefill: bool = False) -> tuple[jax.Array, KVCache | None]:
     """`forward` without the LM head: the final-normed hidden states [B, T, D] and the cache.
 
-    Prefill needs only the cache, and the LM head is a fifth of a small model's work per token
-    (SmolLM2-135M: 28M of its 135M parameters), so prefill stops here.
+    Prefill needs only the cache, and the LM head is a fifth of a small model's weights
+    (SmolLM2-135M: 28M of its 135M parameters), so prefill stops here. `prefill`: the tokens
+    are a prompt's, and the call's wide products take XLA's GEMM (`linear.kernel_chunks`).
     """
-    final, _, cache = tapped_states(params, config, tokens, positions, cache, tree)
+    final, _, cache = tapped_states(params, config, tokens, positions, cache, tree,
+                                    prefill=prefill)
     return final, cache
 
 
 def tapped_states(params: Params, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
                   cache: KVCache | None = None, tree: TreeAttention | None = None,
-                  taps: tuple[int, ...] = ()) -> tuple[jax.Array, jax.Array, KVCache | None]:
+                  taps: tuple[int, ...] = (),
+                  prefill: bool = False) -> tuple[jax.Array, jax.Array, KVCache | None]:
     """`hidden_states`, and the residual stream after the first n decoder layers for each n in
     `taps`, concatenated: [B, T, len(taps) * D] (EAGLE-3's low, middle and high features,
     `specjax.heads.eagle`; None without taps). Returns (final-normed states, tapped states,
@@ -122,22 +124,25 @@ def tapped_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
     x = lookup(params["embed"], tokens)                                 # [B, T, D]
     if config.arch == "gpt2":
         x = x + lookup(params["pos_embed"], positions)
-    x, tapped, cache = _layers(params["layers"], config, x, positions, cache, tree, None, taps)
+    x, tapped, cache = _layers(params["layers"], config, x, positions, cache, tree, taps=taps,
+                               prefill=prefill)
     features = jnp.concatenate(list(tapped), axis=-1) if taps else None  # [B, T, len(taps) * D]
     return _norm(config, params["final_norm"], x), features, cache
 
 
 def decoder_layers(layers: dict, config: ModelConfig, x: jax.Array, positions: jax.Array,
                    cache: KVCache | None = None, tree: TreeAttention | None = None,
-                   attn_input: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+                   attn_input: jax.Array | None = None,
+                   prefill: bool = False) -> tuple[jax.Array, KVCache | None]:
     """The decoder layers (`layers`, stacked as `params["layers"]`) on input vectors x [B, T, D]
     (embeddings, for the model itself; an EAGLE drafter feeds its fused features,
     `specjax.heads.eagle`): the residual stream after the last layer, before the final norm, and
     the cache. Arguments as in `forward`; `attn_input` [B, T, E], if given, is what the layer's
     attention reads instead of its normed residual, for a one-layer stack (EAGLE drafters: the
-    fused features without a norm, or EAGLE-3's [norm(embedding) ; norm(feature)], E = 2D)."""
+    fused features without a norm, or EAGLE-3's [norm(embedding) ; norm(feature)], E = 2D);
+    `prefill` as in `hidden_states`."""
     x, _, cache = _layers(layers, config, x, positions.astype(jnp.int32), cache, tree,
-                          attn_input)
+                          attn_input, prefill=prefill)
     return x, cache
 
 
@@ -147,7 +152,7 @@ UNROLL = 2
 
 
 def _layers(layers: dict, config: ModelConfig, x, positions, cache, tree, attn_input=None,
-            taps: tuple[int, ...] = ()):
+            taps: tuple[int, ...] = (), prefill: bool = False):
     """The decoder layers as one compiled body in a `lax.scan` over L -> (the residual stream
     after the last layer, the stream after the first n layers for each n in `taps` [n_taps, B,
     T, D], the cache).
@@ -155,7 +160,8 @@ def _layers(layers: dict, config: ModelConfig, x, positions, cache, tree, attn_i
     The scan's slices of the weights are what XLA's products read; the kernels read the stacked
     weights (`flat`, closed over) at the layer's index instead, in place (`linear`'s `stacked`),
     and the layer's part of the stacked cache, carried by the scan, is written and read in place
-    by its index too (`cache.write`, `layers.attend_cache`)."""
+    by its index too (`cache.write`, `layers.attend_cache`). `prefill`: as in
+    `hidden_states`."""
     slots = positions if tree is None else tree.slots(x.shape[1])         # [B, T]
     rope = (rope_tables(positions, jnp.asarray(rope_frequencies(config)))
             if config.arch == "llama" else None)
@@ -179,7 +185,10 @@ def _layers(layers: dict, config: ModelConfig, x, positions, cache, tree, attn_i
     def body(carry, layer):
         x, tapped, buffers = carry
         p, index = layer
-        x, buffers = _layer(config, p, flat, index, x, slots, rope, buffers, first, tree,
+
+        def product(h, name):                  # BTI,OI->BTO with layer `index` of `name`
+            return linear(h, p[name], stacked=(flat[name], index), prefill=prefill)
+        x, buffers = _layer(config, p, product, index, x, slots, rope, buffers, first, tree,
                             attn_input)
         if taps:
             slot = jnp.asarray(slot_of)[index + 1]
@@ -208,16 +217,14 @@ def _flat(layers: dict) -> dict:
     return flat
 
 
-def _layer(config: ModelConfig, p: dict, flat: dict, index, x, slots, rope, buffers, first,
+def _layer(config: ModelConfig, p: dict, product, index, x, slots, rope, buffers, first,
            tree, attn_input):
-    """Decoder layer `index` ([] int32): p its weights (the scan's slices), flat all the
-    layers' (`_flat`, for the kernels) -> (the residual stream after it, the cache buffers)."""
-    def linear_(h, name):                      # BTI,OI->BTO with layer `index` of `name`
-        return linear(h, p[name], stacked=(flat[name], index))
-
+    """Decoder layer `index` ([] int32): p its weights (the scan's slices), product(h, name)
+    h's product with its matrix `name` (`_layers`) -> (the residual stream after it, the cache
+    buffers)."""
     h = attn_input if attn_input is not None else _norm(config, p["attn_norm"], x)
     b, t = x.shape[:2]
-    q, k, v = (linear_(h, name).reshape(b, t, -1, config.head_dim)
+    q, k, v = (product(h, name).reshape(b, t, -1, config.head_dim)
                for name in ("wq", "wk", "wv"))                           # [B, T, heads, H]
     if config.qkv_bias:
         q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
@@ -233,11 +240,11 @@ def _layer(config: ModelConfig, p: dict, flat: dict, index, x, slots, rope, buff
         buffers = kv.write(*buffers, k, v, slots, index)
         attn = attend_cache(q, *buffers, slots, tree, first, index)     # [B, T, N, H]
     # One flat product over (N, H): as a two-axis einsum, XLA on a CPU copied wo every call.
-    out = linear_(attn.reshape(b, t, -1), "wo")                        # BT(NH),D(NH)->BTD
+    out = product(attn.reshape(b, t, -1), "wo")                        # BT(NH),D(NH)->BTD
     if config.out_bias:
         out = out + p["bo"]
     x = x + out
-    return x + _mlp(config, p, flat, index, _norm(config, p["mlp_norm"], x)), buffers
+    return x + _mlp(config, p, product, _norm(config, p["mlp_norm"], x)), buffers
 
 
 def final_norm(params: Params, config: ModelConfig, x: jax.Array) -> jax.Array:
@@ -257,149 +264,18 @@ def _norm(config: ModelConfig, p, x):
     return rms_norm(x, p["scale"], config.norm_eps)
 
 
-def _mlp(config: ModelConfig, p, flat, index, x):
-    def linear_(h, name):                      # BTI,OI->BTO with layer `index` of `name`
-        return linear(h, p[name], stacked=(flat[name], index))
-
+def _mlp(config: ModelConfig, p, product, x):
     if config.arch == "gpt2":
-        h = linear_(x, "w_in")                                          # BTD,FD->BTF
+        h = product(x, "w_in")                                          # BTD,FD->BTF
         if config.mlp_bias:
             h = h + p["b_in"]
-        out = linear_(activation(config.activation, h), "w_out")         # BTF,DF->BTD
+        out = product(activation(config.activation, h), "w_out")         # BTF,DF->BTD
         return out + p["b_out"] if config.mlp_bias else out
-    gate, up = linear_(x, "w_gate"), linear_(x, "w_up")                  # BTD,FD->BTF each
+    gate, up = product(x, "w_gate"), product(x, "w_up")                  # BTD,FD->BTF each
     if config.mlp_bias:
         gate, up = gate + p["b_gate"], up + p["b_up"]
-    out = linear_(activation(config.activation, gate) * up, "w_down")  # BTF,DF->BTD
+    out = product(activation(config.activation, gate) * up, "w_down")  # BTF,DF->BTD
     return out + p["b_down"] if config.mlp_bias else out
-
-
-# -- Parameter shapes and random initialisation -------------------------------------------------
-
-def param_shapes(config: ModelConfig) -> Params:
-    """The shape of every parameter, each layer's stacked along L: the single source for init,
-    loading and saving."""
-    shapes = dict(layer_shapes(config))
-    layer = shapes.pop("layer")
-    is_shape = lambda s: isinstance(s, tuple)  # noqa: E731
-    shapes["layers"] = jax.tree.map(lambda s: (config.n_layers, *s), layer, is_leaf=is_shape)
-    return shapes
-
-
-def layer_shapes(config: ModelConfig) -> Params:
-    """`param_shapes` with one layer's shapes under "layer" (without the L axis) instead of the
-    stacked "layers"."""
-    c = config
-    V, D, F, N, K, H = c.vocab_size, c.d_model, c.d_ff, c.n_heads, c.n_kv_heads, c.head_dim
-    norm = {"scale": (D,), "bias": (D,)} if c.arch == "gpt2" else {"scale": (D,)}
-    layer = {"attn_norm": norm, "mlp_norm": norm,
-             "wq": (N, H, D), "wk": (K, H, D), "wv": (K, H, D), "wo": (D, N, H)}
-    if c.qkv_bias:
-        layer.update(bq=(N, H), bk=(K, H), bv=(K, H))
-    if c.qk_norm:
-        layer.update(q_norm={"scale": (H,)}, k_norm={"scale": (H,)})
-    if c.out_bias:
-        layer.update(bo=(D,))
-    if c.arch == "gpt2":
-        layer.update(w_in=(F, D), w_out=(D, F))
-        if c.mlp_bias:
-            layer.update(b_in=(F,), b_out=(D,))
-    else:
-        layer.update(w_gate=(F, D), w_up=(F, D), w_down=(D, F))
-        if c.mlp_bias:
-            layer.update(b_gate=(F,), b_up=(F,), b_down=(D,))
-    shapes = {"embed": (V, D), "layer": layer, "final_norm": norm}
-    if c.arch == "gpt2":
-        shapes["pos_embed"] = (c.max_positions, D)
-    if not c.tie_embeddings:
-        shapes["lm_head"] = (V, D)
-    return shapes
-
-
-# The logical axis of each parameter that tensor parallelism may split, by name; parameters not
-# named here (norms, output biases, GPT-2's positions) are never split. `specjax.mesh` maps
-# "heads", "kv_heads", "ff" and "vocab" to the mesh's "model" axis: the Megatron pattern, where
-# a layer's attention heads and MLP columns are computed where their weights live and the two
-# products that leave them (wo, w_out/w_down) end in one sum over devices each.
-PARAM_AXES = {
-    "wq": ("heads", None, None), "wk": ("kv_heads", None, None), "wv": ("kv_heads", None, None),
-    "wo": (None, "heads", None),
-    "bq": ("heads", None), "bk": ("kv_heads", None), "bv": ("kv_heads", None),
-    **dict.fromkeys(("w_in", "w_gate", "w_up"), ("ff", None)),
-    **dict.fromkeys(("w_out", "w_down"), (None, "ff")),
-    **dict.fromkeys(("b_in", "b_gate", "b_up"), ("ff",)),
-    "embed": ("vocab", None), "lm_head": ("vocab", None),
-}
-
-
-def logical_sizes(config: ModelConfig) -> dict[str, int]:
-    """The length of each logical axis of `PARAM_AXES` in this model."""
-    return {"heads": config.n_heads, "kv_heads": config.n_kv_heads, "ff": config.d_ff,
-            "vocab": config.vocab_size}
-
-
-def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> Params:
-    """Random parameters: normal(0, std) weights, zero biases, unit norm scales.
-
-    Each per-layer parameter is drawn once for all layers, as the [L, ...] array it is stored
-    as.
-    """
-    shapes = param_shapes(config)
-    is_shape = lambda s: isinstance(s, tuple)  # noqa: E731
-    leaves, treedef = jax.tree.flatten_with_path(shapes, is_leaf=is_shape)
-    keys = jax.random.split(key, len(leaves))
-    dtype = jnp.dtype(config.compute_dtype)
-
-    def init(path, shape, k):
-        name = jax.tree_util.keystr(path)
-        if "scale" in name:
-            return jnp.ones(shape, dtype)
-        if "bias" in name or "['b" in name:
-            return jnp.zeros(shape, dtype)
-        return (std * draw_normal(path[-1].key, shape, k)).astype(dtype)
-
-    params = jax.tree.unflatten(treedef, [init(p, s, k) for (p, s), k in zip(leaves, keys)])
-    return convert(params, config.dtype) if config.dtype in EIGHT_BIT else params
-
-
-# Matrices are drawn in the [in, out] layout specjax stored before it stored them [out, in], and
-# their axes moved after, so that a seed gives the same model as it always did: per name, the
-# drawn shape from the stored one, and the move from drawn to stored (any leading L axis kept).
-_DRAWN = {
-    **dict.fromkeys(("wq", "wk", "wv"), (lambda s: (*s[:-3], s[-1], s[-3], s[-2]),   # [D, X, H]
-                                         lambda a: jnp.moveaxis(a, -3, -1))),
-    "wo": (lambda s: (*s[:-3], s[-2], s[-1], s[-3]),                                # [N, H, D]
-           lambda a: jnp.moveaxis(a, -1, -3)),
-    **dict.fromkeys(("w_in", "w_out", "w_gate", "w_up", "w_down", "lm_head"),
-                    (lambda s: (*s[:-2], s[-1], s[-2]), lambda a: jnp.swapaxes(a, -1, -2))),
-}
-
-
-def draw_normal(name: str, shape: tuple, key: jax.Array) -> jax.Array:
-    """Standard normal float32 values for the parameter `name` of `shape` (as stored), drawn in
-    the layout `_DRAWN` names: the same numbers a key gave before weights were stored
-    [out, in]."""
-    drawn_shape, to_stored = _DRAWN.get(name, (lambda s: s, lambda a: a))
-    return to_stored(jax.random.normal(key, drawn_shape(shape), jnp.float32))
-
-
-def layer_params(layers: dict, i: int) -> dict:
-    """Layer i of stacked layers (`params["layers"]`): its own tree, 8-bit matrices included."""
-    return jax.tree.map(lambda a: a[i], layers)
-
-
-def unstack_layers(layers: dict) -> list[dict]:
-    """Stacked layers -> the list of their L per-layer trees (for writing them out one by one)."""
-    n_layers = jax.tree.leaves(layers)[0].shape[0]
-    return [layer_params(layers, i) for i in range(n_layers)]
-
-
-def stack_layers(layers: list[dict]) -> dict:
-    """A list of L per-layer trees -> the stacked tree that `forward` takes (numpy stays numpy:
-    loaders stack on the host before placing the weights)."""
-    def stack(*leaves):
-        return np.stack(leaves) if isinstance(leaves[0], np.ndarray) else jnp.stack(leaves)
-    return jax.tree.map(stack, *layers)
 
 
 def cast_params(params: Params, dtype) -> Params:

@@ -1,13 +1,14 @@
 """The one place where logits become the distribution we sample from.
 
 Every decoding method (autoregressive, the draft and the target of speculative sampling, the
-bonus position, n-gram lookup, Medusa, EAGLE and DFlash) calls `probs_from_logits` with the same `SamplingParams`, so the
-distribution the target model is "sampled from" is defined exactly once. Speculative sampling is
-exact with respect to *this* distribution: Theorem 1 of Chen et al. 2023 ("Accelerating Large
-Language Model Decoding with Speculative Sampling") and Theorem 1 / Appendix A.1 of Leviathan
-et al. 2023 ("Fast Inference from Transformers via Speculative Decoding") hold for any p and q,
-so warping both draft and target logits with temperature / top-k / top-p before verification
-keeps the output distributed as the warped target.
+bonus position, n-gram lookup, Medusa, EAGLE and DFlash) calls `probs_from_logits` with the
+same `SamplingParams`, so the distribution the target model is "sampled from" is defined
+exactly once (after each row's controls, `sampling.controls`, have changed the logits).
+Speculative sampling is exact with respect to *this* distribution: Theorem 1 of Chen et al.
+2023 ("Accelerating Large Language Model Decoding with Speculative Sampling") and Theorem 1 /
+Appendix A.1 of Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative
+Decoding") hold for any p and q, so warping both draft and target logits with temperature /
+top-k / top-p before verification keeps the output distributed as the warped target.
 
 The transforms are applied in this fixed order, all in float32:
 
@@ -15,9 +16,9 @@ The transforms are applied in this fixed order, all in float32:
   2. temperature: divide by `temperature` (0 means greedy, see below);
   3. top-k: keep the k largest logits (Fan et al. 2018, "Hierarchical Neural Story Generation");
   4. top-p: keep the nucleus, the smallest set of most probable tokens whose cumulative
-     probability under the distribution left by steps 2-3 is >= top_p (Holtzman et al. 2020,
+     probability under the distribution left by 2 and 3 is >= top_p (Holtzman et al. 2020,
      "The Curious Case of Neural Text Degeneration"); the most probable token is always kept;
-  5. min-p: keep the tokens whose probability under the distribution left by steps 2-4 is at
+  5. min-p: keep the tokens whose probability under the distribution left by 2 to 4 is at
      least min_p times the largest (Nguyen et al. 2024, "Turning Up the Heat: Min-p Sampling");
      the most probable token always passes;
   6. softmax over what is left.
@@ -67,8 +68,6 @@ from specjax.sampling.params import SamplingParams
 __all__ = ["Sampling", "SamplingParams", "probs_from_logits", "sample", "sample_rows", "has_nan"]
 
 
-
-
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class Sampling:
@@ -101,10 +100,8 @@ class Sampling:
 
 
 # How many ranks the filters look at first: the best 256 logits, then the best 4,096, then the
-# whole vocabulary. On a 2-core AMD EPYC (AVX2), XLA's CPU sort of one 49,152-token row took
-# 13 ms, about a SmolLM2-135M decode step; its best 256 took 0.18 ms and its best 4,096 1.6 ms.
-# Over 4,518 positions of SmolLM2's own continuations, the nucleus of top_p = 0.9 ended past
-# rank 256 at 0.24% of them at T = 0.7 and at 6.8% at T = 1, past rank 4,096 at 0% and 0.18%.
+# whole vocabulary: the best few ranks cost a small part of a full sort, and a nucleus seldom
+# ends past rank 256, almost never past 4,096 (docs/benchmarks.md, "Sampling").
 HEADS = (256, 4096)
 
 
@@ -168,9 +165,9 @@ def _probs(logits: jax.Array, params: Sampling, heads: tuple[int, ...] = HEADS) 
 
 
 def _filtered(x, scaled, top_k, top_p, min_p, active, heads):
-    """Steps 3-6 of the module docstring: the distribution left by top-k, top-p and min-p (each
-    a no-op for rows where it is off: top_k = V, top_p = 1, min_p = 0). Only the `active` rows'
-    results are used (the sampled ones: greedy rows take the argmax).
+    """Transforms 3 to 6 of the module docstring: the distribution left by top-k, top-p and
+    min-p (each a no-op for rows where it is off: top_k = V, top_p = 1, min_p = 0). Only the
+    `active` rows' results are used (the sampled ones: greedy rows take the argmax).
 
     Each filter keeps a prefix of the ranks, so top-k and the nucleus are each fixed by the
     (logit, id) of the last token they keep, which `_last_kept` finds among the best few ranks.
@@ -294,9 +291,9 @@ def sample_rows(keys: jax.Array, probs: jax.Array) -> jax.Array:
     When every row has a single token of nonzero probability (greedy decoding, where every
     distribution is one-hot), `sample` can only return that token: log(probs) has one finite
     entry, and the Gumbel-max trick's argmax lands on it whatever the noise. The draw is then
-    that argmax, without the B x V Gumbel variates (with 32 rows of a 49,152-token vocabulary,
-    20-30 ms a step on a 2-core CPU, a fifth of a batched greedy step). Otherwise every row is
-    drawn by `sample`. The two branches are a `lax.cond` on the batch, so a program runs one.
+    that argmax, without the B x V Gumbel variates, which can cost a large part of a batched
+    greedy step (docs/benchmarks.md). Otherwise every row is drawn by `sample`. The two
+    branches are a `lax.cond` on the batch, so a program runs one.
     """
     one_token = jnp.all(jnp.sum(probs > 0, axis=-1) == 1)
     return lax.cond(one_token,
@@ -307,115 +304,3 @@ def sample_rows(keys: jax.Array, probs: jax.Array) -> jax.Array:
 def has_nan(logits: jax.Array) -> jax.Array:
     """[..., V] -> [...] bool: whether a row of logits contains NaN (a broken model or input)."""
     return jnp.isnan(logits).any(axis=-1)
-
-
-# -- Controls: penalties, logit bias and a minimum length ---------------------------------------
-#
-# What a row asks of the logits beyond the transforms above, applied to the logits first (the
-# `Rules.controls` step, `apply_controls` by default), in this order:
-#
-#   a. logit bias: add `bias[v]` to token v's logit;
-#   b. minimum length: while fewer than `min_tokens` tokens have been generated, the row's stop
-#      ids (its EOS ids) get logit -inf;
-#   c. repetition penalty r (Keskar et al. 2019, as transformers and vLLM apply it): a token
-#      seen in the prompt or the output has its logit divided by r when positive, multiplied by
-#      r otherwise;
-#   d. frequency and presence penalties (OpenAI's rule, over the output only): subtract
-#      `frequency * count + presence * (count > 0)`, count being how often the token was
-#      generated so far.
-#
-# Then temperature, top-k, top-p and min-p as above. This is vLLM's order (its logits
-# processors, bias and minimum length, then its penalties, then temperature); transformers has
-# no frequency or presence penalty, and its bias and repetition processors run in the same
-# order. At every position the text "so far" is the row's prompt, its output, and the drafted
-# tokens before that position, as if they had been generated: a verify call's position i sees
-# the drafts 1..i-1 (`History.drafted`), so the target's law under a control is the same at
-# every method (the engines' known bug is to count only the committed tokens).
-
-
-@jax.tree_util.register_dataclass
-@dataclass(frozen=True)
-class Controls:
-    """Each row's penalties, logit bias and minimum length, as data (arrays [B], the bias
-    [B, V]): changing them never recompiles. `active` [B] says which rows set any, so that a
-    batch with none skips the work (a `lax.cond`)."""
-
-    repetition: jax.Array       # float32, 1 = off
-    presence: jax.Array         # float32, 0 = off
-    frequency: jax.Array        # float32, 0 = off
-    bias: jax.Array             # float32 [B, V], 0 = off
-    min_tokens: jax.Array       # int32, 0 = off
-    active: jax.Array           # bool
-
-    @staticmethod
-    def off(rows: int, vocab: int) -> "Controls":
-        """No control on any of `rows` rows (numpy, placed by the caller)."""
-        zeros = np.zeros(rows, np.float32)
-        return Controls(repetition=np.ones(rows, np.float32), presence=zeros, frequency=zeros,
-                        bias=np.zeros((rows, vocab), np.float32),
-                        min_tokens=np.zeros(rows, np.int32), active=np.zeros(rows, bool))
-
-
-@jax.tree_util.register_dataclass
-@dataclass(frozen=True)
-class History:
-    """What precedes each of a call's N positions, for the controls: the row's token buffer
-    (its prompt, then its output: `tokens[b, :length[b]]` precede position 0), and the tokens
-    drafted before each position, after those (`drafted` [B, N, E], -1 where none: position i
-    of a chain sees drafts 0..i-1, a tree node the path from the root's child to itself)."""
-
-    tokens: jax.Array           # [B, M] int32
-    length: jax.Array           # [B] int32
-    prompt_length: jax.Array    # [B] int32
-    stop_ids: jax.Array         # [B, S] int32, -1 in unused slots
-    drafted: jax.Array | None = None     # [B, N, E] int32, -1 where none; None: no drafts
-
-
-def apply_controls(logits: jax.Array, controls: Controls, history: History) -> jax.Array:
-    """Logits [B, N, V] (float32) after each row's controls, steps a-d above, at each position
-    given what precedes it (`history`). The identity, to the bit, for rows that set none; a
-    batch where no row sets any returns the logits as they are."""
-    return lax.cond(jnp.any(controls.active),
-                    lambda: _controlled(logits.astype(jnp.float32), controls, history),
-                    lambda: logits.astype(jnp.float32))
-
-
-def penalised(x, count, seen, repetition, presence, frequency):
-    """Steps c and d on logits x, elementwise: `count` times generated (int), `seen` in the
-    prompt or the output (bool), the row's penalties broadcast against x."""
-    x = jnp.where(seen, jnp.where(x > 0, x / repetition, x * repetition), x)
-    return x - frequency * count.astype(jnp.float32) - presence * (count > 0)
-
-
-def _controlled(x, controls, history):
-    b, n, vocab = x.shape
-    rows = jnp.arange(b)[:, None]
-    where = jnp.arange(history.tokens.shape[1])[None, :]                       # [1, M]
-    in_prompt = where < history.prompt_length[:, None]
-    in_output = ~in_prompt & (where < history.length[:, None])
-    count = jnp.zeros((b, vocab), jnp.int32).at[rows, history.tokens].add(
-        in_output.astype(jnp.int32), mode="drop")                               # [B, V]
-    prompt = jnp.zeros((b, vocab), bool).at[rows, history.tokens].max(in_prompt, mode="drop")
-    drafted = (jnp.full((b, n, 0), -1, jnp.int32) if history.drafted is None
-               else history.drafted)                                            # [B, N, E]
-    generated = (history.length - history.prompt_length)[:, None] + jnp.sum(drafted >= 0, -1)
-    per_row = lambda a: a[:, None, None]                                        # noqa: E731
-    penalties = (per_row(controls.repetition), per_row(controls.presence),
-                 per_row(controls.frequency))
-
-    x = x + controls.bias[:, None, :]                                           # a
-    ends = jnp.zeros((b, vocab), bool).at[rows, history.stop_ids].set(True, mode="drop")
-    early = generated < controls.min_tokens[:, None]                            # [B, N]
-    x = jnp.where(ends[:, None, :] & early[..., None], -jnp.inf, x)             # b
-    y = penalised(x, count[:, None, :], (prompt | (count > 0))[:, None, :], *penalties)  # c, d
-    if drafted.shape[-1]:
-        # A drafted token's count is the buffer's plus its drafts before the position; it is
-        # seen. Its logit is penalised again with that count (the same elementwise rule, so
-        # the same bits as when the token is in the buffer) and written over.
-        token = jnp.where(drafted >= 0, drafted, vocab)                        # [B, N, E]
-        safe = jnp.minimum(token, vocab - 1)
-        extra = jnp.sum(token[..., :, None] == token[..., None, :], axis=-1)   # [B, N, E]
-        total = jnp.take_along_axis(count[:, None, :], safe, axis=-1) + extra
-        again = penalised(jnp.take_along_axis(x, safe, axis=-1), total, True, *penalties)
-        y = y.at[rows[..., None], jnp.arange(n)[None, :, None], token].set(again, mode="drop")
-    return y

@@ -8,17 +8,17 @@ Letters follow Chen et al.: **p is the draft** model's distribution and **q is t
 model's distribution. Leviathan et al. use the opposite letters (their p is the target, q the
 draft, and they accept when q(x) <= p(x) or r < p(x)/q(x)); swap them when reading side by side.
 
-One verify step, for each batch row, given K drafted tokens x_1..x_K with x_i ~ p_i:
+The Steps are Algorithm 2's, numbered as in docs/walkthrough.md. Step 1 (draft) gives each row
+K drafted tokens x_1..x_K with x_i ~ p_i, and Step 2 (score) the target's q_1..q_{K+1} from one
+call. Verifying is the rest, for each batch row:
 
-  Step 1: read p_i(x_i) and q_i(x_i) for i = 1..K.
-  Step 2: draw u_i ~ U[0, 1) and accept x_i iff u_i * p_i(x_i) < q_i(x_i), i.e. with probability
-          min(1, q_i(x_i) / p_i(x_i)), written without a division so that p_i(x_i) = 0 needs no
-          special case. The step stops at the first rejection: n is the number of *leading*
-          accepts, and accepts after a rejection count for nothing.
-  Step 3: if n < K, draw the next token from the residual normalize(max(q_{n+1} - p_{n+1}, 0))
-          at the first rejected position.
-  Step 4: if n = K, draw the bonus token from q_{K+1}; the target computed it for free. (A row
-          that drafted only m < K tokens and had all m accepted draws from q_{m+1} here.)
+  Step 3 (accept or resample): draw u_i ~ U[0, 1) and accept x_i iff u_i * p_i(x_i) < q_i(x_i),
+      i.e. with probability min(1, q_i(x_i) / p_i(x_i)), written without a division so that
+      p_i(x_i) = 0 needs no special case. The first rejection ends the step: n is the number of
+      *leading* accepts, and if n < K the next token is drawn from the residual
+      normalize(max(q_{n+1} - p_{n+1}, 0)) at the first rejected position.
+  Step 4 (bonus): if n = K, draw the bonus token from q_{K+1}; the target computed it for free.
+      (A row that drafted only m < K tokens and had all m accepted draws from q_{m+1} here.)
 
 The row emits x_1..x_n followed by the next token: between 1 and K + 1 tokens. Theorem 1 (Chen et
 al.; Leviathan et al. Appendix A.1): each emitted token is distributed exactly as q. The paper
@@ -35,11 +35,10 @@ and renormalized, so n-gram decoding is lossless under sampling with no separate
 one-hot target distributions too (temperature 0), acceptance means "x is the target's argmax" and
 the residual is the target's argmax: greedy verification falls out of the same code.
 
-The helpers `acceptance_probability`, `accepts`, `num_leading_accepted` and
-`residual_distribution` are what `verify` is built from, and `emitted_token_law` computes the
-exact law of an emitted token from the same helpers, so a test of that law tests the sampler.
-The helpers keep float64 inputs in float64 (under `jax.enable_x64`) for exact tests; otherwise
-they compute in float32.
+`verify` is built from `acceptance_probability`, `accepts`, `num_leading_accepted` and
+`residual_distribution`, and `emitted_token_law` computes the exact law of an emitted token from
+the same helpers, so a test of that law tests the sampler. The helpers keep float64 inputs in
+float64 (under `jax.enable_x64`) for exact tests, and compute in float32 otherwise.
 """
 
 from __future__ import annotations
@@ -52,20 +51,9 @@ import jax.numpy as jnp
 from specjax.sampling.logits import sample_rows
 from specjax.sampling.tree import RowTrees
 
-__all__ = [
-    "RULES",
-    "Verdict",
-    "TreeVerdict",
-    "acceptance_probability",
-    "accepts",
-    "num_leading_accepted",
-    "residual_distribution",
-    "emitted_token_law",
-    "verify",
-    "candidate_distribution",
-    "after_rejection",
-    "verify_tree",
-]
+__all__ = ["RULES", "Verdict", "TreeVerdict", "acceptance_probability", "accepts",
+           "num_leading_accepted", "residual_distribution", "emitted_token_law", "verify",
+           "candidate_distribution", "after_rejection", "verify_tree"]
 
 
 def _as_float(*arrays: jax.Array) -> list[jax.Array]:
@@ -157,31 +145,27 @@ class _RowVerdict(NamedTuple):
     details: dict               # p_x, q_x, u [K] and the residual [V] (zero without a rejection)
 
 
-def _verify_row(
-    draft_tokens: jax.Array,  # [K] int
-    draft_probs: jax.Array,  # [K, V]
-    target_probs: jax.Array,  # [K + 1, V]
-    key: jax.Array,  # one PRNG key
-    num_drafted: jax.Array,  # [] int: positions past this were not drafted
-) -> _RowVerdict:
+def _verify_row(draft_tokens, draft_probs, target_probs, key, num_drafted) -> _RowVerdict:
+    """One row of `verify`: draft_tokens [K] int, draft_probs [K, V], target_probs [K + 1, V],
+    one PRNG key, and num_drafted [] int (the positions past it were not drafted)."""
     num_draft = draft_tokens.shape[0]
     k_accept, k_residual, k_bonus = jax.random.split(key, 3)
 
-    # Step 1: p_i(x_i) and q_i(x_i) of the drafted tokens.
+    # p_i(x_i) and q_i(x_i) of the drafted tokens.
     token_idx = draft_tokens[:, None]  # [K, 1]
     p_x = jnp.take_along_axis(draft_probs, token_idx, axis=-1)[:, 0]  # [K]
     q_x = jnp.take_along_axis(target_probs[:num_draft], token_idx, axis=-1)[:, 0]  # [K]
 
-    # Step 2: accept x_i iff u_i * p_i(x_i) < q_i(x_i); stop at the first rejection.
+    # Step 3 (accept or resample): accept x_i iff u_i * p_i(x_i) < q_i(x_i), up to a rejection.
     u = jax.random.uniform(k_accept, (num_draft,), dtype=p_x.dtype)  # [K]
     drafted = jnp.arange(num_draft) < num_drafted  # [K]
     n_accepted = num_leading_accepted(accepts(u, p_x, q_x) & drafted)  # []
 
-    # Steps 3 and 4: the next token comes from the residual at the first rejected position
-    # (0-based index n), or, when every drafted token was accepted, from q at the first
-    # position not drafted (the bonus q_{K+1} when all K were). The key is picked by which of
-    # the two happened, not by K, so a row that drafted n tokens draws the same token whether
-    # it is verified on its own or padded to a longer call beside longer drafts.
+    # Steps 3 and 4 (accept or resample, bonus): the next token comes from the residual at the
+    # first rejected position (0-based index n), or, when every drafted token was accepted,
+    # from q at the first position not drafted (the bonus q_{K+1} when all K were). The key is
+    # picked by which of the two happened, not by K, so a row that drafted n tokens draws the
+    # same token alone or padded to a longer call beside longer drafts.
     all_accepted = n_accepted >= jnp.minimum(num_drafted, num_draft)
     q_next = target_probs[n_accepted]  # [V]
     residual = residual_distribution(draft_probs[jnp.minimum(n_accepted, num_draft - 1)], q_next)
@@ -201,11 +185,11 @@ def verify(
     num_drafted: jax.Array | None = None,
     with_details: bool = False,
 ) -> Verdict:
-    """Verify K drafted tokens per row against the target (Chen et al. 2023, Algorithm 2).
+    """Verify K drafted tokens per row against the target: Steps 3 and 4 (accept or resample,
+    bonus) of Chen et al. 2023's Algorithm 2.
 
-    Rows are independent: each has its own key, and its result does not depend on the others.
-    Pure and jittable; K, V and B are static (taken from the shapes). Not jitted here: callers jit
-    the whole decoding step.
+    Rows are independent, each with its own key. Pure and jittable (callers jit the whole
+    decoding step); K, V and B are static, taken from the shapes.
 
     Args:
       draft_tokens: [B, K] int token ids x_1..x_K drawn from the draft, K >= 1.
@@ -214,10 +198,10 @@ def verify(
         distribution for position i given the prompt and x_1..x_{i-1}; q_{K+1} is the bonus.
       keys: [B] PRNG keys, one per row (`jax.random.split(key, B)`, new-style typed keys of
         shape [B] or raw uint32 keys of shape [B, 2]).
-
       num_drafted: optional [B] int, 0..K: a row drafted only its first num_drafted tokens
         (an n-gram lookup that found fewer than K). Later positions are never accepted; give
         them p = 0 so that the token after the last real draft is drawn from q itself.
+      with_details: whether the verdict carries the step's numbers (`details`).
 
     Returns:
       A `Verdict`:
@@ -227,29 +211,19 @@ def verify(
         draft_tokens[:n_accepted] followed by next_token.
       details: None, or with `with_details` a dict of each row's p_i(x_i) and q_i(x_i) [B, K],
         the uniform draws u [B, K], and the residual it sampled from after a rejection ([B, V],
-        zero when every drafted token was accepted): the numbers of one step, for
-        `specjax.explain`.
+        zero when every drafted token was accepted), for `specjax.explain`.
     """
     if draft_tokens.ndim != 2 or draft_tokens.shape[1] < 1:
-        raise ValueError(
-            f"draft_tokens must have shape [B, K] with K >= 1, got {draft_tokens.shape}"
-        )
+        raise ValueError(f"draft_tokens must have shape [B, K], K >= 1, got {draft_tokens.shape}")
     batch, num_draft = draft_tokens.shape
-    if draft_probs.ndim != 3 or draft_probs.shape[:2] != (batch, num_draft):
-        raise ValueError(
-            f"draft_probs must have shape [B, K, V] = [{batch}, {num_draft}, V], "
-            f"got {draft_probs.shape}"
-        )
-    vocab = draft_probs.shape[2]
-    if target_probs.shape != (batch, num_draft + 1, vocab):
-        raise ValueError(
-            f"target_probs must have shape [B, K + 1, V] = {(batch, num_draft + 1, vocab)}, "
-            f"got {target_probs.shape}"
-        )
+    vocab = draft_probs.shape[-1] if draft_probs.ndim else None
+    for name, array, shape in (("draft_probs [B, K, V]", draft_probs, (batch, num_draft, vocab)),
+                               ("target_probs [B, K + 1, V]", target_probs,
+                                (batch, num_draft + 1, vocab))):
+        if array.shape != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {array.shape}")
     if keys.ndim < 1 or keys.shape[0] != batch:
-        raise ValueError(
-            f"keys must hold one PRNG key per row ({batch} rows), got shape {keys.shape}"
-        )
+        raise ValueError(f"keys must hold one PRNG key per row ({batch}), got shape {keys.shape}")
     if num_drafted is None:
         num_drafted = jnp.full((batch,), num_draft, jnp.int32)
     rows = jax.vmap(_verify_row)(draft_tokens, draft_probs, target_probs, keys, num_drafted)
@@ -260,22 +234,22 @@ def verify(
 # -- Token trees: several candidates per node ---------------------------------------------------
 #
 # A tree step drafts, at each node n, up to w candidate children x_1..x_w (rank order) and the
-# target scores every node in one call, giving q_n at each. The walk starts at the root with
-# q' = q_root and tries the children in rank order:
+# target scores every node in one call, giving q_n at each. The walk is Steps 3 and 4 (accept or
+# resample, bonus) made on one sibling after another. It starts at the root with q' = q_root
+# and tries the children in rank order:
 #
-#   Step 1: accept x_r with probability min(1, q'(x_r) / p_r(x_r)), where p_r is the
-#           distribution x_r was drawn from given the siblings drawn before it;
-#   Step 2: if rejected, q' <- normalize(max(q' - p_r, 0)) and try the next sibling;
-#   Step 3: if x_r is accepted, move to it and start again with q' = q_{x_r};
-#   Step 4: when a node has no child left to try, the next token is drawn from q': the final
-#           residual if every child was rejected, q at the node itself (the bonus token) if it
-#           has no children.
+#   a. accept x_r with probability min(1, q'(x_r) / p_r(x_r)), where p_r is the distribution
+#      x_r was drawn from given the siblings drawn before it;
+#   b. if rejected, q' <- normalize(max(q' - p_r, 0)), the residual, and try the next sibling;
+#   c. if x_r is accepted, move to it and start again with q' = q_{x_r};
+#   d. when a node has no child left to try, the next token is drawn from q': the final
+#      residual if every child was rejected, or q at the node itself if it has no children, the
+#      tree's Step 4 (bonus).
 #
-# This is Chen et al.'s step applied to one sibling after another. Each sibling's test leaves
-# the law of what is emitted equal to q' (the chain proof), and the residual passed to the next
-# sibling does not depend on which token was rejected, so the rest of the walk, whatever x_r
-# was, emits its residual's law. That needs p_r to be the true conditional law of x_r given the
-# earlier siblings, which is what the candidate scheme decides:
+# Each sibling's test leaves the law of what is emitted equal to q' (the chain proof), and the
+# residual passed to the next sibling does not depend on which token was rejected, so the rest
+# of the walk, whatever x_r was, emits its residual's law. That needs p_r to be the true
+# conditional law of x_r given the earlier siblings, which is what the candidate scheme decides:
 #
 #   rule "iid"                  candidates drawn i.i.d. from the node's draft p: p_r = p
 #                               (SpecInfer's multi-step speculative sampling, Miao et al. 2024);
@@ -306,8 +280,8 @@ def candidate_distribution(rule: str, p: jax.Array, x: jax.Array) -> jax.Array:
 
 
 def after_rejection(rule: str, p: jax.Array, q: jax.Array, x: jax.Array):
-    """Step 2: (p, q') for the next sibling after x was rejected: q' becomes the residual of q'
-    against p_r, and a draw without replacement removes x from p."""
+    """b of the walk: (p, q') for the next sibling after x was rejected. q' becomes the residual
+    of q' against p_r, and a draw without replacement removes x from p."""
     p_r = candidate_distribution(rule, p, x)
     q = residual_distribution(p_r, q)
     if rule == "without_replacement":
@@ -318,8 +292,7 @@ def after_rejection(rule: str, p: jax.Array, q: jax.Array, x: jax.Array):
 
 
 class TreeVerdict(NamedTuple):
-    """What `verify_tree` decides for each row: it emits the tokens of path[:n_accepted], then
-    next_token."""
+    """What `verify_tree` decides per row: it emits path[:n_accepted]'s tokens, then next_token."""
     n_accepted: jax.Array       # [B] int32: the depth the walk reached
     path: jax.Array             # [B, D] int32: the accepted node at each depth (entries past
     #                             n_accepted repeat the last node)
@@ -352,19 +325,19 @@ def _verify_tree_row(tree, rule, tokens, valid, draft_probs, target_probs, key) 
             x = tokens[jnp.maximum(child, 0)]
             p_r = candidate_distribution(rule, p, x)
             tried = walking & ~moved & (child >= 0) & valid[jnp.maximum(child, 0)] & (p_r[x] > 0)
-            accept = tried & accepts(u[d, r], p_r[x], q[x])              # Step 1
-            p_next, q_next = after_rejection(rule, p, q, x)              # Step 2
+            accept = tried & accepts(u[d, r], p_r[x], q[x])              # a
+            p_next, q_next = after_rejection(rule, p, q, x)              # b
             rejected = tried & ~accept
             trials.append((jnp.where(tried, child, -1), p_r[x], q[x], accept,
                            jnp.where(rejected, q_next, 0.0)))
             p, q = jnp.where(rejected, p_next, p), jnp.where(rejected, q_next, q)
             node, moved = jnp.where(accept, child, node), moved | accept
-        # Step 3: at the accepted child, its own draft and target distributions.
+        # c: at the accepted child, its own draft and target distributions.
         p_child, q_child = _as_float(draft_probs[node], target_probs[node])
         p, q = jnp.where(moved, p_child, p), jnp.where(moved, q_child, q)
         walking = walking & moved
         path.append(node)
-    # Step 4: the residual after the last rejections, or q at an accepted leaf (the bonus),
+    # d: the residual after the last rejections, or q at an accepted leaf (the bonus),
     # drawn for the whole batch by the caller (`sample_rows`).
     n_accepted = jnp.sum(jnp.asarray(tree.depth)[jnp.stack(path)] == jnp.arange(1, depth + 1))
     node_of, p_x, q_x, accepted, residual = (jnp.stack(a).reshape(depth, width, *a[0].shape)
@@ -379,7 +352,7 @@ def _verify_tree_row(tree, rule, tokens, valid, draft_probs, target_probs, key) 
 def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_probs: jax.Array | None,
                 target_probs: jax.Array, keys: jax.Array, with_details: bool = False
                 ) -> TreeVerdict:
-    """Verify a token tree per row (Steps 1-4 above); lossless for the rule's candidate scheme.
+    """Verify a token tree per row (the walk above, a to d); lossless for the rule's scheme.
 
     Rows are independent, each with its own key. Pure and jittable; the tree is static.
 
@@ -397,13 +370,11 @@ def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_prob
       A `TreeVerdict`: n_accepted [B] int32 (the depth reached), path [B, D] int32 (the
       accepted node at each depth; entries past n_accepted repeat the last node) and next_token
       [B] int32. The row emits the tokens of path[:n_accepted] followed by next_token.
-      Its details are None, or with `with_details` a dict of each sibling test of the walk,
-      indexed [B, D, W] by depth and rank (`node`: the child tested, -1 where none was; `p_x`:
-      p_r(x); `q_x`: q'(x); `u`; `accepted`; `residual` [B, D, W, V]: q' after a rejection,
-      zero elsewhere), the law the next token was drawn from (`final` [B, V]: the residual
-      after the last rejections, or q at the node the walk stopped on) and `from_residual` [B]
-      (whether the walk stopped because every child it tried was rejected): the numbers of one
-      step, for `specjax.explain`.
+      Its details are None, or with `with_details` (for `specjax.explain`) a dict: each sibling
+      test, [B, D, W] by depth and rank (`node`, the child tested or -1; `p_x` = p_r(x); `q_x` =
+      q'(x); `u`; `accepted`; `residual` [B, D, W, V], q' after a rejection, else zero), `final`
+      [B, V], the law the next token was drawn from (the last residual, or q at the node the
+      walk stopped on), and `from_residual` [B], whether every child it last tried was rejected.
     """
     if rule not in RULES:
         raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")

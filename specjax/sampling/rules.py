@@ -6,7 +6,7 @@ with the distribution it was drawn from, `candidates` draws a tree node's childr
 draft's top tokens), `rejection.verify` accepts drafted tokens with
 probability min(1, q/p) and draws the residual, `rejection.verify_tree` walks a tree with the
 rule that is exact for its candidate scheme, and `controls` applies each row's penalties, bias
-and minimum length to the target's logits at every position (`logits.apply_controls`).
+and minimum length to the target's logits at every position (`sampling.controls.apply_controls`).
 Passing other rules to `specjax.generate(..., rules=Rules(verify=...))` runs every method with
 them, so that a rule can be studied under the distribution tests: the negative controls of
 tests/test_distribution.py and tests/test_controls.py pass deliberately broken rules and the
@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.sampling.logits import SamplingParams, apply_controls, probs_from_logits, sample_rows
+from specjax.sampling.controls import apply_controls
+from specjax.sampling.logits import SamplingParams, probs_from_logits, sample_rows
 from specjax.sampling.rejection import verify, verify_tree
 
 
@@ -76,7 +77,7 @@ class Rules:
     verify: Callable = verify
     verify_tree: Callable = verify_tree
     # The rows' penalties, bias and minimum length on the target's logits at each position
-    # (`logits.apply_controls`; a negative control passes one that forgets the drafts).
+    # (`sampling.controls.apply_controls`; a negative control passes one that forgets the drafts).
     controls: Callable = apply_controls
 
 

@@ -65,18 +65,18 @@ class Speculative:
     def __call__(self, rng, lookup, tokens, lengths, sampling):
         rows, k = np.arange(len(lengths)), self.k
         tokens = tokens.copy()
-        # Step 1: draft k tokens, each from p_i, the draft after the tokens before it.
+        # Step 1 (draft): k tokens, each from p_i, the draft after the tokens before it.
         p = np.empty((len(rows), k, lookup.vocab))                          # [N, k, V]
         for i in range(k):
             tokens[rows, lengths + i], p[:, i] = self.propose(rng, lookup, tokens, lengths + i,
                                                               sampling)
         drafts = tokens[rows[:, None], lengths[:, None] + np.arange(k)]     # [N, k]
-        # Step 2: one target call scores every prefix: q_1 .. q_{k+1}.
+        # Step 2 (score): one target call scores every prefix: q_1 .. q_{k+1}.
         q = np.stack([self.target(lookup, tokens, lengths + i, sampling) for i in range(k + 1)],
                      axis=1)                                                # [N, k+1, V]
-        # Step 3: accept the leading drafts that pass u * p(x) < q(x).
+        # Step 3 (accept or resample): accept the leading drafts that pass u * p(x) < q(x),
         accepted = self.accept(rng, drafts, p, q)                           # [N] in 0..k
-        # Step 4: the token after them: residual at a rejection, the bonus after k accepts.
+        # then the token after them: the residual at a rejection, or Step 4 (bonus) after k.
         tokens[rows, lengths + accepted] = self.next_token(rng, drafts, p, q, accepted)
         return tokens, lengths + accepted + 1
 

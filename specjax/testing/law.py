@@ -28,8 +28,8 @@ from specjax.io import checkpoint
 from specjax.model.cache import KVCache
 from specjax.model.linear import switch
 from specjax.model.config import ModelConfig
-from specjax.model.transformer import (Model, cast_params, draw_normal, forward, init_params,
-                                       stack_layers, unstack_layers)
+from specjax.model.params import draw_normal, init_params, stack_layers, unstack_layers
+from specjax.model.transformer import Model, cast_params, forward
 from specjax.sampling.logits import SamplingParams, probs_from_logits
 
 __all__ = ["Lookup", "PAIRS", "Pair", "build_pair", "close_pair", "controlled", "exact_law",
@@ -135,7 +135,7 @@ def exact_law(target: Model, prompt, sampling: SamplingParams, length: int,
 
 def controlled(logits, prompt, output, *, repetition_penalty=1.0, presence_penalty=0.0,
                frequency_penalty=0.0, logit_bias=None, min_tokens=0, eos_ids=()) -> np.ndarray:
-    """The controls of `specjax.sampling.logits` in plain numpy (float32), as OpenAI, vLLM and
+    """The controls of `specjax.sampling.controls` in plain numpy (float32), as OpenAI, vLLM and
     transformers state them: logits [N, V] of N contexts, each the `prompt` (one for all) then
     its own `output` so far ([N, m] tokens) -> [N, V]. In order: add the bias; mask the EOS ids
     while fewer than `min_tokens` are generated; divide a positive logit by the repetition

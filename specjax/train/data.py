@@ -30,7 +30,7 @@ import numpy as np
 
 from specjax.api.checks import encode_prompts
 from specjax.heads.shared import tokenizer_digest
-from specjax.io.checkpoint import Model
+from specjax.model.transformer import Model
 from specjax.train.eagle3 import Sequences, TrainError, continuations
 from specjax.train.state import duration
 
@@ -121,6 +121,24 @@ def import_shards(source, target: Model, directory, *, max_length: int = 384,
     changes no held-out prompt. The source's tokenizer digest, when recorded, must be the
     target's."""
     source, directory = Path(source), Path(directory)
+    files, recorded = _import_sources(source, target, leave_out)
+    if not isinstance(max_length, int) or max_length < 2:
+        raise TrainError(f"max_length must be an integer >= 2, got {max_length!r}")
+    parts, held, first, contents = _imported_parts(files, source.is_file(), target, max_length,
+                                                   held_out_setting, leave_out)
+    request = {"format": FORMAT, "target": target.name,
+               "prompts_sha256": contents.hexdigest(), "prompts": first,
+               "settings": {"imported_from": str(source), "max_length": max_length,
+                            "generated_by": recorded.get("generated_by"),
+                            **({"left_out": sorted(leave_out)} if leave_out else {})},
+               "held_out": [list(p) for p in held]}
+    _write_parts(directory, _start(directory, request), parts)
+    return directory
+
+
+def _import_sources(source: Path, target: Model, leave_out) -> tuple[list[Path], dict]:
+    """(the files to import, their provenance as recorded beside them), checked: files there
+    are, kinds are left out of a sequence set only, and the tokenizer is the target's."""
     if source.is_file():
         files, provenance = [source], source.with_suffix(".json")
     else:
@@ -141,13 +159,18 @@ def import_shards(source, target: Model, directory, *, max_length: int = 384,
     if digest and digest != tokenizer_digest(target.tokenizer):
         raise TrainError(f"{source} was made with another tokenizer than {target.name}'s "
                          f"(its {provenance.name} records {digest[:12]}...)")
-    if not isinstance(max_length, int) or max_length < 2:
-        raise TrainError(f"max_length must be an integer >= 2, got {max_length!r}")
+    return files, recorded
+
+
+def _imported_parts(files, sequence_set: bool, target: Model, max_length: int,
+                    held_out_setting: str, leave_out):
+    """(each file's name, its training documents cut at `max_length` as `Sequences` and its
+    first prompt's number; the held-out prompts; the prompts counted; the files' digest)."""
     parts, held, first, contents = [], {}, 0, hashlib.sha256()
     for file in files:
         contents.update(file.read_bytes())
         documents, prompt_length, out, setting = (
-            _sequence_set(file, leave_out) if source.is_file() else _eagle_data_shard(file))
+            _sequence_set(file, leave_out) if sequence_set else _eagle_data_shard(file))
         if max((int(d.max(initial=0)) for d in documents), default=0) >= target.config.vocab_size:
             raise TrainError(f"{file} holds token ids past {target.name}'s vocabulary")
         for doc, n, gone, name in zip(documents, prompt_length, out, setting):
@@ -162,13 +185,12 @@ def import_shards(source, target: Model, directory, *, max_length: int = 384,
         parts.append((file.name, Sequences(rows, length, np.minimum(
             prompt_length[keep], length).astype(np.int32)), first))
         first += len(keep)
-    request = {"format": FORMAT, "target": target.name,
-               "prompts_sha256": contents.hexdigest(), "prompts": first,
-               "settings": {"imported_from": str(source), "max_length": max_length,
-                            "generated_by": recorded.get("generated_by"),
-                            **({"left_out": sorted(leave_out)} if leave_out else {})},
-               "held_out": [list(p) for p in held]}
-    record = _start(directory, request)
+    return parts, held, first, contents
+
+
+def _write_parts(directory: Path, record: dict, parts) -> None:
+    """The parts as shards, each recorded in data.json as it is written (skipping those a
+    record already holds)."""
     done = {s["file"] for s in record["shards"]}
     for index, (name, sequences, start) in enumerate(parts):
         shard = f"shard-{index:05d}.npz"
@@ -179,7 +201,7 @@ def import_shards(source, target: Model, directory, *, max_length: int = 384,
                                  "tokens": int(np.sum(sequences.length - sequences.prompt_length)),
                                  "from": name})
         _write_json(directory / "data.json", record)
-    return directory
+
 
 
 # `scripts/train.py medusa-data`'s held-out rule: one document in this many.

@@ -33,7 +33,7 @@ import numpy as np
 
 from specjax.heads import dflash
 from specjax.heads.shared import target_identity
-from specjax.io.checkpoint import Model
+from specjax.model.transformer import Model
 from specjax.train.eagle3 import Features, check_features
 from specjax.train.state import TrainError, check_settings, key_settings, optimizer, run_steps
 

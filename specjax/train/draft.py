@@ -54,10 +54,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.heads.shared import projection
-from specjax.io.checkpoint import Model
 from specjax.model.config import ConfigError, ModelConfig
 from specjax.model.quant import rows
-from specjax.model.transformer import forward, init_params
+from specjax.model.params import init_params
+from specjax.model.transformer import Model, forward
 from specjax.train.eagle3 import Features, check_features
 from specjax.train.state import (TrainError, check_settings, key_settings, on_mesh,
                                  optimizer, run_steps)

@@ -13,25 +13,8 @@ The three stages, each a function:
                                    over a draft vocabulary of the most frequent generated ids),
                                    resumable from a checkpoint directory.
 
-The loss. Pair s of a sequence is (g_s, x_s): the drafter's feature input and token s, in slot s
-of its own cache, attending to the pairs before it exactly as in decoding
-(`specjax.drafter_log_probs` computes the same first pass; a published drafter's slot 0 is
-read only by itself, `KVCache.first`). Its output predicts x_{s+1}, scored by the cross-entropy
-of its logits against the target's distribution at s restricted to the draft vocabulary and
-renormalised (soft labels, as EAGLE-3 and SpecForge train), on the positions whose next token
-the target generated.
-
-EAGLE-1/2 (`TrainConfig(kind="eagle1")`, `train eagle`): the same passes over the same pairs,
-with g_s the target's final-normed state f_{s-1} and the target's own LM head, frozen; the
-output at s is a predicted feature, so the loss is EAGLE-1's: the SmoothL1 distance of out_s
-to f_s plus a tenth of the cross-entropy (the EAGLE repo's weights).
-
-Training-time test (EAGLE-3's answer to the drafter feeding on its own outputs when it drafts
-more than one token). Pass 0 reads the target's features, g_s = fc(taps_{s-1}) (zeros at s = 0).
-Pass i > 0 reads the previous pass's outputs, g_s = out_{s-1}, and is weighted decay^i. This is
-stricter than drafting, where only the chain's own slots hold the drafter's outputs and the
-context holds the target's features (the EAGLE repo builds a mask for that); it needs no mask
-beyond the causal one, and gradients flow through the fed-back outputs.
+The loss, EAGLE-1/2's and the training-time test are `specjax.train.eagle3_loss`'s; an
+--init drafter is checked by `specjax.train.eagle3_init`.
 
 Determinism: batch b of a run is drawn by `numpy.random.default_rng([seed, b])`, and XLA on a
 CPU is deterministic, so a run resumed from its checkpoint gives the weights of one that never
@@ -44,11 +27,9 @@ import dataclasses
 import functools
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from specjax.api.checks import encode_prompts
@@ -56,14 +37,11 @@ from specjax.api.generate import generate
 from specjax.api.methods import Eagle
 from specjax.heads import eagle
 from specjax.heads.shared import projection, target_identity
-from specjax.io.checkpoint import Model
-from specjax.io.sidecar import check_target
-from specjax.model.cache import KVCache
-from specjax.model.transformer import tapped_states
+from specjax.model.transformer import Model, tapped_states
 from specjax.sampling.params import SamplingParams
 from specjax.sampling.tree import DynamicTree
-from specjax.train.state import (TrainError, check_settings, key_settings, on_mesh,
-                                 optimizer, run_steps)
+from specjax.train import eagle3_init, eagle3_loss, feature_files
+from specjax.train.state import TrainError, check_settings, key_settings, on_mesh, run_steps
 
 __all__ = ["Features", "Sequences", "TrainConfig", "TrainError", "best_dynamic_tree",
            "check_features", "continuations", "draft_vocabulary", "features", "resolve_taps",
@@ -135,9 +113,6 @@ class TrainConfig:
 
 KINDS = ("eagle3", "eagle1")
 NOISE_STREAM = 1        # batch b's noise: numpy.random.default_rng([seed, b, NOISE_STREAM])
-# EAGLE-1's loss (Li et al. 2024, and the EAGLE repo's weights): the features' SmoothL1
-# regression, plus a tenth of the tokens' cross-entropy.
-CLASSIFICATION_WEIGHT = 0.1
 
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -216,29 +191,10 @@ def features(target: Model, sequences: Sequences, taps: tuple[int, ...] | None =
         arrays = {name: np.zeros(shape, dtype) for name, shape in shapes.items()}
     else:
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        meta_file = directory / "features.json"
-        key = _features_key(target, sequences, taps, dtype, batch)
-        if meta_file.exists():
-            try:
-                meta = json.loads(meta_file.read_text())
-                done = int(meta["batches_done"]) if meta["key"] == key else -1
-            except (ValueError, KeyError, TypeError):
-                done = -1
-            if done < 0 and final_only and _finished_pass(meta, target, sequences, dtype):
-                return Features(sequences, tuple(meta["taps"]),
-                                *(_read_array(directory / f"{name}.npy")
-                                  for name in ("tapped", "final")))
-            if done < 0:
-                raise TrainError(f"{directory} holds features of other sequences, taps, dtype "
-                                 f"or batch; use a new directory or remove it")
-        mode = "r+" if done else "w+"
-        _check_room(directory, {f"{name}.npy": int(np.prod(shape)) * np.dtype(dtype).itemsize
-                                for name, shape in shapes.items()})
-        arrays = {name: np.lib.format.open_memmap(directory / f"{name}.npy", mode=mode,
-                                                  dtype=dtype, shape=shape)
-                  for name, shape in shapes.items()}
-        meta = {"key": key, "taps": list(taps), "batch": batch, "batches_done": done}
+        arrays, meta, done = feature_files.open_pass(directory, target, sequences, taps, dtype,
+                                                     batch, shapes, final_only)
+        if done is None:                # a finished pass of other taps, reused
+            return Features(sequences, tuple(meta["taps"]), arrays["tapped"], arrays["final"])
     order = np.argsort(sequences.length, kind="stable")
     for number, start in enumerate(range(0, n, batch)):
         if number < done:
@@ -261,50 +217,6 @@ def features(target: Model, sequences: Sequences, taps: tuple[int, ...] | None =
     return Features(sequences, taps, arrays["tapped"], arrays["final"])
 
 
-def _check_room(directory: Path, sizes: dict[str, int]) -> None:
-    """Refuses to start when the disk holding `directory` cannot take the files of `sizes`
-    (name: bytes) beyond what they already hold: a memory-mapped write to a full disk kills the
-    process (SIGBUS) instead of raising an error."""
-    held = 0
-    for name in sizes:
-        try:
-            held += (directory / name).stat().st_blocks * 512
-        except OSError:
-            pass
-    missing = sum(sizes.values()) - held
-    free = shutil.disk_usage(directory).free
-    if missing > free:
-        raise TrainError(f"{directory}: the features need {missing / 2**30:.2f} GiB more and "
-                         f"the disk has {free / 2**30:.2f} GiB free")
-
-
-def _read_array(path: Path) -> np.ndarray:
-    """A finished pass's array, memory-mapped read-only; a damaged file is a named error."""
-    try:
-        return np.load(path, mmap_mode="r")
-    except (OSError, ValueError) as e:
-        raise TrainError(f"{path}: not a features array ({e})") from None
-
-
-def _finished_pass(meta, target: Model, sequences: Sequences, dtype) -> bool:
-    """Whether `meta` (a features.json) records a finished pass over `sequences` in `dtype`,
-    with the taps and batch it names."""
-    try:
-        taps, batch, done = tuple(meta["taps"]), int(meta["batch"]), int(meta["batches_done"])
-        return meta["key"] == _features_key(target, sequences, taps, dtype, batch) and \
-            done * batch >= len(sequences.length)
-    except (KeyError, TypeError, ValueError):
-        return False
-
-
-def _features_key(target: Model, sequences: Sequences, taps, dtype, batch: int) -> str:
-    h = hashlib.sha256(json.dumps([target.name, str(target.config), list(taps),
-                                   np.dtype(dtype).name, batch]).encode())
-    for array in (sequences.tokens, sequences.length, sequences.prompt_length):
-        h.update(np.ascontiguousarray(array).tobytes())
-    return h.hexdigest()[:16]
-
-
 def draft_vocabulary(sequences: Sequences, size: int, vocab: int) -> np.ndarray:
     """The `size` ids the target generated most often (ties: the smaller id), ascending, as
     published drafters order their draft vocabulary (`d2t`). Ids it never generated fill the
@@ -315,52 +227,6 @@ def draft_vocabulary(sequences: Sequences, size: int, vocab: int) -> np.ndarray:
     generated = (s >= sequences.prompt_length[:, None]) & (s < sequences.length[:, None])
     counts = np.bincount(sequences.tokens[generated], minlength=vocab)
     return np.sort(np.argsort(-counts, kind="stable")[:size]).astype(np.int32)
-
-
-# -- The loss and the step ----------------------------------------------------------------------
-
-def _loss(trainable, frozen, batch, config: eagle.DrafterConfig, unroll: int, decay: float):
-    """The weighted cross-entropy of the training-time-test passes (module docstring), and each
-    pass's [loss, top-1 agreement with the target] for the log."""
-    # EAGLE-3 trains its own head; EAGLE-1/2 reads the target's, frozen.
-    weights = {**trainable, "proj": trainable.get("lm_head", frozen["head"])}
-    tokens, mask = batch["tokens"], batch["mask"]
-    b, t = tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    soft = jax.nn.softmax(jnp.einsum("BTD,SD->BTS", batch["final"], frozen["head"]), axis=-1)
-    g = eagle.from_target(weights, config, batch["tapped"])
-    g = jnp.concatenate([jnp.zeros_like(g[:, :1]), g[:, :-1]], axis=1)      # g_s = f_{s-1}
-    if "noise" in batch:                # EAGLE-1's: on the target's features, not slot 0's zeros
-        g = g.at[:, 1:].add(batch["noise"][:, 1:])
-    count = jnp.maximum(jnp.sum(mask), 1.0)
-    total, parts = 0.0, []
-    for i in range(unroll):
-        cache = KVCache.init(config.layer, b, t, first=config.first_slot)
-        out, _ = eagle.draft_features(weights, config, frozen["embed"], g, tokens, positions,
-                                      cache)
-        logits = eagle.draft_logits(weights, config, out)
-        ce = -jnp.sum(jnp.sum(soft * jax.nn.log_softmax(logits), -1) * mask) / count
-        agree = jnp.sum((jnp.argmax(logits, -1) == jnp.argmax(soft, -1)) * mask) / count
-        if config.kind == "eagle3":
-            total = total + decay ** i * ce
-        else:                           # out_s predicts the target's feature f_s itself
-            error = jnp.abs(out - batch["final"])
-            smooth_l1 = jnp.mean(jnp.where(error < 1.0, 0.5 * error ** 2, error - 0.5), -1)
-            regression = jnp.sum(smooth_l1 * mask) / count
-            total = total + decay ** i * (regression + CLASSIFICATION_WEIGHT * ce)
-        parts.append(jnp.stack([ce, agree]))
-        g = jnp.concatenate([g[:, :1], out[:, :-1]], axis=1)                 # g_s = out_{s-1}
-    return total, jnp.stack(parts)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _step(dc: eagle.DrafterConfig, config: TrainConfig, trainable, opt_state, batch, frozen):
-    """One optimizer step (one program per drafter shape, settings and batch shape: runs that
-    share them, as a resumed one and its original, share it)."""
-    (_, parts), grads = jax.value_and_grad(_loss, has_aux=True)(
-        trainable, frozen, batch, dc, config.unroll, config.decay)
-    updates, opt_state = optimizer(config).update(grads, opt_state, trainable)
-    return jax.tree.map(jnp.add, trainable, updates), opt_state, parts
 
 
 # -- Training -----------------------------------------------------------------------------------
@@ -387,23 +253,7 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     mask_all = data.sequences.label_mask()
     if not mask_all.any():
         raise TrainError("no position to train on: the sequences hold no generated tokens")
-    vocab = target.config.vocab_size
-    if config.kind == "eagle3":
-        ids = draft_vocabulary(data.sequences, min(config.draft_vocab, vocab), vocab)
-        start = eagle.init_drafter(target, token_ids=ids, kind="eagle3", taps=data.taps,
-                                   seed=config.seed, std=0.02)
-    elif config.subset:
-        ids = draft_vocabulary(data.sequences, min(config.subset, vocab), vocab)
-        start = eagle.init_drafter(target, token_ids=ids, kind="eagle1", head="subset",
-                                   style=config.style, seed=config.seed, std=0.02)
-    else:
-        ids = np.arange(vocab, dtype=np.int32)
-        start = eagle.init_drafter(target, kind="eagle1", head="target", style=config.style,
-                                   seed=config.seed, std=0.02)
-    if init is not None:
-        _check_init(init, start.config, target)
-        ids = np.asarray(init.token_ids, np.int32)
-        start = dataclasses.replace(start, config=init.config, token_ids=ids)
+    start, ids = _start(target, data, config, init)
     dc = start.config
     head = projection(target, ids)
     # EAGLE-3's head starts as the target's rows for the draft vocabulary; EAGLE-1/2 reads the
@@ -411,7 +261,7 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     # target's, frozen (the published drafters read them).
     trainable = dict(start.params, lm_head=head) if config.kind == "eagle3" else start.params
     if init is not None:
-        trainable = _init_weights(init, trainable)
+        trainable = eagle3_init.init_weights(init, trainable)
     frozen = {"embed": target.params["embed"], "head": head}
     source = data.tapped if config.kind == "eagle3" else data.final     # what g_s is made of
     frozen = on_mesh(frozen, mesh, config)
@@ -431,9 +281,33 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
         return dataclasses.replace(start, params=params, target=target_identity(target, ids))
 
     return drafter(run_steps(config, data.sequences.length, t, batch_of,
-                             functools.partial(_step, dc, config, frozen=frozen), trainable,
+                             functools.partial(eagle3_loss.step, dc, config, frozen=frozen),
+                             trainable,
                              _run_key(target, data, config, None if init is None else trainable),
                              checkpoint, progress, stop_after, model_of=drafter, mesh=mesh))
+
+
+def _start(target: Model, data: Features, config: TrainConfig, init):
+    """(the drafter a run starts from, its draft vocabulary): a fresh one of the run's kind, or
+    with `init` that drafter's shape and vocabulary (checked: `eagle3_init.check_init`)."""
+    vocab = target.config.vocab_size
+    if config.kind == "eagle3":
+        ids = draft_vocabulary(data.sequences, min(config.draft_vocab, vocab), vocab)
+        start = eagle.init_drafter(target, token_ids=ids, kind="eagle3", taps=data.taps,
+                                   seed=config.seed, std=0.02)
+    elif config.subset:
+        ids = draft_vocabulary(data.sequences, min(config.subset, vocab), vocab)
+        start = eagle.init_drafter(target, token_ids=ids, kind="eagle1", head="subset",
+                                   style=config.style, seed=config.seed, std=0.02)
+    else:
+        ids = np.arange(vocab, dtype=np.int32)
+        start = eagle.init_drafter(target, kind="eagle1", head="target", style=config.style,
+                                   seed=config.seed, std=0.02)
+    if init is not None:
+        eagle3_init.check_init(init, start.config, target)
+        ids = np.asarray(init.token_ids, np.int32)
+        start = dataclasses.replace(start, config=init.config, token_ids=ids)
+    return start, ids
 
 
 # -- The tree ---------------------------------------------------------------------------------
@@ -480,43 +354,6 @@ def best_dynamic_tree(target: Model, drafter: eagle.Drafter, trees, prompts, *,
                      "speedup": round(tokens / cost, 3)})
     best = max(range(len(trees)), key=lambda i: (rows[i]["speedup"], -i))
     return trees[best], rows
-
-
-def _check_init(init: eagle.Drafter, dc: eagle.DrafterConfig, target: Model) -> None:
-    """`init` must be a drafter trained on `target`, of the kind, shape and draft vocabulary
-    size of a fresh start of this run (`dc`). Its layer's other settings (RoPE, norm epsilon)
-    are its own, and kept."""
-    if not isinstance(init, eagle.Drafter):
-        raise TrainError(f"init must be an EAGLE drafter from specjax.load, got "
-                         f"{type(init).__name__}")
-    try:
-        check_target(init, target)
-    except ValueError as e:
-        raise TrainError(str(e)) from None
-    if init.config.subset_size != dc.subset_size and dc.kind == "eagle3":
-        raise TrainError(f"{init.name} drafts over {init.config.subset_size} ids; this run's "
-                         f"draft_vocab is {dc.subset_size}")
-    shape = ("d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff")
-    mine = {f.name: getattr(init.config, f.name) for f in dataclasses.fields(dc)
-            if f.name != "layer"} | {f: getattr(init.config.layer, f) for f in shape}
-    run = {f.name: getattr(dc, f.name) for f in dataclasses.fields(dc)
-           if f.name != "layer"} | {f: getattr(dc.layer, f) for f in shape}
-    differ = [f for f in run if mine[f] != run[f]]
-    if differ:
-        shown = ", ".join(f"{f} {mine[f]!r} (this run: {run[f]!r})" for f in differ[:3])
-        raise TrainError(f"{init.name} is not the drafter this run trains: {shown}")
-
-
-def _init_weights(init: eagle.Drafter, trainable):
-    """`init`'s weights, in float32, in place of a fresh start's (`trainable`)."""
-    if set(init.params) != set(trainable):
-        raise TrainError(f"{init.name} holds {sorted(init.params)}; this run trains "
-                         f"{sorted(trainable)}")
-    weights = {k: jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), init.params[k])
-               for k in trainable}
-    if jax.tree.map(jnp.shape, weights) != jax.tree.map(jnp.shape, trainable):
-        raise TrainError(f"{init.name}'s weights differ in shape from this run's")
-    return weights
 
 
 def check_features(target: Model, data: Features, tapped: bool = False) -> int:

@@ -55,9 +55,8 @@ from specjax.api.forward import kernels_as_generate
 from specjax.api.methods import Medusa
 from specjax.heads import medusa as heads_math
 from specjax.heads.shared import projection, target_identity
-from specjax.io.checkpoint import Model
 from specjax.model.cache import KVCache
-from specjax.model.transformer import forward
+from specjax.model.transformer import Model, forward
 from specjax.sampling.tree import Tree
 from specjax.train.eagle3 import Features, check_features, draft_vocabulary, step_seconds
 from specjax.train.state import (TrainError, check_settings, key_settings, on_mesh,
