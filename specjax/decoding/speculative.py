@@ -65,15 +65,21 @@ def layout(spec, rows, cache) -> Carry:
                  rows if spec.method.lookahead.schedule == "heuristic" else None)
 
 
-def draft(spec, weights, state: DecodeState, keys, limit):
+class ChainDraft(NamedTuple):
+    """What the draft model proposes in one step of a chain (`draft`)."""
+    tokens: jax.Array             # [B, K] int32, zero past a row's draft
+    probs: jax.Array              # [B, K, V] the distributions they were drawn from, zero past it
+    count: jax.Array              # [B] how many each row drafted (0 for a finished row)
+    cache: KVCache                # the draft's cache after them
+    nan: jax.Array                # [] whether a NaN was seen
+
+
+def draft(spec, weights, state: DecodeState, keys, limit) -> ChainDraft:
     """Step 1 (draft): up to K draft tokens per row, each row stopping as its schedule says.
 
     Args:
       keys: [B, K] one key per draft position; limit: [B] the most each row drafts this step.
-    Returns:
-      tokens [B, K] int32 and their distributions [B, K, V] (zero past a row's draft), the
-      number each row drafted [B] (0 for a finished row), the draft's cache, and whether a NaN
-      was seen.
+    Returns the `ChainDraft`.
     """
     vocab, k = spec.vocab_size, spec.method.k
     # The first call feeds the last two tokens (see the module docstring) and reads the logits
@@ -122,7 +128,7 @@ def draft(spec, weights, state: DecodeState, keys, limit):
     cache, tokens, probs, count, nan = lax.while_loop(
         more, draft_next, (jnp.ones((), jnp.int32), token, running, cache, tokens, probs, count,
                            nan))[3:]
-    return tokens, probs, count, cache, nan
+    return ChainDraft(tokens, probs, count, cache, nan)
 
 
 class ChainVerified(NamedTuple):
@@ -171,8 +177,9 @@ def step(spec, weights, state: DecodeState) -> DecodeState:
     draft_keys, verify_keys = split[:, :k], split[:, k]
 
     # Step 1 (draft): x_1..x_n ~ p_1..p_n, n <= K as the row's schedule says (`lookahead`).
-    draft_tokens, draft_probs, count, draft_cache, draft_nan = draft(
-        spec, weights, state, draft_keys, lookahead.draft_limit(spec, state, carry.lookahead))
+    drafted = draft(spec, weights, state, draft_keys,
+                    lookahead.draft_limit(spec, state, carry.lookahead))
+    draft_tokens, draft_probs, count = drafted.tokens, drafted.probs, drafted.count
     # Steps 2 to 4 (score, accept or resample, bonus): one target call, a prefix accepted, then
     # the residual or the bonus token.
     if spec.method.lookahead.schedule == "constant":
@@ -188,6 +195,6 @@ def step(spec, weights, state: DecodeState) -> DecodeState:
     # it may be one behind (the next step catches up).
     old_length = state.length
     state = commit(spec, state, verified.new, verified.n_accepted, verified.cache, drafted=count,
-                   draft_calls=count, nan=draft_nan | verified.nan, scores=verified.scores)
-    draft_cache = draft_cache.with_length(jnp.minimum(state.length - 1, old_length + count - 1))
+                   draft_calls=count, nan=drafted.nan | verified.nan, scores=verified.scores)
+    draft_cache = drafted.cache.with_length(jnp.minimum(state.length - 1, old_length + count - 1))
     return state.replace(carry=Carry(draft_cache, lengths))
