@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -124,15 +125,15 @@ def import_shards(source, target: Model, directory, *, max_length: int = 384,
     files, recorded = _import_sources(source, target, leave_out)
     if not isinstance(max_length, int) or max_length < 2:
         raise TrainError(f"max_length must be an integer >= 2, got {max_length!r}")
-    parts, held, first, contents = _imported_parts(files, source.is_file(), target, max_length,
-                                                   held_out_setting, leave_out)
+    imported = _imported_parts(files, source.is_file(), target, max_length, held_out_setting,
+                               leave_out)
     request = {"format": FORMAT, "target": target.name,
-               "prompts_sha256": contents.hexdigest(), "prompts": first,
+               "prompts_sha256": imported.digest.hexdigest(), "prompts": imported.prompts,
                "settings": {"imported_from": str(source), "max_length": max_length,
                             "generated_by": recorded.get("generated_by"),
                             **({"left_out": sorted(leave_out)} if leave_out else {})},
-               "held_out": [list(p) for p in held]}
-    _write_parts(directory, _start(directory, request), parts)
+               "held_out": [list(p) for p in imported.held]}
+    _write_parts(directory, _start(directory, request), imported.parts)
     return directory
 
 
@@ -162,10 +163,18 @@ def _import_sources(source: Path, target: Model, leave_out) -> tuple[list[Path],
     return files, recorded
 
 
+class Imported(NamedTuple):
+    """What `import_shards` reads from its files (`_imported_parts`)."""
+    parts: list          # each file's (name, its documents cut at max_length as `Sequences`,
+    #                      the number of its first prompt)
+    held: dict           # the held-out prompts (token tuples), in order
+    prompts: int         # the prompts counted
+    digest: object       # the files' sha256
+
+
 def _imported_parts(files, sequence_set: bool, target: Model, max_length: int,
-                    held_out_setting: str, leave_out):
-    """(each file's name, its training documents cut at `max_length` as `Sequences` and its
-    first prompt's number; the held-out prompts; the prompts counted; the files' digest)."""
+                    held_out_setting: str, leave_out) -> Imported:
+    """The files' training documents, held-out prompts, count and digest (`Imported`)."""
     parts, held, first, contents = [], {}, 0, hashlib.sha256()
     for file in files:
         contents.update(file.read_bytes())
@@ -185,7 +194,7 @@ def _imported_parts(files, sequence_set: bool, target: Model, max_length: int,
         parts.append((file.name, Sequences(rows, length, np.minimum(
             prompt_length[keep], length).astype(np.int32)), first))
         first += len(keep)
-    return parts, held, first, contents
+    return Imported(parts, held, first, contents)
 
 
 def _write_parts(directory: Path, record: dict, parts) -> None:
