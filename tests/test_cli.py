@@ -417,7 +417,18 @@ def test_check_prints_the_verdicts_and_exits_by_them(env, capsys):
     bad = {"unknown entry": (["--only", "nope"], "--only: unknown entry 'nope' (see --list)"),
            "samples 0": (["--samples", "0"], "--samples must be >= 1, got 0"),
            "level 2": (["--level", "2"], "--level must be in (0, 1), got 2.0"),
-           "seed -1": (["--seed", "-1"], "--seed must be >= 0, got -1")}
+           "seed -1": (["--seed", "-1"], "--seed must be >= 0, got -1"),
+           "identity dtype": (["--identity", "--identity-dtypes", "float64"],
+                              "--identity-dtypes: unknown 'float64' (known: float32, bfloat16, "
+                              "int8, q8_0, or none)"),
+           "identity method": (["--identity", "--identity-methods", "beam"],
+                               "--identity-methods: unknown 'beam' (known: speculative, ngram, "
+                               "medusa, eagle, dflash, or none)"),
+           "identity tokens": (["--identity", "--identity-tokens", "0"],
+                               "--identity-tokens must be >= 1, got 0"),
+           "identity nothing": (["--identity", "--identity-dtypes", "none"],
+                                "--identity: no rows to run (no dtype or method, and no "
+                                "--llama-cpp)")}
     for name, (args, message) in bad.items():          # in this process (test_bad_inputs...)
         proc = run_main(["check", *args], capsys)
         assert proc.returncode == 2 and proc.stderr.splitlines() == [f"specjax: error: {message}"], (

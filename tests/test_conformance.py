@@ -75,9 +75,10 @@ def test_detectable_kl_has_the_stated_power():
                     for d in rng.multinomial(n, law, size=2000)]) < 2 * level
 
 
-def test_shipped_pair_is_the_pair_its_seeds_draw():
+@pytest.mark.parametrize("name", testing.PAIRS)
+def test_shipped_pair_is_the_pair_its_seeds_draw(name):
     # `pair()` reads checkpoints; `build_pair()` draws the weights as the suite's close_pair.
-    shipped, built = testing.pair("close"), testing.law.build_pair("close")
+    shipped, built = testing.pair(name), testing.law.build_pair(name)
     for a, b in ((shipped.target, built.target), (shipped.draft, built.draft)):
         for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
             np.testing.assert_array_equal(x, y)
@@ -186,3 +187,64 @@ def test_the_transformers_checks_see_the_bugs_once_reported_against_it(name):
     report = testing.check(entry.make(), sampling=entry.sampling,
                            level=LEVEL / len(TRANSFORMERS), samples=clients.TRANSFORMERS_SAMPLES)
     assert not report.lossless, str(report)
+
+
+# -- Greedy identity (specjax.testing.identity, issue 75) ---------------------------------------
+
+def test_first_divergence_and_the_identity_row():
+    from specjax.testing import identity
+    assert identity.first_divergence([5, 6, 7], [5, 6, 7]) is None
+    assert identity.first_divergence([5, 6, 7], [5, 9, 7]) == 1
+    assert identity.first_divergence([5, 6, 7], [5, 6]) == 2          # one row ended first
+    plain = [[1, 2, 3, 4, 5, 6, 7, 8]] * 4
+    # The negative control: an engine that flips its sixth token on two prompts is seen there.
+    flipped = [list(p) for p in plain]
+    for i in (1, 3):
+        flipped[i][5] = 0
+    r = identity.row("engine", "method", plain, flipped, 8, 1.0)
+    assert r.first == (None, 5, None, 5) and r.diverged == 2 and r.median_first == 5
+    same = identity.row("engine", "method", plain, plain, 8, 1.0)
+    assert same.diverged == 0 and same.median_first is None
+    assert " . 5 . 5" in identity.line(r)
+    with pytest.raises(ValueError, match="4 plain outputs against 3"):
+        identity.row("engine", "method", plain, plain[:3], 8, 1.0)
+    assert sum(map(len, identity.PROMPTS.values())) >= 20 and len(identity.KINDS) >= 4
+
+
+def test_the_check_holds_its_level_on_the_wide_pair():
+    # Exact multinomial draws from the wide pair's law (32^3 continuations, 50,000 samples: many
+    # cells expect a handful) are rejected at about the level asked with Williams' q, and too
+    # often without it, the negative control (the check's continuation test, gtest's docstring).
+    # 200 draws, fixed seed; level 0.05, where the difference is plain.
+    law = testing.law.exact_law(testing.pair("wide").target, testing.pair("wide").prompt,
+                                SamplingParams(1.0), 3)
+    law = law / law.sum()
+    draws = np.random.default_rng(0).multinomial(50_000, law, size=200)
+    corrected = np.mean([gtest.g_test(d, law, williams=True)[2] < 0.05 for d in draws])
+    plain = np.mean([gtest.g_test(d, law)[2] < 0.05 for d in draws])
+    assert corrected <= 0.08 and plain >= 0.1, (corrected, plain)
+
+
+@pytest.mark.slow
+def test_transformers_drafting_across_tokenizers_runs_tli_on_the_retokenized_pair(monkeypatch):
+    # The mechanics of the TLI client (issue 75, item 2): the draft's tokenizer reads the
+    # prompt's "ab" as one token where the target reads two, the draft's vocabulary has a
+    # token the target lacks, and transformers' sampling path is TLI, which drafts. Its
+    # verdicts at 4,000 samples are docs/conformance.md's (`check --transformers`).
+    from transformers.generation import candidate_generator
+    from specjax.testing import hf
+    pair = hf.retokenized(testing.pair("close"))
+    draft_tok, target_tok = hf._tokenizer(hf.DRAFT_TOKENS), hf._tokenizer(hf.TARGET_TOKENS)
+    text = target_tok.decode(list(pair.prompt))
+    assert text == "abecab" and target_tok(text)["input_ids"] == list(pair.prompt)
+    assert draft_tok(text)["input_ids"] == [6, 4, 0, 6]
+    assert pair.draft.config.vocab_size == 8 and pair.target is testing.pair("close").target
+    calls = []
+    real = candidate_generator.UniversalSpeculativeDecodingGenerator.get_candidates
+    monkeypatch.setattr(candidate_generator.UniversalSpeculativeDecodingGenerator,
+                        "get_candidates", lambda self, *a, **k: calls.append(1) or real(
+                            self, *a, **k))
+    sampler = hf.transformers_sampler("assisted-tokenizers", k=2)
+    out = sampler(pair, np.asarray(pair.prompt), 0, samples=20, length=3,
+                  sampling=SamplingParams(1.0))
+    assert out.shape == (20, 3) and out.max() < 6 and len(calls) >= 20

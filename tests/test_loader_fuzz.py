@@ -50,6 +50,7 @@ from tokenizers import Tokenizer, models  # noqa: E402
 
 from specjax.heads.dflash import init_block_drafter  # noqa: E402
 from specjax.io.dflash import save_block_drafter  # noqa: E402
+from specjax.io.gguf_write import write_llama  # noqa: E402
 from tests.gguf_files import tiny_vocab, write_gguf  # noqa: E402
 
 # gguf's reader adds a damaged tensor offset to the data start in uint64 and says so.
@@ -111,12 +112,11 @@ def checkpoints(work) -> dict[str, Checkpoint]:
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))
     (directory / "model.safetensors").unlink()
 
-    reader = gguf.GGUFReader(work / "tiny.gguf")
-    out = {
-        "safetensors": _directory(directory),
-        "gguf": Checkpoint(work / "tiny.gguf", {"tiny.gguf": (work / "tiny.gguf").read_bytes()},
-                           {"tiny.gguf": reader.data_offset}, specjax.load(work / "tiny.gguf")),
-    }
+    out = {"safetensors": _directory(directory), "gguf": _gguf_file(work / "tiny.gguf"),
+           # specjax's own GGUF writer (`io.gguf_write`, what the llama.cpp clients run), with
+           # the tokenizer of the file above: its output is fuzzed as llama.cpp's converter's is.
+           "gguf-written": _gguf_file(write_llama(model, work / "written.gguf",
+                                                  like=work / "tiny.gguf"))}
     # The published drafters of the same model; the EAGLE-3 draft vocabulary is 100 of 267.
     vocab = model.config.vocab_size
     draft_ids = np.random.default_rng(0).permutation(vocab)[:100]
@@ -135,6 +135,11 @@ def checkpoints(work) -> dict[str, Checkpoint]:
                                           work / "dflash"))):
         out[name] = _directory(saved)
     return out
+
+
+def _gguf_file(path: Path) -> Checkpoint:
+    return Checkpoint(path, {path.name: path.read_bytes()},
+                      {path.name: gguf.GGUFReader(path).data_offset}, specjax.load(path))
 
 
 def _directory(directory: Path) -> Checkpoint:
@@ -231,7 +236,7 @@ def load_damaged(ck: Checkpoint, name: str, damaged: bytes, data_bytes: int = 0,
 # -- Strategies -------------------------------------------------------------------------------
 
 DIRECTORIES = ["safetensors", "eagle3", "speculators", "eagle1", "medusa1", "dflash"]
-FORMATS = ["safetensors", "gguf", *DIRECTORIES[1:]]
+FORMATS = ["safetensors", "gguf", "gguf-written", *DIRECTORIES[1:]]
 # Mostly any byte, sometimes one that keeps a JSON file valid UTF-8 and close to valid JSON.
 byte_values = st.integers(0, 255) | st.sampled_from(b'0129-.e ":,{}[]')
 
@@ -343,6 +348,16 @@ def test_huge_safetensors_numbers(checkpoints, fmt, data):
 
 
 # -- The cases the fuzzers rely on, and the bugs they found -----------------------------------
+
+def test_the_gguf_writer_round_trips(checkpoints):
+    # What specjax writes as GGUF loads back as the model it wrote: every weight, the config
+    # and the tokenizer (the template file's), before any fuzzing.
+    written, template = checkpoints["gguf-written"].original, checkpoints["gguf"].original
+    np.testing.assert_array_equal(_weights(written), _weights(template))
+    assert written.config == template.config
+    text = "the cat sat"
+    assert written.tokenizer.encode(text).ids == template.tokenizer.encode(text).ids
+
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_fuzzers_see_both_outcomes(checkpoints, fmt):

@@ -33,22 +33,17 @@ target, the peer is skipped with a note.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 from specjax.bench.common import ratio, usable_threads
 from specjax.io.fetch import cache_root, source_gguf
+from specjax.io.gguf_write import GGUF_TYPES, reencode
 
 __all__ = ["FASTEST_KINDS", "LlamaCpp", "gguf_at", "target_gguf"]
 
-# The GGUF tensor type for each --dtype.
-GGUF_TYPES = {"float32": "F32", "bfloat16": "BF16", "int8": "Q8_0", "q8_0": "Q8_0"}
 # The precisions llama.cpp's plain decoding also runs in, for its fastest (any one of them may
 # be, depending on the host: F16 on hosts whose products on it are fast, else a quantised one).
 FASTEST_KINDS = ("F16", "Q8_0", "Q4_1")
@@ -61,66 +56,9 @@ def target_gguf(target) -> Path | None:
 
 
 def gguf_at(source: Path, precision: str, directory: Path | None = None) -> Path:
-    """`source` re-encoded with every matrix in `precision` (a --dtype, as GGUF_TYPES maps it,
-    or a GGUF type's name: F16, Q4_1, ...; vectors as F32) and the same metadata, in
-    `directory` (default <cache>/gguf); made once, reused after. `source` itself when its
-    header says it is a file of that type (`general.file_type`, as llama.cpp's quantiser
-    writes it: the `smollm2` download is MOSTLY_Q4_1, with its embeddings in Q8_0)."""
-    import gguf    # optional: the llamacpp extra (and the test extra)
-
-    kind = GGUF_TYPES.get(precision, precision)
-    if _file_type(source) == kind:
-        return source
-    directory = Path(directory or cache_root() / "gguf")
-    out = directory / f"{source.stem}.{kind}.gguf"
-    if out.is_file() and out.stat().st_mtime >= source.stat().st_mtime:
-        return out
-    directory.mkdir(parents=True, exist_ok=True)
-    reader = gguf.GGUFReader(source)
-    arch = str(reader.fields["general.architecture"].contents())
-    qtype = getattr(gguf.GGMLQuantizationType, kind)
-    with tempfile.TemporaryDirectory(dir=directory, prefix=".tmp-") as scratch:
-        partial = Path(scratch) / out.name
-        writer = gguf.GGUFWriter(partial, arch)
-        for field in reader.fields.values():
-            if field.name.startswith("GGUF.") or field.name == "general.architecture":
-                continue     # the header's own fields; the writer adds the architecture
-            kinds = field.types
-            writer.add_key_value(field.name, field.contents(), kinds[0],
-                                 sub_type=kinds[-1] if kinds[0] == gguf.GGUFValueType.ARRAY
-                                 and len(kinds) > 1 else None)
-        for tensor in reader.tensors:
-            values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-            # Vectors (the norms) stay float32, as llama.cpp's converter writes them: its CPU
-            # backend has no float32-by-bfloat16 elementwise product (it aborts on one).
-            if kind == "F32" or values.ndim == 1:
-                writer.add_tensor(tensor.name, values)
-            elif kind == "F16":
-                writer.add_tensor(tensor.name, values.astype(np.float16))
-            else:
-                writer.add_tensor(tensor.name, gguf.quants.quantize(values, qtype),
-                                  raw_dtype=qtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(partial, out)
-    return out
-
-
-def _file_type(source: Path) -> str | None:
-    """The GGUF type `source`'s header says its matrices are in (`general.file_type`: 3 is
-    MOSTLY_Q4_1, so "Q4_1"), or None without one."""
-    import gguf    # optional: the llamacpp extra (and the test extra)
-
-    field = gguf.GGUFReader(source).fields.get("general.file_type")
-    if field is None:
-        return None
-    try:
-        name = gguf.LlamaFileType(int(field.contents())).name
-    except ValueError:
-        return None
-    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    """`source` re-encoded in `precision` (`specjax.io.gguf_write.reencode`), in `directory`
+    (default <cache>/gguf)."""
+    return reencode(source, precision, directory or cache_root() / "gguf")
 
 
 class LlamaCpp:

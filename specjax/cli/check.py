@@ -8,21 +8,33 @@ import argparse
 
 from specjax import testing
 from specjax.presets import CLIError
-from specjax.testing import clients, verdict
+from specjax.model.config import DTYPES
+from specjax.testing import clients, identity, verdict
 from specjax.testing.llamacpp import engine_version
+
+IDENTITY_METHODS = identity.METHODS
 
 DESCRIPTION = """\
 Runs the catalogue of specjax.testing: numpy references of speculative-sampling bugs found in
 public code (each must be rejected) and of exact schemes that look wrong (each must pass), each
 checked against the exact law of 3-token continuations of a tiny target/draft pair by G-tests at
 one family-wise level. --specjax adds specjax's own methods, --transformers adds transformers'
-assisted generation and prompt lookup, --llama-cpp llama.cpp's sampling, draft-model and n-gram
+assisted generation, prompt lookup and drafting across tokenizers (TLI), --llama-cpp llama.cpp's sampling, draft-model and n-gram
 speculation (their verdicts are reported as measured, with the engine's version).
 
   python -m specjax check
   python -m specjax check --only always-accept speculative
   python -m specjax check --transformers --transformers-samples 6000
   python -m specjax check --llama-cpp --llama-cpp-samples 20000
+
+--identity runs the greedy-identity check instead (specjax.testing.identity): each engine's
+greedy decoding of SmolLM2 with speculation against the same engine's without, on 21 prompts,
+and the first new token where they part; specjax in each dtype and method, and llama.cpp (F16,
+Q8_0, Q4_1; a draft model and n-gram lookup) with --llama-cpp. Exit status 1 when a specjax row
+parts (specjax claims identity in every dtype); llama.cpp's rows are reported as measured.
+
+  python -m specjax check --identity --identity-dtypes float32 --identity-methods ngram
+  python -m specjax check --identity --llama-cpp
 """
 
 
@@ -33,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--specjax", action="store_true",
                         help="also check specjax's own speculative, tree and n-gram decoding")
     parser.add_argument("--transformers", action="store_true",
-                        help="also check transformers' assisted generation and prompt lookup "
-                             "(needs torch and transformers)")
+                        help="also check transformers' assisted generation, prompt lookup and "
+                             "drafting across tokenizers (needs torch and transformers)")
     parser.add_argument("--transformers-samples", type=int, default=None, metavar="N",
                         help="samples per transformers check (default "
                              f"{clients.TRANSFORMERS_SAMPLES:,}: one generate call each)")
@@ -43,10 +55,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and probabilistic drafting) and n-gram lookup (needs xllamacpp)")
     parser.add_argument("--llama-cpp-samples", type=int, default=None, metavar="N",
                         help="samples per llama.cpp check (default "
-                             f"{clients.LLAMACPP_SAMPLES:,}: one completion each)")
+                             f"{clients.LLAMACPP_SAMPLES:,}, 120,000 on the wide pair: one "
+                             "completion each)")
     parser.add_argument("--samples", type=int, default=None, metavar="N",
                         help="samples per check for every entry (default: each entry's own, "
                              "100,000 for most)")
+    parser.add_argument("--identity", action="store_true",
+                        help="run the greedy-identity check on SmolLM2 instead of the catalogue")
+    parser.add_argument("--identity-dtypes", default=",".join(DTYPES), metavar="DTYPES",
+                        help="specjax's dtypes in --identity, comma-separated, or none "
+                             f"(default {','.join(DTYPES)})")
+    parser.add_argument("--identity-methods", default=",".join(IDENTITY_METHODS),
+                        metavar="METHODS", help="specjax's methods in --identity, "
+                        f"comma-separated (default {','.join(IDENTITY_METHODS)})")
+    parser.add_argument("--identity-tokens", type=int, default=identity.NEW_TOKENS, metavar="N",
+                        help=f"new tokens per prompt in --identity (default {identity.NEW_TOKENS})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--level", type=float, default=0.01,
                         help="family-wise significance level over all checks run (default 0.01)")
@@ -66,15 +89,16 @@ def entries(args) -> list:
     if args.specjax:
         chosen += clients.specjax_entries()
     if args.transformers:
-        chosen += clients.transformers_entries(
-            args.transformers_samples or clients.TRANSFORMERS_SAMPLES)
+        samples = args.transformers_samples or clients.TRANSFORMERS_SAMPLES
+        chosen += clients.transformers_entries(samples)
+        chosen += clients.transformers_tokenizer_entries(samples)
     if args.llama_cpp:
         try:
             version = engine_version()
         except ImportError as e:
             raise CLIError(str(e)) from None
         print(f"llama.cpp: xllamacpp {version}", flush=True)
-        chosen += clients.llamacpp_entries(args.llama_cpp_samples or clients.LLAMACPP_SAMPLES)
+        chosen += clients.llamacpp_entries(args.llama_cpp_samples)
     if args.only:
         known = {e.name: e for e in chosen}
         unknown = [n for n in args.only if n not in known]
@@ -84,7 +108,38 @@ def entries(args) -> list:
     return chosen
 
 
+def _names(text: str, known: tuple[str, ...], flag: str) -> list[str]:
+    names = [] if text == "none" else [n for n in text.split(",") if n]
+    for name in names:
+        if name not in known:
+            raise CLIError(f"{flag}: unknown {name!r} (known: {', '.join(known)}, or none)")
+    return names
+
+
+def run_identity(args) -> int:
+    dtypes = _names(args.identity_dtypes, DTYPES, "--identity-dtypes")
+    methods = _names(args.identity_methods, IDENTITY_METHODS, "--identity-methods")
+    if args.identity_tokens < 1:
+        raise CLIError(f"--identity-tokens must be >= 1, got {args.identity_tokens}")
+    if not (dtypes and methods) and not args.llama_cpp:
+        raise CLIError("--identity: no rows to run (no dtype or method, and no --llama-cpp)")
+    if args.llama_cpp:
+        try:
+            print(f"llama.cpp: xllamacpp {engine_version()}", flush=True)
+        except ImportError as e:
+            raise CLIError(str(e)) from None
+    print(identity.heading(args.identity_tokens), flush=True)
+    show = lambda r: print(identity.line(r), flush=True)   # noqa: E731
+    rows = identity.specjax_rows(dtypes, methods, tokens=args.identity_tokens, progress=show) \
+        if dtypes and methods else []
+    if args.llama_cpp:
+        identity.llamacpp_rows(tokens=args.identity_tokens, progress=show)
+    return 1 if any(r.diverged for r in rows) else 0
+
+
 def run(args) -> int:
+    if args.identity:
+        return run_identity(args)
     chosen = entries(args)
     if args.list:
         for e in chosen:

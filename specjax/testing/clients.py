@@ -7,12 +7,13 @@ from __future__ import annotations
 from specjax.sampling.logits import SamplingParams
 from specjax.sampling.tree import Tree
 from specjax.testing.adapters import specjax_rules
+from specjax.testing import hf, law
 from specjax.testing.hf import transformers_sampler
 from specjax.testing.llamacpp import MODES, llamacpp_sampler
 from specjax.testing.verdict import Entry
 
 __all__ = ["LLAMACPP_SAMPLES", "TRANSFORMERS_SAMPLES", "llamacpp_entries", "specjax_entries",
-           "transformers_entries"]
+           "transformers_entries", "transformers_tokenizer_entries"]
 
 SETTINGS = {"t1": SamplingParams(1.0), "t0.7-top-p": SamplingParams(0.7, top_p=0.9)}
 
@@ -24,9 +25,11 @@ TRANSFORMERS_SAMPLES = 4_000
 # llama.cpp's in-process server answers a 4-token completion of the tiny pair in 1-4 ms on a
 # 2-core host: 50,000 samples a check (the issue's floor) take one to three minutes.
 LLAMACPP_SAMPLES = 50_000
-# Continuations of 4 tokens: the first comes from the prompt's evaluation, so a request drafts
-# up to 3 tokens, a draft of k = 2 and more.
+# Continuations of 4 tokens on the suite's pair: the first comes from the prompt's evaluation,
+# so a request drafts up to 3 tokens, a draft of k = 2 or 3. The wide pair (V = 32) has 32^L
+# cells: 3 tokens there, so a request drafts 2, k = 2.
 LLAMACPP_LENGTH = 4
+LLAMACPP_WIDE_LENGTH = 3
 LLAMACPP_SETTINGS = {**SETTINGS, "t0.8-top-k-min-p": SamplingParams(0.8, top_k=4, min_p=0.05)}
 
 
@@ -57,14 +60,41 @@ def transformers_entries(samples: int = TRANSFORMERS_SAMPLES) -> tuple[Entry, ..
         for method in ("assisted", "prompt-lookup") for setting, sampling in SETTINGS.items())
 
 
-def llamacpp_entries(samples: int = LLAMACPP_SAMPLES, k: int = 2) -> tuple[Entry, ...]:
+def transformers_tokenizer_entries(samples: int = TRANSFORMERS_SAMPLES) -> tuple[Entry, ...]:
+    """transformers' drafting with a draft of its own tokenizer (`hf.retokenized`: letters
+    permuted, a merge and a token the target lacks), 2 tokens a call, at T = 1 and T = 0.7 with
+    top-p 0.9: sampling, transformers runs it as TLI (`UniversalSpeculativeDecodingGenerator`);
+    its UAD (`AssistedCandidateGeneratorDifferentTokenizers`) runs only greedy. Verdicts
+    reported as measured."""
+    retokenized = hf.retokenized(law.pair("close"))
+    return tuple(
+        Entry(f"transformers tli {setting}", None, "transformers generate()",
+              "transformers' drafting across tokenizers (TLI) with do_sample=True",
+              lambda: transformers_sampler("assisted-tokenizers", k=2),
+              sampling=sampling, pair=retokenized, samples=samples)
+        for setting, sampling in SETTINGS.items())
+
+
+# The llama.cpp runs: (pair, k, modes, continuation length, samples a check), named
+# "llama.cpp MODE[ k3][ wide] SETTING". k = 3 reruns the drafting modes on the suite's pair; the
+# wide pair runs every mode, at 120,000 samples: its 32^3 cells need them to see a KL of 2e-3 at
+# T = 1 (3.1e-3 at 50,000, 2.4e-3 at 80,000).
+LLAMACPP_RUNS = (("close", 2, MODES, LLAMACPP_LENGTH, LLAMACPP_SAMPLES),
+                 ("close", 3, MODES[1:], LLAMACPP_LENGTH, LLAMACPP_SAMPLES),
+                 ("wide", 2, MODES, LLAMACPP_WIDE_LENGTH, 120_000))
+
+
+def llamacpp_entries(samples: int | None = None) -> tuple[Entry, ...]:
     """llama.cpp through xllamacpp (`testing.llamacpp`): plain sampling, the control; a draft
     model with greedy drafting (its default) and with probabilistic drafting; n-gram lookup;
-    each at T = 1, T = 0.7 with top-p 0.9 and T = 0.8 with top-k 4 and min-p 0.05; verdicts
+    each at T = 1, T = 0.7 with top-p 0.9 and T = 0.8 with top-k 4 and min-p 0.05, on the runs
+    of `LLAMACPP_RUNS`, at each run's sample size unless `samples` gives one for all; verdicts
     reported as measured."""
     return tuple(
-        Entry(f"llama.cpp {mode} {setting}", None, "llama.cpp server (xllamacpp)",
-              f"llama.cpp's {mode} decoding",
-              lambda mode=mode: llamacpp_sampler(mode, k=k),
-              sampling=sampling, samples=samples, length=LLAMACPP_LENGTH)
-        for mode in MODES for setting, sampling in LLAMACPP_SETTINGS.items())
+        Entry(f"llama.cpp {mode}" + (f" k{k}" if k != 2 else "")
+              + (f" {name}" if name != "close" else "") + f" {setting}",
+              None, "llama.cpp server (xllamacpp)", f"llama.cpp's {mode} decoding",
+              lambda mode=mode, k=k: llamacpp_sampler(mode, k=k),
+              sampling=sampling, pair=name, samples=samples or size, length=length)
+        for name, k, modes, length, size in LLAMACPP_RUNS for mode in modes
+        for setting, sampling in LLAMACPP_SETTINGS.items())

@@ -15,36 +15,81 @@ from __future__ import annotations
 import functools
 import tempfile
 
+import jax.numpy as jnp
 import numpy as np
+from tokenizers import Tokenizer, decoders, models
 
 from specjax.io.checkpoint import save
 from specjax.sampling.logits import SamplingParams
 from specjax.testing.law import Pair
 
-__all__ = ["METHODS", "transformers_sampler"]
+__all__ = ["DRAFT_TOKENS", "METHODS", "TARGET_TOKENS", "retokenized", "transformers_sampler"]
 
-METHODS = ("assisted", "prompt-lookup")
+METHODS = ("assisted", "prompt-lookup", "assisted-tokenizers")
+
+# The pair with two tokenizers (`retokenized`): the target's tokens are the letters a-f (ids
+# 0-5); the draft's are the same letters in another order, the merge "ab" (a draft token the
+# target spells as two) and "g" (a draft token with no target token at all).
+TARGET_TOKENS = ("a", "b", "c", "d", "e", "f")
+DRAFT_TOKENS = ("c", "a", "f", "b", "e", "d", "ab", "g")
+# Its prompt holds "ab", so that the draft reads it as one token where the target reads two.
+RETOKENIZED_PROMPT = (0, 1, 4, 2, 0, 1)
+
+
+def _torch_model(model):
+    """A specjax model as a transformers model (float32, eval mode)."""
+    # Optional dependencies: only this client needs them.
+    from transformers import AutoModelForCausalLM
+
+    with tempfile.TemporaryDirectory() as directory:
+        save(model, directory)
+        return AutoModelForCausalLM.from_pretrained(directory).float().eval()
 
 
 @functools.lru_cache(maxsize=4)
 def _torch_pair(pair: Pair):
-    """The pair's target and draft as transformers models (float32, eval mode)."""
-    # Optional dependencies: only this client needs them.
-    from transformers import AutoModelForCausalLM
+    """The pair's target and draft as transformers models."""
+    return _torch_model(pair.target), _torch_model(pair.draft)
 
-    models = []
-    for model in (pair.target, pair.draft):
-        with tempfile.TemporaryDirectory() as directory:
-            save(model, directory)
-            models.append(AutoModelForCausalLM.from_pretrained(directory).float().eval())
-    return tuple(models)
+
+@functools.lru_cache(maxsize=2)
+def retokenized(pair: Pair) -> Pair:
+    """`pair` with a draft of its own tokenizer (`DRAFT_TOKENS`: the target's letters permuted,
+    plus "ab" and "g"), for transformers' drafting across tokenizers: each letter's embedding
+    and output rows are the pair's draft's for that letter; "ab" reads as "b" after "a" does
+    (its embedding row is "b"'s) and scores as "a" (its output row is "a"'s); "g" has rows of
+    its own. The target, and so the law, are the pair's; the prompt holds "ab"."""
+    draft = pair.draft
+    rows = [TARGET_TOKENS.index(t) for t in DRAFT_TOKENS[:6]]
+    g = jnp.linspace(-0.5, 0.5, draft.config.d_model, dtype=jnp.float32)
+    embed = jnp.concatenate([draft.params["embed"][jnp.array(rows + [1])], g[None]])
+    head = jnp.concatenate([draft.params["lm_head"][jnp.array(rows + [0])], g[None]])
+    params = dict(draft.params, embed=embed, lm_head=head)
+    config = draft.config.replace(vocab_size=len(DRAFT_TOKENS))
+    return Pair(f"{pair.name}-retokenized", pair.target, type(draft)(config, params),
+                RETOKENIZED_PROMPT, f"{pair.about}; the draft with its own tokenizer")
+
+
+def _tokenizer(tokens):
+    """A transformers tokenizer over `tokens`: BPE with the merge "ab" where "ab" is a token,
+    no pre-tokenizer, decoded by joining the tokens."""
+    # Optional dependency: only this client needs it.
+    from transformers import PreTrainedTokenizerFast
+
+    merges = [("a", "b")] if "ab" in tokens else []
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
 
 
 def transformers_sampler(method: str = "assisted", k: int = 2, name: str | None = None):
     """A sampler running `model.generate(..., do_sample=True)` with `method`:
     "assisted" drafts `k` tokens a call with the pair's draft (`assistant_model`, a constant
     schedule); "prompt-lookup" drafts up to `k` tokens by matching the last 1-2 tokens in the
-    context (`prompt_lookup_num_tokens`)."""
+    context (`prompt_lookup_num_tokens`); "assisted-tokenizers" drafts `k` tokens a call with
+    a draft of its own tokenizer (`tokenizer=` and `assistant_tokenizer=`: check it on
+    `retokenized(pair)`), which transformers runs, when it samples, as TLI (token-level
+    intersection, `UniversalSpeculativeDecodingGenerator`)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
 
@@ -57,10 +102,18 @@ def transformers_sampler(method: str = "assisted", k: int = 2, name: str | None 
                        top_k=sampling.top_k, top_p=sampling.top_p,
                        min_p=sampling.min_p or None, max_new_tokens=length,
                        min_new_tokens=length, eos_token_id=None, pad_token_id=0)
-        if method == "assisted":
+        if method.startswith("assisted"):
             draft.generation_config.num_assistant_tokens = k
             draft.generation_config.num_assistant_tokens_schedule = "constant"
             options["assistant_model"] = draft
+        if method == "assisted-tokenizers":
+            # TLI prunes its draft's output rows in place, once per pair of tokenizer objects
+            # (it caches the mapping by them): a new draft and new tokenizers every call.
+            draft = _torch_model(pair.draft)
+            draft.generation_config.num_assistant_tokens = k
+            draft.generation_config.num_assistant_tokens_schedule = "constant"
+            options.update(assistant_model=draft, tokenizer=_tokenizer(TARGET_TOKENS),
+                           assistant_tokenizer=_tokenizer(DRAFT_TOKENS))
         else:
             options.update(prompt_lookup_num_tokens=k, max_matching_ngram_size=2)
         ids = torch.tensor(np.asarray(prompt, np.int64)[None])

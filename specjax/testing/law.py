@@ -1,9 +1,9 @@
 """What a lossless sampler must reproduce: small context-dependent target/draft pairs, the exact
 law of their short continuations, and the models' logits for every context a sampler may ask.
 
-A pair is two tiny random Llama models over a vocabulary of V = 6 tokens, the draft made from
-the target by adding noise to every weight, so that they agree on roughly half of the drafts,
-as a real pair does. Their next-token distributions depend on the whole context, unlike the
+A pair is two tiny random Llama models over a small vocabulary (V = 6 for the suite's pair, 32
+for the wide one), the draft made from the target by adding noise to every weight, so that they
+agree on half to two thirds of the drafts, as a real pair does. Their next-token distributions depend on the whole context, unlike the
 fixed per-position distributions some peers test with, so a sampler that reads the wrong
 position, or keeps a rejected token in its context, changes the law and is seen.
 
@@ -209,9 +209,14 @@ class Pair:
 
 # The pairs by name. "close" is the suite's pair (tests/test_distribution.py): the draft is the
 # target plus noise, and they agree on about half of the drafts.
+# "wide" has V = 32, above the 10 likeliest tokens that llama.cpp's draft sampler keeps: its
+# draft puts a fair share of its mass outside its own top 10 (`tests/test_llamacpp.py`), which a
+# 6-token vocabulary never reaches. Its law has 32^L cells, so its checks use L <= 3.
 PAIRS = {
     "close": dict(about="the suite's pair: V = 6, 2 layers, draft = target + noise",
-                  std=0.5, noise=0.15, prompt=(1, 4, 2, 1, 4)),
+                  vocab=6, std=0.5, noise=0.15, prompt=(1, 4, 2, 1, 4)),
+    "wide": dict(about="V = 32 (above llama.cpp's draft top-10), 2 layers, draft = target + "
+                       "noise", vocab=32, std=0.3, noise=0.15, prompt=(3, 17, 8, 29, 3)),
 }
 
 # Each pair ships as two Hugging Face checkpoint directories, <name>-target and <name>-draft:
@@ -224,7 +229,7 @@ SHIPPED = Path(__file__).resolve().parent / "pairs"
 def build_pair(name: str) -> Pair:
     """One of `PAIRS`, its weights drawn from its seeds."""
     spec = _spec(name)
-    target, draft = close_pair(vocab=6, std=spec["std"], noise=spec["noise"])
+    target, draft = close_pair(vocab=spec["vocab"], std=spec["std"], noise=spec["noise"])
     return Pair(name, target, draft, spec["prompt"], spec["about"])
 
 

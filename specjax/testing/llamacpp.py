@@ -4,9 +4,9 @@ xllamacpp (its server's completion handler) on the pair written as GGUF files, a
 
     report = testing.check(llamacpp_sampler("draft-probabilistic", k=2), length=4)
 
-The pair is written with the `gguf` package's writer (`write_gguf`), in the layout llama.cpp's
-converter writes (q and k rows permuted for its RoPE), and specjax's own GGUF reader loads the
-files back with the pair's logits (tests/test_llamacpp.py). Their vocabulary is the pair's V
+The pair is written with the `gguf` package's writer (`write_gguf`, on `io.gguf_write`), in
+the layout llama.cpp's converter writes (q and k rows permuted for its RoPE), and specjax's own
+GGUF reader loads the files back with the pair's logits (tests/test_llamacpp.py). Their vocabulary is the pair's V
 tokens, then three that only make the file a valid byte-level BPE vocabulary (a merge, BOS and
 EOS): their embedding and output rows are zero, and every request bans them by `logit_bias`, so
 llama.cpp samples from the pair's V tokens with the pair's probabilities. A token's text is
@@ -29,9 +29,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file
 
-from specjax.io.checkpoint import save
+from specjax.io.gguf_write import write_llama
 from specjax.model.transformer import Model
 from specjax.sampling.params import SamplingParams
 from specjax.testing.law import Pair
@@ -43,36 +42,10 @@ EXTRA_TOKENS = 3           # a merge, BOS and EOS, past the pair's vocabulary; a
 _BYTE_TOKENS = 33          # GPT-2's byte alphabet spells bytes 0-32 as chr(256 + byte)
 INSTALL = "pip install xllamacpp (llama.cpp's server in process, prebuilt CPU wheels)"
 
-# Hugging Face name -> GGUF name (convert_hf_to_gguf.py's table for Llama).
-_LAYER = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
-          "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
-          "self_attn.o_proj.weight": "attn_output.weight",
-          "post_attention_layernorm.weight": "ffn_norm.weight",
-          "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-          "mlp.down_proj.weight": "ffn_down.weight"}
-_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight"}
-
-
-def _gguf_name(name: str) -> str:
-    if name.startswith("model.layers."):
-        layer, rest = name[len("model.layers."):].split(".", 1)
-        return f"blk.{layer}.{_LAYER[rest]}"
-    return _TOP[name]
-
-
-def _rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
-    """q or k rows from Hugging Face's rotate-half order to llama.cpp's interleaved one."""
-    return (w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2)
-            .reshape(w.shape))
-
-
 def write_gguf(model: Model, path: str | Path) -> Path:
     """`model` (a float32 Llama of at most 32 tokens, such as a `Pair`'s) as a GGUF file that
     llama.cpp and `specjax.load` read, its vocabulary padded by `EXTRA_TOKENS` (module
     docstring)."""
-    import gguf                              # the `gguf` package: the test and bench extras
-
     config = model.config
     if config.arch != "llama" or config.tie_embeddings or config.qk_norm or config.dtype != "float32":
         raise ValueError("write_gguf writes an untied float32 Llama without q/k norms")
@@ -80,44 +53,19 @@ def write_gguf(model: Model, path: str | Path) -> Path:
     if vocab + 1 > _BYTE_TOKENS:
         raise ValueError(f"write_gguf spells each token as one byte: at most "
                          f"{_BYTE_TOKENS - 1} tokens, got {vocab}")
-    with tempfile.TemporaryDirectory() as directory:
-        save(model, directory)
-        tensors = load_file(str(Path(directory) / "model.safetensors"))
-    path = Path(path)
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(config.n_layers)
-    writer.add_context_length(config.max_positions)
-    writer.add_embedding_length(config.d_model)
-    writer.add_feed_forward_length(config.d_ff)
-    writer.add_head_count(config.n_heads)
-    writer.add_head_count_kv(config.n_kv_heads)
-    writer.add_rope_dimension_count(config.head_dim)
-    writer.add_rope_freq_base(config.rope_theta)
-    writer.add_layer_norm_rms_eps(config.norm_eps)
-    writer.add_vocab_size(vocab + EXTRA_TOKENS)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
-    spelled = [chr(256 + i) for i in range(vocab)]
-    writer.add_token_list(spelled + [spelled[0] + spelled[1], "<s>", "</s>"])
-    writer.add_token_types([1] * (vocab + 1) + [3, 3])       # normal; BOS and EOS: control
-    writer.add_token_merges([f"{spelled[0]} {spelled[1]}"])
-    writer.add_bos_token_id(vocab + 1)
-    writer.add_eos_token_id(vocab + 2)
-    writer.add_add_bos_token(False)
-    for name, tensor in tensors.items():
-        gname, a = _gguf_name(name), np.asarray(tensor, np.float32)
-        if gname.endswith("attn_q.weight"):
-            a = _rope_rows(a, config.n_heads)
-        elif gname.endswith("attn_k.weight"):
-            a = _rope_rows(a, config.n_kv_heads)
-        elif gname in ("token_embd.weight", "output.weight"):
-            a = np.concatenate([a, np.zeros((EXTRA_TOKENS, a.shape[1]), np.float32)])
-        writer.add_tensor(gname, a)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+
+    def vocabulary(writer):
+        spelled = [chr(256 + i) for i in range(vocab)]
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("gpt-2")
+        writer.add_token_list(spelled + [spelled[0] + spelled[1], "<s>", "</s>"])
+        writer.add_token_types([1] * (vocab + 1) + [3, 3])      # normal; BOS and EOS: control
+        writer.add_token_merges([f"{spelled[0]} {spelled[1]}"])
+        writer.add_bos_token_id(vocab + 1)
+        writer.add_eos_token_id(vocab + 2)
+        writer.add_add_bos_token(False)
+
+    return write_llama(model, path, vocabulary=vocabulary, pad_rows=EXTRA_TOKENS)
 
 
 def _xllamacpp():

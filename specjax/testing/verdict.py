@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 
 from specjax.sampling.logits import SamplingParams
 from specjax.testing.check import Report, check
+from specjax.testing.law import Pair
 
 __all__ = ["Entry", "Verdict", "closing", "preface", "row", "run", "table"]
 
@@ -23,7 +24,7 @@ class Entry:
     idea: str
     make: Callable[[], Callable]          # -> the sampler
     sampling: SamplingParams = SamplingParams(1.0)
-    pair: str = "close"
+    pair: "str | Pair" = "close"          # a pair's name (`testing.PAIRS`), or a `Pair`
     samples: int = 100_000
     controls: dict | None = None          # penalties and bias (`check`'s `controls`)
     length: int = 3                       # tokens per continuation (`check`'s `length`)
