@@ -428,7 +428,7 @@ def test_check_prints_the_verdicts_and_exits_by_them(env, capsys):
                                "--identity-tokens must be >= 1, got 0"),
            "identity nothing": (["--identity", "--identity-dtypes", "none"],
                                 "--identity: no rows to run (no dtype or method, and no "
-                                "--llama-cpp)")}
+                                "--llama-cpp or --transformers)")}
     for name, (args, message) in bad.items():          # in this process (test_bad_inputs...)
         proc = run_main(["check", *args], capsys)
         assert proc.returncode == 2 and proc.stderr.splitlines() == [f"specjax: error: {message}"], (

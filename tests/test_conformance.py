@@ -248,3 +248,21 @@ def test_transformers_drafting_across_tokenizers_runs_tli_on_the_retokenized_pai
     out = sampler(pair, np.asarray(pair.prompt), 0, samples=20, length=3,
                   sampling=SamplingParams(1.0))
     assert out.shape == (20, 3) and out.max() < 6 and len(calls) >= 20
+
+
+@pytest.mark.slow
+def test_transformers_greedy_identity_rows_run_uad(monkeypatch):
+    # transformers runs UAD (drafting across tokenizers by re-encoding text) only greedy, so
+    # its check is greedy identity: the rows of `identity.transformers_rows` on the kit's pair
+    # (36 contexts, 8 tokens here, 16 in the record), through UAD's own generator. Measured (transformers 5.24): no
+    # row parts from plain greedy decoding, and that is what is asserted.
+    from transformers.generation import candidate_generator
+    from specjax.testing import identity
+    cls = candidate_generator.AssistedCandidateGeneratorDifferentTokenizers
+    calls, real = [], cls.get_candidates
+    monkeypatch.setattr(cls, "get_candidates",
+                        lambda self, *a, **k: calls.append(type(self)) or real(self, *a, **k))
+    rows = identity.transformers_rows(tokens=8)
+    assert [(r.method, len(r.first)) for r in rows] == [("assisted k=2", 36), ("uad k=2", 36)]
+    assert calls and set(calls) == {cls}
+    assert all(r.diverged == 0 for r in rows), identity.table(rows)

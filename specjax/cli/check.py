@@ -30,8 +30,10 @@ speculation (their verdicts are reported as measured, with the engine's version)
 --identity runs the greedy-identity check instead (specjax.testing.identity): each engine's
 greedy decoding of SmolLM2 with speculation against the same engine's without, on 21 prompts,
 and the first new token where they part; specjax in each dtype and method, and llama.cpp (F16,
-Q8_0, Q4_1; a draft model and n-gram lookup) with --llama-cpp. Exit status 1 when a specjax row
-parts (specjax claims identity in every dtype); llama.cpp's rows are reported as measured.
+Q8_0, Q4_1; a draft model and n-gram lookup) with --llama-cpp, and transformers' assisted and
+different-tokenizer (UAD) greedy decoding of the kit's tiny pair with --transformers. Exit
+status 1 when a specjax row parts (specjax claims identity in every dtype); the other engines'
+rows are reported as measured.
 
   python -m specjax check --identity --identity-dtypes float32 --identity-methods ngram
   python -m specjax check --identity --llama-cpp
@@ -121,8 +123,9 @@ def run_identity(args) -> int:
     methods = _names(args.identity_methods, IDENTITY_METHODS, "--identity-methods")
     if args.identity_tokens < 1:
         raise CLIError(f"--identity-tokens must be >= 1, got {args.identity_tokens}")
-    if not (dtypes and methods) and not args.llama_cpp:
-        raise CLIError("--identity: no rows to run (no dtype or method, and no --llama-cpp)")
+    if not (dtypes and methods) and not (args.llama_cpp or args.transformers):
+        raise CLIError("--identity: no rows to run (no dtype or method, and no --llama-cpp "
+                       "or --transformers)")
     if args.llama_cpp:
         try:
             print(f"llama.cpp: xllamacpp {engine_version()}", flush=True)
@@ -134,6 +137,9 @@ def run_identity(args) -> int:
         if dtypes and methods else []
     if args.llama_cpp:
         identity.llamacpp_rows(tokens=args.identity_tokens, progress=show)
+    if args.transformers:
+        for r in identity.transformers_rows():
+            show(r)
     return 1 if any(r.diverged for r in rows) else 0
 
 

@@ -134,3 +134,31 @@ def transformers_sampler(method: str = "assisted", k: int = 2, name: str | None 
 
     sampler.__name__ = name or f"transformers {method}"
     return sampler
+
+
+def greedy(pair: Pair, prompts, tokens: int, method: str | None = None, k: int = 2):
+    """transformers' greedy decoding (`do_sample=False`) of each prompt by the pair's target:
+    plain (`method` None), with its draft ("assisted", `k` tokens a call), or with a draft of
+    its own tokenizer ("assisted-tokenizers", `retokenized(pair)`'s: transformers runs UAD,
+    `AssistedCandidateGeneratorDifferentTokenizers`, when it does not sample)."""
+    # Optional dependency: only this client needs it.
+    import torch
+
+    target = _torch_pair(pair)[0]
+    options = dict(do_sample=False, max_new_tokens=tokens, min_new_tokens=tokens,
+                   eos_token_id=None, pad_token_id=0)
+    if method is not None:
+        draft = _torch_model(pair.draft)     # a new one a call, as in `transformers_sampler`
+        draft.generation_config.num_assistant_tokens = k
+        draft.generation_config.num_assistant_tokens_schedule = "constant"
+        options["assistant_model"] = draft
+    if method == "assisted-tokenizers":
+        options.update(tokenizer=_tokenizer(TARGET_TOKENS),
+                       assistant_tokenizer=_tokenizer(DRAFT_TOKENS))
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor(np.asarray(prompt, np.int64)[None])
+            out.append(target.generate(ids, attention_mask=torch.ones_like(ids), **options)
+                       [0, ids.shape[1]:].tolist())
+    return out

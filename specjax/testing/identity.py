@@ -40,10 +40,11 @@ from specjax.io.fetch import cache_root, fetch, source_gguf
 from specjax.io.gguf_write import reencode, write_llama
 from specjax.presets import PRESETS, WEIGHTS
 from specjax.sampling.params import SamplingParams
+from specjax.testing import hf, law
 from specjax.testing.llamacpp import engine_version
 
 __all__ = ["KINDS", "METHODS", "PROMPTS", "Row", "first_divergence", "heading", "line",
-           "llamacpp_rows",
+           "llamacpp_rows", "transformers_rows",
            "row", "specjax_rows", "table"]
 
 METHODS = methods_where(lambda m: m.drafts)     # each against autoregressive decoding
@@ -264,6 +265,28 @@ def llamacpp_rows(kinds: Sequence[str] = LLAMACPP_KINDS,
     return rows
 
 
+def transformers_rows(tokens: int = 16) -> list[Row]:
+    """transformers' greedy decoding of the kit's pair (`testing.pair("close")`), assisted by
+    its draft and by a draft of its own tokenizer (UAD, on `hf.retokenized`), against its plain
+    greedy decoding, from the retokenized pair's prompt followed by each of the 36 two-token
+    contexts (a tiny model: its rows say whether the mechanics keep greedy identity, not how a
+    real model's rounding behaves). transformers samples across tokenizers only by TLI, which
+    `check --transformers` judges; UAD runs only greedy, so this is its check."""
+    import transformers    # optional: only these rows need it (and torch)
+
+    retokenized = hf.retokenized(law.pair("close"))
+    prompts = [list(retokenized.prompt) + [a, b] for a in range(6) for b in range(6)]
+    plain = hf.greedy(retokenized, prompts, tokens)
+    rows = []
+    for method, label in (("assisted", "assisted k=2"), ("assisted-tokenizers", "uad k=2")):
+        pair = law.pair("close") if method == "assisted" else retokenized
+        start = time.perf_counter()
+        fast = hf.greedy(pair, prompts, tokens, method)
+        rows.append(row("transformers pair", label, plain, fast, tokens,
+                        time.perf_counter() - start, transformers.__version__))
+    return rows
+
+
 HEADER = (f"{'engine':<18} {'method':<18} {'prompts':>7} {'diverge':>7} "
           f"{'median first':>12} {'time s':>7}  first divergence per prompt")
 
@@ -282,7 +305,8 @@ def heading(tokens: int = NEW_TOKENS) -> str:
     return "\n".join([f"Greedy identity on SmolLM2-135M-Instruct: {sum(map(len, PROMPTS.values()))}"
                       f" prompts ({kinds}), {tokens} new tokens each, one prompt a request; per "
                       f"prompt, the first new token (0-based) where speculation parts from the "
-                      f"same engine's plain greedy decoding, '.' where it never does.", "",
+                      f"same engine's plain greedy decoding, '.' where it never does. (Rows of "
+                      f"'transformers pair': the kit's tiny pair, its 36 two-token contexts.)", "",
                       HEADER])
 
 
