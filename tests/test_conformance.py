@@ -253,9 +253,10 @@ def test_transformers_drafting_across_tokenizers_runs_tli_on_the_retokenized_pai
 @pytest.mark.slow
 def test_transformers_greedy_identity_rows_run_uad(monkeypatch):
     # transformers runs UAD (drafting across tokenizers by re-encoding text) only greedy, so
-    # its check is greedy identity: the rows of `identity.transformers_rows` on the kit's pair
-    # (36 contexts, 8 tokens here, 16 in the record), through UAD's own generator. Measured (transformers 5.24): no
-    # row parts from plain greedy decoding, and that is what is asserted.
+    # its check is greedy identity: the rows of `identity.transformers_rows` on the kit's
+    # pair (36 contexts, 8 tokens here, 16 in the record), through UAD's own generator.
+    # Measured (transformers 5.24): no row parts from plain greedy decoding, and that is
+    # what is asserted.
     from transformers.generation import candidate_generator
     from specjax.testing import identity
     cls = candidate_generator.AssistedCandidateGeneratorDifferentTokenizers

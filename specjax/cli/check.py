@@ -19,8 +19,9 @@ Runs the catalogue of specjax.testing: numpy references of speculative-sampling 
 public code (each must be rejected) and of exact schemes that look wrong (each must pass), each
 checked against the exact law of 3-token continuations of a tiny target/draft pair by G-tests at
 one family-wise level. --specjax adds specjax's own methods, --transformers adds transformers'
-assisted generation, prompt lookup and drafting across tokenizers (TLI), --llama-cpp llama.cpp's sampling, draft-model and n-gram
-speculation (their verdicts are reported as measured, with the engine's version).
+assisted generation, prompt lookup and drafting across tokenizers (TLI), --llama-cpp llama.cpp's
+sampling, draft-model and n-gram speculation (their verdicts are reported as measured, with the
+engine's version).
 
   python -m specjax check
   python -m specjax check --only always-accept speculative

@@ -37,6 +37,7 @@ Sampler = Callable[..., np.ndarray]
 SAMPLES = 100_000
 LENGTH = 3
 LEVEL = 0.01
+MAX_CELLS = 2 ** 20     # continuations the law enumerates (32^4, 6^7)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +117,8 @@ def check(sampler: Sampler, *, pair: Pair | str = "close", sampling: SamplingPar
       pair: a `Pair`, or the name of one of `specjax.testing.PAIRS`.
       sampling: the `SamplingParams` the sampler is asked to sample the target under; greedy
         (temperature 0) is not a distribution test and is refused.
-      length: tokens per continuation, 1-4 (the law has V^length cells).
+      length: tokens per continuation, 1-8, with V^length (the law's cells) at most
+        `MAX_CELLS`.
       samples: continuations to draw (sets the power: `Report.detectable_kl`).
       seed: handed to the sampler; fixed seeds make the verdict reproducible.
       level: family-wise significance level of the check's tests (Bonferroni).
@@ -135,13 +137,16 @@ def check(sampler: Sampler, *, pair: Pair | str = "close", sampling: SamplingPar
     if sampling.greedy:
         raise ValueError("sampling.temperature must be > 0: at temperature 0 the law is one "
                          "continuation, compare tokens instead")
-    for key, value, low, high in (("length", length, 1, 4), ("samples", samples, 1, 10 ** 8),
+    for key, value, low, high in (("length", length, 1, 8), ("samples", samples, 1, 10 ** 8),
                                   ("seed", seed, 0, 2 ** 32 - 1)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not (
                 low <= value <= high):
             raise ValueError(f"{key} must be an integer in [{low}, {high}], got {value!r}")
     if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level!r}")
+    if pair.vocab ** length > MAX_CELLS:
+        raise ValueError(f"length {length} gives {pair.vocab ** length:,} continuations of the "
+                         f"pair's {pair.vocab} tokens: the law enumerates at most {MAX_CELLS:,}")
 
     start = time.perf_counter()
     extra = {"controls": controls} if controls else {}

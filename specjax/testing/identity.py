@@ -184,7 +184,7 @@ LLAMACPP_KINDS = ("F16", "Q8_0", "Q4_1")
 LLAMACPP_MODES = ("draft-simple", "ngram-simple")
 
 
-def _llamacpp_server(path: Path, mode: str, draft: Path | None):
+def _llamacpp_server(path: Path, mode: str, draft: Path | None, threads: int):
     import xllamacpp as xl    # optional: only the llama.cpp rows need it (engine_version says so)
 
     params = xl.CommonParams()
@@ -192,7 +192,6 @@ def _llamacpp_server(path: Path, mode: str, draft: Path | None):
     params.n_ctx = 1024
     params.n_parallel = 1
     params.verbosity = -1
-    threads = len(os.sched_getaffinity(0))
     for cpu in (params.cpuparams, params.cpuparams_batch):
         cpu.n_threads = threads
     kinds = xl.common_speculative_type
@@ -233,13 +232,16 @@ def _llamacpp_greedy(server, prompts, tokens: int) -> tuple[list[list[int]], int
 
 def llamacpp_rows(kinds: Sequence[str] = LLAMACPP_KINDS,
                   modes: Sequence[str] = LLAMACPP_MODES, *, tokens: int = NEW_TOKENS,
+                  threads: int | None = None,
                   progress: Callable[[Row], None] | None = None) -> list[Row]:
     """llama.cpp's greedy decoding of SmolLM2 (`fetch smollm2`'s Q4_1 GGUF, and F16 and Q8_0
     re-encodings of it), each of `modes` against its plain decoding: DRAFT_SIMPLE with the
     SmolLM2 draft (`weights/smollm2-draft` written as a float32 GGUF with SmolLM2's tokenizer,
     K drafts a step) and NGRAM_SIMPLE (the K tokens after an earlier match of the last
-    NGRAM_MATCH tokens)."""
+    NGRAM_MATCH tokens). `threads`: llama.cpp's threads (default: the cores this process may
+    use; its threads wait for each other by spinning, so give it one where others run)."""
     version = engine_version()
+    threads = threads or len(os.sched_getaffinity(0))
     directory = fetch("smollm2")
     source = source_gguf(directory)
     target = load(directory)
@@ -251,11 +253,12 @@ def llamacpp_rows(kinds: Sequence[str] = LLAMACPP_KINDS,
     rows = []
     for kind in kinds:
         path = reencode(source, kind, files)
-        plain, _ = _llamacpp_greedy(_llamacpp_server(path, "plain", None), prompts, tokens)
+        server = _llamacpp_server(path, "plain", None, threads)
+        plain, _ = _llamacpp_greedy(server, prompts, tokens)
         for mode in modes:
             start = time.perf_counter()
-            fast, drafted = _llamacpp_greedy(_llamacpp_server(path, mode, draft), prompts,
-                                             tokens)
+            server = _llamacpp_server(path, mode, draft, threads)
+            fast, drafted = _llamacpp_greedy(server, prompts, tokens)
             if not drafted:
                 raise RuntimeError(f"llama.cpp {kind} {mode} drafted nothing")
             rows.append(row(f"llama.cpp {kind}", f"{mode} k={K}", plain, fast, tokens,

@@ -3,9 +3,10 @@ law of their short continuations, and the models' logits for every context a sam
 
 A pair is two tiny random Llama models over a small vocabulary (V = 6 for the suite's pair, 32
 for the wide one), the draft made from the target by adding noise to every weight, so that they
-agree on half to two thirds of the drafts, as a real pair does. Their next-token distributions depend on the whole context, unlike the
-fixed per-position distributions some peers test with, so a sampler that reads the wrong
-position, or keeps a rejected token in its context, changes the law and is seen.
+agree on half to two thirds of the drafts, as a real pair does. Their next-token distributions
+depend on the whole context, unlike the fixed per-position distributions some peers test with,
+so a sampler that reads the wrong position, or keeps a rejected token in its context, changes
+the law and is seen.
 
 The law of the L-token continuations of a prompt is enumerated: all V^L of them, each the
 product of the target's next-token probabilities along it, after temperature, top-k and top-p

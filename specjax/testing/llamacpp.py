@@ -4,13 +4,14 @@ xllamacpp (its server's completion handler) on the pair written as GGUF files, a
 
     report = testing.check(llamacpp_sampler("draft-probabilistic", k=2), length=4)
 
-The pair is written with the `gguf` package's writer (`write_gguf`, on `io.gguf_write`), in
-the layout llama.cpp's converter writes (q and k rows permuted for its RoPE), and specjax's own
-GGUF reader loads the files back with the pair's logits (tests/test_llamacpp.py). Their vocabulary is the pair's V
-tokens, then three that only make the file a valid byte-level BPE vocabulary (a merge, BOS and
-EOS): their embedding and output rows are zero, and every request bans them by `logit_bias`, so
-llama.cpp samples from the pair's V tokens with the pair's probabilities. A token's text is
-one byte, its id (GPT-2's byte alphabet), which is how a completion's text is read back.
+The pair is written with the `gguf` package's writer (`write_gguf`, on `io.gguf_write`), in the
+layout llama.cpp's converter writes (q and k rows permuted for its RoPE), and specjax's own GGUF
+reader loads the files back with the pair's logits (tests/test_llamacpp.py). Their vocabulary is
+the pair's V tokens, then three that only make the file a valid byte-level BPE vocabulary (a
+merge, BOS and EOS): their embedding and output rows are zero, and every request bans them by
+`logit_bias`, so llama.cpp samples from the pair's V tokens with the pair's probabilities. A
+token's text is one byte, its id (GPT-2's byte alphabet), which is how a completion's text is
+read back.
 
 Every sampler stage but the setting's is switched off, and the chain is given in specjax's
 order: temperature, then top-k, top-p and min-p (`sampling.logits`). One completion per sample,
@@ -47,7 +48,8 @@ def write_gguf(model: Model, path: str | Path) -> Path:
     llama.cpp and `specjax.load` read, its vocabulary padded by `EXTRA_TOKENS` (module
     docstring)."""
     config = model.config
-    if config.arch != "llama" or config.tie_embeddings or config.qk_norm or config.dtype != "float32":
+    if (config.arch != "llama" or config.tie_embeddings or config.qk_norm
+            or config.dtype != "float32"):
         raise ValueError("write_gguf writes an untied float32 Llama without q/k norms")
     vocab = config.vocab_size
     if vocab + 1 > _BYTE_TOKENS:
