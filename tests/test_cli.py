@@ -405,7 +405,7 @@ def test_check_prints_the_verdicts_and_exits_by_them(env, capsys):
     # `python -m specjax check` (docs/conformance.md) on two entries: a bug rejected, an exact
     # scheme accepted, exit 0 because both verdicts are the expected ones.
     listed = specjax_cli(["check", "--list"], env)
-    assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 17
+    assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 18
     assert "same-noise-resample" in listed.stdout and "vLLM #54282" in listed.stdout
     proc = specjax_cli(["check", "--only", "always-accept", "speculative", "--samples", "20000"],
                        env)

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# llama.cpp judged on k = 3 (the suite's pair, 4-token continuations) and on the wide pair
-# (V = 32, 3-token continuations): 21 checks, 50,000 samples each (120,000 on the wide pair),
-# one family at 0.01 run as two
-# processes side by side (one llama.cpp thread each), each at its share of the level
-# (9/21 and 12/21 of 0.01), so every check is tested at 0.01 / 21. Writes
+# llama.cpp judged on k = 3 (the suite's pair, 5-token continuations, 80,000 samples) and on
+# the wide pair (V = 32, 3-token continuations, 120,000 samples): 21 checks, one family at 0.01
+# run as two processes side by side (one llama.cpp thread each), each at its share of the
+# level (9/21 and 12/21 of 0.01), so every check is tested at 0.01 / 21. Writes
 # verdicts-k3.txt and verdicts-wide.txt beside this script (docs/conformance.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

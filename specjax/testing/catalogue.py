@@ -135,6 +135,18 @@ class Bfloat16DrawnFloat32Judged(Speculative):
         return draw(rng, drawn), warp(lookup.draft(tokens, lengths), sampling)
 
 
+class PermutedDraftProbabilities(Speculative):
+    """Drafts drawn from the draft's distribution, each reported with another token's
+    probability: the draft's scores are scattered into the target's vocabulary by one ordering
+    of the tokens the two share, while the drafted ids are mapped by another."""
+
+    SHIFT = 1       # token x reported with the probability of token x + 1 (mod V)
+
+    def propose(self, rng, lookup, tokens, lengths, sampling):
+        p = warp(lookup.draft(tokens, lengths), sampling)
+        return draw(rng, p), np.roll(p, -self.SHIFT, axis=-1)
+
+
 class AlwaysAccept(Speculative):
     """Every draft accepted (a match count that never stops at a rejection)."""
 
@@ -334,6 +346,12 @@ CATALOGUE = (
     _reference("greedy-match-when-sampling", False, "mlxcel #902", GreedyMatchWhenSampling()),
     _reference("penalties-count-committed-only", False, "SGLang #33643, vLLM #18902",
                PenaltiesCountCommittedOnly(PENALTIES), controls=PENALTIES),
+    # Found by this kit in transformers 5.24's TLI (drafting across tokenizers): with the draft's
+    # head pruned to the shared tokens, `AssistantToTargetTranslator.get_target_logits` files
+    # the pruned scores in assistant-id order and `get_target_ids` maps the drafted ids in the
+    # order of the assistant tokenizer's `get_vocab()` (docs/conformance.md).
+    _reference("permuted-draft-probabilities", False, "transformers 5.24 TLI (found by this kit)",
+               PermutedDraftProbabilities()),
     # Exact schemes, some of which look wrong: each must pass.
     _reference("autoregressive", True, "the definition", _autoregressive),
     _reference("speculative", True, "Chen et al. 2023, Algorithm 2", Speculative()),
