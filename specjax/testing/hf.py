@@ -46,6 +46,13 @@ def _torch_model(model):
         return AutoModelForCausalLM.from_pretrained(directory).float().eval()
 
 
+def _assistant(draft, k: int):
+    """`draft` set to propose `k` tokens a call (a constant schedule)."""
+    draft.generation_config.num_assistant_tokens = k
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    return draft
+
+
 @functools.lru_cache(maxsize=4)
 def _torch_pair(pair: Pair):
     """The pair's target and draft as transformers models."""
@@ -102,17 +109,13 @@ def transformers_sampler(method: str = "assisted", k: int = 2, name: str | None 
                        top_k=sampling.top_k, top_p=sampling.top_p,
                        min_p=sampling.min_p or None, max_new_tokens=length,
                        min_new_tokens=length, eos_token_id=None, pad_token_id=0)
-        if method.startswith("assisted"):
-            draft.generation_config.num_assistant_tokens = k
-            draft.generation_config.num_assistant_tokens_schedule = "constant"
-            options["assistant_model"] = draft
-        if method == "assisted-tokenizers":
+        if method == "assisted":
+            options["assistant_model"] = _assistant(draft, k)
+        elif method == "assisted-tokenizers":
             # TLI prunes its draft's output rows in place, once per pair of tokenizer objects
             # (it caches the mapping by them): a new draft and new tokenizers every call.
-            draft = _torch_model(pair.draft)
-            draft.generation_config.num_assistant_tokens = k
-            draft.generation_config.num_assistant_tokens_schedule = "constant"
-            options.update(assistant_model=draft, tokenizer=_tokenizer(TARGET_TOKENS),
+            options.update(assistant_model=_assistant(_torch_model(pair.draft), k),
+                           tokenizer=_tokenizer(TARGET_TOKENS),
                            assistant_tokenizer=_tokenizer(DRAFT_TOKENS))
         else:
             options.update(prompt_lookup_num_tokens=k, max_matching_ngram_size=2)
@@ -148,10 +151,8 @@ def greedy(pair: Pair, prompts, tokens: int, method: str | None = None, k: int =
     options = dict(do_sample=False, max_new_tokens=tokens, min_new_tokens=tokens,
                    eos_token_id=None, pad_token_id=0)
     if method is not None:
-        draft = _torch_model(pair.draft)     # a new one a call, as in `transformers_sampler`
-        draft.generation_config.num_assistant_tokens = k
-        draft.generation_config.num_assistant_tokens_schedule = "constant"
-        options["assistant_model"] = draft
+        # A new draft a call, as in `transformers_sampler`.
+        options["assistant_model"] = _assistant(_torch_model(pair.draft), k)
     if method == "assisted-tokenizers":
         options.update(tokenizer=_tokenizer(TARGET_TOKENS),
                        assistant_tokenizer=_tokenizer(DRAFT_TOKENS))
