@@ -325,6 +325,29 @@ def test_confidence_schedule_run_reports_its_draft_length(generated, env):
     assert 1.0 <= drafted < 4.0                            # it stopped before K = 4 somewhere
 
 
+def test_without_k_schedule_or_tree_each_method_runs_its_measured_default():
+    # `Record.measured_default` (docs/benchmarks.md, "Defaults"): the command line's speculative
+    # decoding drafts at most 8 on the confidence schedule and n-gram lookup 2 a step, alone or
+    # under --method all; once -k, a schedule or a tree is given, the object's own defaults hold.
+    from specjax.cli.generate_inputs import for_method, method_object
+    from specjax.presets import WEIGHTS
+    beside = {"speculative": specjax.load(WEIGHTS / "llama-draft")}
+    none = dict(k=None, k_schedule=None, k_start=None, confidence_threshold=None, tree=None,
+                candidates=None, max_ngram=3, min_ngram=1, drafter_dtype=None)
+
+    def made(method, several=False, **given):
+        return method_object(method, for_method(method, dict(none, **given), beside, several))
+    for several in (False, True):
+        speculative, ngram = made("speculative", several), made("ngram", several)
+        assert (speculative.k, speculative.k_schedule) == (8, "confidence"), several
+        assert speculative.confidence_threshold is None        # the schedule's own 0.4
+        assert (ngram.k, ngram.k_schedule) == (2, "constant"), several
+        given = made("speculative", several, k=4)
+        assert (given.k, given.k_schedule) == (4, "constant"), several
+        assert made("ngram", several, k_schedule="heuristic").k == 4
+        assert made("speculative", several, k_schedule="heuristic").k == 4
+
+
 def test_stdin_prompt_colours_and_ctrl_c(generated, env):
     """A prompt on stdin gives the same text; --show-acceptance forces colours even when piped;
     Ctrl-C exits with 130 and no traceback."""

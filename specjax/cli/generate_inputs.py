@@ -111,6 +111,8 @@ def for_method(method: str, options: dict, beside: dict, several: bool) -> dict:
     options = dict(options)
     if entry.loads:
         options[entry.loads] = beside.get(method)
+    if all(options.get(name) is None for name in LENGTH_OPTIONS):
+        options.update(entry.measured_default)
     if several:
         options.update({name: None for name in SHARED if name not in entry.under_all})
         if options["k_schedule"] not in entry.schedules:
@@ -129,6 +131,10 @@ def method_object(method: str, given: dict):
             raise GenerationError(f"{flag(name)} does not apply to --method {method}")
     return build(method, others="ignore", **given)
 
+
+# The options that say how much a step drafts: with none of them given, a method runs its
+# measured best (`Record.measured_default`).
+LENGTH_OPTIONS = ("k", "k_schedule", "k_start", "confidence_threshold", "tree")
 
 # The options --method all shares between the methods that take them (`for_method`).
 SHARED = ("k", "tree", "candidates", "drafter_dtype")

@@ -56,6 +56,10 @@ class Record:
     own_tree: bool = False
     # The other engines that run the same method, which the bench times beside it.
     peers: tuple[str, ...] = ()
+    # What the command line runs when none of k, the schedule and the tree is given: the
+    # measured best on SmolLM2 over the bench's quick prompts (docs/benchmarks.md, "Defaults"),
+    # as (option, value) pairs; () leaves the method object's own defaults.
+    measured_default: tuple[tuple[str, object], ...] = ()
 
     @property
     def under_all(self) -> tuple[str, ...]:
@@ -81,10 +85,11 @@ REGISTRY = {m.name: m for m in (
            loads="draft", flag="draft", kind=Model, what="a draft model",
            options=(*_TREE, "drafter_dtype", "shard_draft"),
            schedules=("constant", "heuristic", "confidence"), chain=True,
-           peers=("transformers",)),
+           peers=("transformers",),
+           measured_default=(("k", 8), ("k_schedule", "confidence"))),
     Record("ngram", ngram, "drafts copied from the prompt and the output (prompt lookup)",
            options=("k", "tree", "max_ngram", "min_ngram"), schedules=("constant", "heuristic"),
-           chain=True, peers=("transformers", "llama.cpp")),
+           chain=True, peers=("transformers", "llama.cpp"), measured_default=(("k", 2),)),
     Record("medusa", medusa, "extra heads on the target propose a token tree",
            loads="heads", flag="heads", kind=Heads, what="Medusa heads",
            options=("tree", "candidates", "drafter_dtype"), own_tree=True),
