@@ -327,7 +327,7 @@ def test_confidence_schedule_run_reports_its_draft_length(generated, env):
 
 def test_without_k_schedule_or_tree_each_method_runs_its_measured_default():
     # `Record.measured_default` (docs/benchmarks.md, "Defaults"): the command line's speculative
-    # decoding drafts at most 8 on the confidence schedule and n-gram lookup 2 a step, alone or
+    # decoding drafts at most 4 on the confidence schedule and n-gram lookup 2 a step, alone or
     # under --method all; once -k, a schedule or a tree is given, the object's own defaults hold.
     from specjax.cli.generate_inputs import for_method, method_object
     from specjax.presets import WEIGHTS
@@ -339,11 +339,11 @@ def test_without_k_schedule_or_tree_each_method_runs_its_measured_default():
         return method_object(method, for_method(method, dict(none, **given), beside, several))
     for several in (False, True):
         speculative, ngram = made("speculative", several), made("ngram", several)
-        assert (speculative.k, speculative.k_schedule) == (8, "confidence"), several
+        assert (speculative.k, speculative.k_schedule) == (4, "confidence"), several
         assert speculative.confidence_threshold is None        # the schedule's own 0.4
         assert (ngram.k, ngram.k_schedule) == (2, "constant"), several
-        given = made("speculative", several, k=4)
-        assert (given.k, given.k_schedule) == (4, "constant"), several
+        given = made("speculative", several, k=6)
+        assert (given.k, given.k_schedule) == (6, "constant"), several
         assert made("ngram", several, k_schedule="heuristic").k == 4
         assert made("speculative", several, k_schedule="heuristic").k == 4
 

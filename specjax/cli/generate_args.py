@@ -28,12 +28,13 @@ def decoding_arguments(parser: argparse.ArgumentParser) -> None:
                    help="default: speculative; all runs every method and compares them")
     d.add_argument("-n", "--max-new-tokens", type=int, default=64, help="default: 64")
     d.add_argument("-k", type=int, default=None,
-                   help="tokens drafted per step (speculative, ngram; default: 4 once -k, "
-                        "--k-schedule or a tree is given, else each method's measured best: "
-                        "speculative at most 8 on the confidence schedule, ngram 2); for "
+                   help="tokens drafted per step (speculative, ngram; default: 4, and with "
+                        "no -k, --k-schedule or tree each method's measured best: speculative "
+                        "at most 4 on the confidence schedule, ngram 2); for "
                         "dflash, how many of the block's drafts a step verifies (default: all)")
     d.add_argument("--k-schedule", default=None, metavar="SCHEDULE",
-                   help="how many of the k tokens each step drafts: constant (k), "
+                   help="how many of the k tokens each step drafts: constant (k; the default "
+                        "once -k or a tree is given), "
                         "heuristic (per row: + 2 after a fully accepted step, - 1 otherwise; "
                         "speculative, ngram) or confidence (stop after a draft token whose "
                         "probability is below --confidence-threshold; speculative)")

@@ -86,7 +86,7 @@ REGISTRY = {m.name: m for m in (
            options=(*_TREE, "drafter_dtype", "shard_draft"),
            schedules=("constant", "heuristic", "confidence"), chain=True,
            peers=("transformers",),
-           measured_default=(("k", 8), ("k_schedule", "confidence"))),
+           measured_default=(("k_schedule", "confidence"),)),
     Record("ngram", ngram, "drafts copied from the prompt and the output (prompt lookup)",
            options=("k", "tree", "max_ngram", "min_ngram"), schedules=("constant", "heuristic"),
            chain=True, peers=("transformers", "llama.cpp"), measured_default=(("k", 2),)),
