@@ -196,8 +196,18 @@ def load_drafters(args, methods) -> tuple[dict, dict]:
         if isinstance(loaded, kind):
             found[method] = loaded
         else:
-            why[method] = missing if loaded is None else f"{path} is not {what}"
+            why[method] = missing if loaded is None else _mismatch(args, path, loaded, what)
     return found, why
+
+
+def _mismatch(args, path: Path, loaded, what: str) -> str:
+    """Why a loaded drafter directory does not serve a method: what it holds instead, and
+    whether the preset chose it."""
+    holds = next((m.what for m in REGISTRY.values() if m.kind is type(loaded)),
+                 type(loaded).__name__)
+    if args.drafter:
+        return f"{path} holds {holds}, not {what}"
+    return f"preset {args.preset or DEFAULT_PRESET}'s drafter ({path}) holds {holds}, not {what}"
 
 
 def _beside_target(args, given, field: str, what: str, flag: str) -> tuple[Path | None, str]:

@@ -195,6 +195,7 @@ def bad_inputs(tiny):
                                       "eagle", "--drafter", str(WEIGHTS / "llama-eagle"), *prompt],
         "heads as drafter": ["--method", "eagle", "--drafter", str(WEIGHTS / "llama-medusa"),
                              *prompt],
+        "dflash with the preset's EAGLE drafter": ["--method", "dflash", *prompt],
         "bad dynamic tree": ["--method", "eagle", "--dynamic-tree", "3,2", *prompt],
         "dynamic tree too big": ["--method", "eagle", "--dynamic-tree", "2,2,30", *prompt],
         "dynamic tree for ngram": ["--method", "ngram", "--dynamic-tree", "3,2,4", *prompt],
@@ -268,7 +269,10 @@ def test_bad_inputs_exit_2_with_one_line(tiny, env, capsys):
     assert "--drafter applies to --method eagle" in procs["drafter with ngram"].stderr
     assert "preset tiny-gpt2 has no EAGLE drafter" in procs["eagle without drafter"].stderr
     assert "llama-eagle/config.json" in procs["drafter of another target"].stderr
-    assert "is not an EAGLE drafter" in procs["heads as drafter"].stderr
+    assert "holds Medusa heads, not an EAGLE drafter" in procs["heads as drafter"].stderr
+    assert ("preset tiny-llama's drafter" in procs["dflash with the preset's EAGLE drafter"].stderr
+            and "holds an EAGLE drafter, not a DFlash drafter"
+            in procs["dflash with the preset's EAGLE drafter"].stderr)
     assert "DEPTH,TOP_K,TOTAL_TOKENS" in procs["bad dynamic tree"].stderr
     assert "total_tokens=30 is more" in procs["dynamic tree too big"].stderr
     assert "--dynamic-tree needs --method eagle" in procs["dynamic tree for ngram"].stderr
