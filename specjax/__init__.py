@@ -12,7 +12,7 @@ from specjax.api.drafters import drafter_log_probs
 from specjax.api.explain import explain, format_steps
 from specjax.api.forward import forward
 from specjax.api.checks import GenerationError
-from specjax.api.generate import generate, stream
+from specjax.api.generate import generate, release_programs, stream
 from specjax.api.methods import Autoregressive, DFlash, Eagle, Medusa, NGram, Speculative
 from specjax.api.results import GenerationResult, Stats
 from specjax.heads.eagle import Drafter, DrafterConfig, init_drafter
@@ -33,4 +33,4 @@ __all__ = ["Autoregressive", "CheckpointError", "DFlash", "Eagle", "Medusa", "NG
            "GenerationResult", "Heads", "HeadsConfig", "MeshError", "Model", "ModelConfig",
            "SamplingParams", "Stats", "Tree", "TreeError", "drafter_log_probs", "explain", "format_steps", "forward",
            "generate", "init_drafter", "init_heads", "init_params", "load", "make_mesh",
-           "random_model", "save", "save_drafter", "save_heads", "stream"]
+           "random_model", "release_programs", "save", "save_drafter", "save_heads", "stream"]

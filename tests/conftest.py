@@ -64,11 +64,9 @@ _compile_fast()      # before JAX starts its backend, and inherited by workers a
 os.environ.setdefault("SPECJAX_PRESET", "tiny-llama")
 
 
-import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from specjax.api.generate import _COMPILED  # noqa: E402
-from specjax.decoding import loop  # noqa: E402
+from specjax.api.generate import release_programs  # noqa: E402
 from specjax.presets import enable_compile_cache  # noqa: E402
 
 # The lossless check's fixture, as a user's suite would load it (tests/test_conformance.py).
@@ -183,12 +181,11 @@ _OWN_CACHE = pytest.StashKey[str]()
 
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
-    """Drops each module's compiled programs when it ends: the suite compiles a few hundred
-    programs, and keeping them all alive only grows the process."""
+    """Drops each module's compiled programs when it ends (`specjax.release_programs`): the
+    suite compiles a few hundred programs, and keeping them all alive only grows the process
+    and its memory maps."""
     yield
-    _COMPILED.clear()
-    loop.programs.cache_clear()
-    jax.clear_caches()
+    release_programs()
 
 
 @contextmanager

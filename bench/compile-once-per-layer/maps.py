@@ -37,7 +37,7 @@ def main() -> int:
     start = time.perf_counter()
     loop._run_all()
     loop._run_all()
-    record["after the forward loop (48 programs, each called twice)"] = maps()
+    record["after the forward loop (24 programs, each called twice)"] = maps()
     record["forward loop seconds"] = round(time.perf_counter() - start, 1)
     start = time.perf_counter()
     code = cli(["bench", "--preset", "smollm2", "--quick", "--ks", "4", "--reps", "1",

@@ -18,6 +18,7 @@ assumes valid input) and read the result back (`api.results`).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import inspect
 import numbers
 import time
@@ -33,6 +34,7 @@ from specjax.api.checks import (KERNELS_ENV, GenerationError, bucket, check_comp
                                 encode_prompts, kernels_switch, prompt_matrix)
 from specjax.api.sampling_checks import (bind_sampling, check_logprobs, check_stop_ids,
                                          one_sampling, per_row_ints)
+from specjax.api.forward import _compiled as compiled_forward
 from specjax.api.methods import TYPES, Method, method_of
 from specjax.api.results import (GenerationResult, RowStats, Stats, acceptance_by_position, host,
                                  result, safe_prefix)
@@ -311,6 +313,25 @@ def row_keys(seed, rows: int) -> jax.Array:
 # -- Compilation and results --------------------------------------------------------------------
 
 _COMPILED: dict = {}
+
+
+def release_programs() -> None:
+    """Drops every program this process has compiled: `generate`'s, `stream`'s, `forward`'s
+    and JAX's own caches. The next call of a program compiles it again, or reads it from the
+    persistent compilation cache.
+
+    Every compiled program stays alive until then, and on a CPU it holds memory maps all that
+    time: XLA's JIT maps each object of code it links as three regions (code, read-only data,
+    data). A small model's program holds about 190; one `bench` run of SmolLM2 left a process
+    at 20,000 (bench/compile-once-per-layer/). Linux allows a process 65,530 by default
+    (`vm.max_map_count`). A process that compiles many programs, such as a sweep over methods,
+    k and trees, can call this between groups of runs; the test suite calls it after every
+    module."""
+    _COMPILED.clear()
+    loop.programs.cache_clear()
+    compiled_forward.cache_clear()
+    jax.clear_caches()
+    gc.collect()      # a program held in a reference cycle is unmapped only when it is freed
 
 
 def _compiled(request: Request):
