@@ -28,11 +28,11 @@ def _maps() -> int:
     return len(Path("/proc/self/maps").read_text().splitlines())
 
 
-def _calls():
+def _calls(dtypes=DTYPES):
     """Every (model, tokens, positions, cache, kernels) of the loop: a prefill-shaped call and
-    cached calls of each width, in each dtype, with the kernels on and off."""
+    cached calls of each width, in each of `dtypes`, with the kernels on and off."""
     base = specjax.random_model(llama_config(64, layers=3), seed=3)
-    for dtype in DTYPES:
+    for dtype in dtypes:
         model = transformer.in_dtype(base, dtype)
         for width in WIDTHS:
             tokens = np.arange(width, dtype=np.int32)[None] % model.config.vocab_size
@@ -42,9 +42,9 @@ def _calls():
                 yield model, tokens, positions, cache, kernels
 
 
-def _run_all() -> list[np.ndarray]:
+def _run_all(dtypes=DTYPES) -> list[np.ndarray]:
     out = []
-    for model, tokens, positions, cache, kernels in _calls():
+    for model, tokens, positions, cache, kernels in _calls(dtypes):
         logits, _ = specjax.forward(model.params, model.config, tokens, positions, cache,
                                     kernels=kernels)
         out.append(np.asarray(logits))
@@ -88,12 +88,13 @@ def test_the_compiled_forward_gives_the_models_own_bits():
 def test_release_programs_gives_the_programs_memory_maps_back():
     """Each compiled program keeps its JIT-linked code mapped while it lives (measured on the
     2-core Zen 3 host: the loop's 24 programs added 4,528 maps, about 190 a program);
-    `release_programs` drops them all, and the maps with them (back to 100 above the start)."""
+    `release_programs` drops them all, and the maps with them (back to 100 above the start).
+    The loop's float32 calls alone (6 programs) show it, at a quarter of the compiling."""
     specjax.release_programs()
     before = _maps()
-    _run_all()
+    _run_all(("float32",))
     grown = _maps() - before
-    assert grown > 24 * 20, f"24 programs added only {grown} maps: nothing to release"
+    assert grown > 6 * 20, f"6 programs added only {grown} maps: nothing to release"
     specjax.release_programs()
     assert _maps() - before < grown / 4, "the released programs' maps were not given back"
     assert sum(public_forward._compiled(on)._cache_size() for on in (True, False)) == 0
