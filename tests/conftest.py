@@ -67,10 +67,12 @@ os.environ.setdefault("SPECJAX_PRESET", "tiny-llama")
 import pytest  # noqa: E402
 
 from specjax.api.generate import release_programs  # noqa: E402
+from specjax.io.fetch import cache_root  # noqa: E402
 from specjax.presets import enable_compile_cache  # noqa: E402
 
 # The lossless check's fixture, as a user's suite would load it (tests/test_conformance.py).
-pytest_plugins = ["specjax.testing.pytest_plugin"]
+pytest_plugins = ["specjax.testing.pytest_plugin",
+                  "tests.compile_report"]     # SPECJAX_COMPILE_REPORT: compile seconds per test
 
 # -- The two tiers (docs/tests.md) -------------------------------------------------------------
 # `python -m pytest` runs the fast tier, which proves the core within minutes (Theorem 1
@@ -156,17 +158,46 @@ def fast_collected(pytestconfig) -> FastCollected:
 
 
 def pytest_configure(config):
-    """JAX's persistent compilation cache in a fresh directory for this run (unless
-    SPECJAX_COMPILE_CACHE names one, or "off"): the same program compiled again by a later
-    module, by a second test worker or by a CLI subprocess is read back instead. The directory is
-    made once, before any worker starts, so that workers and subprocesses inherit it; each run
-    starts empty, so a run on a clean machine times the same as this one and nothing from an
-    earlier checkout is ever reused."""
-    if "SPECJAX_COMPILE_CACHE" not in os.environ:
+    """JAX's persistent compilation cache for the run, set before any worker starts so that the
+    workers and every CLI subprocess share it: a program compiled again by a later module, the
+    other worker or a subprocess is read back rather than compiled.
+
+    By default it is kept between runs on this machine, outside the repo: <cache>/test-xla/KEY
+    (<cache> is $SPECJAX_CACHE or ~/.cache/specjax; KEY the kernels' build key, as for the
+    command line's cache, and JAX's own key holds the program, its XLA flags and jaxlib), so a
+    second run compiles only what changed. SPECJAX_COMPILE_CACHE=fresh gives the run an empty
+    directory of its own, removed at its end: a cold run, which is how the tiers' recorded times
+    are measured (docs/tests.md). =DIR uses DIR, =off none."""
+    setting = os.environ.get("SPECJAX_COMPILE_CACHE")
+    if setting is None:
+        root = cache_root() / "test-xla"
+        _prune(root, KEPT_CACHE_BYTES)
+        os.environ["SPECJAX_COMPILE_CACHE"] = str(root)
+    elif setting.strip().lower() == "fresh":
         directory = tempfile.mkdtemp(prefix="specjax-test-xla-")
         os.environ["SPECJAX_COMPILE_CACHE"] = directory
         config.stash[_OWN_CACHE] = directory
     enable_compile_cache()
+
+
+# The kept cache's bound: a full run writes about GIB_FULL_RUN (docs/tests.md); past the bound the
+# entries read longest ago go first, so programs of old checkouts do not pile up.
+KEPT_CACHE_BYTES = 8 << 30
+
+
+def _prune(root: Path, limit: int) -> None:
+    """Deletes the entries of the kept cache read longest ago until it holds at most `limit`
+    bytes (a worker started by this run finds the variable set and never prunes)."""
+    try:
+        files = [(f.stat().st_atime, f.stat().st_size, f) for f in root.rglob("*") if f.is_file()]
+    except OSError:
+        return
+    total = sum(size for _, size, _ in files)
+    for _, size, path in sorted(files):
+        if total <= limit:
+            break
+        path.unlink(missing_ok=True)
+        total -= size
 
 
 def pytest_unconfigure(config):
