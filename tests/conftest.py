@@ -180,7 +180,7 @@ def pytest_configure(config):
     enable_compile_cache()
 
 
-# The kept cache's bound: a full run writes about GIB_FULL_RUN (docs/tests.md); past the bound the
+# The kept cache's bound: past it the
 # entries read longest ago go first, so programs of old checkouts do not pile up.
 KEPT_CACHE_BYTES = 8 << 30
 
