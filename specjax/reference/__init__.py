@@ -45,7 +45,3 @@ from specjax.reference.sampling import (
     verify_row,
     verify_tree,
 )
-
-__all__ = ["Plain", "RULES", "Sampling", "autoregressive", "draw", "forward", "ngram",
-           "ngram_lookup", "plain", "probs", "residual", "settings", "speculative",
-           "speculative_step", "speculative_tree", "verify_row", "verify_tree"]

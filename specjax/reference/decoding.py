@@ -21,9 +21,6 @@ import numpy as np
 from specjax.reference.model import forward, plain
 from specjax.reference.sampling import RULES, draw, probs, settings, verify_row, verify_tree
 
-__all__ = ["autoregressive", "ngram", "ngram_lookup", "speculative", "speculative_step",
-           "speculative_tree"]
-
 
 def autoregressive(target, prompt, n: int, rng: np.random.Generator, sampling=None) -> list[int]:
     """n tokens, each drawn from the target's distribution after everything before it."""
