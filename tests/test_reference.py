@@ -240,3 +240,22 @@ def test_bad_arguments_are_named():
             (lambda: reference.forward(object(), [1]), "specjax.Model")):
         with pytest.raises((ValueError, TypeError), match=match):
             call()
+
+
+def test_the_layout_page_records_the_reference_as_it_is():
+    # docs/layout.md's "The reference" states the package's lines, in all and module by module,
+    # and names the tests that hold it to the engine: each number is the file's, each test
+    # exists.
+    import re
+
+    import tests.test_walkthrough as walkthrough
+
+    section = (ROOT / "docs" / "layout.md").read_text().split("\n## The reference\n")[1]
+    text = " ".join(section.split("\n## ")[0].split())
+    counts = {p.name: len(p.read_text().splitlines())
+              for p in sorted((ROOT / "specjax" / "reference").glob("*.py"))}
+    assert f"{sum(counts.values())} lines in four modules" in text and len(counts) == 4
+    for name, lines in counts.items():
+        assert f"`{name}` {lines}" in text, name
+    named = set(re.findall(r"`(test_\w+)`", text))
+    assert named and all(name in globals() or hasattr(walkthrough, name) for name in named)

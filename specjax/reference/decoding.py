@@ -25,9 +25,10 @@ from specjax.reference.sampling import RULES, draw, probs, settings, verify_row,
 def autoregressive(target, prompt, n: int, rng: np.random.Generator, sampling=None) -> list[int]:
     """n tokens, each drawn from the target's distribution after everything before it."""
     target, tokens, s = _logits_of(target), _start(prompt, n, rng), settings(sampling)
-    while len(tokens) < len(prompt) + n:
+    end = len(tokens) + n
+    while len(tokens) < end:
         tokens.append(draw(rng, probs(target(tokens)[-1], s)))
-    return tokens[len(prompt):]
+    return tokens[end - n:]
 
 
 def speculative(target, draft, prompt, n: int, rng: np.random.Generator, sampling=None,
@@ -36,10 +37,11 @@ def speculative(target, draft, prompt, n: int, rng: np.random.Generator, samplin
     out. Each token is distributed as `autoregressive`'s (Theorem 1), whatever the draft."""
     target, draft, s = _logits_of(target), _logits_of(draft), settings(sampling)
     tokens = _start(prompt, n, rng)
+    end = len(tokens) + n
     _positive("k", k)
-    while len(tokens) < len(prompt) + n:
+    while len(tokens) < end:
         tokens += speculative_step(draft, target, tokens, k, rng, s)
-    return tokens[len(prompt):len(prompt) + n]
+    return tokens[end - n:end]
 
 
 def speculative_step(draft, target, tokens: list[int], k: int, rng: np.random.Generator,
@@ -82,20 +84,22 @@ def ngram(target, prompt, n: int, rng: np.random.Generator, sampling=None, k: in
     lookup is a deterministic draft, a one-hot p: x is accepted with probability q(x) and a
     rejection leaves q without x, so the output follows the target at any temperature."""
     target, tokens, s = _logits_of(target), _start(prompt, n, rng), settings(sampling)
+    end = len(tokens) + n
     _positive("k", k)
     _positive("min_ngram", min_ngram)
     _positive("max_ngram", max_ngram)
     if max_ngram < min_ngram:
         raise ValueError(f"max_ngram ({max_ngram}) must be >= min_ngram ({min_ngram})")
-    while len(tokens) < len(prompt) + n:
-        # Step 1 (draft): a lookup, 0 to k tokens, each from a one-hot p.
+    while len(tokens) < end:
+        # Step 1 (draft): a lookup, 0 to k tokens.
         drafted = ngram_lookup(tokens, k, max_ngram, min_ngram)
+        # Step 2 (score): one target call gives q after the last token and after each draft.
         q = np.array([probs(row, s) for row in target(tokens + drafted)[-(len(drafted) + 1):]])
-        # Step 2 (score) above; Steps 3 and 4 (accept or resample, bonus) here.
+        # Steps 3 and 4 (accept or resample, bonus), each draft's p the one-hot of its token.
         m, next_dist = verify_row(np.eye(q.shape[-1])[drafted], q, drafted,
                                   rng.random(len(drafted)))
         tokens += drafted[:m] + [draw(rng, next_dist)]
-    return tokens[len(prompt):len(prompt) + n]
+    return tokens[end - n:end]
 
 
 def speculative_tree(target, draft, prompt, n: int, rng: np.random.Generator, sampling=None,
@@ -105,21 +109,22 @@ def speculative_tree(target, draft, prompt, n: int, rng: np.random.Generator, sa
     tokens: "deterministic"), verified by the walk over siblings (`verify_tree`)."""
     target, draft, s = _logits_of(target), _logits_of(draft), settings(sampling)
     tokens = _start(prompt, n, rng)
+    end = len(tokens) + n
     if rule not in RULES:
         raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
     if isinstance(widths, (str, bytes)) or not widths:
         raise ValueError(f"widths must be a non-empty list of integers >= 1, got {widths!r}")
     for w in widths:
         _positive("each of widths", w)
-    while len(tokens) < len(prompt) + n:
+    while len(tokens) < end:
         # Step 1 (draft): the tree level by level; node 0 is the root, the row's last token,
         # and each node is the list of tokens from the root to it.
-        nodes, children, p, level = [[]], [[]], {}, [0]
+        nodes, children, p_at, level = [[]], [[]], {}, [0]
         for width in widths:
             below = []
             for node in level:
-                p[node] = probs(draft(tokens + nodes[node])[-1], s)        # [V]
-                for x in _candidates(rng, p[node], width, rule):
+                p_at[node] = probs(draft(tokens + nodes[node])[-1], s)     # [V]
+                for x in _candidates(rng, p_at[node], width, rule):
                     children[node].append(len(nodes))
                     below.append(len(nodes))
                     nodes.append(nodes[node] + [x])
@@ -127,14 +132,15 @@ def speculative_tree(target, draft, prompt, n: int, rng: np.random.Generator, sa
             level = below
         # Step 2 (score): the target after every node. The engine scores the whole tree in one
         # call, each node attending to its ancestors only; without a cache, a call per node.
-        q = np.array([probs(target(tokens + path)[-1], s) for path in nodes])   # [nodes, V]
-        p = np.array([p.get(i, np.zeros(q.shape[-1])) for i in range(len(nodes))])
+        q = np.array([probs(target(tokens + branch)[-1], s) for branch in nodes])  # [nodes, V]
+        # The leaves have no children, so their p is never read.
+        p = np.array([p_at.get(i, np.zeros(q.shape[-1])) for i in range(len(nodes))])
         # Steps 3 and 4 (accept or resample, bonus): the walk, then one more token.
-        last = [tokens[-1]] + [path[-1] for path in nodes[1:]]
-        path, next_dist = verify_tree(children, last, p, q, rng.random((len(widths),
-                                                                         max(widths))), rule)
+        own = [tokens[-1]] + [branch[-1] for branch in nodes[1:]]        # each node's token
+        u = rng.random((len(widths), max(widths)))                       # [depth, W]
+        path, next_dist = verify_tree(children, own, p, q, u, rule)
         tokens += (nodes[path[-1]] if path else []) + [draw(rng, next_dist)]
-    return tokens[len(prompt):len(prompt) + n]
+    return tokens[end - n:end]
 
 
 def _candidates(rng, p: np.ndarray, width: int, rule: str) -> list[int]:

@@ -54,15 +54,14 @@ def settings(sampling=None) -> Sampling:
             raise ValueError(f"the reference samples without controls: {name} must be {off!r}, "
                              f"got {getattr(sampling, name)!r}")
     s = Sampling(*(getattr(sampling, name) for name in Sampling._fields))
-    checks = (("temperature", s.temperature, 0, math.inf), ("top_k", s.top_k, 0, math.inf),
-              ("top_p", s.top_p, 0, 1), ("min_p", s.min_p, 0, 1))
-    for name, value, low, high in checks:
-        real = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        if not real or not low <= value <= high or not math.isfinite(value) or (
-                name == "top_p" and value == 0) or (
-                name == "top_k" and not isinstance(value, numbers.Integral)):
-            raise ValueError(f"sampling.{name} must be a single number in the range the "
-                             f"engine allows, got {value!r}")
+    for name, allowed, ok in (
+            ("temperature", ">= 0 and finite", lambda v: 0 <= v < math.inf),
+            ("top_k", "an integer >= 0", lambda v: isinstance(v, numbers.Integral) and v >= 0),
+            ("top_p", "in (0, 1]", lambda v: 0 < v <= 1),
+            ("min_p", "in [0, 1]", lambda v: 0 <= v <= 1)):
+        value = getattr(s, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not ok(value):
+            raise ValueError(f"sampling.{name} must be one number {allowed}, got {value!r}")
     return s
 
 
