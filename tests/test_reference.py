@@ -259,3 +259,20 @@ def test_the_layout_page_records_the_reference_as_it_is():
         assert f"`{name}` {lines}" in text, name
     named = set(re.findall(r"`(test_\w+)`", text))
     assert named and all(name in globals() or hasattr(walkthrough, name) for name in named)
+
+
+def test_the_command_line_check_lists_the_reference_samplers(capsys):
+    # `python -m specjax check --reference --list` lists the catalogue and, after it, the kit's
+    # reference samplers, each as an exact scheme; without --reference they are not run.
+    import argparse
+
+    from specjax.cli import check
+
+    parser = argparse.ArgumentParser()
+    check.add_arguments(parser)
+    assert check.run(parser.parse_args(["--reference", "--list"])) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[-len(REFERENCE):]] == [e.name for e in REFERENCE]
+    assert all(" exact " in line for line in lines[-len(REFERENCE):])
+    assert not {e.name for e in REFERENCE} & {e.name for e in check.entries(
+        parser.parse_args([]))}

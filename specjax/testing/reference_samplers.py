@@ -54,13 +54,13 @@ def _entry(name: str, method, idea: str, drafted: bool = True, **options) -> Ent
 
 
 REFERENCE = (
-    _entry("reference autoregressive", reference.autoregressive,
+    _entry("reference-autoregressive", reference.autoregressive,
            "one token at a time from the target", drafted=False),
-    _entry("reference speculative", reference.speculative,
+    _entry("reference-speculative", reference.speculative,
            "Algorithm 2 as a whole loop, k = 2", k=2),
-    _entry("reference n-gram", reference.ngram,
+    _entry("reference-ngram", reference.ngram,
            "prompt lookup, a one-hot draft, k = 2", drafted=False, k=2),
-    _entry("reference tree", reference.speculative_tree,
+    _entry("reference-tree", reference.speculative_tree,
            "a tree of widths (2, 2) drawn without replacement, walked over siblings",
            widths=(2, 2)),
 )
