@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.sampling import reference, rejection
+from specjax import reference
+from specjax.sampling import rejection
 from specjax.sampling.rules import Rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +80,7 @@ def test_the_plain_step_runs_the_algorithm():
     table_p = rng.dirichlet(np.ones(vocab), vocab)
 
     def model(table):
-        return lambda tokens: table[np.asarray(tokens)]             # [T, V]
+        return lambda tokens: np.log(table[np.asarray(tokens)])     # logits [T, V]
 
     same = reference.speculative_step(model(table_q), model(table_q), [2], k, rng)
     assert len(same) == k + 1
@@ -206,8 +207,8 @@ def test_every_step_is_algorithm_2s_with_its_name():
             wrong[str(path.relative_to(ROOT))] = mistakes
     assert wrong == {}
     assert total >= 30, total                    # the check reads the mentions there are
-    for module in ("sampling/reference.py", "sampling/rejection.py", "decoding/speculative.py",
-                   "decoding/trees.py"):
+    for module in ("reference/decoding.py", "reference/sampling.py", "sampling/rejection.py",
+                   "decoding/speculative.py", "decoding/trees.py"):
         assert step_mistakes((ROOT / "specjax" / module).read_text(), steps)[0] > 0, module
     # It sees a mention numbered another way, or without its name, or with another's.
     for text in ("# Step 2: accept", "# Steps 3-4: the residual", "Step 5 (commit)",

@@ -18,7 +18,8 @@ DESCRIPTION = """\
 Runs the catalogue of specjax.testing: numpy references of speculative-sampling bugs found in
 public code (each must be rejected) and of exact schemes that look wrong (each must pass), each
 checked against the exact law of 3-token continuations of a tiny target/draft pair by G-tests at
-one family-wise level. --specjax adds specjax's own methods, --transformers adds transformers'
+one family-wise level. --reference adds the plain NumPy reference's methods (specjax.reference,
+each must pass), --specjax adds specjax's own methods, --transformers adds transformers'
 assisted generation, prompt lookup and drafting across tokenizers (TLI), --llama-cpp llama.cpp's
 sampling, draft-model and n-gram speculation (their verdicts are reported as measured, with the
 engine's version).
@@ -45,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", nargs="+", metavar="NAME",
                         help="run only these entries (names as --list prints them)")
     parser.add_argument("--list", action="store_true", help="list the entries and exit")
+    parser.add_argument("--reference", action="store_true",
+                        help="also check specjax.reference's methods (plain NumPy: "
+                             "autoregressive, speculative, n-gram and a tree; each must pass)")
     parser.add_argument("--specjax", action="store_true",
                         help="also check specjax's own speculative, tree and n-gram decoding")
     parser.add_argument("--transformers", action="store_true",
@@ -89,6 +93,8 @@ def entries(args) -> list:
     if args.seed < 0:
         raise CLIError(f"--seed must be >= 0, got {args.seed}")
     chosen = list(testing.CATALOGUE)
+    if args.reference:
+        chosen += testing.REFERENCE
     if args.specjax:
         chosen += clients.specjax_entries()
     if args.transformers:

@@ -20,6 +20,9 @@ with the same token when the draft is not behind).
 
 Beside this file: token trees (`speculative_tree`), rows that draft different numbers of tokens
 (`lookahead`), and the verify numbers kept for `specjax.explain` (`trace`).
+
+The same loop for one sequence in plain NumPy, without caches, batches or tracing, is
+`specjax.reference.speculative` (`specjax/reference/decoding.py`): read it first.
 """
 
 from __future__ import annotations

@@ -39,6 +39,9 @@ the residual is the target's argmax: greedy verification falls out of the same c
 `residual_distribution`, and `emitted_token_law` computes the exact law of an emitted token from
 the same helpers, so a test of that law tests the sampler. The helpers keep float64 inputs in
 float64 (under `jax.enable_x64`) for exact tests, and compute in float32 otherwise.
+
+For one row in plain NumPy, inside the whole loop: `specjax.reference` (`verify_row`,
+`verify_tree`), held to the same decisions on the same uniform draws (tests/test_reference.py).
 """
 
 from __future__ import annotations
