@@ -123,3 +123,15 @@ def test_vllm_plain_sampling_passes_and_a_request_without_top_p_is_rejected():
                         sampling=setting, samples=4_000, level=0.005)
     assert good.lossless, str(good)
     assert not bad.lossless, str(bad)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--vllm"], f"{vllm.ENV} is not set"),
+    (["--vllm", "--vllm-samples", "0"], "--vllm-samples must be >= 1"),
+    (["--vllm-full"], "--vllm-full needs --vllm"),
+])
+def test_the_command_line_names_what_vllm_lacks(argv, message, monkeypatch, capsys):
+    from specjax.cli.main import main
+    monkeypatch.delenv(vllm.ENV, raising=False)
+    assert main(["check", *argv]) == 2
+    assert message in capsys.readouterr().err

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import traceback
 
 import torch
 import vllm
@@ -114,7 +115,8 @@ def serve(answers) -> None:
                 llm, key = None, None             # one engine at a time: free the last first
                 llm, key = engine(request), wanted
             answer = sample(llm, request)
-        except Exception as e:                    # the client raises it with the log's tail
+        except Exception as e:                    # the client raises it; the log has the trace
+            traceback.print_exc()
             answer = {"error": f"{type(e).__name__}: {e}"}
         answers.write(json.dumps(answer) + "\n")
         answers.flush()
