@@ -52,7 +52,7 @@ def test_each_row_of_a_ragged_batch_of_32_is_its_single_row_output(models, promp
                                                                     temperature):
     target, draft = models
     seeds = list(range(100, 100 + BATCH))
-    method = specjax.api.methods.build(method, others="ignore", k=3, draft=draft,
+    method = specjax.api.methods.build_shared(method, k=3, draft=draft,
                                        heads=medusa_heads(target) if method == "medusa" else None)
     kwargs = dict(method=method, sampling=specjax.SamplingParams(temperature=temperature),
                   max_new_tokens=NEW, eos_ids=(EOS,))

@@ -93,7 +93,7 @@ def test_draft_equal_to_target_accepts_everything(models):
 @pytest.mark.parametrize("method", ["autoregressive", "speculative", "ngram"])
 def test_same_seed_same_output_and_row_alone_equals_row_in_batch(models, method):
     target, draft = models
-    kwargs = dict(method=specjax.api.methods.build(method, others="ignore", draft=draft, k=3),
+    kwargs = dict(method=specjax.api.methods.build_shared(method, draft=draft, k=3),
                   sampling=specjax.SamplingParams(temperature=1.0), max_new_tokens=N, eos_ids=())
     seeds = [11, 12, 13, 14]
     first = generate(target, PROMPTS, seed=seeds, **kwargs).tokens
@@ -112,7 +112,7 @@ def test_eos_and_max_new_tokens_are_exact(models, greedy, method):
     eos = greedy[0][j]
     first = greedy[0].index(eos)
     result = generate(target, PROMPTS,
-                      method=specjax.api.methods.build(method, others="ignore", draft=draft, k=4),
+                      method=specjax.api.methods.build_shared(method, draft=draft, k=4),
                       sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=N,
                       eos_ids=(eos,))
     assert result.tokens[0] == greedy[0][:first + 1]
@@ -121,7 +121,7 @@ def test_eos_and_max_new_tokens_are_exact(models, greedy, method):
         assert got == want[:cut]
     for n in (1, 2, 7):  # never overshoots by up to K tokens
         short = generate(target, PROMPTS,
-                         method=specjax.api.methods.build(method, others="ignore", draft=draft, k=4),
+                         method=specjax.api.methods.build_shared(method, draft=draft, k=4),
                          sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=n,
                          eos_ids=())
         assert short.tokens == [g[:n] for g in greedy]
@@ -130,7 +130,7 @@ def test_eos_and_max_new_tokens_are_exact(models, greedy, method):
 @pytest.mark.parametrize("method", ["speculative", "ngram"])
 def test_stream_equals_jitted_loop(models, method):
     target, draft = models
-    kwargs = dict(method=specjax.api.methods.build(method, others="ignore", draft=draft, k=3),
+    kwargs = dict(method=specjax.api.methods.build_shared(method, draft=draft, k=3),
                   sampling=specjax.SamplingParams(temperature=1.0), max_new_tokens=N, seed=3,
                   eos_ids=())
     chunks = [[] for _ in PROMPTS]
