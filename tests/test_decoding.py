@@ -182,6 +182,49 @@ def test_invalid_parameters_raise_with_the_value(models, call, needle):
     assert needle in str(info.value)
 
 
+def test_each_method_object_checks_its_options_when_made(models):
+    # Made, not bound: no target, sampling or generate call is in reach of these checks, and
+    # each message names the field. What needs the target waits for `bind` (the negative
+    # control: a tree too big for the context window makes, and fails in generate).
+    from specjax.heads.dflash import init_block_drafter
+
+    target, draft = models
+    heads = specjax.init_heads(specjax.HeadsConfig(num_heads=2, num_blocks=1,
+                                                   hidden_size=target.config.d_model,
+                                                   vocab_size=8, subset_size=4), target, seed=3)
+    drafter = specjax.init_drafter(target, subset_size=4, token_ids=np.arange(4), seed=3)
+    block = init_block_drafter(target, block_size=3, seed=3)
+    dynamic = specjax.DynamicTree(depth=2, top_k=2, total_tokens=3)
+    cases = [
+        (lambda: specjax.Speculative(target.params), "draft must be a draft model"),
+        (lambda: specjax.Speculative(draft, tree=((0,), (0, 0, 0))), "has no parent"),
+        (lambda: specjax.Speculative(draft, candidates="iid"), "pass tree=... too"),
+        (lambda: specjax.Speculative(draft, tree=((0,),), candidates="beam"), "'beam'"),
+        (lambda: specjax.Speculative(draft, tree=dynamic), "it needs method 'eagle'"),
+        (lambda: specjax.Speculative(draft, k=2, k_schedule="heuristic", k_start=3),
+         "k_start=3 is more than k=2"),
+        (lambda: specjax.Speculative(draft, drafter_dtype="float16"), "drafter_dtype must be"),
+        (lambda: specjax.NGram(k_schedule="confidence"), "n-gram lookup has none"),
+        (lambda: specjax.NGram(tree=((0,),), k_schedule="heuristic"), "shape is fixed"),
+        (lambda: specjax.Medusa(None), "method 'medusa' needs Medusa heads"),
+        (lambda: specjax.Medusa(heads, tree=specjax.Tree.chain(3)), "3 deep but"),
+        (lambda: specjax.Medusa(heads, tree=specjax.Tree.full((5,))), "5 children"),
+        (lambda: specjax.Medusa(heads, drafter_dtype=32), "drafter_dtype must be"),
+        (lambda: specjax.Eagle(heads), "drafter must be an EAGLE drafter"),
+        (lambda: specjax.Eagle(drafter, tree=specjax.Tree.full((5,))), "5 children"),
+        (lambda: specjax.Eagle(drafter, tree=dynamic, candidates="iid"), "does not apply"),
+        (lambda: specjax.DFlash(block, k=3), "k=3 is more than the 2 tokens"),
+        (lambda: specjax.DFlash(block, candidates="distinct"), "'top' or 'iid'"),
+    ]
+    for make, needle in cases:
+        with pytest.raises(GenerationError) as info:
+            make()
+        assert needle in str(info.value), (needle, str(info.value))
+    too_big = specjax.Speculative(draft, tree=specjax.Tree.chain(200))
+    with pytest.raises(GenerationError, match="the tree has 200 nodes"):
+        generate(target, PROMPTS, too_big)
+
+
 def test_mismatched_draft_vocab_is_rejected(models):
     target, _ = models
     small = specjax.random_model(target.config.replace(vocab_size=5), seed=3)
