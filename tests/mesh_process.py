@@ -22,9 +22,10 @@ jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=proc
 import specjax  # noqa: E402
 from specjax.presets import WEIGHTS  # noqa: E402
 import specjax
+from specjax.mesh import make_mesh
 
 assert len(jax.devices()) == 8 and len(jax.local_devices()) == 4
-mesh = specjax.make_mesh(data=2, model=4)
+mesh = make_mesh(data=2, model=4)
 target = specjax.load(WEIGHTS / "llama-target", mesh=mesh)
 draft = specjax.load(WEIGHTS / "llama-draft")
 tokens = {method: specjax.generate(target, prompts,

@@ -9,6 +9,10 @@ import pytest
 
 import specjax
 from specjax.api.generate import GenerationError, generate, stream
+from specjax.heads.eagle import init_drafter
+from specjax.heads.medusa import HeadsConfig, init_heads
+from specjax.io.checkpoint import random_model
+from specjax.mesh import make_mesh
 from tests.tiny import pair
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4], [7, 6], [5], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2]]
@@ -149,7 +153,7 @@ def test_vocab_padding_draft_is_handled(models, greedy):
     tokenizer = Tokenizer(tokenizer_models.WordLevel({c: i for i, c in enumerate("abcdefgh")},
                                                       unk_token="a"))
     target = specjax.Model(models[0].config, models[0].params, tokenizer)
-    big = specjax.random_model(target.config.replace(vocab_size=12, n_layers=1), seed=5, std=0.5,
+    big = random_model(target.config.replace(vocab_size=12, n_layers=1), seed=5, std=0.5,
                                tokenizer=tokenizer)
     result = generate(target, PROMPTS, method=specjax.Speculative(draft=big, k=2),
                       sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=N,
@@ -189,10 +193,10 @@ def test_each_method_object_checks_its_options_when_made(models):
     from specjax.heads.dflash import init_block_drafter
 
     target, draft = models
-    heads = specjax.init_heads(specjax.HeadsConfig(num_heads=2, num_blocks=1,
+    heads = init_heads(HeadsConfig(num_heads=2, num_blocks=1,
                                                    hidden_size=target.config.d_model,
                                                    vocab_size=8, subset_size=4), target, seed=3)
-    drafter = specjax.init_drafter(target, subset_size=4, token_ids=np.arange(4), seed=3)
+    drafter = init_drafter(target, subset_size=4, token_ids=np.arange(4), seed=3)
     block = init_block_drafter(target, block_size=3, seed=3)
     dynamic = specjax.DynamicTree(depth=2, top_k=2, total_tokens=3)
     cases = [
@@ -227,7 +231,7 @@ def test_each_method_object_checks_its_options_when_made(models):
 
 def test_mismatched_draft_vocab_is_rejected(models):
     target, _ = models
-    small = specjax.random_model(target.config.replace(vocab_size=5), seed=3)
+    small = random_model(target.config.replace(vocab_size=5), seed=3)
     with pytest.raises(GenerationError, match="vocab_size 5 != target vocab_size 8"):
         generate(target, PROMPTS, method=specjax.Speculative(draft=small))
 
@@ -244,7 +248,7 @@ def test_nan_logits_are_an_error(models):
 def long_model():
     from tests.tiny import llama_config
 
-    return specjax.random_model(llama_config(vocab=8, layers=2, positions=2048), seed=3, std=0.5)
+    return random_model(llama_config(vocab=8, layers=2, positions=2048), seed=3, std=0.5)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -283,10 +287,10 @@ def test_each_method_owns_its_state(models):
     from specjax.heads.dflash import init_block_drafter
 
     target, draft = models
-    heads = specjax.init_heads(specjax.HeadsConfig(num_heads=2, num_blocks=1,
+    heads = init_heads(HeadsConfig(num_heads=2, num_blocks=1,
                                                    hidden_size=target.config.d_model,
                                                    vocab_size=8, subset_size=8), target, seed=3)
-    drafter = specjax.init_drafter(target, seed=3)
+    drafter = init_drafter(target, seed=3)
     methods = {"autoregressive": specjax.Autoregressive(),
                "speculative": specjax.Speculative(draft, k=2), "ngram": specjax.NGram(k=2),
                "medusa": specjax.Medusa(heads, tree=specjax.Tree.full((2, 1))),
@@ -329,7 +333,7 @@ def test_low_precision_greedy_equality_for_every_method_batched_and_alone(dtype)
 
     def model(layers, seed):
         config = dataclasses.replace(llama_config(8, layers=layers), dtype=dtype)
-        return specjax.random_model(config, seed=seed, std=0.5)
+        return random_model(config, seed=seed, std=0.5)
 
     target, draft = model(2, 1), model(1, 2)
     assert target.params["embed"].dtype == jax.numpy.dtype(dtype if dtype != "q8_0" else "int8")
@@ -371,6 +375,6 @@ def test_int8_weights_on_a_device_mesh_are_a_named_error():
     from specjax.testing.law import llama_config
 
     config = dataclasses.replace(llama_config(8, layers=1), dtype="int8")
-    target = specjax.random_model(config, seed=1, std=0.5)
+    target = random_model(config, seed=1, std=0.5)
     with pytest.raises(GenerationError, match="the target has int8 weights"):
-        generate(target, PROMPTS, max_new_tokens=2, mesh=specjax.make_mesh(data=1, model=1))
+        generate(target, PROMPTS, max_new_tokens=2, mesh=make_mesh(data=1, model=1))

@@ -18,6 +18,7 @@ import specjax
 from specjax.api.generate import GenerationError, generate
 from specjax.decoding import trees
 from specjax.decoding.prefill import prefill
+from specjax.io.checkpoint import random_model
 from specjax.model.cache import KVCache
 from specjax.model.transformer import forward as eager_forward
 from specjax.sampling import rejection
@@ -95,7 +96,7 @@ ATOL = 2e-5
 
 @pytest.fixture(scope="module", params=CONFIGS)
 def model(request):
-    return specjax.random_model(CONFIGS[request.param], seed=1, std=0.3)
+    return random_model(CONFIGS[request.param], seed=1, std=0.3)
 
 
 def prefilled(model, lengths, seed=0):

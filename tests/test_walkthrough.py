@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specjax.heads.medusa import HeadsConfig, init_heads
 from specjax.sampling import reference, rejection
 from specjax.sampling.rules import Rules
 
@@ -328,8 +329,8 @@ def _tree_cases():
 
     target, draft = close_pair(vocab=8, std=0.5, noise=0.3)
     ids = np.arange(6)
-    heads = specjax.init_heads(
-        specjax.HeadsConfig(num_heads=2, num_blocks=1, hidden_size=target.config.d_model,
+    heads = init_heads(
+        HeadsConfig(num_heads=2, num_blocks=1, hidden_size=target.config.d_model,
                             vocab_size=8, subset_size=6), target, ids, seed=0, std=0.3)
     drafter = eagle.init_drafter(target, token_ids=ids, seed=0, std=0.3, kind="eagle3",
                                  taps=(0, 1))
