@@ -227,8 +227,7 @@ def check_taps(drafter: Drafter, target: Model) -> None:
 
 
 def check_tree_fits(tree, target: Model) -> None:
-    """A tree's target call fits the context window, and no node has more children than the
-    vocabulary has tokens."""
+    """A tree's target call, and a dynamic tree's frontiers, fit the context window."""
     window = target.config.max_positions
     if tree.size >= window:
         raise GenerationError(f"the tree has {tree.size} nodes; a target call on it needs more "
@@ -239,7 +238,11 @@ def check_tree_fits(tree, target: Model) -> None:
             raise GenerationError(f"a dynamic tree of depth {tree.depth} and top_k {tree.top_k} "
                                   f"drafts {reach} frontier slots, more than the context "
                                   f"window of {target.name} ({window})")
-    elif tree.max_width > target.config.vocab_size:
+
+
+def check_tree_width(tree, target: Model) -> None:
+    """A drafter's candidates at a node are distinct tokens: no more than the vocabulary."""
+    if tree.max_width > target.config.vocab_size:
         raise GenerationError(f"the tree has {tree.max_width} children at a node, more than the "
                               f"vocabulary ({target.config.vocab_size})")
 

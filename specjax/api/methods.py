@@ -19,7 +19,8 @@ from typing import Any, ClassVar
 
 from specjax.api.checks import (candidates_for, check_compatible, check_dtype, check_loads,
                                 check_proposes, check_schedule, check_taps, check_trained_on,
-                                check_tree_fits, drafter_dtype, lookahead, tree_of)
+                                check_tree_fits, check_tree_width, drafter_dtype,
+                                lookahead, tree_of)
 from specjax.decoding.config import (AutoregressiveSpec, DFlashSpec, EagleSpec, MedusaSpec,
                                      MethodSpec, NGramSpec, SpeculativeSpec)
 from specjax.decoding.methods import REGISTRY, listing
@@ -77,12 +78,16 @@ def _first(*trees):
     return next(tree for tree in trees if tree is not None)
 
 
-def _tree_fits(tree, target: Model, greedy: bool, candidates, sampled: str = "distinct"):
-    """A tree checked against the target, and the candidate scheme that fills it."""
+def _scheme(tree, target: Model, greedy: bool, candidates) -> str:
+    """The tree (if any) checked against the target, and the candidate scheme that fills it: a
+    chain's and a dynamic tree's are "top", a static tree's the one given or its default."""
     if tree is None:
         return "top"
     check_tree_fits(tree, target)
-    return "top" if isinstance(tree, DynamicTree) else candidates_for(candidates, greedy, sampled)
+    if isinstance(tree, DynamicTree):
+        return "top"
+    check_tree_width(tree, target)
+    return candidates_for(candidates, greedy, "distinct")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +133,7 @@ class Speculative(Method):
                                   "(mesh=...)")
         check_compatible(target, self.draft)
         draft = in_dtype(self.draft, drafter_dtype(self.drafter_dtype, target, mesh))
-        candidates = _tree_fits(self.tree, target, greedy, self.candidates)
+        candidates = _scheme(self.tree, target, greedy, self.candidates)
         schedule = lookahead(self.k_schedule, self.k, self.k_start, self.confidence_threshold)
         return Bound(SpeculativeSpec(k=_chain(self.tree, self.k), tree=self.tree,
                                      candidates=candidates, draft_config=draft.config,
@@ -157,8 +162,9 @@ class NGram(Method):
         check_schedule(self.name, self.tree, self.k, self.k_schedule, self.k_start, None)
 
     def bind(self, target, greedy, mesh) -> Bound:
+        if self.tree is not None:
+            check_tree_fits(self.tree, target)
         # Lookup's candidates are deterministic: "top" at every temperature.
-        _tree_fits(self.tree, target, True, None)
         return Bound(NGramSpec(k=_chain(self.tree, self.k), tree=self.tree, candidates="top",
                                max_ngram=self.max_ngram, min_ngram=self.min_ngram,
                                lookahead=lookahead(self.k_schedule, self.k, self.k_start, None)),
@@ -186,7 +192,7 @@ class Medusa(Method):
 
     def bind(self, target, greedy, mesh) -> Bound:
         check_trained_on(self.heads, target)
-        candidates = _tree_fits(self.tree, target, greedy, self.candidates)
+        candidates = _scheme(self.tree, target, greedy, self.candidates)
         weights = runtime_weights(self.heads, target,
                                   drafter_dtype(self.drafter_dtype, target, mesh))
         return Bound(MedusaSpec(k=_chain(self.tree, 1), tree=self.tree, candidates=candidates,
@@ -222,7 +228,7 @@ class Eagle(Method):
         # The given tree, else the drafter's own (its sampled one when a row samples).
         tree = _first(self.tree, None if greedy else self.drafter.sampled_tree,
                       self.drafter.tree, Tree.chain(self.k))
-        candidates = _tree_fits(tree, target, greedy, self.candidates)
+        candidates = _scheme(tree, target, greedy, self.candidates)
         drafter = eagle.with_dtype(eagle.resolve_taps(self.drafter, target.config),
                                    drafter_dtype(self.drafter_dtype, target, mesh))
         return Bound(EagleSpec(k=_chain(tree, self.k), tree=tree, candidates=candidates,
