@@ -216,19 +216,20 @@ class Eagle(Method):
         check_loads(self.name, self.drafter)
         check_int("k", self.k, 1)
         self._set(tree=tree_of(self.name, self.tree, self.candidates, tree_needed=False))
-        own = (self.drafter.tree, self.drafter.sampled_tree)
-        for tree in (self.tree,) if self.tree is not None else own:
-            if tree is not None:
-                check_proposes(tree, self.drafter.name, self.drafter.config.subset_size)
+        if self.tree is not None:
+            check_proposes(self.tree, self.drafter.name, self.drafter.config.subset_size)
         check_dtype(self.drafter_dtype)
 
     def bind(self, target, greedy, mesh) -> Bound:
         check_trained_on(self.drafter, target)
         check_taps(self.drafter, target)
-        # The given tree, else the drafter's own (its sampled one when a row samples).
+        # The given tree, else the drafter's own (its sampled one when a row samples), which its
+        # file brought: checked here, after what the target allows.
         tree = _first(self.tree, None if greedy else self.drafter.sampled_tree,
                       self.drafter.tree, Tree.chain(self.k))
         candidates = _scheme(tree, target, greedy, self.candidates)
+        if self.tree is None:
+            check_proposes(tree, self.drafter.name, self.drafter.config.subset_size)
         drafter = eagle.with_dtype(eagle.resolve_taps(self.drafter, target.config),
                                    drafter_dtype(self.drafter_dtype, target, mesh))
         return Bound(EagleSpec(k=_chain(tree, self.k), tree=tree, candidates=candidates,
