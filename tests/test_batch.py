@@ -53,8 +53,8 @@ def test_each_row_of_a_ragged_batch_of_32_is_its_single_row_output(models, promp
                                                                     temperature):
     target, draft = models
     seeds = list(range(100, 100 + BATCH))
-    method = specjax.api.methods.build_shared(method, k=3, draft=draft,
-                                       heads=medusa_heads(target) if method == "medusa" else None)
+    heads = medusa_heads(target) if method == "medusa" else None
+    method = specjax.api.methods.build_shared(method, k=3, draft=draft, heads=heads)
     kwargs = dict(method=method, sampling=specjax.SamplingParams(temperature=temperature),
                   max_new_tokens=NEW, eos_ids=(EOS,))
     batched = generate(target, prompts, seed=seeds, **kwargs)

@@ -210,7 +210,8 @@ def draw(models, c, seed=0, rows=None, **hooks) -> tuple[np.ndarray, float]:
     if c["method"] == "eagle":
         weights["drafter"] = eagle_drafter(target, c.get("drafter", "specjax"))
     method = specjax.api.methods.build_shared(c["method"], k=c["k"], tree=c["tree"],
-                                       candidates=c["candidates"], **weights, **c["schedule"])
+                                              candidates=c["candidates"], **weights,
+                                              **c["schedule"])
     prompts = np.tile(np.asarray(c["prompt"], np.int32), (rows, 1))    # one row per sample
     result = generate(target, prompts, method, sampling, max_new_tokens=L, seed=seed, eos_ids=(),
                       **hooks)
