@@ -1,5 +1,7 @@
-"""The checks of `specjax.generate`'s arguments, on the host, with errors that name the offending
-value (`GenerationError`); the compiled loop itself (`decoding.loop`) assumes valid input."""
+"""The checks of `specjax.generate`'s arguments, on the host, each once, with errors that name
+the offending value (`GenerationError`): what a method object checks of its own options when it
+is made (`api.methods`), what binding it checks against the target and the request, and the
+prompts. The compiled loop itself (`decoding.loop`) assumes valid input."""
 
 from __future__ import annotations
 

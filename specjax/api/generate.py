@@ -198,7 +198,8 @@ class Run(NamedTuple):
     rules: Rules | None = None
 
     def given(self) -> list[str]:
-        """The options set to other than their defaults."""
+        """The options set to other than their defaults (one passed at its default reads as
+        left out: a prepared `Request` beside it then runs with its own)."""
         return [name for name, value, default in zip(self._fields, self, Run())
                 if not (type(value) is type(default) and value == default)]
 
