@@ -67,7 +67,7 @@ def init(config, seed: int):
     """GPT-2 initialisation: N(0, 0.02), residual output projections scaled by 1/sqrt(2L)."""
     import jax
 
-    from specjax import init_params
+    from specjax.model.params import init_params
 
     params = init_params(config, jax.random.key(seed), std=0.02)
     scale = 1.0 / math.sqrt(2 * config.n_layers)
@@ -174,7 +174,8 @@ def train_model(args) -> None:
     import optax
     from tokenizers import Tokenizer
 
-    from specjax import Model, save
+    from specjax import Model
+    from specjax.io.checkpoint import save
     from specjax.model.transformer import count_params
 
     started = time.time()

@@ -36,8 +36,8 @@ from specjax import kernels
 from specjax.model.cache import KVCache
 from specjax.model.config import DTYPES
 from specjax.model.linear import use_kernels
+from specjax.model.params import init_params, unstack_layers
 from specjax.model.quant import Int8Weight, dequantize
-from specjax.model.params import unstack_layers
 from specjax.model.transformer import count_params, forward
 
 
@@ -74,7 +74,7 @@ def main():
                                      d_ff=int(8 * d / 3) // 64 * 64, max_positions=args.context,
                                      norm_eps=1e-5, activation="silu", tie_embeddings=False,
                                      dtype=args.dtype)
-        params = specjax.init_params(config, jax.random.key(0))
+        params = init_params(config, jax.random.key(0))
     step = jax.jit(forward, static_argnums=1)
     cache = KVCache.init(config, 1, args.context)
     # Fill half the context so attention reads a realistic cache.

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from specjax.api import generate as api
-from specjax.api.methods import build
+from specjax.api.methods import build_shared
 from specjax.sampling.params import SamplingParams
 from specjax.testing.law import close_pair
 
@@ -42,7 +42,7 @@ def random_call(rng: np.random.Generator, target, draft) -> dict:
 
     return dict(
         prompts=[rng.integers(0, 6, int(rng.integers(3, 9))).tolist() for _ in range(rows)],
-        method=build(METHODS[int(rng.integers(len(METHODS)))], others="ignore", draft=draft, k=3),
+        method=build_shared(METHODS[int(rng.integers(len(METHODS)))], draft=draft, k=3),
         sampling=SamplingParams(
             temperature=per_row(lambda: float(rng.choice([0.0, 0.5, 1.0, 1.5]))),
             top_k=per_row(lambda: int(rng.choice([0, 2, 4]))),

@@ -6,31 +6,28 @@ model), n-gram, Medusa, EAGLE and DFlash decoding (`specjax.decoding.methods`).
     draft = specjax.load("weights/llama-draft")
     result = specjax.generate(target, ["def add(a, b):"], specjax.Speculative(draft, k=4),
                               specjax.SamplingParams(temperature=0.0), max_new_tokens=64)
+
+The names here are what a user of `load`, `generate`, `stream`, `explain` and `forward` needs:
+the calls, the method objects, `SamplingParams`, the trees, what comes back and the errors a
+call raises. The rest stays in its own module (making and writing heads and drafters:
+`specjax.heads.*`, `specjax.io.*`; device meshes: `specjax.mesh`; `random_model` and `save`:
+`specjax.io.checkpoint`); CHANGELOG.md lists where each name moved.
 """
 
-from specjax.api.drafters import drafter_log_probs
+from specjax.api.checks import GenerationError
 from specjax.api.explain import explain, format_steps
 from specjax.api.forward import forward
-from specjax.api.checks import GenerationError
-from specjax.api.generate import generate, release_programs, stream
+from specjax.api.generate import generate, stream
 from specjax.api.methods import Autoregressive, DFlash, Eagle, Medusa, NGram, Speculative
 from specjax.api.results import GenerationResult, Stats
-from specjax.heads.eagle import Drafter, DrafterConfig, init_drafter
-from specjax.heads.medusa import Heads, HeadsConfig, init_heads
-from specjax.io.checkpoint import CheckpointError, load, random_model, save
-from specjax.io.eagle import save_drafter
-from specjax.io.medusa import save_heads
-from specjax.mesh import MeshError, make_mesh
-from specjax.model.config import ConfigError, ModelConfig
-from specjax.model.params import init_params
+from specjax.io.checkpoint import CheckpointError, load
+from specjax.model.config import ModelConfig
 from specjax.model.transformer import Model
 from specjax.sampling.params import SamplingParams
 from specjax.sampling.tree import DynamicTree, Tree, TreeError
 
-__all__ = ["Autoregressive", "CheckpointError", "DFlash", "Eagle", "Medusa", "NGram",
-           "Speculative", "ConfigError", "Drafter", "DrafterConfig", "DynamicTree",
-           "GenerationError",
-           "GenerationResult", "Heads", "HeadsConfig", "MeshError", "Model", "ModelConfig",
-           "SamplingParams", "Stats", "Tree", "TreeError", "drafter_log_probs", "explain", "format_steps", "forward",
-           "generate", "init_drafter", "init_heads", "init_params", "load", "make_mesh",
-           "random_model", "release_programs", "save", "save_drafter", "save_heads", "stream"]
+__all__ = ["load", "generate", "stream", "explain", "format_steps", "forward",
+           "Autoregressive", "Speculative", "NGram", "Medusa", "Eagle", "DFlash",
+           "SamplingParams", "Tree", "DynamicTree",
+           "GenerationResult", "Stats", "Model", "ModelConfig",
+           "GenerationError", "CheckpointError", "TreeError"]

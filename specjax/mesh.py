@@ -1,6 +1,6 @@
 """Running on a device mesh: tensor parallelism over "model", data parallelism over "data".
 
-    mesh = specjax.make_mesh(data=2, model=4)            # 8 devices
+    mesh = specjax.mesh.make_mesh(data=2, model=4)            # 8 devices
     target = specjax.load("weights/llama-target", mesh=mesh)
     result = specjax.generate(target, prompts, method="speculative", draft=draft, mesh=mesh)
 
@@ -83,11 +83,11 @@ def check_mesh(mesh) -> None:
     if not isinstance(mesh, Mesh) or tuple(mesh.axis_names) != AXES:
         names = tuple(mesh.axis_names) if isinstance(mesh, Mesh) else type(mesh).__name__
         raise MeshError(f"mesh must be a jax.sharding.Mesh with axes ('data', 'model') "
-                        f"(specjax.make_mesh), got {names}")
+                        f"(specjax.mesh.make_mesh), got {names}")
     kinds = tuple(getattr(mesh, "axis_types", (AxisType.Auto,) * 2))
     if any(kind != AxisType.Auto for kind in kinds):
         raise MeshError(f"mesh axes must be of type AxisType.Auto, got "
-                        f"{tuple(str(k) for k in kinds)}: use specjax.make_mesh, or pass "
+                        f"{tuple(str(k) for k in kinds)}: use specjax.mesh.make_mesh, or pass "
                         "axis_types=(AxisType.Auto,) * 2 to jax.make_mesh")
 
 

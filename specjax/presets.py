@@ -123,7 +123,7 @@ def parse_mesh(text: str | None) -> tuple[int, int] | None:
 
 @functools.lru_cache(maxsize=None)
 def make_mesh(shape: tuple[int, int] | None):
-    """The `specjax.make_mesh` of a parsed --mesh, or None (built once per shape: the bench
+    """The `specjax.mesh.make_mesh` of a parsed --mesh, or None (built once per shape: the bench
     asks for it at every run)."""
     if shape is None:
         return None

@@ -212,9 +212,9 @@ _OWN_CACHE = pytest.StashKey[str]()
 
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
-    """Drops each module's compiled programs when it ends (`specjax.release_programs`): the
-    suite compiles a few hundred programs, and keeping them all alive only grows the process
-    and its memory maps."""
+    """Drops each module's compiled programs when it ends
+    (`specjax.api.generate.release_programs`): the suite compiles a few hundred programs, and
+    keeping them all alive only grows the process and its memory maps."""
     yield
     release_programs()
 

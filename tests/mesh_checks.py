@@ -28,6 +28,9 @@ from specjax import mesh as meshes
 from specjax.api.generate import GenerationError, prepare
 from specjax.cli.main import main
 from specjax.decoding import loop
+from specjax.heads.medusa import HeadsConfig, init_heads
+from specjax.io.checkpoint import random_model, save
+from specjax.mesh import make_mesh, MeshError
 from specjax.model.cache import KVCache
 from specjax.model.transformer import forward
 
@@ -77,12 +80,12 @@ def logits(model, tokens, mesh=None):
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_forward_logits_on_every_mesh(name):
-    model = specjax.random_model(CONFIGS[name], seed=3, std=0.3)
+    model = random_model(CONFIGS[name], seed=3, std=0.3)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (8, 6)), jnp.int32)
     expected = logits(model, tokens)
     scale = np.abs(expected).max()
     for data, model_axis in MESHES:
-        got = logits(model, tokens, specjax.make_mesh(data, model_axis))
+        got = logits(model, tokens, make_mesh(data, model_axis))
         diff = np.abs(got - expected).max()
         assert diff <= TOL * scale, f"{name} on {data}x{model_axis}: max |diff| {diff:.3g}"
 
@@ -91,8 +94,8 @@ def test_parameters_are_split_as_the_table_says(tmp_path):
     """load(mesh=) puts each weight straight onto its shards: heads, MLP width and vocabulary
     split over "model", norms whole on every device, the values those of a plain load."""
     config = llama_config(8, 4)
-    path = specjax.save(specjax.random_model(config, seed=1), tmp_path / "m")
-    mesh = specjax.make_mesh(2, 4)
+    path = save(random_model(config, seed=1), tmp_path / "m")
+    mesh = make_mesh(2, 4)
     plain, sharded = specjax.load(path), specjax.load(path, mesh=mesh)
     layer = sharded.params["layers"]                   # stacked along L (2 layers), never split
     expected = {"wq": (2, 2, 8, 32), "wk": (2, 1, 8, 32), "wv": (2, 1, 8, 32),
@@ -116,9 +119,9 @@ def test_heads_the_model_axis_does_not_divide_are_replicated():
     every device (and the cache), while the MLP and vocabulary are still split; on model=2 the
     query heads split and the key/value heads and cache stay whole."""
     config = CONFIGS["llama-6-heads"]
-    params = specjax.random_model(config).params
+    params = random_model(config).params
     for model_axis, wq, wk in ((4, (6, 8, 32), (3, 8, 32)), (2, (3, 8, 32), (3, 8, 32))):
-        mesh = specjax.make_mesh(2, model_axis)
+        mesh = make_mesh(2, model_axis)
         layer = meshes.shard_params(params, config, mesh)["layers"]     # [L, ...], L = 2
         assert meshes.shard_shape(layer["wq"]) == (2, *wq)
         assert meshes.shard_shape(layer["wk"]) == (2, *wk)
@@ -139,11 +142,11 @@ def models():
     draft, Medusa heads."""
     # One layer each: these checks compile 20 decoding programs, and compile time grows with
     # depth; the forward tests above cover two layers.
-    target = specjax.random_model(llama_config(8, 4, head_dim=4, vocab=16, d_ff=64, layers=1),
+    target = random_model(llama_config(8, 4, head_dim=4, vocab=16, d_ff=64, layers=1),
                                   seed=1, std=1.0)
-    draft = specjax.random_model(llama_config(2, 1, vocab=16, d_ff=32, layers=1), seed=2,
+    draft = random_model(llama_config(2, 1, vocab=16, d_ff=32, layers=1), seed=2,
                                  std=1.0)
-    heads = specjax.init_heads(specjax.HeadsConfig(num_heads=2, num_blocks=1, hidden_size=32,
+    heads = init_heads(HeadsConfig(num_heads=2, num_blocks=1, hidden_size=32,
                                                    vocab_size=16, subset_size=16),
                                target, seed=0, std=0.3)
     return target, draft, heads
@@ -182,7 +185,7 @@ def assert_same_tokens(expected, got, label):
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_tokens_equal_one_device(models, case):
     expected = decode(models, case)
-    got = decode(models, case, specjax.make_mesh(2, 4))
+    got = decode(models, case, make_mesh(2, 4))
     assert_same_tokens(expected, got, case)
     # The padded row is not counted: the same calls as on one device.
     assert got.stats.rows == len(PROMPTS)
@@ -192,11 +195,11 @@ def test_greedy_tokens_equal_one_device(models, case):
 
 def test_sampled_tokens_equal_one_device(models):
     expected = decode(models, "autoregressive", temperature=1.0)
-    got = decode(models, "autoregressive", specjax.make_mesh(2, 4), temperature=1.0)
+    got = decode(models, "autoregressive", make_mesh(2, 4), temperature=1.0)
     assert_same_tokens(expected, got, "autoregressive sampled")
     # Speculative sampling on the other shape of mesh, with the draft split on request too.
     expected = decode(models, "speculative", temperature=1.0)
-    got = decode(models, "speculative", specjax.make_mesh(4, 2), temperature=1.0,
+    got = decode(models, "speculative", make_mesh(4, 2), temperature=1.0,
                  shard_draft=True)
     assert_same_tokens(expected, got, "speculative sampled, draft split")
 
@@ -205,7 +208,7 @@ def test_state_is_laid_out_on_the_mesh(models):
     """Rows over "data", the target's cache also over "model" by key/value head, the
     replicated draft's cache whole over "model"; stream gives generate's tokens."""
     target, draft, _ = models
-    mesh = specjax.make_mesh(2, 4)
+    mesh = make_mesh(2, 4)
     request = prepare(target, PROMPTS, method=specjax.Speculative(draft=draft, k=3),
                       sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=12,
                       mesh=mesh)
@@ -246,10 +249,10 @@ def test_mesh_errors(models):
     with pytest.raises(GenerationError, match="shard_draft applies"):
         specjax.generate(target, PROMPTS, specjax.Speculative(draft, shard_draft=True),
                          max_new_tokens=4)
-    with pytest.raises(specjax.MeshError, match="needs 16 devices; 8 available"):
-        specjax.make_mesh(4, 4)
-    with pytest.raises(specjax.MeshError, match="model must be an integer >= 1"):
-        specjax.make_mesh(2, 0)
+    with pytest.raises(MeshError, match="needs 16 devices; 8 available"):
+        make_mesh(4, 4)
+    with pytest.raises(MeshError, match="model must be an integer >= 1"):
+        make_mesh(2, 0)
 
 
 def test_cli_mesh_gives_the_same_tokens(capsys):
@@ -271,7 +274,7 @@ def test_prefill_groups_rows_within_each_data_shard(models):
     target = models[0]
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, 16, int(n)).tolist() for n in rng.integers(1, 24, 16)]
-    mesh = specjax.make_mesh(2, 4)
+    mesh = make_mesh(2, 4)
     kwargs = dict(sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=6)
     expected = specjax.generate(target, prompts, **kwargs)
     assert_same_tokens(expected, specjax.generate(target, prompts, mesh=mesh, **kwargs),
@@ -305,17 +308,17 @@ def test_training_splits_each_batch_over_data(tmp_path):
     ar = specjax.generate(target, prompts, sampling=specjax.SamplingParams(temperature=0.0),
                           max_new_tokens=8)
     for size in (2,):
-        split = eagle3.train(target, data, config, mesh=specjax.make_mesh(data=size, model=1))
+        split = eagle3.train(target, data, config, mesh=make_mesh(data=size, model=1))
         apart = max(np.max(np.abs(a - b)) for a, b in zip(leaves(one), leaves(split)))
         assert apart < 1e-5 < 1e-3 < moved, (apart, moved)
         got = specjax.generate(target, prompts, method=specjax.Eagle(drafter=split),
                                sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=8)
         assert got.tokens == ar.tokens
     with pytest.raises(TrainError, match="data-parallel: a mesh of data=N"):
-        eagle3.train(target, data, config, mesh=specjax.make_mesh(data=2, model=2))
+        eagle3.train(target, data, config, mesh=make_mesh(data=2, model=2))
     with pytest.raises(TrainError, match="batch 3 does not split over the mesh's data=2"):
         eagle3.train(target, data, eagle3.TrainConfig(steps=4, batch=3, draft_vocab=256),
-                     mesh=specjax.make_mesh(data=2, model=1))
+                     mesh=make_mesh(data=2, model=1))
     out, lines = tmp_path / "heads", tmp_path / "prompts.txt"
     lines.write_text("\n".join(prompts) + "\n")
     assert main(["train", "medusa", "--preset", "tiny-llama", "--prompts", str(lines),

@@ -22,13 +22,14 @@ jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=proc
 import specjax  # noqa: E402
 from specjax.presets import WEIGHTS  # noqa: E402
 import specjax
+from specjax.mesh import make_mesh
 
 assert len(jax.devices()) == 8 and len(jax.local_devices()) == 4
-mesh = specjax.make_mesh(data=2, model=4)
+mesh = make_mesh(data=2, model=4)
 target = specjax.load(WEIGHTS / "llama-target", mesh=mesh)
 draft = specjax.load(WEIGHTS / "llama-draft")
 tokens = {method: specjax.generate(target, prompts,
-                                   method=specjax.api.methods.build(method, others="ignore", draft=draft, k=3),
+                                   method=specjax.api.methods.build_shared(method, draft=draft, k=3),
                                    sampling=specjax.SamplingParams(temperature=1.0),
                                    max_new_tokens=8, seed=5, mesh=mesh).tokens
           for method in ("autoregressive", "speculative")}

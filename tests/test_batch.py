@@ -15,6 +15,7 @@ import pytest
 import specjax
 from specjax.api.generate import generate
 from specjax.decoding.prefill import prefill_groups
+from specjax.heads.medusa import HeadsConfig, init_heads
 from tests.tiny import pair
 
 BATCH, NEW, EOS = 32, 12, 5
@@ -37,9 +38,9 @@ def prompts():
 
 
 def medusa_heads(target):
-    config = specjax.HeadsConfig(num_heads=2, num_blocks=1, hidden_size=target.config.d_model,
+    config = HeadsConfig(num_heads=2, num_blocks=1, hidden_size=target.config.d_model,
                                  vocab_size=8, subset_size=4)
-    return specjax.init_heads(config, target, token_ids=[0, 2, 5, 6], seed=4, std=0.5,
+    return init_heads(config, target, token_ids=[0, 2, 5, 6], seed=4, std=0.5,
                               tree=specjax.Tree.full((2, 2)))
 
 
@@ -52,8 +53,8 @@ def test_each_row_of_a_ragged_batch_of_32_is_its_single_row_output(models, promp
                                                                     temperature):
     target, draft = models
     seeds = list(range(100, 100 + BATCH))
-    method = specjax.api.methods.build(method, others="ignore", k=3, draft=draft,
-                                       heads=medusa_heads(target) if method == "medusa" else None)
+    heads = medusa_heads(target) if method == "medusa" else None
+    method = specjax.api.methods.build_shared(method, k=3, draft=draft, heads=heads)
     kwargs = dict(method=method, sampling=specjax.SamplingParams(temperature=temperature),
                   max_new_tokens=NEW, eos_ids=(EOS,))
     batched = generate(target, prompts, seed=seeds, **kwargs)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import specjax
+from specjax.io.checkpoint import random_model
 from specjax.model.cache import KVCache
 from specjax.model.transformer import forward as eager_forward
 
@@ -25,7 +26,7 @@ SLOTS = 48
 
 @pytest.fixture(params=CONFIGS)
 def model(request):
-    return specjax.random_model(CONFIGS[request.param], seed=1, std=0.3)
+    return random_model(CONFIGS[request.param], seed=1, std=0.3)
 
 
 def full_logits(model, row):
@@ -117,7 +118,7 @@ LONG = specjax.ModelConfig(arch="llama", vocab_size=50, d_model=32, n_layers=2, 
 
 @pytest.fixture(scope="module")
 def long_model():
-    return specjax.random_model(LONG, seed=2, std=0.3)
+    return random_model(LONG, seed=2, std=0.3)
 
 
 @pytest.mark.parametrize("slots", [1280, 2048, 4096])

@@ -7,7 +7,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import specjax
-from specjax import CheckpointError, ConfigError, ModelConfig
+from specjax import CheckpointError, ModelConfig
+from specjax.model.config import ConfigError
 from tests.hf_models import tiny_gpt2, tiny_llama
 
 

@@ -25,7 +25,12 @@ from specjax.api.results import Stats
 from specjax.cli.generate import TextPrinter
 from specjax.cli.generate_report import summary_line, why_slower
 from specjax.cli.main import main
+from specjax.heads.eagle import init_drafter
+from specjax.heads.medusa import HeadsConfig, init_heads
 from specjax.io.chat import ChatTemplateError, render
+from specjax.io.checkpoint import random_model, save
+from specjax.io.eagle import save_drafter
+from specjax.io.medusa import save_heads
 from specjax.presets import TINY_NOTE
 from specjax.testing import CATALOGUE
 
@@ -83,7 +88,7 @@ def tiny_checkpoint(directory: Path, tokenizer, vocab: int | None = None, seed: 
     config = specjax.ModelConfig(arch="llama", vocab_size=vocab, d_model=16, n_layers=1,
                                  n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32, max_positions=64,
                                  norm_eps=1e-6, activation="silu", tie_embeddings=False)
-    return specjax.save(specjax.random_model(config, seed, tokenizer=tokenizer), directory)
+    return save(random_model(config, seed, tokenizer=tokenizer), directory)
 
 
 @pytest.fixture(scope="session")
@@ -296,12 +301,12 @@ def test_published_drafters_load_from_the_command_line(generated, tmp_path, caps
     # tree sibling by sibling. In this process, through `main`.
     target = specjax.load(WEIGHTS / "llama-target")
     v, d = target.config.vocab_size, target.config.d_model
-    drafter = specjax.save_drafter(
-        specjax.init_drafter(target, token_ids=list(range(v // 2)), kind="eagle3", taps=(0, 1, 3),
+    drafter = save_drafter(
+        init_drafter(target, token_ids=list(range(v // 2)), kind="eagle3", taps=(0, 1, 3),
                              std=0.3),
         tmp_path / "eagle3", format="eagle")
-    heads = specjax.save_heads(
-        specjax.init_heads(specjax.HeadsConfig(num_heads=2, num_blocks=1, hidden_size=d,
+    heads = save_heads(
+        init_heads(HeadsConfig(num_heads=2, num_blocks=1, hidden_size=d,
                                                vocab_size=v, subset_size=v, head="own"),
                            target, std=0.3), tmp_path / "medusa1", format="medusa")
     assert (drafter / "config.json").exists() and (heads / "medusa_lm_head.safetensors").exists()

@@ -57,9 +57,7 @@ def models():
 
 def _controls(rows, **options):
     from specjax.api.sampling_checks import check_controls
-    options = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-               "logit_bias": None, "min_tokens": 0, **options}
-    return check_controls(rows, V, np.full(rows, 8, np.int32), **options)
+    return check_controls(specjax.SamplingParams(**options), rows, V, np.full(rows, 8, np.int32))
 
 
 def test_controls_follow_the_rule_as_the_engines_state_it():

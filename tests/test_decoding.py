@@ -9,6 +9,10 @@ import pytest
 
 import specjax
 from specjax.api.generate import GenerationError, generate, stream
+from specjax.heads.eagle import init_drafter
+from specjax.heads.medusa import HeadsConfig, init_heads
+from specjax.io.checkpoint import random_model
+from specjax.mesh import make_mesh
 from tests.tiny import pair
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4], [7, 6], [5], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2]]
@@ -93,7 +97,7 @@ def test_draft_equal_to_target_accepts_everything(models):
 @pytest.mark.parametrize("method", ["autoregressive", "speculative", "ngram"])
 def test_same_seed_same_output_and_row_alone_equals_row_in_batch(models, method):
     target, draft = models
-    kwargs = dict(method=specjax.api.methods.build(method, others="ignore", draft=draft, k=3),
+    kwargs = dict(method=specjax.api.methods.build_shared(method, draft=draft, k=3),
                   sampling=specjax.SamplingParams(temperature=1.0), max_new_tokens=N, eos_ids=())
     seeds = [11, 12, 13, 14]
     first = generate(target, PROMPTS, seed=seeds, **kwargs).tokens
@@ -112,7 +116,7 @@ def test_eos_and_max_new_tokens_are_exact(models, greedy, method):
     eos = greedy[0][j]
     first = greedy[0].index(eos)
     result = generate(target, PROMPTS,
-                      method=specjax.api.methods.build(method, others="ignore", draft=draft, k=4),
+                      method=specjax.api.methods.build_shared(method, draft=draft, k=4),
                       sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=N,
                       eos_ids=(eos,))
     assert result.tokens[0] == greedy[0][:first + 1]
@@ -121,7 +125,7 @@ def test_eos_and_max_new_tokens_are_exact(models, greedy, method):
         assert got == want[:cut]
     for n in (1, 2, 7):  # never overshoots by up to K tokens
         short = generate(target, PROMPTS,
-                         method=specjax.api.methods.build(method, others="ignore", draft=draft, k=4),
+                         method=specjax.api.methods.build_shared(method, draft=draft, k=4),
                          sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=n,
                          eos_ids=())
         assert short.tokens == [g[:n] for g in greedy]
@@ -130,7 +134,7 @@ def test_eos_and_max_new_tokens_are_exact(models, greedy, method):
 @pytest.mark.parametrize("method", ["speculative", "ngram"])
 def test_stream_equals_jitted_loop(models, method):
     target, draft = models
-    kwargs = dict(method=specjax.api.methods.build(method, others="ignore", draft=draft, k=3),
+    kwargs = dict(method=specjax.api.methods.build_shared(method, draft=draft, k=3),
                   sampling=specjax.SamplingParams(temperature=1.0), max_new_tokens=N, seed=3,
                   eos_ids=())
     chunks = [[] for _ in PROMPTS]
@@ -149,7 +153,7 @@ def test_vocab_padding_draft_is_handled(models, greedy):
     tokenizer = Tokenizer(tokenizer_models.WordLevel({c: i for i, c in enumerate("abcdefgh")},
                                                       unk_token="a"))
     target = specjax.Model(models[0].config, models[0].params, tokenizer)
-    big = specjax.random_model(target.config.replace(vocab_size=12, n_layers=1), seed=5, std=0.5,
+    big = random_model(target.config.replace(vocab_size=12, n_layers=1), seed=5, std=0.5,
                                tokenizer=tokenizer)
     result = generate(target, PROMPTS, method=specjax.Speculative(draft=big, k=2),
                       sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=N,
@@ -182,9 +186,52 @@ def test_invalid_parameters_raise_with_the_value(models, call, needle):
     assert needle in str(info.value)
 
 
+def test_each_method_object_checks_its_options_when_made(models):
+    # Made, not bound: no target, sampling or generate call is in reach of these checks, and
+    # each message names the field. What needs the target waits for `bind` (the negative
+    # control: a tree too big for the context window makes, and fails in generate).
+    from specjax.heads.dflash import init_block_drafter
+
+    target, draft = models
+    heads = init_heads(HeadsConfig(num_heads=2, num_blocks=1,
+                                                   hidden_size=target.config.d_model,
+                                                   vocab_size=8, subset_size=4), target, seed=3)
+    drafter = init_drafter(target, subset_size=4, token_ids=np.arange(4), seed=3)
+    block = init_block_drafter(target, block_size=3, seed=3)
+    dynamic = specjax.DynamicTree(depth=2, top_k=2, total_tokens=3)
+    cases = [
+        (lambda: specjax.Speculative(target.params), "draft must be a draft model"),
+        (lambda: specjax.Speculative(draft, tree=((0,), (0, 0, 0))), "has no parent"),
+        (lambda: specjax.Speculative(draft, candidates="iid"), "pass tree=... too"),
+        (lambda: specjax.Speculative(draft, tree=((0,),), candidates="beam"), "'beam'"),
+        (lambda: specjax.Speculative(draft, tree=dynamic), "it needs method 'eagle'"),
+        (lambda: specjax.Speculative(draft, k=2, k_schedule="heuristic", k_start=3),
+         "k_start=3 is more than k=2"),
+        (lambda: specjax.Speculative(draft, drafter_dtype="float16"), "drafter_dtype must be"),
+        (lambda: specjax.NGram(k_schedule="confidence"), "n-gram lookup has none"),
+        (lambda: specjax.NGram(tree=((0,),), k_schedule="heuristic"), "shape is fixed"),
+        (lambda: specjax.Medusa(None), "method 'medusa' needs Medusa heads"),
+        (lambda: specjax.Medusa(heads, tree=specjax.Tree.chain(3)), "3 deep but"),
+        (lambda: specjax.Medusa(heads, tree=specjax.Tree.full((5,))), "5 children"),
+        (lambda: specjax.Medusa(heads, drafter_dtype=32), "drafter_dtype must be"),
+        (lambda: specjax.Eagle(heads), "drafter must be an EAGLE drafter"),
+        (lambda: specjax.Eagle(drafter, tree=specjax.Tree.full((5,))), "5 children"),
+        (lambda: specjax.Eagle(drafter, tree=dynamic, candidates="iid"), "does not apply"),
+        (lambda: specjax.DFlash(block, k=3), "k=3 is more than the 2 tokens"),
+        (lambda: specjax.DFlash(block, candidates="distinct"), "'top' or 'iid'"),
+    ]
+    for make, needle in cases:
+        with pytest.raises(GenerationError) as info:
+            make()
+        assert needle in str(info.value), (needle, str(info.value))
+    too_big = specjax.Speculative(draft, tree=specjax.Tree.chain(200))
+    with pytest.raises(GenerationError, match="the tree has 200 nodes"):
+        generate(target, PROMPTS, too_big)
+
+
 def test_mismatched_draft_vocab_is_rejected(models):
     target, _ = models
-    small = specjax.random_model(target.config.replace(vocab_size=5), seed=3)
+    small = random_model(target.config.replace(vocab_size=5), seed=3)
     with pytest.raises(GenerationError, match="vocab_size 5 != target vocab_size 8"):
         generate(target, PROMPTS, method=specjax.Speculative(draft=small))
 
@@ -201,7 +248,7 @@ def test_nan_logits_are_an_error(models):
 def long_model():
     from tests.tiny import llama_config
 
-    return specjax.random_model(llama_config(vocab=8, layers=2, positions=2048), seed=3, std=0.5)
+    return random_model(llama_config(vocab=8, layers=2, positions=2048), seed=3, std=0.5)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -240,10 +287,10 @@ def test_each_method_owns_its_state(models):
     from specjax.heads.dflash import init_block_drafter
 
     target, draft = models
-    heads = specjax.init_heads(specjax.HeadsConfig(num_heads=2, num_blocks=1,
+    heads = init_heads(HeadsConfig(num_heads=2, num_blocks=1,
                                                    hidden_size=target.config.d_model,
                                                    vocab_size=8, subset_size=8), target, seed=3)
-    drafter = specjax.init_drafter(target, seed=3)
+    drafter = init_drafter(target, seed=3)
     methods = {"autoregressive": specjax.Autoregressive(),
                "speculative": specjax.Speculative(draft, k=2), "ngram": specjax.NGram(k=2),
                "medusa": specjax.Medusa(heads, tree=specjax.Tree.full((2, 1))),
@@ -286,7 +333,7 @@ def test_low_precision_greedy_equality_for_every_method_batched_and_alone(dtype)
 
     def model(layers, seed):
         config = dataclasses.replace(llama_config(8, layers=layers), dtype=dtype)
-        return specjax.random_model(config, seed=seed, std=0.5)
+        return random_model(config, seed=seed, std=0.5)
 
     target, draft = model(2, 1), model(1, 2)
     assert target.params["embed"].dtype == jax.numpy.dtype(dtype if dtype != "q8_0" else "int8")
@@ -328,6 +375,6 @@ def test_int8_weights_on_a_device_mesh_are_a_named_error():
     from specjax.testing.law import llama_config
 
     config = dataclasses.replace(llama_config(8, layers=1), dtype="int8")
-    target = specjax.random_model(config, seed=1, std=0.5)
+    target = random_model(config, seed=1, std=0.5)
     with pytest.raises(GenerationError, match="the target has int8 weights"):
-        generate(target, PROMPTS, max_new_tokens=2, mesh=specjax.make_mesh(data=1, model=1))
+        generate(target, PROMPTS, max_new_tokens=2, mesh=make_mesh(data=1, model=1))

@@ -38,6 +38,8 @@ import pytest
 import specjax
 from specjax.api.generate import generate, prepare
 from specjax.decoding import loop
+from specjax.heads.eagle import init_drafter
+from specjax.heads.medusa import HeadsConfig, init_heads
 from specjax.model.transformer import Model, cast_params
 from specjax.sampling import rejection, rules
 from specjax.sampling.logits import SamplingParams, probs_from_logits, sample
@@ -76,9 +78,9 @@ def eagle_drafter(target, kind="specjax"):
     style, or ("eagle3") a published EAGLE-3 one whose draft vocabulary is those 5, reading the
     states after 0 and 1 layers; ("eagle1") a published EAGLE-1 one proposes all 6."""
     if kind == "eagle1":
-        return specjax.init_drafter(target, seed=3, std=0.5)
+        return init_drafter(target, seed=3, std=0.5)
     options = dict(kind="eagle3", taps=(0, 1)) if kind == "eagle3" else dict(style="specjax")
-    return specjax.init_drafter(target, token_ids=[2, 0, 1, 3, 5], seed=3, std=0.5, **options)
+    return init_drafter(target, token_ids=[2, 0, 1, 3, 5], seed=3, std=0.5, **options)
 
 
 def medusa_heads(target, kind="subset"):
@@ -87,12 +89,12 @@ def medusa_heads(target, kind="subset"):
     must supply it); ("medusa1") published Medusa-1 heads, each with its own LM head over all
     6."""
     if kind == "medusa1":
-        config = specjax.HeadsConfig(num_heads=3, num_blocks=1, hidden_size=target.config.d_model,
+        config = HeadsConfig(num_heads=3, num_blocks=1, hidden_size=target.config.d_model,
                                      vocab_size=V, subset_size=V, head="own")
-        return specjax.init_heads(config, target, seed=3, std=0.5)
-    config = specjax.HeadsConfig(num_heads=3, num_blocks=1, hidden_size=target.config.d_model,
+        return init_heads(config, target, seed=3, std=0.5)
+    config = HeadsConfig(num_heads=3, num_blocks=1, hidden_size=target.config.d_model,
                                  vocab_size=V, subset_size=5)
-    return specjax.init_heads(config, target, token_ids=[2, 0, 1, 3, 5], seed=3, std=0.5)
+    return init_heads(config, target, token_ids=[2, 0, 1, 3, 5], seed=3, std=0.5)
 
 
 # Thresholds near the middle of the draft's probabilities here, so that rows stop after
@@ -207,8 +209,9 @@ def draw(models, c, seed=0, rows=None, **hooks) -> tuple[np.ndarray, float]:
         weights["heads"] = medusa_heads(target, c.get("heads", "subset"))
     if c["method"] == "eagle":
         weights["drafter"] = eagle_drafter(target, c.get("drafter", "specjax"))
-    method = specjax.api.methods.build(c["method"], others="ignore", k=c["k"], tree=c["tree"],
-                                       candidates=c["candidates"], **weights, **c["schedule"])
+    method = specjax.api.methods.build_shared(c["method"], k=c["k"], tree=c["tree"],
+                                              candidates=c["candidates"], **weights,
+                                              **c["schedule"])
     prompts = np.tile(np.asarray(c["prompt"], np.int32), (rows, 1))    # one row per sample
     result = generate(target, prompts, method, sampling, max_new_tokens=L, seed=seed, eos_ids=(),
                       **hooks)

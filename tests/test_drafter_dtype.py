@@ -12,14 +12,16 @@ import numpy as np
 import pytest
 
 import specjax
+from specjax import kernels as specjax_kernels
 from specjax.api.generate import GenerationError, generate, prepare
 from specjax.cli.main import main
 from specjax.heads import eagle, medusa
+from specjax.heads.medusa import HeadsConfig, init_heads
+from specjax.io.checkpoint import random_model
 from specjax.model.cache import KVCache
 from specjax.model.linear import use_kernels
 from specjax.model.quant import Int8Weight, Q8_0Weight
 from specjax.model.transformer import in_dtype
-from specjax import kernels as specjax_kernels
 from specjax.testing.law import llama_config
 
 V = 16
@@ -29,14 +31,14 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 3, 9]]
 @pytest.fixture(scope="module")
 def models():
     """A target (64 wide: 8-bit blocks of 32) and a smaller draft, float32."""
-    target = specjax.random_model(llama_config(V, d=64, layers=2, heads=4, kv_heads=2), seed=1,
+    target = random_model(llama_config(V, d=64, layers=2, heads=4, kv_heads=2), seed=1,
                                   std=0.5)
-    draft = specjax.random_model(llama_config(V, d=32, layers=1, heads=2, kv_heads=1), seed=2,
+    draft = random_model(llama_config(V, d=32, layers=1, heads=2, kv_heads=1), seed=2,
                                  std=0.5)
     ids = np.random.default_rng(0).permutation(V)[:12]
     drafter = eagle.init_drafter(target, token_ids=ids, seed=3, std=0.3, style="specjax",
                                  tree=specjax.Tree.full((2, 2)))
-    heads = specjax.init_heads(specjax.HeadsConfig(num_heads=3, num_blocks=1, hidden_size=64,
+    heads = init_heads(HeadsConfig(num_heads=3, num_blocks=1, hidden_size=64,
                                                    vocab_size=V, subset_size=12),
                                target, ids, seed=4, std=0.3, tree=specjax.Tree.full((2, 2)))
     return target, draft, drafter, heads

@@ -23,6 +23,8 @@ from specjax.api.generate import GenerationError, generate, prepare
 from specjax.decoding import eagle as eagle_decoding
 from specjax.decoding import loop
 from specjax.heads import eagle
+from specjax.heads.eagle import Drafter
+from specjax.io.checkpoint import random_model
 from specjax.io.eagle import save_drafter
 from specjax.model.transformer import hidden_states, tapped_states
 from specjax.sampling.tree import Tree
@@ -59,7 +61,7 @@ def drafter_dir(target, tmp_path_factory):
 def test_drafter_round_trip(target, drafter_dir, tmp_path):
     drafter = random_drafter(target, tree=Tree.full((2, 2)))
     loaded = specjax.load(drafter_dir)
-    assert isinstance(loaded, specjax.Drafter) and loaded.name == "tiny-eagle"
+    assert isinstance(loaded, Drafter) and loaded.name == "tiny-eagle"
     assert loaded.config == drafter.config and loaded.tree == drafter.tree
     assert loaded.target == drafter.target
     np.testing.assert_array_equal(loaded.token_ids, drafter.token_ids)
@@ -126,8 +128,8 @@ def test_eagle3_drafter_round_trip_and_its_errors(target, tmp_path):
 
 def test_drafter_for_another_target_is_refused(target, drafter_dir):
     drafter = specjax.load(drafter_dir)
-    other_shape = specjax.random_model(llama_config(V, layers=1), seed=1, std=1.0)
-    other_weights = specjax.random_model(target.config, seed=7, std=1.0)
+    other_shape = random_model(llama_config(V, layers=1), seed=1, std=1.0)
+    other_weights = random_model(target.config, seed=7, std=1.0)
     for other, words in ((other_shape, "n_layers"), (other_weights, "LM-head weights")):
         with pytest.raises(GenerationError) as e:
             generate(other, [[1, 2]], method=specjax.Eagle(drafter=drafter), max_new_tokens=2)
@@ -192,7 +194,7 @@ def test_bad_eagle_requests_are_errors(target, drafter_dir):
         with pytest.raises(GenerationError) as e:
             generate(target, [[1, 2, 3]], max_new_tokens=4, **kwargs())
         assert words in str(e.value), (words, str(e.value))
-    gpt2 = specjax.random_model(specjax.ModelConfig(
+    gpt2 = random_model(specjax.ModelConfig(
         arch="gpt2", vocab_size=V, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=16,
         d_ff=64, max_positions=64, norm_eps=1e-5, activation="gelu_tanh", tie_embeddings=True))
     with pytest.raises(ValueError, match="Llama-family"):

@@ -2,7 +2,7 @@
 several call widths, dtypes and both kernel settings compiles each program once, a second pass
 compiles nothing, and the process's memory maps stay bounded (an eager loop over SmolLM2 ran a
 process out of them: every op dispatched on its own left compiled code behind). The maps a
-compiled program holds are given back when `specjax.release_programs` drops it."""
+compiled program holds are given back when `specjax.api.generate.release_programs` drops it."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from specjax.model import transformer
 from specjax.model.cache import KVCache
 from specjax.model.linear import use_kernels
 
+from specjax.api.generate import release_programs
+from specjax.io.checkpoint import random_model
 from tests.tiny import llama_config
 
 WIDTHS = (1, 9, 40)
@@ -31,7 +33,7 @@ def _maps() -> int:
 def _calls(dtypes=DTYPES):
     """Every (model, tokens, positions, cache, kernels) of the loop: a prefill-shaped call and
     cached calls of each width, in each of `dtypes`, with the kernels on and off."""
-    base = specjax.random_model(llama_config(64, layers=3), seed=3)
+    base = random_model(llama_config(64, layers=3), seed=3)
     for dtype in dtypes:
         model = transformer.in_dtype(base, dtype)
         for width in WIDTHS:
@@ -68,7 +70,7 @@ def test_the_compiled_forward_gives_the_models_own_bits():
     """The public forward's program is the model's forward traced with the same switch: the
     same bits as tracing `transformer.forward` under `jit` directly, kernels on and off."""
     import jax
-    model = specjax.random_model(llama_config(64, layers=3), seed=4)
+    model = random_model(llama_config(64, layers=3), seed=4)
     tokens, positions = jnp.arange(9)[None], jnp.arange(9)[None]
     outputs = {}
     for kernels in (True, False):
@@ -90,11 +92,11 @@ def test_release_programs_gives_the_programs_memory_maps_back():
     2-core Zen 3 host: the loop's 24 programs added 4,528 maps, about 190 a program);
     `release_programs` drops them all, and the maps with them (back to 100 above the start).
     The loop's float32 calls alone (6 programs) show it, at a quarter of the compiling."""
-    specjax.release_programs()
+    release_programs()
     before = _maps()
     _run_all(("float32",))
     grown = _maps() - before
     assert grown > 6 * 20, f"6 programs added only {grown} maps: nothing to release"
-    specjax.release_programs()
+    release_programs()
     assert _maps() - before < grown / 4, "the released programs' maps were not given back"
     assert sum(public_forward._compiled(on)._cache_size() for on in (True, False)) == 0

@@ -41,6 +41,11 @@ from tests.gguf_files import (  # noqa: E402
     llama_cpp_permute,
     tiny_vocab,
 )
+from specjax.heads.eagle import Drafter, init_drafter
+from specjax.heads.medusa import Heads, HeadsConfig, init_heads
+from specjax.io.checkpoint import random_model
+from specjax.io.eagle import save_drafter
+from specjax.io.medusa import save_heads
 
 # ---------------------------------------------------------------------------------------------
 # Independent re-implementations (deliberately not shared with specjax)
@@ -579,14 +584,14 @@ def test_fetch_hub_gets_published_drafters(monkeypatch, tmp_path):
     import specjax
 
     hub = pytest.importorskip("huggingface_hub")
-    target = specjax.random_model(specjax.ModelConfig(
+    target = random_model(specjax.ModelConfig(
         arch="llama", vocab_size=32, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1,
         head_dim=8, d_ff=32, max_positions=64, norm_eps=1e-6, activation="silu",
         tie_embeddings=False), seed=0)
-    original = specjax.init_drafter(target, std=0.3)
-    repos = {"someone/eagle1": specjax.save_drafter(original, tmp_path / "eagle1",
+    original = init_drafter(target, std=0.3)
+    repos = {"someone/eagle1": save_drafter(original, tmp_path / "eagle1",
                                                     format="eagle"),
-             "someone/medusa1": specjax.save_heads(specjax.init_heads(specjax.HeadsConfig(
+             "someone/medusa1": save_heads(init_heads(HeadsConfig(
                  num_heads=2, num_blocks=1, hidden_size=16, vocab_size=32, subset_size=32,
                  head="own"), target, std=0.3), tmp_path / "medusa1", format="medusa")}
     weights = repos["someone/eagle1"] / "model.safetensors"
@@ -617,8 +622,8 @@ def test_fetch_hub_gets_published_drafters(monkeypatch, tmp_path):
     heads = specjax.load(fetch("someone/medusa1", cache_dir=tmp_path / "cache"))
     assert got == {"someone/eagle1": ["config.json", "pytorch_model.bin"],
                    "someone/medusa1": ["config.json", "medusa_lm_head.safetensors"]}
-    assert isinstance(drafter, specjax.Drafter) and drafter.config.kind == "eagle1"
-    assert isinstance(heads, specjax.Heads) and heads.config.head == "own"
+    assert isinstance(drafter, Drafter) and drafter.config.kind == "eagle1"
+    assert isinstance(heads, Heads) and heads.config.head == "own"
     for a, b in zip(jax.tree.leaves(drafter.params), jax.tree.leaves(original.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

@@ -20,6 +20,7 @@ import pytest
 
 import specjax
 from specjax import testing
+from specjax.io.checkpoint import random_model
 from specjax.sampling.params import SamplingParams
 from specjax.testing.law import pair as named_pair
 
@@ -46,7 +47,7 @@ def test_the_pair_written_as_gguf_is_the_pair(tmp_path, name):
     if name == "wide":
         return
     with pytest.raises(ValueError, match="at most 32 tokens"):
-        big = specjax.random_model(pair.target.config.replace(vocab_size=40), seed=1)
+        big = random_model(pair.target.config.replace(vocab_size=40), seed=1)
         llamacpp.write_gguf(big, tmp_path / "big.gguf")
 
 

@@ -1,7 +1,7 @@
 """Fuzzing the checkpoint readers: a damaged file loads as the original or names itself.
 
 One tiny random Llama is written twice, once per module: as a sharded safetensors checkpoint
-directory by `specjax.save` (config.json, two shards and their index, tokenizer.json,
+directory by `specjax.io.checkpoint.save` (config.json, two shards and their index, tokenizer.json,
 generation_config.json, tokenizer_config.json) and as a GGUF file by the gguf package's
 GGUFWriter. Hypothesis then damages one file at a time: truncates it, overwrites a few bytes,
 inserts garbage, or sets a length, count or number in a header to a huge value. Every case must
@@ -49,8 +49,13 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 from tokenizers import Tokenizer, models  # noqa: E402
 
 from specjax.heads.dflash import init_block_drafter  # noqa: E402
+from specjax.heads.eagle import init_drafter
+from specjax.heads.medusa import HeadsConfig, init_heads
+from specjax.io.checkpoint import random_model, save
 from specjax.io.dflash import save_block_drafter  # noqa: E402
+from specjax.io.eagle import save_drafter
 from specjax.io.gguf_write import write_llama  # noqa: E402
+from specjax.io.medusa import save_heads
 from tests.gguf_files import tiny_vocab, write_gguf  # noqa: E402
 
 # gguf's reader adds a damaged tensor offset to the data start in uint64 and says so.
@@ -97,9 +102,9 @@ def work(tmp_path_factory):
 def checkpoints(work) -> dict[str, Checkpoint]:
     tokens = tiny_vocab()[0]
     tokenizer = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token=tokens[0]))
-    model = specjax.random_model(_llama_config(), seed=3, std=0.5, tokenizer=tokenizer)
+    model = random_model(_llama_config(), seed=3, std=0.5, tokenizer=tokenizer)
 
-    directory = specjax.save(model, work / "safetensors")
+    directory = save(model, work / "safetensors")
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
     (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
     tensors = load_file(directory / "model.safetensors")
@@ -120,16 +125,16 @@ def checkpoints(work) -> dict[str, Checkpoint]:
     # The published drafters of the same model; the EAGLE-3 draft vocabulary is 100 of 267.
     vocab = model.config.vocab_size
     draft_ids = np.random.default_rng(0).permutation(vocab)[:100]
-    eagle3 = specjax.init_drafter(model, token_ids=draft_ids, kind="eagle3", taps=(0, 1), std=0.3)
-    eagle1 = specjax.init_drafter(model, kind="eagle1", std=0.3)
-    heads = specjax.init_heads(specjax.HeadsConfig(num_heads=2, num_blocks=1, hidden_size=16,
+    eagle3 = init_drafter(model, token_ids=draft_ids, kind="eagle3", taps=(0, 1), std=0.3)
+    eagle1 = init_drafter(model, kind="eagle1", std=0.3)
+    heads = init_heads(HeadsConfig(num_heads=2, num_blocks=1, hidden_size=16,
                                                    vocab_size=vocab, subset_size=vocab,
                                                    head="own"), model, std=0.3)
     for name, saved in (
-            ("eagle3", specjax.save_drafter(eagle3, work / "eagle3", format="eagle")),
-            ("speculators", specjax.save_drafter(eagle3, work / "spec", format="speculators")),
-            ("eagle1", specjax.save_drafter(eagle1, work / "eagle1", format="eagle")),
-            ("medusa1", specjax.save_heads(heads, work / "medusa1", format="medusa")),
+            ("eagle3", save_drafter(eagle3, work / "eagle3", format="eagle")),
+            ("speculators", save_drafter(eagle3, work / "spec", format="speculators")),
+            ("eagle1", save_drafter(eagle1, work / "eagle1", format="eagle")),
+            ("medusa1", save_heads(heads, work / "medusa1", format="medusa")),
             ("dflash", save_block_drafter(init_block_drafter(model, layers=2, block_size=4,
                                                              taps=(1, 2), std=0.3),
                                           work / "dflash"))):

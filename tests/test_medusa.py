@@ -16,6 +16,9 @@ import pytest
 import specjax
 from specjax.api.generate import GenerationError, generate
 from specjax.heads import medusa
+from specjax.heads.medusa import Heads, HeadsConfig, init_heads
+from specjax.io.checkpoint import random_model
+from specjax.io.medusa import save_heads
 from specjax.sampling.tree import Tree
 from tests.tiny import llama_config, pair
 
@@ -31,22 +34,22 @@ def target():
 
 
 def random_heads(target, seed=0, tree=None, subset=12):
-    config = specjax.HeadsConfig(num_heads=3, num_blocks=2, hidden_size=target.config.d_model,
+    config = HeadsConfig(num_heads=3, num_blocks=2, hidden_size=target.config.d_model,
                                  vocab_size=target.config.vocab_size, subset_size=subset)
     ids = np.random.default_rng(seed).permutation(target.config.vocab_size)[:subset]
-    return specjax.init_heads(config, target, ids, seed=seed, std=0.3, tree=tree)
+    return init_heads(config, target, ids, seed=seed, std=0.3, tree=tree)
 
 
 @pytest.fixture(scope="module")
 def heads_dir(target, tmp_path_factory):
     directory = tmp_path_factory.mktemp("heads") / "tiny-medusa"
-    return specjax.save_heads(random_heads(target, tree=TREES["full-2-2"]), directory)
+    return save_heads(random_heads(target, tree=TREES["full-2-2"]), directory)
 
 
 def test_heads_round_trip(target, heads_dir):
     heads = random_heads(target, tree=TREES["full-2-2"])
     loaded = specjax.load(heads_dir)
-    assert isinstance(loaded, specjax.Heads) and loaded.name == "tiny-medusa"
+    assert isinstance(loaded, Heads) and loaded.name == "tiny-medusa"
     assert loaded.config == heads.config and loaded.tree == heads.tree
     np.testing.assert_array_equal(loaded.token_ids, heads.token_ids)
     assert loaded.target == heads.target
@@ -62,8 +65,8 @@ def test_heads_round_trip(target, heads_dir):
 
 def test_heads_for_another_target_are_refused(target, heads_dir):
     heads = specjax.load(heads_dir)
-    other_shape = specjax.random_model(llama_config(V, layers=1), seed=1, std=1.0)
-    other_weights = specjax.random_model(target.config, seed=7, std=1.0)
+    other_shape = random_model(llama_config(V, layers=1), seed=1, std=1.0)
+    other_weights = random_model(target.config, seed=7, std=1.0)
     for other, words in ((other_shape, "n_layers"), (other_weights, "LM-head weights")):
         with pytest.raises(GenerationError) as e:
             generate(other, [[1, 2]], method=specjax.Medusa(heads=heads), max_new_tokens=2)
@@ -148,7 +151,7 @@ def test_heads_that_agree_with_the_target_accept_whole_paths():
     target = pair(vocab=V, std=1.0)[0]
     params = dict(target.params, final_norm={"scale": np.zeros(target.config.d_model, np.float32)})
     constant = specjax.Model(target.config, params)
-    heads = specjax.init_heads(specjax.HeadsConfig(3, 1, target.config.d_model, V, V), constant)
+    heads = init_heads(HeadsConfig(3, 1, target.config.d_model, V, V), constant)
     out = generate(constant, [[1, 2, 3]], method=specjax.Medusa(heads=heads, tree=Tree.chain(3)),
                    sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=12, eos_ids=())
     assert out.tokens == [[0] * 12]

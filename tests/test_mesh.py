@@ -43,7 +43,7 @@ def test_mesh_checks_pass_on_eight_devices_and_across_two_processes():
 
     target, draft = specjax.load(WEIGHTS / "llama-target"), specjax.load(WEIGHTS / "llama-draft")
     expected = {method: specjax.generate(target, prompts,
-                                         method=specjax.api.methods.build(method, others="ignore", draft=draft, k=3),
+                                         method=specjax.api.methods.build_shared(method, draft=draft, k=3),
                                          sampling=specjax.SamplingParams(temperature=1.0),
                                          max_new_tokens=8, seed=5).tokens
                 for method in ("autoregressive", "speculative")}

@@ -25,16 +25,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import specjax
+from specjax import kernels as specjax_kernels
 from specjax.api.forward import forward
+from specjax.kernels.ffi import rope, rope_tables
 from specjax.model import layers
 from specjax.model.cache import KVCache, TreeAttention
-from specjax.kernels.ffi import rope, rope_tables
 from specjax.model.linear import use_kernels
 from specjax.model.transformer import in_dtype
-from specjax import kernels as specjax_kernels
 from specjax.testing.law import llama_config
 
+from specjax.io.checkpoint import random_model
 from tests.conftest import SUITE_XLA_FLAGS
 
 pytestmark = pytest.mark.skipif(not specjax_kernels.ensure(),
@@ -49,7 +49,7 @@ TARGET_CONFIG = llama_config(V, d=128, layers=2, heads=2, kv_heads=1)
 def target():
     # Head size 64, as SmolLM2's: with XLA's RoPE (fused into the cache write) and the kernels'
     # products, calls and steps parted here by up to 1.5e-5 (head size 24 did not show it).
-    return specjax.random_model(TARGET_CONFIG, seed=5, std=0.5)
+    return random_model(TARGET_CONFIG, seed=5, std=0.5)
 
 
 def stepper(model, kernels):
@@ -168,7 +168,7 @@ def test_steps_and_calls_pick_the_rope_kernel_up_to_32_tokens():
 def differences(kernels: bool) -> dict:
     """The largest difference between calls and steps, per dtype and check (the subprocess's
     report)."""
-    target = specjax.random_model(TARGET_CONFIG, seed=5, std=0.5)
+    target = random_model(TARGET_CONFIG, seed=5, std=0.5)
     out = {}
     for dtype in ("float32", "bfloat16", "int8"):
         model = in_dtype(target, dtype)

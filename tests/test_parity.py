@@ -7,6 +7,7 @@ import torch
 import transformers
 
 import specjax
+from specjax.io.checkpoint import save
 from specjax.model.transformer import forward
 from tests.hf_models import hf_logits, tiny_gpt2, tiny_llama
 
@@ -103,7 +104,7 @@ def test_greedy_generation_matches_transformers_generate(tmp_path, arch):
 def test_round_trip_save_load(tmp_path):
     hf = tiny_llama(tmp_path / "hf", tied=False, kv_heads=1)
     model = specjax.load(tmp_path / "hf")
-    specjax.save(model, tmp_path / "again")
+    save(model, tmp_path / "again")
     again = specjax.load(tmp_path / "again")
     tokens, positions = tokens_and_positions(97)
     a, _ = forward(model.params, model.config, tokens, positions)
@@ -118,7 +119,7 @@ def test_qwen3_saves_as_qwen3_and_transformers_reads_it(tmp_path):
     tiny_llama(tmp_path / "hf", model_type="qwen3", heads=4, kv_heads=2, head_dim=12)
     model = specjax.load(tmp_path / "hf")
     assert model.config.qk_norm and model.config.head_dim == 12
-    specjax.save(model, tmp_path / "again")
+    save(model, tmp_path / "again")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "again").eval()
     assert type(hf).__name__ == "Qwen3ForCausalLM"
     tokens, positions = tokens_and_positions(97)
@@ -168,7 +169,7 @@ def test_int8_is_transformers_on_its_dequantized_weights(tmp_path):
     quantized = specjax.load(tmp_path / "float32", dtype="int8")
     assert quantized.params["layers"]["wq"].block == 32
     assert quantized.params["layers"]["w_down"].block == 48
-    specjax.save(quantized, tmp_path / "dequantized")
+    save(quantized, tmp_path / "dequantized")
     hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "dequantized").eval()
     tokens, positions = tokens_and_positions(97)
     ours, _ = forward(quantized.params, quantized.config, tokens, positions)

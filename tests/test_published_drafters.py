@@ -22,8 +22,12 @@ import torch
 from safetensors.numpy import save_file
 
 import specjax
+from specjax.api.drafters import drafter_log_probs
 from specjax.api.generate import GenerationError, generate
 from specjax.heads import medusa
+from specjax.heads.eagle import init_drafter
+from specjax.io.eagle import save_drafter
+from specjax.io.medusa import save_heads
 from specjax.model.transformer import hidden_states
 from specjax.sampling.tree import Tree
 from tests.hf_models import tiny_llama
@@ -239,7 +243,7 @@ def test_eagle3_matches_the_published_forward(target, tmp_path, layout):
     with torch.no_grad():
         want = eagle3_logits(t, prefix, tapped, torch.as_tensor(TOKENS), embed, nbr)
     ids = np.arange(DRAFT_VOCAB) + t["d2t"]
-    assert_log_probs_match(specjax.drafter_log_probs(model, drafter, TOKENS), want, ids)
+    assert_log_probs_match(drafter_log_probs(model, drafter, TOKENS), want, ids)
 
 
 def test_eagle1_matches_the_published_forward(target, tmp_path):
@@ -251,7 +255,7 @@ def test_eagle1_matches_the_published_forward(target, tmp_path):
     with torch.no_grad():
         want = eagle1_logits(t, feature, torch.as_tensor(TOKENS),
                              hf.model.embed_tokens.weight.detach(), hf.lm_head.weight.detach())
-    assert_log_probs_match(specjax.drafter_log_probs(model, drafter, TOKENS), want, np.arange(V))
+    assert_log_probs_match(drafter_log_probs(model, drafter, TOKENS), want, np.arange(V))
 
 
 @pytest.mark.parametrize("pickle", [False, True])
@@ -278,7 +282,7 @@ def test_published_layouts_round_trip_exactly(target, tmp_path):
     write_medusa(tmp_path / "inm", 10)
     for source, fmt in (("in3", "speculators"), ("in3", "eagle"), ("in1", "eagle")):
         drafter = specjax.load(tmp_path / source)
-        again = specjax.load(specjax.save_drafter(drafter, tmp_path / f"out-{source}-{fmt}",
+        again = specjax.load(save_drafter(drafter, tmp_path / f"out-{source}-{fmt}",
                                                   format=fmt))
         assert again.config == drafter.config, (source, fmt)
         np.testing.assert_array_equal(again.token_ids, drafter.token_ids)
@@ -289,7 +293,7 @@ def test_published_layouts_round_trip_exactly(target, tmp_path):
         assert drafter.tree is None and again.tree is None and again.sampled_tree is None
         for i, (tree, sampled) in enumerate(((specjax.DynamicTree(4, 4, 8), Tree.chain(3)),
                                              (Tree.full((2, 1)), None))):
-            treed = specjax.load(specjax.save_drafter(
+            treed = specjax.load(save_drafter(
                 dataclasses.replace(drafter, tree=tree, sampled_tree=sampled),
                 tmp_path / f"treed-{source}-{fmt}-{i}", format=fmt))
             assert (treed.tree, treed.sampled_tree) == (tree, sampled), (source, fmt, tree)
@@ -324,12 +328,12 @@ def test_published_layouts_round_trip_exactly(target, tmp_path):
     assert heads.tree is None                     # FasterDecoding's config names no tree
     tree = Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]])
     for fmt in ("medusa", "specjax"):
-        again = specjax.load(specjax.save_heads(heads, tmp_path / f"outm-{fmt}", format=fmt))
+        again = specjax.load(save_heads(heads, tmp_path / f"outm-{fmt}", format=fmt))
         assert again.config == heads.config and again.tree is None
         for a, b in zip(*(sorted(_leaves(h.params).items()) for h in (heads, again))):
             np.testing.assert_array_equal(a[1], b[1])
         # A tree travels with the heads: in FasterDecoding's layout as `medusa_choices`.
-        treed = specjax.save_heads(dataclasses.replace(heads, tree=tree),
+        treed = save_heads(dataclasses.replace(heads, tree=tree),
                                    tmp_path / f"treed-{fmt}", format=fmt)
         assert specjax.load(treed).tree == tree
     raw = json.loads((tmp_path / "treed-medusa" / "config.json").read_text())
@@ -341,12 +345,12 @@ def test_published_layouts_round_trip_exactly(target, tmp_path):
             json.dumps(dict(raw, medusa_choices=choices)))
         with pytest.raises(specjax.CheckpointError, match=f"medusa_choices.*{words}"):
             specjax.load(tmp_path / "treed-medusa")
-    shipped = specjax.load(specjax.save_drafter(specjax.init_drafter(
+    shipped = specjax.load(save_drafter(init_drafter(
         model, token_ids=np.arange(8), style="specjax"), tmp_path / "mine"))
     with pytest.raises(ValueError, match="specjax's variant"):
-        specjax.save_drafter(shipped, tmp_path / "nope", format="eagle")
+        save_drafter(shipped, tmp_path / "nope", format="eagle")
     with pytest.raises(ValueError, match="format must be one of"):
-        specjax.save_drafter(shipped, tmp_path / "nope", format="vllm")
+        save_drafter(shipped, tmp_path / "nope", format="vllm")
 
 
 def _leaves(params) -> dict:

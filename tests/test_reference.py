@@ -13,6 +13,7 @@ import pytest
 
 import specjax
 from specjax import reference
+from specjax.io.checkpoint import random_model
 from specjax.model.transformer import in_dtype
 from specjax.reference import decoding
 from specjax.reference import sampling as reference_sampling
@@ -59,7 +60,7 @@ def test_logits_equal_the_engine(name):
     elif name == "close-pair":
         model = close_pair(vocab=8, std=0.5, noise=0.3)[0]
     else:
-        model = specjax.random_model(_variants()[name], seed=3, std=0.3)
+        model = random_model(_variants()[name], seed=3, std=0.3)
     tokens = np.random.default_rng(0).integers(0, model.config.vocab_size, 24).tolist()
     ours = reference.forward(model, tokens)
     assert ours.shape == (24, model.config.vocab_size) and ours.dtype == np.float32
@@ -83,7 +84,7 @@ def test_logits_equal_the_engine_at_smollm2_shape():
                                  n_heads=9, n_kv_heads=3, head_dim=64, d_ff=1536,
                                  max_positions=8192, norm_eps=1e-5, activation="silu",
                                  tie_embeddings=True, rope_theta=100000.0)
-    model = specjax.random_model(config, seed=0, std=0.05)
+    model = random_model(config, seed=0, std=0.05)
     tokens = [1, 504, 3000, 77, 49151, 12, 9, 8000]
     np.testing.assert_allclose(reference.forward(model, tokens), _engine_logits(model, tokens),
                                rtol=1e-4, atol=1e-4)

@@ -21,10 +21,11 @@ from hypothesis import strategies as st
 
 import specjax
 from specjax.api.generate import GenerationError, generate
-from specjax.testing import gtest
-from specjax.testing.law import close_pair, exact_law
+from specjax.heads.medusa import HeadsConfig, init_heads
 from specjax.sampling.logits import Sampling, SamplingParams, probs_from_logits, sample_rows
 from specjax.sampling.rules import Rules
+from specjax.testing import gtest
+from specjax.testing.law import close_pair, exact_law
 
 V, L = 6, 3
 PROMPT = (1, 4, 2, 1, 4)
@@ -39,9 +40,9 @@ def models():
 @pytest.fixture(scope="module")
 def heads(models):
     target, _ = models
-    config = specjax.HeadsConfig(num_heads=3, num_blocks=1, hidden_size=target.config.d_model,
+    config = HeadsConfig(num_heads=3, num_blocks=1, hidden_size=target.config.d_model,
                                  vocab_size=V, subset_size=5)
-    return specjax.init_heads(config, target, token_ids=[2, 0, 1, 3, 5], seed=3, std=0.5)
+    return init_heads(config, target, token_ids=[2, 0, 1, 3, 5], seed=3, std=0.5)
 
 
 # -- min-p: the step, its place in the order, and transformers' warper ---------------------------

@@ -28,6 +28,8 @@ import pytest
 
 import specjax
 from specjax.cli.main import main
+from specjax.heads.eagle import Drafter
+from specjax.heads.medusa import Heads
 from specjax.train import eagle3, state
 
 WEIGHTS = Path(specjax.__file__).resolve().parent.parent / "weights"
@@ -76,7 +78,7 @@ def test_the_trained_drafter_loads_and_clears_the_floor(target, trained):
     out, held_out = trained
     assert (out / "config.json").exists() and (out / "model.safetensors").exists()
     drafter = specjax.load(out)
-    assert isinstance(drafter, specjax.Drafter)
+    assert isinstance(drafter, Drafter)
     assert (drafter.config.kind, drafter.config.head, drafter.config.taps) == ("eagle3", "own",
                                                                                 TAPS)
     # Written with the trees it was evaluated with (EAGLE-2's dynamic tree for greedy rows, a
@@ -584,7 +586,7 @@ def test_trained_medusa_heads_load_in_fasterdecodings_layout_and_clear_the_floor
     assert (out / "medusa_lm_head.safetensors").exists()
     assert (config["medusa_num_heads"], config["medusa_num_layers"]) == (3, 1)
     heads = specjax.load(out)
-    assert isinstance(heads, specjax.Heads)
+    assert isinstance(heads, Heads)
     assert (heads.config.head, heads.config.num_heads) == ("own", 3)
     log = json.loads((out / "train_log.json").read_text())
     # The tree searched from the held-out rank accuracies (flat cost: the full 6 nodes), in

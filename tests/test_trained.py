@@ -46,7 +46,7 @@ def test_all_methods_give_the_greedy_output_on_code(trained_pair):
     tree = specjax.Tree.full((3, 2, 1))
     for method in ("speculative", "ngram"):
         result = generate(target, PROMPTS,
-                          method=specjax.api.methods.build(method, others="ignore", draft=draft, tree=tree),
+                          method=specjax.api.methods.build_shared(method, draft=draft, tree=tree),
                           sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=48,
                           eos_ids=())
         assert result.tokens == greedy, method

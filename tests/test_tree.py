@@ -18,6 +18,7 @@ import specjax
 from specjax.api.generate import GenerationError, generate
 from specjax.decoding import trees
 from specjax.decoding.prefill import prefill
+from specjax.io.checkpoint import random_model
 from specjax.model.cache import KVCache
 from specjax.model.transformer import forward as eager_forward
 from specjax.sampling import rejection
@@ -95,7 +96,7 @@ ATOL = 2e-5
 
 @pytest.fixture(scope="module", params=CONFIGS)
 def model(request):
-    return specjax.random_model(CONFIGS[request.param], seed=1, std=0.3)
+    return random_model(CONFIGS[request.param], seed=1, std=0.3)
 
 
 def prefilled(model, lengths, seed=0):
@@ -353,7 +354,7 @@ def test_greedy_trees_equal_autoregressive(models, greedy, method, shape):
     target, draft = models
     tree = SHAPES[shape]
     result = generate(target, PROMPTS,
-                      method=specjax.api.methods.build(method, others="ignore", draft=draft, tree=tree),
+                      method=specjax.api.methods.build_shared(method, draft=draft, tree=tree),
                       sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=N,
                       eos_ids=())
     assert result.tokens == greedy
@@ -369,10 +370,10 @@ def test_a_chain_tree_is_the_chain(models, greedy):
     kwargs = dict(sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=N, eos_ids=())
     for method in ("speculative", "ngram"):
         chain = generate(target, PROMPTS,
-                         method=specjax.api.methods.build(method, others="ignore", draft=draft, k=3),
+                         method=specjax.api.methods.build_shared(method, draft=draft, k=3),
                          **kwargs)
         tree = generate(target, PROMPTS,
-                        method=specjax.api.methods.build(method, others="ignore", draft=draft, tree=SHAPES["chain-3"]),
+                        method=specjax.api.methods.build_shared(method, draft=draft, tree=SHAPES["chain-3"]),
                         **kwargs)
         assert tree.tokens == chain.tokens == greedy
         assert ((tree.stats.target_calls, tree.stats.accepted)
@@ -395,13 +396,13 @@ def test_tree_stops_exactly_at_eos_and_max_new_tokens(models, greedy, method):
     tree = Tree.full((2, 2, 1))
     eos = greedy[0][5]
     result = generate(target, PROMPTS,
-                      method=specjax.api.methods.build(method, others="ignore", draft=draft, tree=tree),
+                      method=specjax.api.methods.build_shared(method, draft=draft, tree=tree),
                       sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=N,
                       eos_ids=(eos,))
     for got, want in zip(result.tokens, greedy):
         assert got == (want[:want.index(eos) + 1] if eos in want else want)
     short = generate(target, PROMPTS,
-                     method=specjax.api.methods.build(method, others="ignore", draft=draft, tree=tree),
+                     method=specjax.api.methods.build_shared(method, draft=draft, tree=tree),
                      sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=2, eos_ids=())      # a step could accept 4: never overshoots
     assert short.tokens == [g[:2] for g in greedy]
 

@@ -9,6 +9,7 @@ import pytest
 
 import specjax
 from specjax import testing
+from specjax.io.checkpoint import save
 from specjax.model.transformer import forward
 from specjax.sampling.params import SamplingParams
 from specjax.testing import vllm
@@ -38,7 +39,7 @@ def test_reembedded_pair_has_the_pairs_logits(name, tmp_path):
     seqs = _contexts(pair)
     for role in ("target", "draft"):
         original = getattr(pair, role)
-        specjax.save(getattr(wide, role), tmp_path / role)
+        save(getattr(wide, role), tmp_path / role)
         loaded = specjax.load(tmp_path / role)
         assert loaded.config.head_dim == 32 and original.config.head_dim == 8
         # Equal to float32 rounding: q . k sums 8 products among 32 slots, in XLA's order.
@@ -59,7 +60,7 @@ def test_transformers_reads_the_reembedded_pair_with_its_logits(tmp_path):
     logits = []
     for model, directory in ((pair.target, tmp_path / "h8"),
                              (reembedded(pair, 32).target, tmp_path / "h32")):
-        specjax.save(model, directory)
+        save(model, directory)
         hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
         assert hf.config.head_dim == model.config.head_dim
         with torch.no_grad():

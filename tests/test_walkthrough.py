@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from specjax import reference
+from specjax.heads.medusa import HeadsConfig, init_heads
 from specjax.sampling import rejection
 from specjax.sampling.rules import Rules
 
@@ -329,8 +330,8 @@ def _tree_cases():
 
     target, draft = close_pair(vocab=8, std=0.5, noise=0.3)
     ids = np.arange(6)
-    heads = specjax.init_heads(
-        specjax.HeadsConfig(num_heads=2, num_blocks=1, hidden_size=target.config.d_model,
+    heads = init_heads(
+        HeadsConfig(num_heads=2, num_blocks=1, hidden_size=target.config.d_model,
                             vocab_size=8, subset_size=6), target, ids, seed=0, std=0.3)
     drafter = eagle.init_drafter(target, token_ids=ids, seed=0, std=0.3, kind="eagle3",
                                  taps=(0, 1))
@@ -461,33 +462,43 @@ def test_explain_refuses_a_rule_that_returns_no_numbers():
 
 def test_generate_declares_every_option():
     # generate, stream and explain take the target, the prompts, the method, the sampling and
-    # the run's options, which are declared once (prepare's keywords); generate's docstring
-    # says what each one means; and an option of the old flat API is an error that says where
-    # it went.
+    # the run's options, each declared as a keyword-only parameter with the default of
+    # `Run`, where they are declared once; generate's docstring says what each one means; an
+    # option of the old flat API is an error that says where it went, and any other unknown
+    # keyword is Python's TypeError naming it.
     import specjax
     from specjax.api import generate as api
 
     head = ["target", "prompts", "method", "sampling"]
+    run = ["max_new_tokens", "seed", "eos_ids", "mesh", "kernels", "rules"]
+    assert api.RUN_OPTIONS == tuple(run)
     for function in (specjax.generate, specjax.stream, specjax.explain, api.prepare):
         parameters = inspect.signature(function).parameters
         first = ["target", "prompt", *head[2:]] if function is specjax.explain else head
-        assert list(parameters)[:4] == first, function.__name__
-        assert len(parameters) <= 10, function.__name__
-    assert api.RUN_OPTIONS == ("max_new_tokens", "seed", "eos_ids", "mesh", "kernels", "rules")
-    run = specjax.generate.__doc__.split("**run:")[1]
-    described = set(re.findall(r"^        (\w+):", run, re.M))
-    assert described == set(api.RUN_OPTIONS), described ^ set(api.RUN_OPTIONS)
-    args = specjax.generate.__doc__.split("Args:")[1].split("**run:")[0]
-    assert set(re.findall(r"^      (\w+):", args, re.M)) == set(head)
+        own = ["steps", "top"] if function is specjax.explain else []
+        assert list(parameters) == [*first, *own, *run], function.__name__
+        keywords = {name: p.default for name, p in parameters.items()
+                    if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        assert list(keywords) == [*own, *run], function.__name__
+        assert [keywords[name] for name in run] == list(api.Run()), function.__name__
+    described = specjax.generate.__doc__.split("The run's options")[1]
+    assert re.findall(r"^      (\w+):", described, re.M) == run
+    args = specjax.generate.__doc__.split("Args:")[1].split("The run's options")[0]
+    assert re.findall(r"^      (\w+):", args, re.M) == head
     from tests.tiny import close_pair
 
     target, _ = close_pair(vocab=8, std=0.5, noise=0.3)
     for name, where in (("temperature", "a field of SamplingParams"),
                         ("k", "Speculative, NGram, Eagle, DFlash"), ("draft", "(Speculative)")):
+        for call in (specjax.generate, specjax.stream):
+            with pytest.raises(specjax.GenerationError, match=re.escape(where)):
+                call(target, [[1, 2]], **{name: 1})
         with pytest.raises(specjax.GenerationError, match=re.escape(where)):
-            specjax.generate(target, [[1, 2]], **{name: 1})
-    with pytest.raises(specjax.GenerationError, match="unknown keyword argument 'steps'"):
+            specjax.explain(target, [1, 2], "ngram", **{name: 1})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'steps'"):
         specjax.generate(target, [[1, 2]], steps=1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'beams'"):
+        specjax.explain(target, [1, 2], "ngram", beams=1)
 
 SNAPSHOT = """\
 step 1: 3 draft token(s) examined

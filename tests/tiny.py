@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-import specjax
+from specjax.io.checkpoint import random_model
 from specjax.testing.law import close_pair, llama_config
 
 __all__ = ["close_pair", "llama_config", "pair"]
@@ -17,6 +17,6 @@ def pair(vocab=8, std=1.0, target_seed=1, draft_seed=2):
     A large init std makes the next-token distributions peaked and the two models disagree,
     which is what the distribution tests need to see bugs.
     """
-    target = specjax.random_model(llama_config(vocab, layers=2), seed=target_seed, std=std)
-    draft = specjax.random_model(llama_config(vocab, layers=1), seed=draft_seed, std=std)
+    target = random_model(llama_config(vocab, layers=2), seed=target_seed, std=std)
+    draft = random_model(llama_config(vocab, layers=1), seed=draft_seed, std=std)
     return target, draft

@@ -41,12 +41,13 @@ def llama_1b(layers: int) -> dict:
     from specjax import kernels
     from specjax.model.cache import KVCache
     from specjax.model.transformer import forward
+    from specjax.model.params import init_params
     kernels.ensure()
     config = specjax.ModelConfig(arch="llama", vocab_size=128256, d_model=2048, n_layers=layers,
                                  n_heads=32, n_kv_heads=8, head_dim=64, d_ff=8192,
                                  max_positions=512, norm_eps=1e-5, activation="silu",
                                  tie_embeddings=True)
-    shapes = jax.eval_shape(lambda: specjax.init_params(config, jax.random.key(0)))
+    shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
     cache = jax.eval_shape(lambda: KVCache.init(config, 1, 512))
     step = jax.jit(forward, static_argnums=1)
     tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)

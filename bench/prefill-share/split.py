@@ -29,7 +29,7 @@ options = {}
 if method in weights:
     name, directory = weights[method]
     options[name] = specjax.load(WEIGHTS / directory)
-built = specjax.api.methods.build(method, others="ignore", **options)
+built = specjax.api.methods.build_shared(method, **options)
 ids = target.tokenizer.encode("def fibonacci(n):").ids
 request = prepare(target, [ids], built, SamplingParams(temperature=0.0), max_new_tokens=64)
 program = getattr(loop.programs(request.spec), part)

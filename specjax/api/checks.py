@@ -1,5 +1,7 @@
-"""The checks of `specjax.generate`'s arguments, on the host, with errors that name the offending
-value (`GenerationError`); the compiled loop itself (`decoding.loop`) assumes valid input."""
+"""The checks of `specjax.generate`'s arguments, on the host, each once, with errors that name
+the offending value (`GenerationError`): what a method object checks of its own options when it
+is made (`api.methods`), what binding it checks against the target and the request, and the
+prompts. The compiled loop itself (`decoding.loop`) assumes valid input."""
 
 from __future__ import annotations
 
@@ -10,11 +12,10 @@ from typing import Sequence
 import numpy as np
 
 from specjax.decoding.config import Lookahead
-from specjax.decoding.methods import REGISTRY, listing, methods_taking
+from specjax.decoding.methods import REGISTRY
 from specjax.decoding.lookahead import DEFAULT_CONFIDENCE_THRESHOLD, DEFAULT_K_START, SCHEDULES
 from specjax.decoding.trees import SCHEMES
 from specjax.heads.eagle import Drafter
-from specjax.heads.medusa import Heads
 from specjax.io.sidecar import check_target
 from specjax.model.config import DTYPES, EIGHT_BIT
 from specjax.model.transformer import Model
@@ -104,80 +105,37 @@ def encode_prompts(model: Model, prompts) -> list[list[int]]:
     return rows
 
 
-def _check_beside(value, kind: type, what: str, keyword: str, method: str, target) -> None:
-    """What a method reads beside the target (Medusa heads, an EAGLE drafter) must be there,
-    of its kind, and trained on this target."""
+# -- What a method object checks when it is made ------------------------------------------------
+
+def check_loads(method: str, value) -> None:
+    """What a method runs beside the target (its record's `loads`: a draft model, Medusa heads,
+    a drafter) is there and of its kind."""
+    record = REGISTRY[method]
     if value is None:
-        raise GenerationError(f"method {method!r} needs {what} ({keyword}=specjax.load(DIR))")
-    if not isinstance(value, kind):
-        raise GenerationError(f"{keyword} must be {what} from specjax.load, got "
+        raise GenerationError(f"method {method!r} needs {record.what} "
+                              f"({record.loads}=specjax.load(DIR))")
+    if not isinstance(value, record.kind):
+        raise GenerationError(f"{record.loads} must be {record.what} from specjax.load, got "
                               f"{type(value).__name__}")
-    try:
-        check_target(value, target)
-    except ValueError as e:
-        raise GenerationError(str(e)) from None
 
 
-def check_heads(heads, tree, target):
-    """Medusa's heads must be heads, trained on this target; returns the tree to use: the
-    caller's, else the heads' own, else (published heads ship none) a chain of one candidate
-    per head, as vLLM runs them."""
-    _check_beside(heads, Heads, "Medusa heads", "heads", "medusa", target)
-    if tree is not None:
-        return tree
-    return heads.tree if heads.tree is not None else Tree.chain(heads.config.num_heads)
-
-
-def check_drafter(drafter, tree, target, k: int, all_greedy: bool = True):
-    """EAGLE's drafter must be a drafter, trained on this target; returns the tree to use: the
-    caller's, else the drafter's own (its sampled default when a row samples and it has one),
-    else a chain of k."""
-    _check_beside(drafter, Drafter, "an EAGLE drafter", "drafter", "eagle", target)
-    taps = drafter.config.taps
-    if taps and max(taps) >= target.config.n_layers:
-        raise GenerationError(f"{drafter.name} reads the states after {list(taps)} layers, but "
-                              f"{target.name} has {target.config.n_layers}")
-    if tree is not None:
-        return tree
-    if not all_greedy and drafter.sampled_tree is not None:
-        return drafter.sampled_tree
-    return drafter.tree if drafter.tree is not None else Tree.chain(k)
-
-
-# The methods with a drafter of their own, and the dtypes it can run in.
-def check_drafter_dtype(dtype, method: str, target: Model, mesh=None) -> str:
-    """The dtype the method's drafter runs in: `dtype`, else the target's."""
-    if dtype is None:
-        return target.config.dtype
-    if "drafter_dtype" not in REGISTRY[method].options:
-        raise GenerationError(f"drafter_dtype applies to methods "
-                              f"{', '.join(methods_taking('drafter_dtype'))}, not {method!r}")
-    if not isinstance(dtype, str) or dtype not in DTYPES:
+def check_dtype(dtype) -> None:
+    """A drafter's dtype: None (the target's) or one of the dtypes weights load in."""
+    if dtype is not None and (not isinstance(dtype, str) or dtype not in DTYPES):
         raise GenerationError(f"drafter_dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if dtype in EIGHT_BIT and mesh is not None:
-        raise GenerationError(f"drafter_dtype {dtype!r} does not run on a device mesh (8-bit "
-                              "matrices have no sharding table): use float32 or bfloat16")
-    return dtype
 
 
-def check_tree_fits_heads(tree: Tree, heads: Heads) -> None:
-    if tree.max_depth > heads.config.num_heads:
-        raise GenerationError(f"the tree is {tree.max_depth} deep but {heads.name} has "
-                              f"{heads.config.num_heads} heads (one per depth)")
-    if tree.max_width > heads.config.subset_size:
-        raise GenerationError(f"the tree has {tree.max_width} children at a node, more than the "
-                              f"{heads.config.subset_size} tokens the heads can propose")
-
-
-def check_tree(method, tree, candidates, all_greedy: bool, target):
-    """The tree as a `Tree` and the candidate scheme, or (None, "top") without a tree."""
+def tree_of(method: str, tree, candidates, tree_needed: bool = True):
+    """The `tree` a method object was given, as a `Tree` (from paths), a `DynamicTree` (EAGLE's
+    only) or None, with its `candidates` scheme checked: one of `SCHEMES`, "top" for a dynamic
+    tree, and given with a tree where the method's default is a chain (`tree_needed`)."""
+    if candidates is not None and candidates not in SCHEMES:
+        raise GenerationError(f"candidates must be one of {', '.join(SCHEMES)}; "
+                              f"got {candidates!r}")
     if tree is None:
-        if candidates is not None:
+        if candidates is not None and tree_needed:
             raise GenerationError("candidates applies to token trees; pass tree=... too")
-        return None, "top"
-    if method == "autoregressive":
-        raise GenerationError("a token tree needs method 'speculative', 'ngram', 'medusa' or "
-                              "'eagle', not 'autoregressive'")
+        return None
     if isinstance(tree, DynamicTree):
         if method != "eagle":
             raise GenerationError(f"a dynamic tree is EAGLE-2's: it needs method 'eagle', not "
@@ -185,84 +143,123 @@ def check_tree(method, tree, candidates, all_greedy: bool, target):
         if candidates not in (None, "top"):
             raise GenerationError(f"a dynamic tree's candidates are the drafter's top tokens; "
                                   f"candidates={candidates!r} does not apply")
-        if tree.size >= target.config.max_positions:
-            raise GenerationError(f"the tree has {tree.size} nodes; a target call on it needs "
-                                  f"more than the context window of {target.name} "
-                                  f"({target.config.max_positions})")
-        reach = (tree.depth - 1) * tree.top_k       # the drafter's frontiers, past the tree
-        if reach >= target.config.max_positions:
-            raise GenerationError(f"a dynamic tree of depth {tree.depth} and top_k {tree.top_k} "
-                                  f"drafts {reach} frontier slots, more than the context "
-                                  f"window of {target.name} ({target.config.max_positions})")
-        return tree, "top"
-    if not isinstance(tree, Tree):
-        try:
-            tree = Tree.from_paths(tree)
-        except TreeError as e:
-            raise GenerationError(str(e)) from None
-    if tree.size >= target.config.max_positions:
-        raise GenerationError(f"the tree has {tree.size} nodes; a target call on it needs more "
-                              f"than the context window of {target.name} "
-                              f"({target.config.max_positions})")
-    if method == "ngram":
-        if candidates not in (None, "top"):
-            raise GenerationError(f"n-gram lookup fills a tree with deterministic candidates; "
-                                  f"candidates={candidates!r} applies to a draft model")
-        return tree, "top"
-    if candidates is None:
-        candidates = "top" if all_greedy else "distinct"
-    if candidates not in SCHEMES:
-        raise GenerationError(f"candidates must be one of {', '.join(SCHEMES)}; "
-                              f"got {candidates!r}")
-    if all_greedy and candidates != "top":
-        # Sampled from a one-hot p, every candidate would be the draft's argmax.
-        raise GenerationError(f"at temperature 0 the draft's distribution is one-hot, so "
-                              f"candidates={candidates!r} would draw its argmax only; use 'top'")
-    if tree.max_width > target.config.vocab_size:
+        return tree
+    if isinstance(tree, Tree):
+        return tree
+    try:
+        return Tree.from_paths(tree)
+    except TreeError as e:
+        raise GenerationError(str(e)) from None
+
+
+def check_proposes(tree, name: str, width: int, depth: int | None = None) -> None:
+    """A tree fits heads or a drafter (`name`) that propose `width` tokens a node, one level
+    per head (`depth` heads) where they are heads."""
+    if depth is not None and tree.max_depth > depth:
+        raise GenerationError(f"the tree is {tree.max_depth} deep but {name} has {depth} heads "
+                              "(one per depth)")
+    if tree.max_width > width:
         raise GenerationError(f"the tree has {tree.max_width} children at a node, more than the "
-                              f"vocabulary ({target.config.vocab_size})")
-    return tree, candidates
+                              f"{width} tokens {name} can propose")
 
 
-def check_schedule(method, tree, k, k_schedule, k_start, threshold) -> Lookahead:
-    """The lookahead schedule (`decoding.lookahead`) of a chain of k, checked: its spec."""
+def check_schedule(method: str, tree, k: int, k_schedule, k_start, threshold) -> None:
+    """The lookahead schedule (`decoding.lookahead`) of a chain of k and its settings."""
     if k_schedule not in SCHEDULES:
         raise GenerationError(f"k_schedule must be one of {', '.join(SCHEDULES)}; "
                               f"got {k_schedule!r}")
     if k_schedule == "confidence" and method == "ngram":
         raise GenerationError("k_schedule='confidence' needs a draft model's probabilities "
                               "(method 'speculative'); n-gram lookup has none")
-    if k_schedule != "constant":
-        if k_schedule not in REGISTRY[method].schedules:
-            takers = [m.name for m in REGISTRY.values() if k_schedule in m.schedules]
-            raise GenerationError(f"k_schedule={k_schedule!r} applies to "
-                                  f"method{'s' * (len(takers) > 1)} {listing(takers)}, "
-                                  f"not {method!r}")
-        if tree is not None:
-            raise GenerationError(f"k_schedule={k_schedule!r} drafts a chain; a token tree's "
-                                  "shape is fixed (use k_schedule='constant')")
+    if k_schedule != "constant" and tree is not None:
+        raise GenerationError(f"k_schedule={k_schedule!r} drafts a chain; a token tree's "
+                              "shape is fixed (use k_schedule='constant')")
     if k_start is not None and k_schedule != "heuristic":
         raise GenerationError("k_start applies to k_schedule='heuristic'")
     if threshold is not None and k_schedule != "confidence":
         raise GenerationError("confidence_threshold applies to k_schedule='confidence'")
-    lookahead = Lookahead(k_schedule)
-    if k_schedule == "heuristic":
-        if k_start is None:
-            k_start = min(DEFAULT_K_START, k)
+    if k_start is not None:
         check_int("k_start", k_start, 1)
         if k_start > k:
             raise GenerationError(f"k_start={k_start} is more than k={k}, the most a step drafts "
                                   "under the heuristic schedule")
-        lookahead = Lookahead(k_schedule, start=k_start)
+    if threshold is not None and (isinstance(threshold, bool)
+                                  or not isinstance(threshold, numbers.Real)
+                                  or not 0.0 <= threshold <= 1.0):
+        raise GenerationError(f"confidence_threshold must be a number in [0, 1], "
+                              f"got {threshold!r}")
+
+
+def lookahead(k_schedule: str, k: int, k_start, threshold) -> Lookahead:
+    """The static spec of a checked schedule (`check_schedule`), its defaults filled in."""
+    if k_schedule == "heuristic":
+        return Lookahead(k_schedule, start=min(DEFAULT_K_START, k) if k_start is None else k_start)
     if k_schedule == "confidence":
-        if threshold is None:
-            threshold = DEFAULT_CONFIDENCE_THRESHOLD
-        if (isinstance(threshold, bool) or not isinstance(threshold, numbers.Real)
-                or not 0.0 <= threshold <= 1.0):
-            raise GenerationError(f"confidence_threshold must be a number in [0, 1], "
-                                  f"got {threshold!r}")
-        lookahead = Lookahead(k_schedule, threshold=float(threshold))
-    return lookahead
+        return Lookahead(k_schedule, threshold=float(DEFAULT_CONFIDENCE_THRESHOLD
+                                                     if threshold is None else threshold))
+    return Lookahead(k_schedule)
+
+
+# -- What binding a method to the target and the request checks ---------------------------------
+
+def drafter_dtype(dtype, target: Model, mesh) -> str:
+    """The dtype a method's drafter runs in (`check_dtype`'s), else the target's."""
+    if dtype is None:
+        return target.config.dtype
+    if dtype in EIGHT_BIT and mesh is not None:
+        raise GenerationError(f"drafter_dtype {dtype!r} does not run on a device mesh (8-bit "
+                              "matrices have no sharding table): use float32 or bfloat16")
+    return dtype
+
+
+def check_trained_on(value, target: Model) -> None:
+    """Medusa heads or an EAGLE drafter were trained on this target (`io.sidecar.check_target`)."""
+    try:
+        check_target(value, target)
+    except ValueError as e:
+        raise GenerationError(str(e)) from None
+
+
+def check_taps(drafter: Drafter, target: Model) -> None:
+    """An EAGLE-3 drafter reads states of layers the target has."""
+    taps = drafter.config.taps
+    if taps and max(taps) >= target.config.n_layers:
+        raise GenerationError(f"{drafter.name} reads the states after {list(taps)} layers, but "
+                              f"{target.name} has {target.config.n_layers}")
+
+
+def check_tree_fits(tree, target: Model) -> None:
+    """A tree's target call, and a dynamic tree's frontiers, fit the context window."""
+    window = target.config.max_positions
+    if tree.size >= window:
+        raise GenerationError(f"the tree has {tree.size} nodes; a target call on it needs more "
+                              f"than the context window of {target.name} ({window})")
+    if isinstance(tree, DynamicTree):
+        reach = (tree.depth - 1) * tree.top_k       # the drafter's frontiers, past the tree
+        if reach >= window:
+            raise GenerationError(f"a dynamic tree of depth {tree.depth} and top_k {tree.top_k} "
+                                  f"drafts {reach} frontier slots, more than the context "
+                                  f"window of {target.name} ({window})")
+
+
+def check_tree_width(tree, target: Model) -> None:
+    """A drafter's candidates at a node are distinct tokens: no more than the vocabulary."""
+    if tree.max_width > target.config.vocab_size:
+        raise GenerationError(f"the tree has {tree.max_width} children at a node, more than the "
+                              f"vocabulary ({target.config.vocab_size})")
+
+
+def candidates_for(candidates, greedy: bool, sampled: str) -> str:
+    """The candidate scheme a request runs: the one given, else "top" when every row is greedy
+    and `sampled` (the method's default) otherwise."""
+    if candidates is None:
+        return "top" if greedy else sampled
+    if greedy and candidates != "top":
+        # Sampled from a one-hot p, every candidate would be the draft's argmax.
+        raise GenerationError(f"at temperature 0 the draft's distribution is one-hot, so "
+                              f"candidates={candidates!r} would draw its argmax only; use "
+                              "candidates='top'")
+    return candidates
 
 
 def bucket(n: int) -> int:

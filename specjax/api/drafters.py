@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.api.checks import GenerationError, check_drafter
+from specjax.api.checks import GenerationError, check_loads, check_taps, check_trained_on
 from specjax.api.forward import kernels_on
 from specjax.heads import eagle
 from specjax.model.cache import KVCache
@@ -37,7 +37,9 @@ def drafter_log_probs(target: Model, drafter: eagle.Drafter, tokens) -> jax.Arra
       [B, T, V] float32: entry [b, s] is the log-probability of each token id as x_{s+1};
       -inf for ids the drafter cannot propose (outside its subset or draft vocabulary).
     """
-    check_drafter(drafter, None, target, 1)
+    check_loads("eagle", drafter)
+    check_trained_on(drafter, target)
+    check_taps(drafter, target)
     drafter = eagle.resolve_taps(drafter, target.config)
     tokens = np.asarray(tokens)
     if tokens.ndim != 2 or tokens.shape[1] < 1 or tokens.dtype.kind not in "iu":

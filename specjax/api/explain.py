@@ -22,18 +22,19 @@ rules included (tested).
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.api.generate import GenerationError, check_run, prepare
+from specjax.api.generate import GenerationError, prepare, says_where_options_went
 from specjax.api.methods import Method, method_of
 from specjax.decoding import loop
 from specjax.decoding.methods import REGISTRY
 from specjax.model.transformer import Model
 from specjax.sampling.params import SamplingParams
-from specjax.sampling.rules import returns_details
+from specjax.sampling.rules import Rules, returns_details
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,16 +123,19 @@ def _tree_step(trace: dict, top: int, new_tokens: list[int]) -> TreeStep:
                     int(trace["emitted"]), from_residual, new_tokens)
 
 
+@says_where_options_went
 def explain(target: Model, prompt, method: Method | str,
             sampling: SamplingParams | None = None, *, steps: int = 4, top: int = 3,
-            **run) -> list[Step | TreeStep]:
-    """The first `steps` verify steps of one prompt, decoded with `generate`'s arguments (its
-    docstring says what each means; the method is one that verifies drafts, `METHODS`):
-    `Step`s for a chain, `TreeStep`s for a tree (Medusa and EAGLE always draft one). `top` is
-    how many of a residual's largest entries each step keeps. The numbers are those of the
-    rules that chose the tokens: `rules`' own, when given, whose `verify` or `verify_tree` must
-    then take `with_details` as the defaults do (`sampling.rules.returns_details`)."""
-    check_run(run)
+            max_new_tokens: int | Sequence[int] = 64, seed: int | Sequence[int] = 0,
+            eos_ids=None, mesh=None, kernels: bool | None = None,
+            rules: Rules | None = None) -> list[Step | TreeStep]:
+    """The first `steps` verify steps of one prompt, decoded with `generate`'s arguments and
+    run options (its docstring says what each means; the method is one that verifies drafts,
+    `METHODS`): `Step`s for a chain, `TreeStep`s for a tree (Medusa and EAGLE always draft
+    one). `top` is how many of a residual's largest entries each step keeps. The numbers are
+    those of the rules that chose the tokens: `rules`' own, when given, whose `verify` or
+    `verify_tree` must then take `with_details` as the defaults do
+    (`sampling.rules.returns_details`)."""
     method = method_of(method)
     if method.name not in METHODS:
         names = ", ".join(map(repr, METHODS))
@@ -140,7 +144,8 @@ def explain(target: Model, prompt, method: Method | str,
     for name, value in (("steps", steps), ("top", top)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise GenerationError(f"{name} must be an integer >= 1, got {value!r}")
-    request = prepare(target, [prompt], method, sampling, **run)
+    request = prepare(target, [prompt], method, sampling, max_new_tokens=max_new_tokens,
+                      seed=seed, eos_ids=eos_ids, mesh=mesh, kernels=kernels, rules=rules)
     rule = (request.spec.rules.verify if request.spec.method.tree is None else
             request.spec.rules.verify_tree)
     if not returns_details(rule):

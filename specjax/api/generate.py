@@ -18,11 +18,11 @@ assumes valid input) and read the result back (`api.results`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
-import inspect
 import numbers
 import time
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +35,7 @@ from specjax.api.checks import (KERNELS_ENV, GenerationError, bucket, check_comp
 from specjax.api.sampling_checks import (bind_sampling, check_logprobs, check_stop_ids,
                                          one_sampling, per_row_ints)
 from specjax.api.forward import _compiled as compiled_forward
-from specjax.api.methods import TYPES, Method, method_of
+from specjax.api.methods import CLASSES, Method, method_of
 from specjax.api.results import (GenerationResult, RowStats, Stats, acceptance_by_position, host,
                                  result, safe_prefix)
 from specjax.decoding import loop
@@ -185,9 +185,62 @@ def _placed_keys(keys: jax.Array, mesh, extra: int) -> jax.Array:
     return jax.random.wrap_key_data(meshes.place(data, meshes.rows(mesh), data.dtype))
 
 
+class Run(NamedTuple):
+    """The run's options (`generate`'s docstring says what each means), declared here once
+    with their defaults; `prepare`, `generate`, `stream` and `specjax.explain` take each as a
+    keyword-only parameter with the same default (tests/test_walkthrough.py holds them
+    equal)."""
+    max_new_tokens: int | Sequence[int] = 64
+    seed: int | Sequence[int] = 0
+    eos_ids: Sequence | None = None
+    mesh: object | None = None
+    kernels: bool | None = None
+    rules: Rules | None = None
+
+    def given(self) -> list[str]:
+        """The options set to other than their defaults (one passed at its default reads as
+        left out: a prepared `Request` beside it then runs with its own)."""
+        return [name for name, value, default in zip(self._fields, self, Run())
+                if not (type(value) is type(default) and value == default)]
+
+
+RUN_OPTIONS = Run._fields
+
+
+def moved(name: str) -> str:
+    """Where an option of the flat API of specjax 0.5 lives now, as a hint (CHANGELOG.md), or
+    "" for a name that never was one."""
+    if name in SAMPLING_FIELDS:
+        return f": it is a field of SamplingParams (sampling=specjax.SamplingParams({name}=...))"
+    owners = [cls.__name__ for cls in CLASSES if name in {f.name for f in dataclasses.fields(cls)}]
+    if owners:
+        return f": it belongs to the method object ({', '.join(owners)})"
+    return ""
+
+
+SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+
+
+def says_where_options_went(function):
+    """`function` (`generate`, `stream`, `specjax.explain`), which refuses a keyword of the
+    flat API of specjax 0.5 with a `GenerationError` saying where it went (`moved`). Any other
+    unknown keyword is Python's TypeError, which names it."""
+    @functools.wraps(function)
+    def checked(*args, **kwargs):
+        for name in kwargs:
+            where = moved(name)
+            if where:
+                raise GenerationError(f"unknown keyword argument {name!r}{where}")
+        return function(*args, **kwargs)
+    return checked
+
+
+@says_where_options_went
 def generate(target: Model | Request, prompts=None, method: Method | str = "autoregressive",
-             sampling: SamplingParams | Sequence[SamplingParams] | None = None,
-             **run) -> GenerationResult:
+             sampling: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             max_new_tokens: int | Sequence[int] = 64, seed: int | Sequence[int] = 0,
+             eos_ids=None, mesh=None, kernels: bool | None = None,
+             rules: Rules | None = None) -> GenerationResult:
     """Generates up to `max_new_tokens` tokens for each prompt with the chosen method.
 
     Args:
@@ -202,24 +255,26 @@ def generate(target: Model | Request, prompts=None, method: Method | str = "auto
       sampling: a `SamplingParams` (temperature, top-k/p, min-p, penalties, bias, min_tokens,
         logprobs, stop strings, a regex or JSON schema; each field a value or one per row), or
         a list of one per row. Default: `SamplingParams()`, temperature 1.
-      **run: the run's options (`prepare`'s keywords):
-        max_new_tokens: tokens to generate per row, >= 1 (an int, or one per row); fewer if
-          the row ends first (`GenerationResult.finish_reasons` says why each ended).
-        seed: an int (row b uses fold_in(key(seed), b)) or one int per row (row b uses
-          key(seed[b]), so a row's output is the same alone or in any batch).
-        eos_ids: ids that end a row (default: the target's), () to never stop early.
-        mesh: a "data" x "model" device mesh (`specjax.make_mesh`) to run on: the target split
-          over "model", rows over "data" (`specjax.mesh`).
-        kernels: whether few-token calls use the CPU kernels (`specjax.kernels`): None (the
-          default) follows $SPECJAX_KERNELS, True or False decides; part of the program's key.
-        rules: the draw and verification rules (`specjax.sampling.rules.Rules`); the default is
-          Theorem 1's. Others are for studying a rule under the distribution tests.
+
+    The run's options (`RUN_OPTIONS`; `stream`, `specjax.explain` and `prepare` take them too):
+      max_new_tokens: tokens to generate per row, >= 1 (an int, or one per row); fewer if
+        the row ends first (`GenerationResult.finish_reasons` says why each ended).
+      seed: an int (row b uses fold_in(key(seed), b)) or one int per row (row b uses
+        key(seed[b]), so a row's output is the same alone or in any batch).
+      eos_ids: ids that end a row (default: the target's), () to never stop early.
+      mesh: a "data" x "model" device mesh (`specjax.mesh.make_mesh`) to run on: the target
+        split over "model", rows over "data" (`specjax.mesh`).
+      kernels: whether few-token calls use the CPU kernels (`specjax.kernels`): None (the
+        default) follows $SPECJAX_KERNELS, True or False decides; part of the program's key.
+      rules: the draw and verification rules (`specjax.sampling.rules.Rules`); the default is
+        Theorem 1's. Others are for studying a rule under the distribution tests.
 
     Every option is checked where it enters: a method object or a `SamplingParams` when it is
-    made, the request against the target here; a bad value or an unknown keyword is a
-    `GenerationError` that names it.
+    made, the request against the target here; a bad value is a `GenerationError` that names
+    it, and so is a keyword of the flat API of specjax 0.5, saying where it went (`moved`).
     """
-    request = _request(target, prompts, method, sampling, run)
+    request = _request(target, prompts, method, sampling, Run(max_new_tokens, seed, eos_ids,
+                                                              mesh, kernels, rules))
     compiled, compile_s = _compiled(request)
     start = time.perf_counter()
     state = compiled(request.weights, *request.inputs)
@@ -227,16 +282,25 @@ def generate(target: Model | Request, prompts=None, method: Method | str = "auto
     return result(request, state, compile_s, time.perf_counter() - start)
 
 
+@says_where_options_went
 def stream(target: Model | Request, prompts=None, method: Method | str = "autoregressive",
-           sampling: SamplingParams | Sequence[SamplingParams] | None = None,
-           **run) -> Iterator[tuple[list[list[int]], GenerationResult | None]]:
+           sampling: SamplingParams | Sequence[SamplingParams] | None = None, *,
+           max_new_tokens: int | Sequence[int] = 64, seed: int | Sequence[int] = 0,
+           eos_ids=None, mesh=None, kernels: bool | None = None, rules: Rules | None = None,
+           ) -> Iterator[tuple[list[list[int]], GenerationResult | None]]:
     """Generates step by step from Python, yielding each step's new tokens per row.
 
     Yields (new_tokens_per_row, None) after every step and finally ([], result). Takes
     `generate`'s arguments and runs the same step function, so the tokens are the same; it
     stops once every row has ended (a stop string included).
     """
-    request = _request(target, prompts, method, sampling, run)
+    request = _request(target, prompts, method, sampling, Run(max_new_tokens, seed, eos_ids,
+                                                              mesh, kernels, rules))
+    return _steps(request)
+
+
+def _steps(request: Request) -> Iterator[tuple[list[list[int]], GenerationResult | None]]:
+    """`stream`'s steps of a checked request (a generator: the checks above run at the call)."""
     start = time.perf_counter()
     programs = loop.programs(request.spec)
     state = programs.init(request.weights, *request.inputs)
@@ -258,43 +322,15 @@ def stream(target: Model | Request, prompts=None, method: Method | str = "autore
     yield [], result(request, state, 0.0, time.perf_counter() - start)
 
 
-# The run's options: `prepare`'s keyword-only parameters, which `generate`, `stream` and
-# `specjax.explain` pass on.
-RUN_OPTIONS = tuple(name for name, p in inspect.signature(prepare).parameters.items()
-                    if p.kind is inspect.Parameter.KEYWORD_ONLY)
-
-
-def check_run(run: dict) -> None:
-    """Names a keyword that is not a run option, with where it went if the old API had it."""
-    for name in run:
-        if name not in RUN_OPTIONS:
-            raise GenerationError(f"unknown keyword argument {name!r}{moved(name)}")
-
-
-def moved(name: str) -> str:
-    """Where an option of the flat API of specjax 0.6 lives now, as a hint (CHANGELOG.md)."""
-    if name in SAMPLING_FIELDS:
-        return f": it is a field of SamplingParams (sampling=specjax.SamplingParams({name}=...))"
-    owners = [cls.__name__ for cls in TYPES.values()
-              if name in {f.name for f in dataclasses.fields(cls)}]
-    if owners:
-        return f": it belongs to the method object ({', '.join(owners)})"
-    return ""
-
-
-SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
-
-
-def _request(target, prompts, method, sampling, run: dict) -> Request:
+def _request(target, prompts, method, sampling, run: Run) -> Request:
     """`generate`'s and `stream`'s arguments as a request: prepared now, or by the caller."""
-    check_run(run)
     if not isinstance(target, Request):
         if prompts is None:
             raise GenerationError("prompts are required (or pass a prepared Request alone)")
-        return prepare(target, prompts, method, sampling, **run)
-    if prompts is not None or run or sampling is not None or method != "autoregressive":
+        return prepare(target, prompts, method, sampling, **run._asdict())
+    if prompts is not None or run.given() or sampling is not None or method != "autoregressive":
         extra = ("prompts" if prompts is not None else "sampling" if sampling is not None
-                 else "method" if method != "autoregressive" else f"{sorted(run)[0]!r}")
+                 else "method" if method != "autoregressive" else f"{run.given()[0]!r}")
         raise GenerationError(f"a prepared Request carries its prompts and options; got {extra} "
                               "beside it")
     return target

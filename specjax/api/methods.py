@@ -4,11 +4,12 @@
     specjax.generate(target, prompts, specjax.Eagle(drafter, tree=specjax.DynamicTree(4, 4, 8)))
     specjax.generate(target, prompts, "ngram")          # a name: the method with its defaults
 
-One class per record of the registry (`decoding.methods.REGISTRY`, found by their `name`). Each
-checks its own values when it is made (a `GenerationError` naming the field), and `bind` checks
-what it carries against the target and the request (its weights' fit, its tree against the
-context window, its candidate scheme against the temperatures) and returns what the decoding
-loop needs of it (`Bound`).
+One class per record of the registry (`decoding.methods.REGISTRY`), listed once in `CLASSES`.
+Each checks its own values when it is made (a `GenerationError` naming the field: its weights'
+kind, k, its tree and candidate scheme, its schedule, its dtype), and `bind` checks only what
+needs the target and the request (its weights' fit, its tree against the context window and
+the vocabulary, its candidate scheme against the temperatures, the mesh) and returns what the
+decoding loop needs of it (`Bound`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from specjax.api.checks import (check_compatible, check_drafter, check_drafter_dtype,
-                                check_heads, check_schedule, check_tree, check_tree_fits_heads)
+from specjax.api.checks import (candidates_for, check_compatible, check_dtype, check_loads,
+                                check_proposes, check_schedule, check_taps, check_trained_on,
+                                check_tree_fits, check_tree_width, drafter_dtype,
+                                lookahead, tree_of)
 from specjax.decoding.config import (AutoregressiveSpec, DFlashSpec, EagleSpec, MedusaSpec,
                                      MethodSpec, NGramSpec, SpeculativeSpec)
 from specjax.decoding.methods import REGISTRY, listing
@@ -57,13 +60,10 @@ class Method:
     def bind(self, target: Model, greedy: bool, mesh) -> Bound:
         raise NotImplementedError
 
-
-def _check_k(k) -> None:
-    check_int("k", k, 1)
-
-
-def _dtype(method: str, dtype, target: Model, mesh) -> str:
-    return check_drafter_dtype(dtype, method, target, mesh)
+    def _set(self, **values) -> None:
+        """Stores a value in the form it was checked in (a tree's paths as a `Tree`)."""
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
 
 def _chain(tree, k: int) -> int:
@@ -71,6 +71,23 @@ def _chain(tree, k: int) -> int:
     if isinstance(tree, DynamicTree):   # the drafter reads its frontiers past the tree's end
         return max(tree.size, (tree.depth - 1) * tree.top_k)
     return tree.size if tree is not None else k
+
+
+def _first(*trees):
+    """The first tree given (not None)."""
+    return next(tree for tree in trees if tree is not None)
+
+
+def _scheme(tree, target: Model, greedy: bool, candidates) -> str:
+    """The tree (if any) checked against the target, and the candidate scheme that fills it: a
+    chain's and a dynamic tree's are "top", a static tree's the one given or its default."""
+    if tree is None:
+        return "top"
+    check_tree_fits(tree, target)
+    if isinstance(tree, DynamicTree):
+        return "top"
+    check_tree_width(tree, target)
+    return candidates_for(candidates, greedy, "distinct")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,27 +118,27 @@ class Speculative(Method):
     name: ClassVar[str] = "speculative"
 
     def __post_init__(self):
-        if not isinstance(self.draft, Model):
-            raise GenerationError(f"method 'speculative' needs a draft model (a Model from "
-                                  f"specjax.load), got {type(self.draft).__name__}")
-        _check_k(self.k)
+        check_loads(self.name, self.draft)
+        check_int("k", self.k, 1)
+        self._set(tree=tree_of(self.name, self.tree, self.candidates))
+        check_schedule(self.name, self.tree, self.k, self.k_schedule, self.k_start,
+                       self.confidence_threshold)
+        check_dtype(self.drafter_dtype)
         if not isinstance(self.shard_draft, bool):
             raise GenerationError(f"shard_draft must be True or False, got {self.shard_draft!r}")
 
     def bind(self, target, greedy, mesh) -> Bound:
-        dtype = _dtype(self.name, self.drafter_dtype, target, mesh)
-        tree, candidates = check_tree(self.name, self.tree, self.candidates, greedy, target)
-        schedule = check_schedule(self.name, tree, self.k, self.k_schedule, self.k_start,
-                                  self.confidence_threshold)
         if self.shard_draft and mesh is None:
             raise GenerationError("shard_draft applies to method 'speculative' on a mesh "
                                   "(mesh=...)")
         check_compatible(target, self.draft)
-        draft = in_dtype(self.draft, dtype)
-        return Bound(SpeculativeSpec(k=_chain(tree, self.k), tree=tree, candidates=candidates,
-                                     draft_config=draft.config, lookahead=schedule,
-                                     shard_draft=self.shard_draft),
-                     draft=draft, room=_chain(tree, self.k))
+        draft = in_dtype(self.draft, drafter_dtype(self.drafter_dtype, target, mesh))
+        candidates = _scheme(self.tree, target, greedy, self.candidates)
+        schedule = lookahead(self.k_schedule, self.k, self.k_start, self.confidence_threshold)
+        return Bound(SpeculativeSpec(k=_chain(self.tree, self.k), tree=self.tree,
+                                     candidates=candidates, draft_config=draft.config,
+                                     lookahead=schedule, shard_draft=self.shard_draft),
+                     draft=draft, room=_chain(self.tree, self.k))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,37 +155,49 @@ class NGram(Method):
     name: ClassVar[str] = "ngram"
 
     def __post_init__(self):
-        _check_k(self.k)
+        check_int("k", self.k, 1)
         check_int("min_ngram", self.min_ngram, 1)
         check_int("max_ngram", self.max_ngram, self.min_ngram)
+        self._set(tree=tree_of(self.name, self.tree, None))
+        check_schedule(self.name, self.tree, self.k, self.k_schedule, self.k_start, None)
 
     def bind(self, target, greedy, mesh) -> Bound:
-        tree, candidates = check_tree(self.name, self.tree, None, greedy, target)
-        schedule = check_schedule(self.name, tree, self.k, self.k_schedule, self.k_start, None)
-        return Bound(NGramSpec(k=_chain(tree, self.k), tree=tree, candidates=candidates,
+        if self.tree is not None:
+            check_tree_fits(self.tree, target)
+        # Lookup's candidates are deterministic: "top" at every temperature.
+        return Bound(NGramSpec(k=_chain(self.tree, self.k), tree=self.tree, candidates="top",
                                max_ngram=self.max_ngram, min_ngram=self.min_ngram,
-                               lookahead=schedule),
-                     room=_chain(tree, self.k))
+                               lookahead=lookahead(self.k_schedule, self.k, self.k_start, None)),
+                     room=_chain(self.tree, self.k))
 
 
 @dataclasses.dataclass(frozen=True)
 class Medusa(Method):
     """Medusa heads on the target propose a token tree: the heads' own `tree` unless one is
-    given, filled by the `candidates` scheme; the heads run in `drafter_dtype`."""
+    given (a chain of one candidate per head, as vLLM runs them, for heads that ship none),
+    filled by the `candidates` scheme; the heads run in `drafter_dtype`."""
     heads: Heads
     tree: Any = None
     candidates: str | None = None
     drafter_dtype: str | None = None
     name: ClassVar[str] = "medusa"
 
+    def __post_init__(self):
+        check_loads(self.name, self.heads)
+        tree = tree_of(self.name, self.tree, self.candidates, tree_needed=False)
+        self._set(tree=_first(tree, self.heads.tree, Tree.chain(self.heads.config.num_heads)))
+        check_proposes(self.tree, self.heads.name, self.heads.config.subset_size,
+                       self.heads.config.num_heads)
+        check_dtype(self.drafter_dtype)
+
     def bind(self, target, greedy, mesh) -> Bound:
-        dtype = _dtype(self.name, self.drafter_dtype, target, mesh)
-        tree = check_heads(self.heads, self.tree, target)
-        tree, candidates = check_tree(self.name, tree, self.candidates, greedy, target)
-        check_tree_fits_heads(tree, self.heads)
-        return Bound(MedusaSpec(k=_chain(tree, 1), tree=tree, candidates=candidates,
+        check_trained_on(self.heads, target)
+        candidates = _scheme(self.tree, target, greedy, self.candidates)
+        weights = runtime_weights(self.heads, target,
+                                  drafter_dtype(self.drafter_dtype, target, mesh))
+        return Bound(MedusaSpec(k=_chain(self.tree, 1), tree=self.tree, candidates=candidates,
                                 heads_config=self.heads.config),
-                     weights=runtime_weights(self.heads, target, dtype), room=_chain(tree, 1))
+                     weights=weights, room=_chain(self.tree, 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,17 +213,25 @@ class Eagle(Method):
     name: ClassVar[str] = "eagle"
 
     def __post_init__(self):
-        _check_k(self.k)
+        check_loads(self.name, self.drafter)
+        check_int("k", self.k, 1)
+        self._set(tree=tree_of(self.name, self.tree, self.candidates, tree_needed=False))
+        if self.tree is not None:
+            check_proposes(self.tree, self.drafter.name, self.drafter.config.subset_size)
+        check_dtype(self.drafter_dtype)
 
     def bind(self, target, greedy, mesh) -> Bound:
-        dtype = _dtype(self.name, self.drafter_dtype, target, mesh)
-        tree = check_drafter(self.drafter, self.tree, target, self.k, greedy)
-        drafter = eagle.with_dtype(eagle.resolve_taps(self.drafter, target.config), dtype)
-        tree, candidates = check_tree(self.name, tree, self.candidates, greedy, target)
-        if tree.max_width > drafter.config.subset_size:
-            raise GenerationError(f"the tree has {tree.max_width} children at a node, more "
-                                  f"than the {drafter.config.subset_size} tokens "
-                                  f"{drafter.name} can propose")
+        check_trained_on(self.drafter, target)
+        check_taps(self.drafter, target)
+        # The given tree, else the drafter's own (its sampled one when a row samples), which its
+        # file brought: checked here, after what the target allows.
+        tree = _first(self.tree, None if greedy else self.drafter.sampled_tree,
+                      self.drafter.tree, Tree.chain(self.k))
+        candidates = _scheme(tree, target, greedy, self.candidates)
+        if self.tree is None:
+            check_proposes(tree, self.drafter.name, self.drafter.config.subset_size)
+        drafter = eagle.with_dtype(eagle.resolve_taps(self.drafter, target.config),
+                                   drafter_dtype(self.drafter_dtype, target, mesh))
         return Bound(EagleSpec(k=_chain(tree, self.k), tree=tree, candidates=candidates,
                                drafter_config=drafter.config),
                      weights=eagle.runtime_weights(drafter, target), room=_chain(tree, self.k))
@@ -213,60 +250,66 @@ class DFlash(Method):
     name: ClassVar[str] = "dflash"
 
     def __post_init__(self):
-        if not isinstance(self.drafter, BlockDrafter):
-            raise GenerationError(f"drafter must be a DFlash drafter from specjax.load for "
-                                  f"method 'dflash', got {type(self.drafter).__name__}")
+        check_loads(self.name, self.drafter)
+        drafts = self.drafter.config.drafts
         if self.k is not None:
-            _check_k(self.k)
+            check_int("k", self.k, 1)
+            if self.k > drafts:
+                raise GenerationError(f"k={self.k} is more than the {drafts} tokens a block of "
+                                      f"{self.drafter.name} drafts (block_size "
+                                      f"{self.drafter.config.block_size})")
+        if self.candidates not in (None, "top", "iid"):
+            raise GenerationError(f"candidates for method 'dflash' must be 'top' or 'iid' (one "
+                                  f"draft per position), got {self.candidates!r}")
+        check_dtype(self.drafter_dtype)
 
     def bind(self, target, greedy, mesh) -> Bound:
-        dtype = _dtype(self.name, self.drafter_dtype, target, mesh)
-        drafter = self.drafter
-        check_block_drafter(drafter, target)
-        k = drafter.config.drafts if self.k is None else self.k
-        if k > drafter.config.drafts:
-            raise GenerationError(f"k={k} is more than the {drafter.config.drafts} tokens a "
-                                  f"block of {drafter.name} drafts (block_size "
-                                  f"{drafter.config.block_size})")
+        check_block_drafter(self.drafter, target)
         if mesh is not None:
             raise GenerationError("method 'dflash' does not run on a device mesh yet")
-        candidates = self.candidates
-        if candidates is None:
-            candidates = "top" if greedy else "iid"
-        if candidates not in ("top", "iid"):
-            raise GenerationError(f"candidates for method 'dflash' must be 'top' or 'iid' (one "
-                                  f"draft per position), got {candidates!r}")
-        if greedy and candidates != "top":
-            raise GenerationError("every row is greedy (temperature 0): each position's "
-                                  "distribution is its argmax; use candidates='top'")
-        drafter = dflash.with_dtype(drafter, dtype)
+        k = self.drafter.config.drafts if self.k is None else self.k
+        drafter = dflash.with_dtype(self.drafter, drafter_dtype(self.drafter_dtype, target, mesh))
         # A block is written to the drafter's cache whole, past the k drafts verified.
-        return Bound(DFlashSpec(k=k, tree=Tree.chain(k), candidates=candidates,
+        return Bound(DFlashSpec(k=k, tree=Tree.chain(k),
+                                candidates=candidates_for(self.candidates, greedy, "iid"),
                                 dflash_config=drafter.config),
                      weights=dflash.runtime_weights(drafter),
                      room=max(k, drafter.config.drafts))
 
 
-TYPES = {cls.name: cls for cls in Method.__subclasses__()}
-assert set(TYPES) == set(REGISTRY), "every method in the registry has its object, and only they"
+# The methods, in the registry's order: one class for each record.
+CLASSES = (Autoregressive, Speculative, NGram, Medusa, Eagle, DFlash)
+TYPES = {cls.name: cls for cls in CLASSES}
+assert tuple(TYPES) == tuple(REGISTRY), "each record of the registry has its class, in its order"
 
 
-def build(name: str, *, others: str = "refuse", **options) -> Method:
+def build(name: str, **options) -> Method:
     """The object of method `name` from options given by name (the command line's and the
     bench's way in): those left at None take the object's own defaults; one the method does not
-    take is a `GenerationError` naming it, or with others="ignore" left out (a bench setting
-    shared by methods)."""
-    if name not in TYPES:
-        method_of(name)                 # the error that lists the methods
-    cls = TYPES[name]
+    take is a `GenerationError` naming it and the methods that take it."""
+    cls = _class(name)
     fields = _fields(cls)
     for option, value in options.items():
-        if option not in fields and value is not None and others == "refuse":
+        if option not in fields and value is not None:
             owners = [n for n, c in TYPES.items() if option in _fields(c)]
             where = (f"; it is an option of {listing(owners)}" if owners else
                      f"; its options are {', '.join(sorted(fields)) or 'none'}")
             raise GenerationError(f"{option} does not apply to method {name!r}{where}")
-    return cls(**{k: v for k, v in options.items() if v is not None and k in fields})
+    return cls(**{k: v for k, v in options.items() if v is not None})
+
+
+def build_shared(name: str, **settings) -> Method:
+    """The object of method `name` from settings shared by several methods (a bench sweep,
+    the command line's --method all, a test over every method): the method takes those that
+    are its options (`build`) and leaves the others out."""
+    fields = _fields(_class(name))
+    return build(name, **{k: v for k, v in settings.items() if k in fields})
+
+
+def _class(name: str) -> type[Method]:
+    if name not in TYPES:
+        method_of(name)                 # the error that lists the methods
+    return TYPES[name]
 
 
 def _fields(cls) -> set[str]:

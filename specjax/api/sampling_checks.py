@@ -6,7 +6,6 @@ ids, log-probabilities), each bad value a `GenerationError` naming it."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import numbers
 from typing import Sequence
 
@@ -18,9 +17,9 @@ from specjax.sampling.constraints import (Automaton, ConstraintError, compile_js
                                           compile_regex, constraints_of)
 from specjax.sampling.controls import Controls
 from specjax.sampling.logits import Sampling
-from specjax.sampling.params import (BIAS_RANGE, MAX_LOGPROBS, MAX_STOPS, PENALTY_RANGE,
-                                     GenerationError, SamplingParams, check_int, distinct,
-                                     is_sequence)
+from specjax.sampling.params import (MAX_LOGPROBS, GenerationError, SamplingParams, bias_tables,
+                                     check_int, distinct, is_sequence, per_row, schema_key,
+                                     stop_lists, stops_per_row)
 
 
 def one_sampling(sampling) -> SamplingParams:
@@ -54,100 +53,43 @@ def one_sampling(sampling) -> SamplingParams:
 def bind_sampling(sampling: SamplingParams, rows: int, vocab: int, max_new: np.ndarray,
                   stop_ids: np.ndarray, target: Model) -> tuple[RowSettings, tuple]:
     """The sampling as each row's settings (`state.RowSettings`) and stop strings, checked
-    against the rows, the vocabulary and the target's tokenizer."""
-    law = rows_of(check_sampling(sampling.temperature, sampling.top_k, sampling.top_p,
-                                 sampling.min_p), rows)
-    controls = check_controls(rows, vocab, max_new, sampling.repetition_penalty,
-                              sampling.presence_penalty, sampling.frequency_penalty,
-                              sampling.logit_bias, sampling.min_tokens)
+    against the rows, the vocabulary and the target's tokenizer (its values were checked when
+    it was made)."""
+    law = Sampling(**{name: np.asarray(per_row(name, getattr(sampling, name), rows), dtype)
+                      for name, dtype in _LAW.items()})
+    controls = check_controls(sampling, rows, vocab, max_new)
     constraint = check_constraints(sampling.regex, sampling.json_schema, rows, target, vocab,
                                    stop_ids)
     settings = RowSettings(law, max_new, stop_ids, controls, constraint)
     return settings, check_stop(sampling.stop, rows, target.tokenizer)
 
 
-def check_sampling(temperature, top_k, top_p, min_p) -> Sampling:
-    """The sampling parameters, each a number for every row or a sequence of one per row,
-    validated (`SamplingParams`), as numpy arrays ([] or [B] each)."""
-    values = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}
-    dtypes = {"temperature": np.float32, "top_k": np.int32, "top_p": np.float32,
-              "min_p": np.float32}
-    arrays = {}
-    for name, value in values.items():
-        per_row = _is_sequence(value)
-        array = np.asarray(value, dtype=object) if per_row else None
-        if per_row and (array.ndim != 1 or not len(array)):
-            raise GenerationError(f"{name} must be a number or a flat list of one per row, "
-                                  f"got {value!r}")
-        for v in _distinct(array.tolist() if per_row else [value]):
-            try:
-                SamplingParams(**{name: v})
-            except ValueError as e:
-                raise GenerationError(str(e)) from None
-        arrays[name] = np.asarray(array.tolist() if per_row else value, dtypes[name])
-    return Sampling(**arrays)
+_LAW = {"temperature": np.float32, "top_k": np.int32, "top_p": np.float32, "min_p": np.float32}
 
 
-_is_sequence, _distinct = is_sequence, distinct
-
-
-def rows_of(sampling: Sampling, rows: int) -> Sampling:
-    """Every field [rows]: a number repeated, a per-row sequence checked for its length."""
-    fields = {}
-    for name in ("temperature", "top_k", "top_p", "min_p"):
-        value = getattr(sampling, name)
-        if value.ndim and len(value) != rows:
-            raise GenerationError(f"{name} has {len(value)} values for {rows} prompts")
-        fields[name] = np.broadcast_to(value, (rows,)).copy()
-    return Sampling(**fields)
-
-
-def check_controls(rows: int, vocab: int, max_new: np.ndarray, repetition_penalty,
-                   presence_penalty, frequency_penalty, logit_bias, min_tokens) -> Controls:
-    """Each row's penalties, logit bias and minimum length (`specjax.sampling.controls`),
-    validated: a number (a dict for the bias) for every row, or a sequence of one per row."""
-    def numbers_of(name, value, ok, allowed):
-        values = list(value) if _is_sequence(value) else [value] * rows
-        if len(values) != rows:
-            raise GenerationError(f"{name} has {len(values)} values for {rows} prompts")
-        for v in _distinct(values):
-            if (isinstance(v, bool) or not isinstance(v, numbers.Real)
-                    or not np.isfinite(v) or not ok(v)):
-                raise GenerationError(f"{name} must be {allowed}, got {v!r}")
-        return np.asarray(values, np.float32)
-
-    repetition = numbers_of("repetition_penalty", repetition_penalty, lambda v: v > 0,
-                            "a finite number > 0 (1 = off)")
-    within = lambda v: -PENALTY_RANGE <= v <= PENALTY_RANGE              # noqa: E731
-    presence = numbers_of("presence_penalty", presence_penalty, within,
-                          f"in [-{PENALTY_RANGE:g}, {PENALTY_RANGE:g}] (0 = off)")
-    frequency = numbers_of("frequency_penalty", frequency_penalty, within,
-                           f"in [-{PENALTY_RANGE:g}, {PENALTY_RANGE:g}] (0 = off)")
-    least = per_row_ints("min_tokens", min_tokens, rows, 0)
+def check_controls(sampling: SamplingParams, rows: int, vocab: int,
+                   max_new: np.ndarray) -> Controls:
+    """Each row's penalties, logit bias and minimum length (`specjax.sampling.controls`): a
+    value (a dict for the bias) for every row, or a sequence of one per row, checked against
+    the rows, the vocabulary and `max_new_tokens`."""
+    repetition, presence, frequency = (
+        np.asarray(per_row(name, getattr(sampling, name), rows), np.float32)
+        for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"))
+    least = np.asarray(per_row("min_tokens", sampling.min_tokens, rows), np.int32)
     if np.any(least > max_new):
         i = int(np.argmax(least > max_new))
         raise GenerationError(f"min_tokens={least[i]} exceeds max_new_tokens={max_new[i]}"
                               + (f" (row {i})" if rows > 1 else ""))
     bias = np.zeros((rows, vocab), np.float32)
-    per_row = isinstance(logit_bias, Sequence) and not isinstance(logit_bias, (str, dict))
-    tables = list(logit_bias) if per_row else [logit_bias] * rows
-    if len(tables) != rows:
+    tables = bias_tables(sampling.logit_bias)
+    one = len(tables) == 1 and tables[0] is sampling.logit_bias      # for every row
+    if not one and len(tables) != rows:
         raise GenerationError(f"logit_bias has {len(tables)} dicts for {rows} prompts")
-    for b, table in enumerate(tables):
-        if table is None:
-            continue
-        if not isinstance(table, dict):
-            raise GenerationError(f"logit_bias must be a dict {{token id: bias}} (or one per "
-                                  f"prompt), got {table!r}")
-        for token, value in table.items():
-            if (isinstance(token, bool) or not isinstance(token, numbers.Integral)
-                    or not 0 <= token < vocab):
+    for b, table in enumerate(tables * rows if one else tables):
+        for token, value in (table or {}).items():
+            if token >= vocab:
                 raise GenerationError(f"logit_bias has token id {token!r}, outside the "
                                       f"vocabulary [0, {vocab})")
-            if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-                    or not -BIAS_RANGE <= value <= BIAS_RANGE):
-                raise GenerationError(f"logit_bias[{token}] must be a number in "
-                                      f"[-{BIAS_RANGE:g}, {BIAS_RANGE:g}], got {value!r}")
             bias[b, token] = value
     active = ((repetition != 1) | (presence != 0) | (frequency != 0) | (least > 0)
               | np.any(bias != 0, axis=1))
@@ -160,13 +102,10 @@ def check_constraints(regex, json_schema, rows: int, target, vocab: int, stop_id
     every row, or a list of one per row, None where free), compiled once per distinct one. A
     regex may also be an `Automaton` compiled before (`compile_regex`, or `from_vocabulary`
     for a model without a tokenizer)."""
-    if regex is not None and json_schema is not None:
-        raise GenerationError("pass regex or json_schema, not both")
     given, name = (regex, "regex") if regex is not None else (json_schema, "json_schema")
     if given is None:
         return constraints_of([None] * rows, stop_ids, vocab)
-    per_row = isinstance(given, (list, tuple))
-    values = list(given) if per_row else [given] * rows
+    values = list(given) if isinstance(given, (list, tuple)) else [given] * rows
     if len(values) != rows:
         raise GenerationError(f"{name} has {len(values)} values for {rows} prompts")
     if name == "regex" and all(isinstance(v, Automaton) or v is None for v in values):
@@ -174,31 +113,24 @@ def check_constraints(regex, json_schema, rows: int, target, vocab: int, stop_id
             if v is not None and v.table.shape[1] > vocab:
                 raise GenerationError(f"the automaton of {v.pattern!r} has {v.table.shape[1]} "
                                       f"tokens, the target {vocab}")
-        return _checked_stops(values, stop_ids, vocab, constraints_of)
+        return _checked_stops(values, stop_ids, vocab)
     if target.tokenizer is None:
         raise GenerationError(f"{name} is matched against the text, and the target has no "
                               "tokenizer")
+    compile_ = compile_regex if name == "regex" else compile_json_schema
     compiled = {}
     for value in values:
-        key = value if isinstance(value, str) or value is None else json.dumps(value,
-                                                                               sort_keys=True)
-        if value is None or key in compiled:
-            continue
-        if name == "regex" and not isinstance(value, str):
-            raise GenerationError(f"regex must be a string (or one per prompt), got {value!r}")
-        if name == "json_schema" and not isinstance(value, (str, dict)):
-            raise GenerationError(f"json_schema must be a dict or its JSON text, got {value!r}")
-        try:
-            compiled[key] = (compile_regex if name == "regex" else compile_json_schema)(
-                value, target.tokenizer, target.config.vocab_size)
-        except ConstraintError as e:
-            raise GenerationError(str(e)) from None
-    automata = [None if v is None else compiled[v if isinstance(v, str) else
-                                                json.dumps(v, sort_keys=True)] for v in values]
-    return _checked_stops(automata, stop_ids, vocab, constraints_of)
+        if value is not None and schema_key(value) not in compiled:
+            try:
+                compiled[schema_key(value)] = compile_(value, target.tokenizer,
+                                                       target.config.vocab_size)
+            except ConstraintError as e:
+                raise GenerationError(str(e)) from None
+    automata = [None if v is None else compiled[schema_key(v)] for v in values]
+    return _checked_stops(automata, stop_ids, vocab)
 
 
-def _checked_stops(automata, stop_ids, vocab, constraints_of):
+def _checked_stops(automata, stop_ids, vocab):
     for b, automaton in enumerate(automata):
         if automaton is not None and not (stop_ids[b] >= 0).any():
             raise GenerationError(f"a constrained row needs an EOS id to stop at (row {b} has "
@@ -207,34 +139,23 @@ def _checked_stops(automata, stop_ids, vocab, constraints_of):
 
 
 def check_stop(stop, rows: int, tokenizer) -> tuple[tuple[str, ...], ...]:
-    """Each row's stop strings: None (none), a list of non-empty strings for every row, or one
-    such list per row; they need the target's tokenizer (they are found in the text)."""
-    if stop is None:
-        return ((),) * rows
-    if isinstance(stop, str):
-        raise GenerationError(f"stop must be a list of strings (or one list per prompt), got "
-                              f"{stop!r}: write [{stop!r}]")
-    per_row = (_is_sequence(stop) and len(stop) > 0
-               and all(_is_sequence(s) for s in stop))
-    lists = [list(s) for s in stop] if per_row else [list(stop) if _is_sequence(stop) else stop]
-    if per_row and len(lists) != rows:
+    """Each row's stop strings (a list for every row or one per row, checked when the
+    `SamplingParams` was made), which need the target's tokenizer: they are found in the
+    text."""
+    lists = stop_lists(stop)
+    if stops_per_row(stop) and len(lists) != rows:
         raise GenerationError(f"stop has {len(lists)} lists for {rows} prompts")
-    for strings in lists:
-        if not isinstance(strings, list) or len(strings) > MAX_STOPS or not all(
-                isinstance(s, str) and s for s in strings):
-            raise GenerationError(f"stop must hold at most {MAX_STOPS} non-empty strings, got "
-                                  f"{strings!r}")
     if any(lists) and tokenizer is None:
         raise GenerationError("stop strings are found in the decoded text, and the target has "
                               "no tokenizer")
-    table = tuple(tuple(s) for s in lists)
-    return table if per_row else table * rows
+    table = tuple(tuple(s) for s in lists) or ((),)
+    return table if stops_per_row(stop) else table * rows
 
 
-def check_logprobs(logprobs, vocab: int) -> int:
-    """How many alternatives each emitted token's log-probability comes with (OpenAI's cap)."""
-    check_int("logprobs", logprobs, 0)
-    if logprobs > min(MAX_LOGPROBS, vocab):
+def check_logprobs(logprobs: int, vocab: int) -> int:
+    """How many alternatives each emitted token's log-probability comes with: at most
+    `MAX_LOGPROBS` (checked when made) and at most the vocabulary."""
+    if logprobs > vocab:
         raise GenerationError(f"logprobs must be at most {min(MAX_LOGPROBS, vocab)}, got "
                               f"{logprobs}")
     return int(logprobs)
@@ -242,10 +163,8 @@ def check_logprobs(logprobs, vocab: int) -> int:
 
 def per_row_ints(name: str, value, rows: int, minimum: int) -> np.ndarray:
     """An integer for every row, or one per row: [rows] int32."""
-    values = list(value) if _is_sequence(value) else [value] * rows
-    if len(values) != rows:
-        raise GenerationError(f"{name} has {len(values)} values for {rows} prompts")
-    for v in _distinct(values):
+    values = per_row(name, value, rows)
+    for v in distinct(values):
         check_int(name, v, minimum)
     return np.asarray(values, np.int32)
 
@@ -257,14 +176,14 @@ def check_stop_ids(eos_ids, rows: int) -> np.ndarray:
     """The ids that end each row, [rows, S] int32 padded with -1; S, the slots, is a power of
     two of at least `STOP_SLOTS`, so that other stop ids, or a few more, do not recompile.
     `eos_ids` is one sequence of ids for every row, or a sequence of one per row."""
-    if not _is_sequence(eos_ids):
+    if not is_sequence(eos_ids):
         raise GenerationError(f"eos_ids must be a list of token ids (or one list per prompt), "
                               f"got {eos_ids!r}")
-    per_row = len(eos_ids) > 0 and all(_is_sequence(e) for e in eos_ids)
-    lists = [list(e) for e in eos_ids] if per_row else [list(eos_ids)]
-    if per_row and len(lists) != rows:
+    each_row = len(eos_ids) > 0 and all(is_sequence(e) for e in eos_ids)
+    lists = [list(e) for e in eos_ids] if each_row else [list(eos_ids)]
+    if each_row and len(lists) != rows:
         raise GenerationError(f"eos_ids has {len(lists)} lists for {rows} prompts")
-    for e in _distinct([e for ids in lists for e in ids]):
+    for e in distinct([e for ids in lists for e in ids]):
         if isinstance(e, bool) or not isinstance(e, numbers.Integral) or not 0 <= e < 2 ** 31:
             raise GenerationError(f"eos_ids must hold token ids >= 0, got {e!r}")
     longest = max(len(ids) for ids in lists)
@@ -272,4 +191,4 @@ def check_stop_ids(eos_ids, rows: int) -> np.ndarray:
     table = np.full((len(lists), slots), -1, np.int32)
     for b, ids in enumerate(lists):
         table[b, :len(ids)] = ids
-    return table if per_row else np.repeat(table, rows, axis=0)
+    return table if each_row else np.repeat(table, rows, axis=0)

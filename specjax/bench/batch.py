@@ -45,7 +45,7 @@ import jax.numpy as jnp
 
 from specjax.api.checks import check_compatible
 from specjax.api.generate import generate, prepare
-from specjax.api.methods import build
+from specjax.api.methods import build_shared
 from specjax.bench.common import (
     Progress,
     encode_suite,
@@ -148,7 +148,7 @@ def _specjax_job(rows, settings, target, draft, method, k):
         options = dict(k=k or 1, max_ngram=settings["max_ngram"], draft=draft,
                        drafter_dtype=settings["drafter_dtype"])
         request = prepare(target, [p["ids"] for p in rows],
-                          build(method, others="ignore", **options),
+                          build_shared(method, **options),
                           SamplingParams(temperature=settings["temperature"],
                                          top_p=settings["top_p"]),
                           max_new_tokens=min(p["max_new_tokens"] for p in rows),

@@ -20,7 +20,7 @@ from specjax.api.generate import generate
 from specjax.bench.common import Progress, fmt, machine, write_report
 from specjax.bench.prompts import SUITE
 from specjax.api.generate import SAMPLING_FIELDS
-from specjax.api.methods import build
+from specjax.api.methods import build_shared
 from specjax.decoding.methods import REGISTRY
 from specjax.sampling.params import SamplingParams
 from specjax.io.checkpoint import load
@@ -69,7 +69,7 @@ def method_object(method: str, beside: dict, k: int, **options):
         options["k"] = k
     if entry.loads:
         options[entry.loads] = beside[method]
-    return build(method, others="ignore", **options)
+    return build_shared(method, **options)
 
 
 def run(args, settings: dict) -> int:

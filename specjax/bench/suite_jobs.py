@@ -6,7 +6,7 @@ turns their results into rows."""
 from __future__ import annotations
 
 from specjax.api.generate import generate, prepare
-from specjax.api.methods import build
+from specjax.api.methods import build_shared
 from specjax.bench.common import (
     CONSTANT,
     DYNAMIC_PREFIX,
@@ -141,7 +141,7 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, beside=No
         if REGISTRY[method].loads != "drafter":
             extra["tree"] = _tree(tree)
         request = prepare(model, [prompt["ids"]],
-                          build(method, others="ignore", max_ngram=settings["max_ngram"], **extra),
+                          build_shared(method, max_ngram=settings["max_ngram"], **extra),
                           SamplingParams(temperature=settings["temperature"],
                                          top_p=settings["top_p"]),
                           max_new_tokens=prompt["max_new_tokens"], mesh=make_mesh(settings["mesh"]))

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from specjax.api.checks import GenerationError, check_int, encode_prompts
-from specjax.api.methods import TYPES, build
+from specjax.api.methods import TYPES, build_shared
 from specjax.api.options import flag
 from specjax.decoding.methods import REGISTRY
 from specjax.io import chat as chat_template
@@ -121,7 +121,7 @@ def for_method(method: str, options: dict, beside: dict, several: bool) -> dict:
 
 
 def method_object(method: str, given: dict):
-    """`method`'s object from its options (`methods.build`; those at None or at the defaults
+    """`method`'s object from its options (`methods.build_shared`; those at None or at the defaults
     the flags share take the object's own); an option given that the method does not take is
     an error naming its flag."""
     shared_defaults = {"k_schedule": "constant", "max_ngram": 3, "min_ngram": 1}
@@ -129,7 +129,7 @@ def method_object(method: str, given: dict):
     for name, value in given.items():
         if name not in fields and value is not None and shared_defaults.get(name) != value:
             raise GenerationError(f"{flag(name)} does not apply to --method {method}")
-    return build(method, others="ignore", **given)
+    return build_shared(method, **given)
 
 
 # The options that say how much a step drafts: with none of them given, a method runs its

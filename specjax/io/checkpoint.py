@@ -174,7 +174,7 @@ def load(path: str | Path, dtype: str = "float32", mesh=None):
         from a GGUF file, its Q8_0 tensors as they are stored; activations in float32. "q8_0":
         the same matrices, and every product quantises its activations too (llama.cpp's
         Q8_0 x Q8_0, `specjax.model.linear`).
-      mesh: a "data" x "model" device mesh (`specjax.make_mesh`): each weight goes from the
+      mesh: a "data" x "model" device mesh (`specjax.mesh.make_mesh`): each weight goes from the
         host straight to its shards (`specjax.mesh`), never whole onto one device. Medusa heads
         ignore it (they are replicated when `generate` runs on a mesh).
     Raises:

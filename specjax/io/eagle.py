@@ -1,4 +1,4 @@
-"""EAGLE drafters on disk: specjax's directory, which `specjax.save_drafter` writes by default,
+"""EAGLE drafters on disk: specjax's directory, which `save_drafter` (here) writes by default,
 and the published layouts (`specjax.io.published`), all read by `specjax.load`.
 
 The math lives in `specjax.heads.eagle`, the files here, read by the loader Medusa heads' files

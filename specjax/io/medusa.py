@@ -1,4 +1,4 @@
-"""Medusa heads on disk: specjax's directory, which `specjax.save_heads` writes by default, and
+"""Medusa heads on disk: specjax's directory, which `save_heads` (here) writes by default, and
 FasterDecoding's (`specjax.io.published`), both read by `specjax.load`.
 
 specjax's layout (config.json, model.safetensors, README.md) is described in

@@ -3,8 +3,9 @@ lookup, run on a pair converted to torch, as samplers `check` can judge.
 
     report = testing.check(transformers_sampler("assisted"), samples=6_000)
 
-The pair is written with `specjax.save` (a Hugging Face checkpoint directory) and loaded with
-`AutoModelForCausalLM`, so transformers runs the same weights specjax's law is computed from.
+The pair is written with `specjax.io.checkpoint.save` (a Hugging Face checkpoint directory)
+and loaded with `AutoModelForCausalLM`, so transformers runs the same weights specjax's law is
+computed from.
 Its assisted generation takes one prompt per call, so samples are drawn one `generate` call at
 a time from one seeded torch generator: slow (a few milliseconds a call), which is what limits
 the sample size of this check. torch and transformers are the `test` and `bench` extras.

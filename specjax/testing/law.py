@@ -188,9 +188,9 @@ def warp(logits: np.ndarray, sampling: SamplingParams) -> np.ndarray:
 class Pair:
     """A target and a draft over one small vocabulary, with the prompt the check continues.
 
-    `target` and `draft` are specjax models (`forward` runs them; `specjax.save` writes them as
-    Hugging Face checkpoints, for clients in other frameworks). `lookup()` gives a sampler
-    written in numpy the logits of every context it may ask for."""
+    `target` and `draft` are specjax models (`forward` runs them; `specjax.io.checkpoint.save`
+    writes them as Hugging Face checkpoints, for clients in other frameworks). `lookup()` gives
+    a sampler written in numpy the logits of every context it may ask for."""
 
     name: str
     target: Model

@@ -4,13 +4,14 @@
     sequences, held_out = data.read("runs/data", target)        # `train data`'s shards
     states = eagle3.features(target, sequences, taps=(0,))      # one pass of the target
     model = draft.train(target, states, draft.TrainConfig(steps=500), checkpoint="run/")
-    specjax.save(model, "out")                                  # a LlamaForCausalLM checkpoint
+    specjax.io.checkpoint.save(model, "out")                    # a LlamaForCausalLM checkpoint
 
 The result is a `specjax.Model` with the target's tokenizer, vocabulary and special tokens, so
-`specjax.generate(target, ..., method="speculative", draft=model)` runs it, and `specjax.save`
-writes the plain Hugging Face Llama checkpoint that every engine's draft-model speculation
-reads. Unlike an EAGLE drafter or Medusa heads it never reads the target's states while
-decoding: it is a language model of its own, and pays for that with its own context.
+`specjax.generate(target, ..., method="speculative", draft=model)` runs it, and
+`specjax.io.checkpoint.save` writes the plain Hugging Face Llama checkpoint that every engine's
+draft-model speculation reads. Unlike an EAGLE drafter or Medusa heads it never reads the
+target's states while decoding: it is a language model of its own, and pays for that with its
+own context.
 
 The data. The sequences are the target's own continuations of a prompt set, as for the other
 trainers (the draft learns the text it will be asked to propose), and the soft labels are the

@@ -9,9 +9,9 @@ The three stages, each a function:
                                    the states after the tapped layers, which the drafter reads,
                                    and the final-normed states, whose next-token distributions
                                    are its soft labels;
-  train(target, features, config)  the drafter (`specjax.Drafter`, kind "eagle3", its own head
-                                   over a draft vocabulary of the most frequent generated ids),
-                                   resumable from a checkpoint directory.
+  train(target, features, config)  the drafter (`specjax.heads.eagle.Drafter`, kind "eagle3",
+                                   its own head over a draft vocabulary of the most frequent
+                                   generated ids), resumable from a checkpoint directory.
 
 The loss, EAGLE-1/2's and the training-time test are `specjax.train.eagle3_loss`'s; an
 --init drafter is checked by `specjax.train.eagle3_init`.

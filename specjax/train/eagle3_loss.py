@@ -2,11 +2,11 @@
 
 The loss. Pair s of a sequence is (g_s, x_s): the drafter's feature input and token s, in slot s
 of its own cache, attending to the pairs before it exactly as in decoding
-(`specjax.drafter_log_probs` computes the same first pass; a published drafter's slot 0 is
-read only by itself, `KVCache.first`). Its output predicts x_{s+1}, scored by the cross-entropy
-of its logits against the target's distribution at s restricted to the draft vocabulary and
-renormalised (soft labels, as EAGLE-3 and SpecForge train), on the positions whose next token
-the target generated.
+(`specjax.api.drafters.drafter_log_probs` computes the same first pass; a published drafter's
+slot 0 is read only by itself, `KVCache.first`). Its output predicts x_{s+1}, scored by the
+cross-entropy of its logits against the target's distribution at s restricted to the draft
+vocabulary and renormalised (soft labels, as EAGLE-3 and SpecForge train), on the positions
+whose next token the target generated.
 
 EAGLE-1/2 (`TrainConfig(kind="eagle1")`, `train eagle`): the same passes over the same pairs,
 with g_s the target's final-normed state f_{s-1} and the target's own LM head, frozen; the

@@ -5,7 +5,7 @@ layout.
     sequences, held_out = data.read("runs/data", target)        # `train data`'s shards
     states = eagle3.features(target, sequences)                 # one pass of the target
     heads = medusa.train(target, states, medusa.TrainConfig(steps=500), checkpoint="run/")
-    specjax.save_heads(heads, "out", format="medusa")           # FasterDecoding's layout
+    specjax.io.medusa.save_heads(heads, "out", format="medusa")  # FasterDecoding's layout
 
 The data. The sequences are the target's own continuations of a prompt set (self-distillation,
 as Medusa-2's recipe and the shipped heads do: the labels are the tokens the target's decoding
