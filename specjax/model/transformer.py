@@ -314,9 +314,17 @@ def final_norm(params: Params, config: ModelConfig, x: jax.Array) -> jax.Array:
 
 
 def lm_head(params: Params, config: ModelConfig, x: jax.Array) -> jax.Array:
-    """Hidden states [B, T, D] -> logits [B, T, V] in float32."""
+    """Hidden states [B, T, D] -> logits [B, T, V] in float32 (at `config.law_width` rows a
+    product where the config has one, `tapped_states`)."""
     head = params["embed"] if config.tie_embeddings else params["lm_head"]        # [V, D]
-    return linear(x, head, out_dtype=jnp.float32)                       # BTD,VD->BTV
+    width, t = config.law_width or 1, x.shape[1]
+    if width == 1:
+        return linear(x, head, out_dtype=jnp.float32)                   # BTD,VD->BTV
+    # At the one law's width, as the layers were: W rows a product, the last W padded.
+    rows = -(-t // width) * width
+    x = jnp.concatenate([x, jnp.zeros((x.shape[0], rows - t, x.shape[2]), x.dtype)], axis=1)
+    return jnp.concatenate([linear(x[:, i:i + width], head, out_dtype=jnp.float32)
+                            for i in range(0, rows, width)], axis=1)[:, :t]
 
 
 def _norm(config: ModelConfig, p, x):
