@@ -9,6 +9,7 @@ docs/gpu.md says how to run on a GPU and what to expect."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from types import SimpleNamespace
 
@@ -99,3 +100,37 @@ def test_the_cpu_program_calls_the_kernels_and_cannot_be_exported():
     assert {"specjax_few_rows", "specjax_few_query_attention"} <= custom_calls(lowered)
     with pytest.raises(ValueError, match="custom calls"):
         export.export(run, platforms=("cpu",))(req.weights, *req.inputs)
+
+
+def _product_rows(module_text: str) -> set[int]:
+    """The query lengths T of the products of [B, T, D] activations in a module: the second
+    dimension of each 3-D left operand of a dot_general."""
+    rows = set()
+    for line in module_text.splitlines():
+        if "dot_general" in line:
+            operand = re.search(r"\(tensor<(\d+)x(\d+)x(\d+)x[a-z]\w*>", line)
+            if operand:
+                rows.add(int(operand.group(2)))
+    return rows
+
+
+def test_the_exported_program_feeds_every_decode_call_at_the_law_width():
+    # Issue 85: a GPU or TPU program (the kernels off, as `generate` makes it where they do not
+    # serve) feeds the target 16 tokens a row in every call on the cache, a one-token step
+    # included, so no product of the exported loop has a one-row left operand; the negative
+    # control, the same target at `law_width=1`, has them.
+    pair = testing.pair()
+    prompts = [list(NGRAM_PROMPT), list(NGRAM_PROMPT[:5])]
+
+    def exported_rows(target):
+        req = prepare(target, prompts, specjax.Autoregressive(),
+                      specjax.SamplingParams(temperature=0.8), max_new_tokens=4, eos_ids=(),
+                      kernels=False)
+        program, leaves = flat_program(req)
+        return _product_rows(export.export(program, platforms=("cuda", "tpu"))(*leaves)
+                             .mlir_module())
+
+    lawful = exported_rows(pair.target)
+    assert 16 in lawful and 1 not in lawful, lawful
+    one = dataclasses.replace(pair.target, config=pair.target.config.replace(law_width=1))
+    assert 1 in exported_rows(one)

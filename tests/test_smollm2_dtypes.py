@@ -41,9 +41,13 @@ def load(dtype: str):
     return specjax.load(fetch("smollm2"), dtype=dtype)
 
 
-@pytest.mark.skipif(not specjax_kernels.ensure(), reason="needs the CPU kernels (a C++ compiler)")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "q8_0"])
-def test_verify_calls_equal_one_token_steps_bit_for_bit(dtype):
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "xla"])
+def test_verify_calls_equal_one_token_steps_bit_for_bit(dtype, kernels):
+    # With the kernels (their one law) and on XLA's path (the kernels off, as on a GPU or TPU:
+    # every call on the cache fed 16 tokens a row at a time, issue 85).
+    if kernels and not specjax_kernels.ensure():
+        pytest.skip("needs the CPU kernels (a C++ compiler)")
     model = load(dtype)
     config = model.config
     tokens = np.asarray(model.tokenizer.encode(PROMPTS[0] + "    if n < 2:\n        return n\n"
@@ -52,7 +56,7 @@ def test_verify_calls_equal_one_token_steps_bit_for_bit(dtype):
     assert len(tokens) >= prefill + 17
     # The weights as an argument, not closed over: as constants of the program they made its
     # compiles take 6.8 minutes in float32 here (the suite's compile options), 50 s so.
-    run = jax.jit(lambda w, t, p, c: forward(w, config, t, p, c, kernels=True))
+    run = jax.jit(lambda w, t, p, c: forward(w, config, t, p, c, kernels=kernels))
     step = functools.partial(run, model.params)
     _, cache = step(tokens[None, :prefill], np.arange(prefill)[None], KVCache.init(config, 1, 64))
     steps, c = [], cache
@@ -155,7 +159,10 @@ def test_the_identity_check_finds_specjax_greedy_identical():
     # --identity`, recorded in docs/conformance.md. The table's negative control is in
     # tests/test_conformance.py.
     from specjax.testing import identity
-    rows = identity.specjax_rows(["float32"], ["ngram"], tokens=16)
-    assert [(r.engine, r.method) for r in rows] == [("specjax float32", "ngram k=4")]
-    assert len(rows[0].first) == sum(map(len, identity.PROMPTS.values()))
-    assert rows[0].diverged == 0, identity.table(rows)
+    # With the kernels, and on XLA's path (issue 85).
+    rows = identity.specjax_rows(["float32"], ["ngram"], tokens=16, paths=["kernels", "xla"])
+    assert [(r.engine, r.method) for r in rows] == [("specjax float32", "ngram k=4"),
+                                                    ("specjax float32 xla", "ngram k=4")]
+    for r in rows:
+        assert len(r.first) == sum(map(len, identity.PROMPTS.values()))
+        assert r.diverged == 0, identity.table(rows)

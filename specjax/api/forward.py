@@ -47,7 +47,8 @@ def forward(params, config, tokens, positions, cache=None, tree=None, *,
     """`specjax.model.transformer.forward` (its docstring has the arguments and results), with
     the kernels switched as `generate` switches them (`kernels`, else an enclosing
     `use_kernels`, else $SPECJAX_KERNELS), compiled: the first call of a shape compiles a
-    program (`jax.jit`, the config static), later calls of that shape run it."""
+    program (`jax.jit`, the config static), later calls of that shape run it. With the kernels
+    off, a call on a cache takes the one law's width (`transformer.lawful`)."""
     return _compiled(kernels_on(kernels))(params, config, tokens, positions, cache, tree)
 
 
@@ -57,5 +58,6 @@ def _compiled(kernels: bool):
     so each setting has its own program cache."""
     def traced(params, config, tokens, positions, cache, tree):
         with use_kernels(kernels):
-            return transformer.forward(params, config, tokens, positions, cache, tree)
+            return transformer.forward(params, transformer.lawful(config, kernels), tokens,
+                                       positions, cache, tree)
     return jax.jit(traced, static_argnums=1)

@@ -87,6 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--identity-methods", default=",".join(IDENTITY_METHODS),
                         metavar="METHODS", help="specjax's methods in --identity, "
                         f"comma-separated (default {','.join(IDENTITY_METHODS)})")
+    parser.add_argument("--identity-paths", default="kernels,xla", metavar="PATHS",
+                        help="specjax's paths in --identity, comma-separated: kernels (the CPU "
+                             "kernels) and xla (XLA's formulation, as on a GPU or TPU)")
     parser.add_argument("--identity-tokens", type=int, default=identity.NEW_TOKENS, metavar="N",
                         help=f"new tokens per prompt in --identity (default {identity.NEW_TOKENS})")
     parser.add_argument("--seed", type=int, default=0)
@@ -150,9 +153,10 @@ def _names(text: str, known: tuple[str, ...], flag: str) -> list[str]:
 def run_identity(args) -> int:
     dtypes = _names(args.identity_dtypes, DTYPES, "--identity-dtypes")
     methods = _names(args.identity_methods, IDENTITY_METHODS, "--identity-methods")
+    paths = _names(args.identity_paths, tuple(identity.PATHS), "--identity-paths")
     if args.identity_tokens < 1:
         raise CLIError(f"--identity-tokens must be >= 1, got {args.identity_tokens}")
-    if not (dtypes and methods) and not (args.llama_cpp or args.transformers):
+    if not (dtypes and methods and paths) and not (args.llama_cpp or args.transformers):
         raise CLIError("--identity: no rows to run (no dtype or method, and no --llama-cpp "
                        "or --transformers)")
     if args.llama_cpp:
@@ -162,8 +166,8 @@ def run_identity(args) -> int:
             raise CLIError(str(e)) from None
     print(identity.heading(args.identity_tokens), flush=True)
     show = lambda r: print(identity.line(r), flush=True)   # noqa: E731
-    rows = identity.specjax_rows(dtypes, methods, tokens=args.identity_tokens, progress=show) \
-        if dtypes and methods else []
+    rows = identity.specjax_rows(dtypes, methods, tokens=args.identity_tokens, paths=paths,
+                                 progress=show) if dtypes and methods and paths else []
     if args.llama_cpp:
         identity.llamacpp_rows(tokens=args.identity_tokens, progress=show)
     if args.transformers:

@@ -9,6 +9,7 @@ same tokens. On a device mesh they are jitted with its input and output sharding
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable, NamedTuple
 
@@ -22,6 +23,7 @@ from specjax.decoding.sharding import pinned, settings_layout, state_shardings, 
 from specjax.decoding.config import DecodeSpec, Weights
 from specjax.decoding.state import DecodeState, RowSettings, initial_state
 from specjax.model.linear import use_kernels
+from specjax.model.transformer import lawful as lawful_config
 
 __all__ = ["METHODS", "DecodeSpec", "Programs", "Weights", "init", "programs", "step"]
 
@@ -62,7 +64,7 @@ def programs(spec: DecodeSpec) -> Programs:
     # Each is traced with the spec's kernel switch (`model.linear`). On a mesh it is off (the
     # API sees to it): XLA's partitioner cannot split a custom call across devices, it would
     # gather every weight onto each.
-    functions = tuple(_with_kernels(spec.kernels, functools.partial(f, spec))
+    functions = tuple(_with_kernels(spec.kernels, functools.partial(f, lawful(spec)))
                       for f in (_init, _step, _run))
     if spec.mesh is None or spec.trace:
         return Programs(*(jax.jit(f) for f in functions))
@@ -71,6 +73,12 @@ def programs(spec: DecodeSpec) -> Programs:
     inputs = (weights, rows, rows, rows, settings_layout(spec))
     return Programs(*(jax.jit(f, in_shardings=shardings, out_shardings=state)
                       for f, shardings in zip(functions, (inputs, (weights, state), inputs))))
+
+
+def lawful(spec: DecodeSpec) -> DecodeSpec:
+    """The spec its programs are traced with: the target's calls at the one law's width where
+    the kernels do not serve (`transformer.lawful`)."""
+    return dataclasses.replace(spec, target_config=lawful_config(spec.target_config, spec.kernels))
 
 
 def _with_kernels(on: bool, f):

@@ -63,6 +63,12 @@ class ModelConfig:
     # (8-bit matrices, `specjax.model.quant`; activations and cache float32) or "q8_0" (the
     # same matrices, each product quantising its activations too: llama.cpp's Q8_0).
     dtype: str = "float32"
+    # The rows each call on a cache takes, its tokens padded up to a multiple of it (a prompt's
+    # calls excepted). None: chosen by the path a program takes (`transformer.lawful`):
+    # `transformer.LAW_WIDTH` where XLA's formulation runs (a GPU, a TPU, a CPU with the kernels
+    # off), so that a token's logits do not depend on how many tokens share its call, and 1 (no
+    # padding) on the CPU kernels' path, which has its own law. 1 turns the padding off.
+    law_width: int | None = None
 
     def __post_init__(self):
         if self.arch not in ARCHITECTURES:
@@ -78,6 +84,10 @@ class ModelConfig:
             raise ConfigError(f"qk_norm applies to the llama architecture, not {self.arch!r}")
         if self.arch == "llama" and self.head_dim % 2:
             raise ConfigError(f"RoPE needs an even head_dim, got {self.head_dim}")
+        if self.law_width is not None and (not isinstance(self.law_width, int)
+                                           or isinstance(self.law_width, bool)
+                                           or self.law_width < 1):
+            raise ConfigError(f"law_width must be a positive integer, got {self.law_width!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 

@@ -120,6 +120,9 @@ def tapped_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
     `taps`, concatenated: [B, T, len(taps) * D] (EAGLE-3's low, middle and high features,
     `specjax.heads.eagle`; None without taps). Returns (final-normed states, tapped states,
     cache)."""
+    t, width = tokens.shape[1], config.law_width or 1
+    if cache is not None and not prefill and width > 1:
+        return _at_law_width(params, config, tokens, positions, cache, tree, taps)
     positions = positions.astype(jnp.int32)
     x = lookup(params["embed"], tokens)                                 # [B, T, D]
     if config.arch == "gpt2":
@@ -128,6 +131,64 @@ def tapped_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
                                prefill=prefill)
     features = jnp.concatenate(list(tapped), axis=-1) if taps else None  # [B, T, len(taps) * D]
     return _norm(config, params["final_norm"], x), features, cache
+
+
+# The one law's width on XLA's path (`ModelConfig.law_width`): every call on the cache is fed
+# 16 tokens a row at a time, a one-token step padded, a tree of 40 nodes in three parts.
+LAW_WIDTH = 16
+
+
+def lawful(config: ModelConfig, kernels: bool) -> ModelConfig:
+    """The config as a program traced with the CPU kernels on or off runs it, its `law_width`
+    chosen where it is None: 1 with the kernels (their own law, one order of sums at 1 to 32
+    rows), LAW_WIDTH without. Where they do not serve, XLA picks its products' algorithms by
+    shape, and a product of one row sums in another order than one of several
+    (bench/xla-one-law/), so every call on the cache takes LAW_WIDTH rows and a verify call
+    gives the bits of one-token steps (DESIGN.md, "One law on every backend")."""
+    if config.law_width is not None:
+        return config
+    return config.replace(law_width=1 if kernels else LAW_WIDTH)
+
+
+def _at_law_width(params, config, tokens, positions, cache, tree, taps):
+    """`tapped_states` as calls of exactly `config.law_width` (W) tokens a row: the T tokens
+    padded to a multiple of W (`_padded`), then fed W at a time, each part writing the cache
+    the next reads (a tree's parts by its `first`), and the first T rows kept. So every call
+    on the cache is one shape, and each row's sums run in one order."""
+    t, width = tokens.shape[1], config.law_width
+    length = (positions if tree is None else tree.slots(t))[:, -1] + 1             # [B]
+    rows = -(-t // width) * width
+    tokens, positions, tree = _padded(tokens, positions, tree, rows)
+    one, finals, tapped = config.replace(law_width=1), [], []
+    for start in range(0, rows, width):
+        part = slice(start, start + width)
+        fed = None if tree is None else dataclasses.replace(tree, first=tree.first + start)
+        final, features, cache = tapped_states(params, one, tokens[:, part], positions[:, part],
+                                               cache, fed, taps)
+        finals.append(final)
+        tapped.append(features)
+    features = None if not taps else jnp.concatenate(tapped, axis=1)[:, :t]
+    return jnp.concatenate(finals, axis=1)[:, :t], features, cache.with_length(length)
+
+
+def _padded(tokens, positions, tree, rows: int):
+    """A call of T tokens a row made `rows` long: the last token repeated at the positions after
+    the last (no NaN reaches a cache slot, which XLA's attention would multiply by 0), and a
+    tree's new nodes related only to themselves, so no real node attends to them. Their keys and
+    values land in slots past the call's, which no query of it reads, and which the next call
+    writes before it reads them (a slot past the buffer is dropped). -> (tokens, positions,
+    tree)."""
+    pad = rows - tokens.shape[1]
+    tokens = jnp.concatenate([tokens, jnp.repeat(tokens[:, -1:], pad, axis=1)], axis=1)
+    after = positions[:, -1:] + 1 + jnp.arange(pad, dtype=positions.dtype)           # [B, pad]
+    positions = jnp.concatenate([positions, after], axis=1)
+    if tree is not None:
+        n = tree.ancestors.shape[-1]
+        grown = max(n, tree.first + rows)
+        edge = [(0, 0)] * (tree.ancestors.ndim - 2) + [(0, grown - n), (0, grown - n)]
+        ancestors = jnp.pad(tree.ancestors, edge) | (jnp.arange(grown) >= n) & jnp.eye(grown, dtype=bool)
+        tree = dataclasses.replace(tree, ancestors=ancestors)
+    return tokens, positions, tree
 
 
 def decoder_layers(layers: dict, config: ModelConfig, x: jax.Array, positions: jax.Array,
@@ -253,9 +314,17 @@ def final_norm(params: Params, config: ModelConfig, x: jax.Array) -> jax.Array:
 
 
 def lm_head(params: Params, config: ModelConfig, x: jax.Array) -> jax.Array:
-    """Hidden states [B, T, D] -> logits [B, T, V] in float32."""
+    """Hidden states [B, T, D] -> logits [B, T, V] in float32 (at `config.law_width` rows a
+    product where the config has one, `tapped_states`)."""
     head = params["embed"] if config.tie_embeddings else params["lm_head"]        # [V, D]
-    return linear(x, head, out_dtype=jnp.float32)                       # BTD,VD->BTV
+    width, t = config.law_width or 1, x.shape[1]
+    if width == 1:
+        return linear(x, head, out_dtype=jnp.float32)                   # BTD,VD->BTV
+    # At the one law's width, as the layers were: W rows a product, the last W padded.
+    rows = -(-t // width) * width
+    x = jnp.concatenate([x, jnp.zeros((x.shape[0], rows - t, x.shape[2]), x.dtype)], axis=1)
+    return jnp.concatenate([linear(x[:, i:i + width], head, out_dtype=jnp.float32)
+                            for i in range(0, rows, width)], axis=1)[:, :t]
 
 
 def _norm(config: ModelConfig, p, x):

@@ -153,30 +153,38 @@ def _smollm2_method(name: str, target):
     return build(name, **options)
 
 
+# The paths a specjax row can take: the CPU kernels', and XLA's formulation (the kernels off,
+# what GPU and TPU programs run), where every target call takes the one law's width.
+PATHS = {"kernels": True, "xla": False}
+
+
 def specjax_rows(dtypes: Sequence[str], methods: Sequence[str], *, tokens: int = NEW_TOKENS,
+                 paths: Sequence[str] = ("kernels",),
                  progress: Callable[[Row], None] | None = None) -> list[Row]:
     """specjax's greedy decoding of SmolLM2 in each dtype, each method against autoregressive
-    decoding, one prompt a call (the way a user runs one request)."""
+    decoding, one prompt a call (the way a user runs one request), on each of `paths` (PATHS)."""
     greedy = SamplingParams(temperature=0.0)
     rows = []
     for dtype in dtypes:
         target = load(fetch("smollm2"), dtype=dtype)
         prompts = prompt_ids(target)
+        for path in paths:
 
-        def run(method) -> list[list[int]]:
-            return [list(generate(target, [p], method, greedy, max_new_tokens=tokens)
-                         .tokens[0]) for p in prompts]
+            def run(method) -> list[list[int]]:
+                return [list(generate(target, [p], method, greedy, max_new_tokens=tokens,
+                                      kernels=PATHS[path]).tokens[0]) for p in prompts]
 
-        plain = run("autoregressive")
-        for name in methods:
-            method = _smollm2_method(name, target)
-            start = time.perf_counter()
-            fast = run(method)
-            label = name + (f" k={K}" if REGISTRY[name].chain else "")
-            rows.append(row(f"specjax {dtype}", label, plain, fast, tokens,
-                            time.perf_counter() - start, _version()))
-            if progress:
-                progress(rows[-1])
+            plain = run("autoregressive")
+            for name in methods:
+                method = _smollm2_method(name, target)
+                start = time.perf_counter()
+                fast = run(method)
+                label = name + (f" k={K}" if REGISTRY[name].chain else "")
+                engine = f"specjax {dtype}" + ("" if path == "kernels" else " xla")
+                rows.append(row(engine, label, plain, fast, tokens,
+                                time.perf_counter() - start, _version()))
+                if progress:
+                    progress(rows[-1])
     return rows
 
 
