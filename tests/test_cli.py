@@ -457,6 +457,8 @@ def test_check_prints_the_verdicts_and_exits_by_them(env, capsys):
            "identity method": (["--identity", "--identity-methods", "beam"],
                                "--identity-methods: unknown 'beam' (known: speculative, ngram, "
                                "medusa, eagle, dflash, or none)"),
+           "identity path": (["--identity", "--identity-paths", "gpu"],
+                             "--identity-paths: unknown 'gpu' (known: kernels, xla, or none)"),
            "identity tokens": (["--identity", "--identity-tokens", "0"],
                                "--identity-tokens must be >= 1, got 0"),
            "identity nothing": (["--identity", "--identity-dtypes", "none"],
