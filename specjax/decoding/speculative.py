@@ -19,7 +19,8 @@ so each step's first draft call feeds the last two tokens of the row (rewriting 
 with the same token when the draft is not behind).
 
 Beside this file: token trees (`speculative_tree`), rows that draft different numbers of tokens
-(`lookahead`), and the verify numbers kept for `specjax.explain` (`trace`).
+(`lookahead`), the verify numbers kept for `specjax.explain` (`trace`), and what a product adds
+to Algorithm 2, the rows' controls and automata, log-probabilities and NaN tracking (`extras`).
 """
 
 from __future__ import annotations
