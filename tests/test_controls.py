@@ -433,7 +433,7 @@ STEERED = {"speculative": {}, "speculative-tree": {}, "medusa": {}, "eagle": {},
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_every_drafter_drafts_within_the_automaton_and_the_bias(models, temperature):
-    """The drafters steer their own logits (`decoding.state.steered`): along every drafted path
+    """The drafters steer their own logits (`decoding.extras.steered`): along every drafted path
     the automaton allows each token given the path before it, and a token banned by a bias of
     -100 is never drafted. Without the steering, the first steps of every drafter here draft
     forbidden tokens (the tiny drafters know nothing of the regex)."""

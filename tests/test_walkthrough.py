@@ -161,6 +161,77 @@ def test_the_path_from_generate_reaches_the_accept_test_in_four_hops():
     assert not _calls(rejection.verify, rejection.verify_tree)
 
 
+
+def _section(title: str) -> str:
+    return DOC.read_text().split(f"## {title}")[1].split("\n## ")[0]
+
+
+def _crossed() -> list[str]:
+    """The files the page says the chain method's path crosses, in its order."""
+    paragraph = _section("From `generate` to the accept test").split("Files crossed.")[1]
+    return re.findall(r"`([\w/]+\.py)`", paragraph.split("`tests/")[0])
+
+
+def _accept_test_stack() -> list[str]:
+    """The specjax files on the Python stack when the tiny pair's chain program, traced from
+    the loop's `_run` as `generate` compiles it, reaches the accept test."""
+    import functools
+    import os
+
+    import specjax
+    from specjax.api.generate import prepare
+    from specjax.decoding import loop
+    from tests.tiny import close_pair
+
+    target, draft = close_pair(vocab=8, std=0.5, noise=0.3)
+    request = prepare(target, [[1, 2, 3, 4]], specjax.Speculative(draft=draft, k=3),
+                      specjax.SamplingParams(temperature=1.0), max_new_tokens=4, eos_ids=())
+    root, seen = Path(specjax.__file__).parent, []
+
+    def spy(*args):
+        seen.extend(os.path.relpath(f.filename, root) for f in inspect.stack()
+                    if Path(f.filename).is_relative_to(root))
+        return real(*args)
+
+    real, rejection.accepts = rejection.accepts, spy
+    try:                                  # a fresh trace: jit's caches never see this function
+        jax.make_jaxpr(functools.partial(loop._run, request.spec))(request.weights,
+                                                                   *request.inputs)
+    finally:
+        rejection.accepts = real
+    return list(dict.fromkeys(seen))
+
+
+def test_the_page_names_every_file_the_chain_path_crosses():
+    # The page's list of files crossed is exactly the files its path table and its table of the
+    # step's parts name, at most six; each part is a call the step (or its score_and_verify)
+    # makes; and every specjax file on the stack when the accept test is traced is listed.
+    from specjax.decoding import speculative
+
+    crossed = _crossed()
+    assert len(crossed) == len(set(crossed)) <= 6, crossed
+    parts = _section("From `generate` to the accept test").split("| part |")[1].split("\n\n")[0]
+    named = {f for hop in _path() for f in (hop[0], hop[3])}
+    named |= set(re.findall(r"`([\w/]+\.py)`", parts))
+    assert set(crossed) == named, set(crossed) ^ named
+    rows = [re.findall(r"`([^`]+)`", row) for row in parts.splitlines()[2:]]
+    assert [row[:2] for row in rows] == [["decoding/speculative.py", "draft"],
+                                         ["decoding/speculative.py", "score_and_verify"],
+                                         ["sampling/rejection.py", "verify"],
+                                         ["decoding/state.py", "commit"]], rows
+    for row in rows:
+        for file, name in zip(row[::2], row[1::2]):
+            callee = _function(file, name)
+            assert any(_calls(caller, callee) for caller in (
+                speculative.step, speculative.score_and_verify, _function(*row[:2]))), name
+    stack = _accept_test_stack()
+    assert {"decoding/loop.py", "decoding/speculative.py", "sampling/rejection.py"} <= set(stack)
+    assert set(stack) <= set(crossed), set(stack) - set(crossed)
+    # The checks see a missing file and a call that is not there.
+    assert not set(stack) <= set(crossed) - {"decoding/speculative.py"}
+    assert not _calls(speculative.step, rejection.accepts)
+
+
 # -- One Step numbering: Algorithm 2's ---------------------------------------------------------
 
 def algorithm_2_steps() -> dict[int, str]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from specjax.decoding.extras import any_nan, target_probs
 from specjax.decoding.prefill import prefill
-from specjax.decoding.state import (DecodeState, any_nan, commit, last_tokens, step_keys,
-                                    target_probs)
+from specjax.decoding.state import DecodeState, commit, last_tokens, step_keys
 from specjax.model.transformer import forward
 from specjax.sampling.logits import sample_rows
 

@@ -117,7 +117,7 @@ class DecodeSpec:
     mesh: jax.sharding.Mesh | None = None
     # The draw and verification rules (`specjax.sampling.rules`); the default is Theorem 1's.
     rules: Rules = Rules()
-    # How many alternatives each emitted token's log-probability comes with (`state.Logprobs`);
+    # How many alternatives each emitted token's log-probability comes with (`extras.Logprobs`);
     # 0: none are kept.
     logprobs: int = 0
     # The CPU kernels' switch (`specjax.model.linear`): the programs are traced inside

@@ -44,8 +44,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax.decoding import trees
+from specjax.decoding.extras import any_nan, pad_vocab, steered, steering
 from specjax.decoding.prefill import prefill
-from specjax.decoding.state import DecodeState, any_nan, pad_vocab, steered, steering, step_keys
+from specjax.decoding.state import DecodeState, step_keys
 from specjax.heads import dflash
 from specjax.model.cache import KVCache
 from specjax.sampling.logits import probs_from_logits
@@ -125,7 +126,7 @@ def draft(spec, weights, state: DecodeState, keys):
 
 def steered_drafts(spec, state: DecodeState, logits, keys):
     """The block's drafts [B, k] under each row's controls and automaton: position j's logits
-    are steered given the drafts before it (`state.steered`), so the positions are drawn in
+    are steered given the drafts before it (`extras.steered`), so the positions are drawn in
     turn (from key j of the row's key), each from its steered law p_j [B, k, V], which the
     verification reads. A sampled p_j is zero for "top" candidates (the argmax)."""
     b, k, vocab = logits.shape

@@ -37,8 +37,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax.decoding import trees
+from specjax.decoding.extras import any_nan, steered
 from specjax.decoding.prefill import prefill, prefill_chunk
-from specjax.decoding.state import DecodeState, any_nan, steered, step_keys
+from specjax.decoding.state import DecodeState, step_keys
 from specjax.heads import eagle
 from specjax.model.cache import KVCache, TreeAttention
 from specjax.sampling.logits import probs_from_logits
@@ -141,7 +142,7 @@ def draft_tree(spec, weights, state: DecodeState, keys):
     outs = jnp.zeros((b, n, root_feature.shape[-1]), root_feature.dtype)
     outs = outs.at[:, :1].set(root_feature)                                       # [B, n, D']
     # A row's drafts follow its controls and automaton at each node, given the node's path
-    # (`state.steered`); the draft distribution is then the steered one, which is what it draws.
+    # (`extras.steered`); the draft distribution is then the steered one, which is what it draws.
 
     def expand(d, tokens, valid, carry):
         outs, cache, probs, nan = carry

@@ -31,9 +31,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax.decoding import trees
+from specjax.decoding.extras import any_nan, steered, steering
 from specjax.decoding.prefill import prefill
-from specjax.decoding.state import (DecodeState, any_nan, last_tokens, steered, steering,
-                                    step_keys)
+from specjax.decoding.state import DecodeState, last_tokens, step_keys
 from specjax.heads import medusa
 from specjax.sampling.logits import probs_from_logits
 

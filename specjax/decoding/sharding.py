@@ -11,7 +11,8 @@ from specjax import mesh as meshes
 from specjax.decoding.methods import MODULES
 from specjax.decoding.config import (DecodeSpec, DFlashSpec, EagleSpec, MedusaSpec,
                                      SpeculativeSpec, Weights)
-from specjax.decoding.state import DecodeState, Logprobs, RowSettings
+from specjax.decoding.extras import Logprobs
+from specjax.decoding.state import DecodeState, RowSettings
 from specjax.sampling.constraints import Constraint
 from specjax.model.cache import KVCache
 

@@ -19,7 +19,8 @@ so each step's first draft call feeds the last two tokens of the row (rewriting 
 with the same token when the draft is not behind).
 
 Beside this file: token trees (`speculative_tree`), rows that draft different numbers of tokens
-(`lookahead`), and the verify numbers kept for `specjax.explain` (`trace`).
+(`lookahead`), the verify numbers kept for `specjax.explain` (`trace`), and what a product adds
+to Algorithm 2, the rows' controls and automata, log-probabilities and NaN tracking (`extras`).
 
 The same loop for one sequence in plain NumPy, without caches, batches or tracing, is
 `specjax.reference.speculative` (`specjax/reference/decoding.py`): read it first.
@@ -35,12 +36,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax.decoding import lookahead, speculative_tree, trace
+from specjax.decoding.extras import any_nan, chain_drafted, steered, target_probs
 from specjax.decoding.prefill import prefill
-from specjax.decoding.state import (DecodeState, any_nan, chain_drafted, commit, last_tokens,
-                                    pad_vocab, steered, step_keys, target_probs)
+from specjax.decoding.state import DecodeState, commit, last_tokens, step_keys
 from specjax.model.cache import KVCache
 from specjax.model.transformer import forward
-from specjax.sampling.logits import probs_from_logits
 
 
 @jax.tree_util.register_dataclass
@@ -77,61 +77,55 @@ class ChainDraft(NamedTuple):
     nan: jax.Array                # [] whether a NaN was seen
 
 
-def draft(spec, weights, state: DecodeState, keys, limit) -> ChainDraft:
-    """Step 1 (draft): up to K draft tokens per row, each row stopping as its schedule says.
+class Drafting(NamedTuple):
+    """The carry of `draft`'s loop: the position it draws next, and the `ChainDraft` so far."""
+    i: jax.Array                  # [] int32, 0-based: x_{i+1} is drawn next
+    token: jax.Array              # [B] the token drawn last, fed to the draft next
+    running: jax.Array            # [B] bool, whether the row is still drafting
+    tokens: jax.Array             # the fields of `ChainDraft`
+    probs: jax.Array
+    count: jax.Array
+    cache: KVCache
+    nan: jax.Array
 
-    Args:
-      keys: [B, K] one key per draft position; limit: [B] the most each row drafts this step.
-    Returns the `ChainDraft`.
-    """
-    vocab, k = spec.vocab_size, spec.method.k
+
+def draft(spec, weights, state: DecodeState, keys, limit) -> ChainDraft:
+    """Step 1 (draft): up to K draft tokens per row, one key of `keys` [B, K] per position, each
+    row stopping as its schedule says and after `limit` [B] at most."""
+    k, vocab, config = spec.method.k, spec.vocab_size, spec.method.draft_config
     # The first call feeds the last two tokens (see the module docstring) and reads the logits
     # of the row's last real position: index 1, or 0 for a row of a single token.
     window, positions = last_tokens(state, 2)
-    logits, cache = forward(weights.draft, spec.method.draft_config, window, positions,
-                            state.carry.draft_cache)
+    logits, cache = forward(weights.draft, config, window, positions, state.carry.draft_cache)
     last = state.length - 1 - positions[:, 0]
     logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]   # [B, V']
-    nan = any_nan(logits)
 
-    def propose_at(i, logits, running, tokens, probs, count):
+    def propose(d: Drafting, logits) -> Drafting:
         """Draws x_{i+1} ~ p_{i+1} for every row and keeps it where the row is still drafting;
         p follows the row's controls and automaton after its drafts so far (`steered`)."""
-        drafted = jnp.where(jnp.arange(k) < i, tokens, -1)[:, None, :]          # [B, 1, K]
-        logits = steered(spec, state, logits[:, None], drafted)[:, 0]
-        token, p = spec.rules.propose(keys[:, i], logits, state.settings.sampling)
-        tokens = tokens.at[:, i].set(jnp.where(running, token, 0))
-        probs = probs.at[:, i].set(jnp.where(running[:, None], p, 0.0))
-        count = count + running
-        running = running & ~lookahead.stops(spec, state, i, limit, logits, p, token)
-        return token, running, tokens, probs, count
+        before = jnp.where(jnp.arange(k) < d.i, d.tokens, -1)[:, None, :]        # [B, 1, K]
+        logits = steered(spec, state, logits[:, None], before)[:, 0]              # [B, V]
+        token, p = spec.rules.propose(keys[:, d.i], logits, state.settings.sampling)
+        stops = lookahead.stops(spec, state, d.i, limit, logits, p, token)
+        return d._replace(i=d.i + 1, token=token, running=d.running & ~stops,
+                          tokens=d.tokens.at[:, d.i].set(jnp.where(d.running, token, 0)),
+                          probs=d.probs.at[:, d.i].set(jnp.where(d.running[:, None], p, 0.0)),
+                          count=d.count + d.running)
 
-    b = state.length.shape[0]
-    tokens = jnp.zeros((b, k), jnp.int32)
-    probs = jnp.zeros((b, k, vocab), jnp.float32)
-    count = jnp.zeros((b,), jnp.int32)
-    token, running, tokens, probs, count = propose_at(
-        0, pad_vocab(logits, vocab), ~state.done, tokens, probs, count)
-
-    def more(carry):
-        i, running = carry[0], carry[2]
-        return (i < k) & jnp.any(running)
-
-    def draft_next(carry):
+    def draft_next(d: Drafting) -> Drafting:
         # Feed x_i at position length + i - 1 for the logits of p_{i+1}. Rows that stopped feed
         # it too (static shapes); their cache slots past the draft are rolled back in `step`.
-        i, token, running, cache, tokens, probs, count, nan = carry
-        out, cache = forward(weights.draft, spec.method.draft_config, token[:, None],
-                             (state.length + i - 1)[:, None], cache)
-        token, running, tokens, probs, count = propose_at(
-            i, pad_vocab(out[:, 0], vocab), running, tokens, probs, count)
-        return i + 1, token, running, cache, tokens, probs, count, nan | any_nan(out)
+        out, cache = forward(weights.draft, config, d.token[:, None],
+                             (state.length + d.i - 1)[:, None], d.cache)
+        return propose(d._replace(cache=cache, nan=d.nan | any_nan(out)), out[:, 0])
 
-    # The loop's carry from its fourth entry on: what the drafting leaves (`draft_next`).
-    cache, tokens, probs, count, nan = lax.while_loop(
-        more, draft_next, (jnp.ones((), jnp.int32), token, running, cache, tokens, probs, count,
-                           nan))[3:]
-    return ChainDraft(tokens, probs, count, cache, nan)
+    b = state.length.shape[0]
+    nothing = Drafting(jnp.zeros((), jnp.int32), jnp.zeros((b,), jnp.int32), ~state.done,
+                       jnp.zeros((b, k), jnp.int32), jnp.zeros((b, k, vocab), jnp.float32),
+                       jnp.zeros((b,), jnp.int32), cache, any_nan(logits))
+    d = lax.while_loop(lambda d: (d.i < k) & jnp.any(d.running), draft_next,
+                       propose(nothing, logits))
+    return ChainDraft(d.tokens, d.probs, d.count, d.cache, d.nan)
 
 
 class ChainVerified(NamedTuple):
@@ -142,62 +136,54 @@ class ChainVerified(NamedTuple):
     cache: KVCache                # the target's
     nan: jax.Array                # whether the target's logits had a NaN
     details: dict | None          # with `spec.trace`, the verify step's numbers
-    scores: jax.Array | None      # with `spec.logprobs`, `state.target_probs`' of the K + 1
+    scores: jax.Array | None      # with `spec.logprobs`, `extras.target_probs`' of the K + 1
     #                               positions [B, K + 1, V]
 
 
 def score_and_verify(spec, weights, state: DecodeState, draft_tokens, draft_probs, keys,
                      num_drafted=None) -> ChainVerified:
-    """Steps 2 to 4 (score, accept or resample, bonus), shared with n-gram decoding.
-
-    The target scores [last token, x_1..x_K] at positions length-1 .. length-1+K in one call,
-    then the spec's verification rule (`spec.rules.verify`: `rejection.verify` unless the caller
-    gave other rules) accepts a prefix and draws one more token.
-    """
-    k = draft_tokens.shape[1]
+    """Steps 2 to 4 (score, accept or resample, bonus), shared with n-gram decoding: the target
+    scores [last token, x_1..x_K] at positions length-1 .. length-1+K in one call, then the
+    spec's rule (`spec.rules.verify`: `rejection.verify` unless the caller gave other rules)
+    accepts a prefix and draws one more token. With `spec.trace` the same rule returns its
+    numbers too (`specjax.explain`)."""
     last, last_position = last_tokens(state, 1)
-    target_in = jnp.concatenate([last, draft_tokens], axis=1)          # [B, K + 1]
-    positions = last_position + jnp.arange(k + 1, dtype=jnp.int32)      # [B, K + 1]
+    target_in = jnp.concatenate([last, draft_tokens], axis=1)                       # [B, K + 1]
+    positions = last_position + jnp.arange(target_in.shape[1], dtype=jnp.int32)    # [B, K + 1]
     logits, cache = forward(weights.target, spec.target_config, target_in, positions,
                             state.target_cache)
-    q, scores = target_probs(spec, state, logits, chain_drafted(draft_tokens))
-    # With `spec.trace`, the same rule returns its numbers too (`specjax.explain`).
-    traced = {"with_details": True} if spec.trace else {}
+    q, scores = target_probs(spec, state, logits, chain_drafted(draft_tokens))      # [B, K + 1, V]
     verdict = spec.rules.verify(draft_tokens, draft_probs, q, keys, num_drafted=num_drafted,
-                                **traced)
+                                **({"with_details": True} if spec.trace else {}))
     new = jnp.concatenate([draft_tokens, jnp.zeros_like(draft_tokens[:, :1])], axis=1)
     new = new.at[jnp.arange(new.shape[0]), verdict.n_accepted].set(verdict.next_token)
     return ChainVerified(new, verdict.n_accepted, cache, any_nan(logits), verdict.details, scores)
 
 
 def step(spec, weights, state: DecodeState) -> DecodeState:
-    """One step for every row: the chain below, or a token tree (`speculative_tree`)."""
+    """One step for every row: draft, score, verify, commit (or a tree: `speculative_tree`)."""
     if spec.method.tree is not None:
         return speculative_tree.step(spec, weights, state)
-    k, carry = spec.method.k, state.carry
-    keys = step_keys(state)                                            # [B]
-    split = jax.vmap(lambda key: jax.random.split(key, k + 1))(keys)   # [B, K + 1]
-    draft_keys, verify_keys = split[:, :k], split[:, k]
-
+    k, lengths = spec.method.k, state.carry.lookahead
+    keys = jax.vmap(lambda key: jax.random.split(key, k + 1))(step_keys(state))     # [B, K + 1]
     # Step 1 (draft): x_1..x_n ~ p_1..p_n, n <= K as the row's schedule says (`lookahead`).
-    drafted = draft(spec, weights, state, draft_keys,
-                    lookahead.draft_limit(spec, state, carry.lookahead))
-    draft_tokens, draft_probs, count = drafted.tokens, drafted.probs, drafted.count
+    drafted = draft(spec, weights, state, keys[:, :k], lookahead.draft_limit(spec, state, lengths))
     # Steps 2 to 4 (score, accept or resample, bonus): one target call, a prefix accepted, then
-    # the residual or the bonus token.
+    # the residual or the bonus token. Rows that drafted different numbers of tokens score only
+    # what the longest needs (`lookahead`).
     if spec.method.lookahead.schedule == "constant":
-        verified = score_and_verify(spec, weights, state, draft_tokens, draft_probs, verify_keys)
-    else:       # rows drafted different numbers of tokens: score only what the longest needs
+        verified = score_and_verify(spec, weights, state, drafted.tokens, drafted.probs, keys[:, k])
+    else:
         verified = lookahead.ragged_score_and_verify(score_and_verify, spec, weights, state,
-                                                     draft_tokens, draft_probs, verify_keys,
-                                                     count)
-    state = trace.record(spec, state, draft_tokens, count, verified)
-    lengths = lookahead.update(spec, state, carry.lookahead, count, verified.n_accepted)
-
-    # Then commit, and roll the draft back too. It has seen the fed tokens up to x_{n-1}, so
-    # it may be one behind (the next step catches up).
-    old_length = state.length
-    state = commit(spec, state, verified.new, verified.n_accepted, verified.cache, drafted=count,
-                   draft_calls=count, nan=drafted.nan | verified.nan, scores=verified.scores)
-    draft_cache = drafted.cache.with_length(jnp.minimum(state.length - 1, old_length + count - 1))
-    return state.replace(carry=Carry(draft_cache, lengths))
+                                                     drafted.tokens, drafted.probs, keys[:, k],
+                                                     drafted.count)
+    # Then commit: n <- n + accepted + 1 (`state.commit`), and roll the draft back too. It has
+    # seen the fed tokens up to x_{n-1}, so it may be one behind (the next step catches up).
+    committed = commit(spec, trace.record(spec, state, drafted.tokens, drafted.count, verified),
+                       verified.new, verified.n_accepted, verified.cache, drafted=drafted.count,
+                       draft_calls=drafted.count, nan=drafted.nan | verified.nan,
+                       scores=verified.scores)
+    draft_length = jnp.minimum(committed.length - 1, state.length + drafted.count - 1)
+    return committed.replace(carry=Carry(
+        drafted.cache.with_length(draft_length),
+        lookahead.update(spec, state, lengths, drafted.count, verified.n_accepted)))

@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decoding import trees
-from specjax.decoding.state import (DecodeState, any_nan, last_tokens, pad_vocab, steered,
-                                    step_keys)
+from specjax.decoding.extras import any_nan, pad_vocab, steered
+from specjax.decoding.state import DecodeState, last_tokens, step_keys
 from specjax.model.transformer import forward
 from specjax.sampling.logits import probs_from_logits
 

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax.decoding import trace
-from specjax.decoding.state import (DecodeState, any_nan, commit, last_tokens, steered, steering,
-                                    target_probs)
+from specjax.decoding.extras import any_nan, steered, steering, target_probs
+from specjax.decoding.state import DecodeState, commit, last_tokens
 from specjax.heads.shared import full_logits
 from specjax.model import cache as kv
 from specjax.model.cache import KVCache, TreeAttention
@@ -68,7 +68,7 @@ def fill(tree, root, expand, carry):
 def drafted_before(tree, tokens):
     """[B, n, D] the drafted tokens each node comes after, itself included (its path from the
     root's child, by depth; -1 past its depth): what the target's distribution at the node
-    counts as generated (`state.target_probs`). `tree` static or one per row (`RowTrees`)."""
+    counts as generated (`extras.target_probs`). `tree` static or one per row (`RowTrees`)."""
     ancestors, depth = jnp.asarray(tree.ancestors), jnp.asarray(tree.depth)
     if ancestors.ndim == 2:
         ancestors, depth = ancestors[None], depth[None]                 # [1, n, n], [1, n]
@@ -81,7 +81,7 @@ def drafted_before(tree, tokens):
 
 def steered_subset(spec, state: DecodeState, ids, sub_logits, drafted):
     """A head's logits over its subset `ids` [S] of the vocabulary, [B, N, S], under each row's
-    controls and automaton given the drafts before each position (`state.steered`, over the
+    controls and automaton given the drafts before each position (`extras.steered`, over the
     whole vocabulary); as they are when no row sets either."""
     def steer():
         full = full_logits({"ids": ids}, sub_logits, spec.vocab_size)
@@ -126,7 +126,7 @@ class Verified(NamedTuple):
     nan: jax.Array                # whether the target's logits had a NaN
     features: jax.Array           # [B, D + 1, D'] the target's features along root and path
     details: dict | None          # with `spec.trace`, the walk's numbers
-    scores: jax.Array | None      # with `spec.logprobs`, `state.target_probs`' along root and
+    scores: jax.Array | None      # with `spec.logprobs`, `extras.target_probs`' along root and
     #                               path [B, D + 1, V]
 
 

@@ -15,7 +15,7 @@ tokens (`DecodeState.fsm`); the target's logits at each position are masked to t
 state after the prompt, the output and the drafts before that position allows, and renormalised
 by the sampling transforms: the constrained target is the law. A forbidden draft then has q = 0
 and is rejected by every verification rule; the drafters steer their own logits by the same
-mask (`decoding.state.steered`), so they rarely propose one. In an accepting
+mask (`decoding.extras.steered`), so they rarely propose one. In an accepting
 state the row's stop ids (its EOS ids) are allowed, so output that reaches an accepting state
 with no way on can only stop.
 
