@@ -79,13 +79,13 @@ class ChainDraft(NamedTuple):
 
 class Drafting(NamedTuple):
     """The carry of `draft`'s loop: the position it draws next, and the `ChainDraft` so far."""
-    i: jax.Array                  # [] int32, 0-based: x_{i+1} is drawn next
+    i: jax.Array | int            # [] int32, 0-based: x_{i+1} is drawn next
     token: jax.Array              # [B] the token drawn last, fed to the draft next
     running: jax.Array            # [B] bool, whether the row is still drafting
-    tokens: jax.Array             # the fields of `ChainDraft`
+    cache: KVCache                # the fields of `ChainDraft`
+    tokens: jax.Array
     probs: jax.Array
     count: jax.Array
-    cache: KVCache
     nan: jax.Array
 
 
@@ -120,9 +120,10 @@ def draft(spec, weights, state: DecodeState, keys, limit) -> ChainDraft:
         return propose(d._replace(cache=cache, nan=d.nan | any_nan(out)), out[:, 0])
 
     b = state.length.shape[0]
-    nothing = Drafting(jnp.zeros((), jnp.int32), jnp.zeros((b,), jnp.int32), ~state.done,
+    # i is static for the first draw (its indexing needs no dynamic slice), traced after it.
+    nothing = Drafting(0, jnp.zeros((b,), jnp.int32), ~state.done, cache,
                        jnp.zeros((b, k), jnp.int32), jnp.zeros((b, k, vocab), jnp.float32),
-                       jnp.zeros((b,), jnp.int32), cache, any_nan(logits))
+                       jnp.zeros((b,), jnp.int32), any_nan(logits))
     d = lax.while_loop(lambda d: (d.i < k) & jnp.any(d.running), draft_next,
                        propose(nothing, logits))
     return ChainDraft(d.tokens, d.probs, d.count, d.cache, d.nan)
