@@ -222,3 +222,11 @@ def test_the_identity_holds_with_xlas_default_compiler_and_its_control_fails():
     assert on == {check: 0.0 for check in on}, on
     assert xla == {check: 0.0 for check in xla}, xla
     assert max(control.values()) > 0, control
+
+
+@pytest.mark.parametrize("bad", [0, -16, 2.5, True, "16"])
+def test_a_bad_law_width_is_a_named_error(bad):
+    from specjax.model.config import ConfigError
+    with pytest.raises(ConfigError, match=f"law_width must be a positive integer, got {bad!r}"):
+        TARGET_CONFIG.replace(law_width=bad)
+    assert TARGET_CONFIG.replace(law_width=1).law_width == 1     # the way out is accepted
