@@ -120,8 +120,7 @@ def tapped_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
     `taps`, concatenated: [B, T, len(taps) * D] (EAGLE-3's low, middle and high features,
     `specjax.heads.eagle`; None without taps). Returns (final-normed states, tapped states,
     cache)."""
-    t, width = tokens.shape[1], config.law_width or 1
-    if cache is not None and not prefill and width > 1:
+    if cache is not None and not prefill and (config.law_width or 1) > 1:
         return _at_law_width(params, config, tokens, positions, cache, tree, taps)
     positions = positions.astype(jnp.int32)
     x = lookup(params["embed"], tokens)                                 # [B, T, D]
@@ -186,7 +185,8 @@ def _padded(tokens, positions, tree, rows: int):
         n = tree.ancestors.shape[-1]
         grown = max(n, tree.first + rows)
         edge = [(0, 0)] * (tree.ancestors.ndim - 2) + [(0, grown - n), (0, grown - n)]
-        ancestors = jnp.pad(tree.ancestors, edge) | (jnp.arange(grown) >= n) & jnp.eye(grown, dtype=bool)
+        new_node = jnp.arange(grown) >= n                                          # [grown]
+        ancestors = jnp.pad(tree.ancestors, edge) | (new_node & jnp.eye(grown, dtype=bool))
         tree = dataclasses.replace(tree, ancestors=ancestors)
     return tokens, positions, tree
 
