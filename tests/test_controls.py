@@ -56,7 +56,7 @@ def models():
 
 
 def _controls(rows, **options):
-    from specjax.api.sampling_checks import check_controls
+    from specjax.api.checks import check_controls
     return check_controls(specjax.SamplingParams(**options), rows, V, np.full(rows, 8, np.int32))
 
 

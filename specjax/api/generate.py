@@ -30,10 +30,9 @@ import numpy as np
 
 from specjax import kernels as specjax_kernels
 from specjax import mesh as meshes
-from specjax.api.checks import (KERNELS_ENV, GenerationError, bucket, check_compatible,
-                                encode_prompts, kernels_switch, prompt_matrix)
-from specjax.api.sampling_checks import (bind_sampling, check_logprobs, check_stop_ids,
-                                         one_sampling, per_row_ints)
+from specjax.api.checks import (KERNELS_ENV, GenerationError, bind_sampling, bucket,
+                                check_compatible, check_logprobs, check_stop_ids, encode_prompts,
+                                kernels_switch, one_sampling, per_row_ints, prompt_matrix)
 from specjax.api.forward import _compiled as compiled_forward
 from specjax.api.methods import CLASSES, Method, method_of
 from specjax.api.results import (GenerationResult, RowStats, Stats, acceptance_by_position, host,

@@ -7,7 +7,7 @@ vLLM's names where vLLM has the control. Each field is one value for every row, 
 one per row (a list of dicts for `logit_bias`, of lists for `stop`). A value out of range is a
 `GenerationError` naming the field when the object is made; what needs the model (token ids
 against the vocabulary, the stop strings against a tokenizer, the automaton of a regex) is
-checked when a request binds it to a target (`specjax.api.sampling_checks`), and only there.
+checked when a request binds it to a target (`specjax.api.checks`), and only there.
 
 The first four fields are the law's: how logits become the distribution sampled from
 (`specjax.sampling.logits`, with a row at temperature 0 greedy). The controls
