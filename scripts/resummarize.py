@@ -1,5 +1,5 @@
 """Re-derives a recorded suite run's summary tables from its per-prompt rows with the current
-definitions of specjax/bench/suite_rows.py (a speedup is the ratio of median tokens/s), and rewrites
+definitions of specjax/bench/report.py (a speedup is the ratio of median tokens/s), and rewrites
 its results.json and results.md in place. The rows, the timings and the figures are left as
 recorded; a note in the run says when and why the summary was re-derived.
 
@@ -13,8 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from specjax.bench.report import markdown
-from specjax.bench.suite_rows import METRICS, summarize
+from specjax.bench.report import METRICS, markdown, summarize
 
 NOTE = ("summary and by-category tables re-derived from the per-prompt rows by "
         "scripts/resummarize.py: a speedup is the ratio of median tokens/s (earlier: the median "

@@ -20,7 +20,7 @@ from specjax.bench import settings as settings_bench
 from specjax.bench.common import encode_suite, theoretical_speedup
 from specjax.bench.peers import Peers
 from specjax.bench.prompts import SUITE
-from specjax.bench.suite_rows import METRICS, summarize
+from specjax.bench.report import METRICS, summarize
 from specjax.cli.main import build_parser, main
 
 # One test worker runs test_bench and test_cli (see test_cli's pytestmark).

@@ -446,20 +446,20 @@ def test_a_resumed_dflash_run_gives_the_same_weights(tmp_path):
 def test_bench_runs_dflash_beside_autoregressive(pair):
     # The bench's jobs and rows for --methods dflash: one row, K the block's drafts, its greedy
     # tokens those of autoregressive decoding (the bench's live check).
-    from specjax.bench import suite_jobs, suite_rows
+    from specjax.bench import report, suite
 
     target, drafter = pair
     settings = dict(temperature=0.0, top_p=1.0, max_ngram=3, warmup=0, reps=1, seed=0,
                     methods=["autoregressive", "dflash"], ks=[2], k_schedules=["constant"],
                     trees=[], dynamic_trees=[], mesh=None)
     prompts = [dict(id="p", category="c", ids=PROMPT, max_new_tokens=10)]
-    jobs = suite_jobs.jobs(prompts, settings, target, None, None, dict(block_drafter=drafter))
+    jobs = suite.jobs(prompts, settings, target, None, None, dict(block_drafter=drafter))
     assert [(j["engine"], j["method"], j["k"]) for j in jobs] == [
         ("specjax", "autoregressive", None), ("specjax", "dflash", 3),
         ("specjax", "prefill", None)]
     for job in jobs:
         job["result"] = job.pop("run")()
-    rows = {r["method"]: r for r in suite_rows.rows(jobs, settings)}
+    rows = {r["method"]: r for r in report.rows(jobs, settings)}
     assert rows["dflash"]["same_tokens_as_specjax_autoregressive"] is True
     assert rows["dflash"]["tokens_per_target_call"] >= 1.0
 

@@ -921,7 +921,7 @@ def test_llama_cpp_peer_greedy_text_equals_specjax_on_the_same_weights(quantized
     # prompt and decode speeds come from its own timings, and, greedy on the same float32
     # weights, it writes the text specjax writes.
     import specjax
-    from specjax.bench import suite_jobs, suite_rows
+    from specjax.bench import report, suite
     from specjax.bench.llamacpp import LlamaCpp
 
     target = specjax.load(quantized_gguf)
@@ -935,7 +935,7 @@ def test_llama_cpp_peer_greedy_text_equals_specjax_on_the_same_weights(quantized
     other = LlamaCpp.create(target, settings, "float32", notes, "F16")
     assert other.engine == "llama.cpp F16" and other.path.name == "tiny.F16.gguf", notes
     prompts = [dict(id="p", category="c", ids=[5, 17, 200, 3, 3, 99, 5, 17], max_new_tokens=12)]
-    jobs = suite_jobs.jobs(prompts, settings, target, None, None, {}, peer, [other])
+    jobs = suite.jobs(prompts, settings, target, None, None, {}, peer, [other])
     assert [(j["engine"], j["method"]) for j in jobs] == [
         ("specjax", "autoregressive"), ("specjax", "ngram"), ("specjax", "prefill"),
         ("llama.cpp", "autoregressive"), ("llama.cpp", "ngram"),
@@ -946,7 +946,7 @@ def test_llama_cpp_peer_greedy_text_equals_specjax_on_the_same_weights(quantized
     for job in jobs[3:5]:
         assert [r["text"] for r in job["result"]["records"]] == [ours, ours], job["method"]
     summary = {(r["engine"], r["method"]): r
-               for r in suite_rows.summarize(suite_rows.rows(jobs, settings), "all")}
+               for r in report.summarize(report.rows(jobs, settings), "all")}
     plain = [summary[e, "autoregressive"] for e in ("llama.cpp", "llama.cpp F16")]
     for column, key in (("tokens_per_second", "vs_fastest_llamacpp"),
                         ("decode_tokens_per_second", "decode_vs_fastest_llamacpp")):
@@ -956,15 +956,14 @@ def test_llama_cpp_peer_greedy_text_equals_specjax_on_the_same_weights(quantized
             want = None if row[column] is None else pytest.approx(row[column] / fastest)
             assert row[key] == want, (row["engine"], key)
         assert max(r[key] for r in plain) == 1.0
-    from specjax.bench.report import markdown
-    text = markdown(dict(settings=dict(settings, target="t", draft=None, dtype="float32",
+    text = report.markdown(dict(settings=dict(settings, target="t", draft=None, dtype="float32",
                                        max_new_tokens=12),
                          machine=dict(cpu_model="c", cpu_count=2, threads=2, platform="p",
                                       python="3", device="cpu"),
                          prompts=prompts, summary=list(summary.values()), by_category=[],
                          context_sweep=[], notes=[], suite_version=1, created="now"))
     assert "| end to end tokens/s | decode vs llama.cpp's fastest |" in text
-    rows = {(r["engine"], r["method"]): r for r in suite_rows.rows(jobs, settings)}
+    rows = {(r["engine"], r["method"]): r for r in report.rows(jobs, settings)}
     for engine in ("specjax", "llama.cpp"):
         row = rows[engine, "autoregressive"]
         assert row["prompt_tokens_per_second"] > 0
