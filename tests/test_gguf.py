@@ -30,8 +30,7 @@ regex = pytest.importorskip("regex")
 from specjax import CheckpointError  # noqa: E402
 from specjax.io import fetch as fetch_mod  # noqa: E402
 from specjax.io.fetch import FetchError, WheelGGUF, download_gguf, fetch  # noqa: E402
-from specjax.io.gguf import convert_gguf  # noqa: E402
-from specjax.io.gguf_read import unpermute_rope_rows  # noqa: E402
+from specjax.io.gguf import convert_gguf, unpermute_rope_rows  # noqa: E402
 from specjax.model.params import layer_params, unstack_layers  # noqa: E402
 from tests import gguf_files  # noqa: E402
 from tests.gguf_files import (  # noqa: E402

@@ -25,8 +25,7 @@ from specjax.io.dflash import is_dflash_dir, load_block_drafter
 from specjax.io.eagle import is_eagle_dir, load_drafter
 from specjax.io.errors import CheckpointError
 from specjax.io.fetch import cache_root
-from specjax.io.gguf import convert_gguf
-from specjax.io.gguf_read import q8_0_matrices
+from specjax.io.gguf import convert_gguf, q8_0_matrices
 from specjax.io.hf_names import IGNORED_SUFFIXES, canonical, name_table
 from specjax.io.medusa import is_heads_dir, load_heads
 from specjax.io.sidecar import json_object

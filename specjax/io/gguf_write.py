@@ -1,6 +1,6 @@
 """Writing GGUF files that llama.cpp runs: a specjax Llama as llama.cpp's converter lays one out
 (`write_llama`), and a GGUF re-encoded in another precision with its metadata kept
-(`reencode`). The `gguf` package does the writing (pip install specjax[gguf]); `gguf_read`
+(`reencode`). The `gguf` package does the writing (pip install specjax[gguf]); `specjax.io.gguf`
 reads back what this writes.
 
 Two vocabularies can go with a model's tensors: the metadata of an existing GGUF whose
@@ -58,7 +58,7 @@ def gguf_name(name: str) -> str:
 
 def permute_rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
     """q or k rows from Hugging Face's rotate-half order to llama.cpp's interleaved one (the
-    inverse of `gguf_read.unpermute_rope_rows`)."""
+    inverse of `gguf.unpermute_rope_rows`)."""
     return (w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2)
             .reshape(w.shape))
 
