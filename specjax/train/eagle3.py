@@ -14,7 +14,7 @@ The three stages, each a function:
                                    generated ids), resumable from a checkpoint directory.
 
 The loss, EAGLE-1/2's and the training-time test are `specjax.train.eagle3_loss`'s; an
---init drafter is checked by `specjax.train.eagle3_init`.
+--init drafter is checked here (`check_init`).
 
 Determinism: batch b of a run is drawn by `numpy.random.default_rng([seed, b])`, and XLA on a
 CPU is deterministic, so a run resumed from its checkpoint gives the weights of one that never
@@ -30,6 +30,7 @@ import json
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specjax.api.checks import encode_prompts
@@ -37,10 +38,11 @@ from specjax.api.generate import generate
 from specjax.api.methods import Eagle
 from specjax.heads import eagle
 from specjax.heads.shared import projection, target_identity
+from specjax.io.sidecar import check_target
 from specjax.model.transformer import Model, tapped_states
 from specjax.sampling.params import SamplingParams
 from specjax.sampling.tree import DynamicTree
-from specjax.train import eagle3_init, eagle3_loss, feature_files
+from specjax.train import eagle3_loss, feature_files
 from specjax.train.state import TrainError, check_settings, key_settings, on_mesh, run_steps
 
 __all__ = ["Features", "Sequences", "TrainConfig", "TrainError", "best_dynamic_tree",
@@ -261,7 +263,7 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
     # target's, frozen (the published drafters read them).
     trainable = dict(start.params, lm_head=head) if config.kind == "eagle3" else start.params
     if init is not None:
-        trainable = eagle3_init.init_weights(init, trainable)
+        trainable = init_weights(init, trainable)
     frozen = {"embed": target.params["embed"], "head": head}
     source = data.tapped if config.kind == "eagle3" else data.final     # what g_s is made of
     frozen = on_mesh(frozen, mesh, config)
@@ -289,7 +291,7 @@ def train(target: Model, data: Features, config: TrainConfig = TrainConfig(),
 
 def _start(target: Model, data: Features, config: TrainConfig, init):
     """(the drafter a run starts from, its draft vocabulary): a fresh one of the run's kind, or
-    with `init` that drafter's shape and vocabulary (checked: `eagle3_init.check_init`)."""
+    with `init` that drafter's shape and vocabulary (checked: `check_init`)."""
     vocab = target.config.vocab_size
     if config.kind == "eagle3":
         ids = draft_vocabulary(data.sequences, min(config.draft_vocab, vocab), vocab)
@@ -304,10 +306,47 @@ def _start(target: Model, data: Features, config: TrainConfig, init):
         start = eagle.init_drafter(target, kind="eagle1", head="target", style=config.style,
                                    seed=config.seed, std=0.02)
     if init is not None:
-        eagle3_init.check_init(init, start.config, target)
+        check_init(init, start.config, target)
         ids = np.asarray(init.token_ids, np.int32)
         start = dataclasses.replace(start, config=init.config, token_ids=ids)
     return start, ids
+
+
+def check_init(init: eagle.Drafter, dc: eagle.DrafterConfig, target: Model) -> None:
+    """`init` must be a drafter trained on `target`, of the kind, shape and draft vocabulary
+    size of a fresh start of this run (`dc`). Its layer's other settings (RoPE, norm epsilon)
+    are its own, and kept."""
+    if not isinstance(init, eagle.Drafter):
+        raise TrainError(f"init must be an EAGLE drafter from specjax.load, got "
+                         f"{type(init).__name__}")
+    try:
+        check_target(init, target)
+    except ValueError as e:
+        raise TrainError(str(e)) from None
+    if init.config.subset_size != dc.subset_size and dc.kind == "eagle3":
+        raise TrainError(f"{init.name} drafts over {init.config.subset_size} ids; this run's "
+                         f"draft_vocab is {dc.subset_size}")
+    shape = ("d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff")
+    mine = {f.name: getattr(init.config, f.name) for f in dataclasses.fields(dc)
+            if f.name != "layer"} | {f: getattr(init.config.layer, f) for f in shape}
+    run = {f.name: getattr(dc, f.name) for f in dataclasses.fields(dc)
+           if f.name != "layer"} | {f: getattr(dc.layer, f) for f in shape}
+    differ = [f for f in run if mine[f] != run[f]]
+    if differ:
+        shown = ", ".join(f"{f} {mine[f]!r} (this run: {run[f]!r})" for f in differ[:3])
+        raise TrainError(f"{init.name} is not the drafter this run trains: {shown}")
+
+
+def init_weights(init: eagle.Drafter, trainable):
+    """`init`'s weights, in float32, in place of a fresh start's (`trainable`)."""
+    if set(init.params) != set(trainable):
+        raise TrainError(f"{init.name} holds {sorted(init.params)}; this run trains "
+                         f"{sorted(trainable)}")
+    weights = {k: jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), init.params[k])
+               for k in trainable}
+    if jax.tree.map(jnp.shape, weights) != jax.tree.map(jnp.shape, trainable):
+        raise TrainError(f"{init.name}'s weights differ in shape from this run's")
+    return weights
 
 
 # -- The tree ---------------------------------------------------------------------------------
