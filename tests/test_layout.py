@@ -347,4 +347,4 @@ def test_the_size_table_is_read_as_written():
             "\n## Next\n\n| `specjax/io/y.py` | 900 | elsewhere |\n")
     assert _exceptions(text) == {"specjax/io/x.py": 560, "specjax/a/b.py:run": 95}
     with pytest.raises(AssertionError, match="says why"):
-        _exceptions("## Size\n\n| `specjax/io/x.py` | 560 |  |\n")
+        _exceptions("\n## Size\n\n| `specjax/io/x.py` | 560 |  |\n")
