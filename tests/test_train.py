@@ -308,6 +308,13 @@ def test_bad_training_requests_exit_2_with_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert code == 2 and len(err.splitlines()) == 1 and err.startswith("specjax: error: ")
         assert words in err, (words, err)
+    # `train dflash` reads --taps as `train eagle3` does, and checks them against its own range.
+    for words, taps in (("--taps must be comma-separated layer counts, got 'a,b'", "a,b"),
+                        ("--taps must be increasing layer counts in [1, 4), got [1, 4]", "1,4")):
+        code = main(["train", "dflash", "--out", str(tmp_path / "out"), "--prompts", str(lines),
+                     "--held-out", "0", "--taps", taps])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.splitlines()) == 1 and words in err, (words, err)
     with pytest.raises(eagle3.TrainError, match="learning_rate must be a number"):
         eagle3.TrainConfig(learning_rate=0)
     with pytest.raises(eagle3.TrainError, match="batch must be an integer >= 1, got 0"):

@@ -270,13 +270,7 @@ def run_dflash(args) -> int:
         raise CLIError(f"{target.name} is a {target.config.arch} model; DFlash drafters serve "
                        f"Llama-family targets")
     n = target.config.n_layers
-    taps = dflash.default_taps(n, config.layers)
-    if args.taps:
-        try:
-            taps = tuple(int(t) for t in args.taps.split(","))
-        except ValueError:
-            raise CLIError(f"--taps must be comma-separated layer counts, got {args.taps!r}") \
-                from None
+    taps = stages.parse_taps(args) or dflash.default_taps(n, config.layers)
     if not taps or list(taps) != sorted(set(taps)) or taps[0] < 1 or taps[-1] >= n:
         raise CLIError(f"--taps must be increasing layer counts in [1, {n}), got {list(taps)}")
     mask = args.mask_token_id

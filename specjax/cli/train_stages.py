@@ -81,16 +81,20 @@ def out_and_work(args) -> tuple[Path, Path]:
     return out, Path(args.work) if args.work else out.with_name(out.name + ".work")
 
 
+def parse_taps(args) -> tuple[int, ...] | None:
+    """--taps as layer counts (None when not given); the target checks them."""
+    if not args.taps:
+        return None
+    try:
+        return tuple(int(t) for t in args.taps.split(","))
+    except ValueError:
+        raise CLIError(f"--taps must be comma-separated layer counts, got {args.taps!r}") \
+            from None
+
+
 def read_taps(args, target) -> tuple[int, ...]:
     """--taps checked against the target (before hours of data and features)."""
-    taps = None
-    if args.taps:
-        try:
-            taps = tuple(int(t) for t in args.taps.split(","))
-        except ValueError:
-            raise CLIError(f"--taps must be comma-separated layer counts, got {args.taps!r}") \
-                from None
-    return eagle3.resolve_taps(target, taps)
+    return eagle3.resolve_taps(target, parse_taps(args))
 
 
 def train_mesh(args, config):
