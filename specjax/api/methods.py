@@ -4,8 +4,12 @@
     specjax.generate(target, prompts, specjax.Eagle(drafter, tree=specjax.DynamicTree(4, 4, 8)))
     specjax.generate(target, prompts, "ngram")          # a name: the method with its defaults
 
-One class per record of the registry (`decoding.methods.REGISTRY`), listed once in `CLASSES`.
-Each checks its own values when it is made (a `GenerationError` naming the field: its weights'
+A method is one class here (listed once, in `CLASSES`) and one decoding module: the class
+declares what the rest of the house reads of the method (its static spec, whose module runs it;
+what it loads beside the target; its options, which are its own fields), and the module declares
+that spec beside its `init`, `step` and `layout` (`decoding.config.MethodSpec`). `generate`
+takes any `Method` object, listed or not (docs/layout.md, "One declaration per method"). Each
+checks its own values when it is made (a `GenerationError` naming the field: its weights'
 kind, k, its tree and candidate scheme, its schedule, its dtype), and `bind` checks only what
 needs the target and the request (its weights' fit, its tree against the context window and
 the vocabulary, its candidate scheme against the temperatures, the mesh) and returns what the
@@ -15,15 +19,20 @@ decoding loop needs of it (`Bound`).
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any, ClassVar
 
-from specjax.api.checks import (candidates_for, check_compatible, check_dtype, check_loads,
-                                check_proposes, check_schedule, check_taps, check_trained_on,
+from specjax.api.checks import (candidates_for, check_compatible, check_dtype, check_proposes,
+                                check_schedule, check_taps, check_trained_on,
                                 check_tree_fits, check_tree_width, drafter_dtype,
                                 lookahead, tree_of)
-from specjax.decoding.config import (AutoregressiveSpec, DFlashSpec, EagleSpec, MedusaSpec,
-                                     MethodSpec, NGramSpec, SpeculativeSpec)
-from specjax.decoding.methods import REGISTRY, listing
+from specjax.decoding.autoregressive import AutoregressiveSpec
+from specjax.decoding.config import Drafting, MethodSpec
+from specjax.decoding.dflash import DFlashSpec
+from specjax.decoding.eagle import EagleSpec
+from specjax.decoding.medusa import MedusaSpec
+from specjax.decoding.ngram import NGramSpec
+from specjax.decoding.speculative import SpeculativeSpec
 from specjax.heads import dflash, eagle
 from specjax.heads.dflash import BlockDrafter
 from specjax.heads.medusa import Heads, runtime_weights
@@ -49,16 +58,50 @@ class Bound:
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-    """What every method object shares: its registry name and its binding."""
-    name: ClassVar[str]
+    """What every method object shares. A subclass is a frozen dataclass whose fields are the
+    method's options (each checked in `__post_init__`), that declares the static spec its
+    `bind` makes (`spec`: the spec's `name` is the method's, its `module` decodes it) and what
+    it runs beside the target (`loads`: the field that holds it, whose type is what
+    `specjax.load` gives; `what`: a phrase for messages; None for a method that needs none)."""
+    spec: ClassVar[type[MethodSpec]]
+    loads: ClassVar[str | None] = None
+    what: ClassVar[str | None] = None
+    # The lookahead schedules its k_schedule takes (`decoding.lookahead`).
+    schedules: ClassVar[tuple[str, ...]] = ("constant",)
+    # How it drafts by default: a chain of k (what a sweep of k varies), or the tree its weights
+    # ship (neither: one block's drafts, or nothing).
+    chain: ClassVar[bool] = False
+    own_tree: ClassVar[bool] = False
+    name: ClassVar[str]            # its spec's name
+    drafts: ClassVar[bool]         # whether a step verifies drafts (its spec is a `Drafting`)
 
-    @property
-    def record(self):
-        """The method's registry record (`decoding.methods.Record`)."""
-        return REGISTRY[self.name]
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.name, cls.drafts = cls.spec.name, issubclass(cls.spec, Drafting)
+
+    @classmethod
+    def options(cls) -> tuple[str, ...]:
+        """Its options: its fields but the one that holds its weights."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != cls.loads)
+
+    @classmethod
+    def kind(cls) -> type | None:
+        """The type of what it loads (its `loads` field's), None if it loads nothing."""
+        return typing.get_type_hints(cls)[cls.loads] if cls.loads else None
 
     def bind(self, target: Model, greedy: bool, mesh) -> Bound:
         raise NotImplementedError
+
+    def _check_loads(self) -> None:
+        """What it runs beside the target (a draft model, heads, a drafter) is there and of
+        its kind."""
+        value = getattr(self, self.loads)
+        if value is None:
+            raise GenerationError(f"method {self.name!r} needs {self.what} "
+                                  f"({self.loads}=specjax.load(DIR))")
+        if not isinstance(value, self.kind()):
+            raise GenerationError(f"{self.loads} must be {self.what} from specjax.load, got "
+                                  f"{type(value).__name__}")
 
     def _set(self, **values) -> None:
         """Stores a value in the form it was checked in (a tree's paths as a `Tree`)."""
@@ -93,7 +136,7 @@ def _scheme(tree, target: Model, greedy: bool, candidates) -> str:
 @dataclasses.dataclass(frozen=True)
 class Autoregressive(Method):
     """One target call per token: the baseline every other method is exact against."""
-    name: ClassVar[str] = "autoregressive"
+    spec: ClassVar = AutoregressiveSpec
 
     def bind(self, target, greedy, mesh) -> Bound:
         return Bound(AutoregressiveSpec())
@@ -115,10 +158,14 @@ class Speculative(Method):
     confidence_threshold: float | None = None
     drafter_dtype: str | None = None
     shard_draft: bool = False
-    name: ClassVar[str] = "speculative"
+    spec: ClassVar = SpeculativeSpec
+    loads: ClassVar = "draft"
+    what: ClassVar = "a draft model"
+    schedules: ClassVar = ("constant", "heuristic", "confidence")
+    chain: ClassVar = True
 
     def __post_init__(self):
-        check_loads(self.name, self.draft)
+        self._check_loads()
         check_int("k", self.k, 1)
         self._set(tree=tree_of(self.name, self.tree, self.candidates))
         check_schedule(self.name, self.tree, self.k, self.k_schedule, self.k_start,
@@ -152,7 +199,9 @@ class NGram(Method):
     tree: Any = None
     k_schedule: str = "constant"
     k_start: int | None = None
-    name: ClassVar[str] = "ngram"
+    spec: ClassVar = NGramSpec
+    schedules: ClassVar = ("constant", "heuristic")
+    chain: ClassVar = True
 
     def __post_init__(self):
         check_int("k", self.k, 1)
@@ -180,10 +229,13 @@ class Medusa(Method):
     tree: Any = None
     candidates: str | None = None
     drafter_dtype: str | None = None
-    name: ClassVar[str] = "medusa"
+    spec: ClassVar = MedusaSpec
+    loads: ClassVar = "heads"
+    what: ClassVar = "Medusa heads"
+    own_tree: ClassVar = True
 
     def __post_init__(self):
-        check_loads(self.name, self.heads)
+        self._check_loads()
         tree = tree_of(self.name, self.tree, self.candidates, tree_needed=False)
         self._set(tree=_first(tree, self.heads.tree, Tree.chain(self.heads.config.num_heads)))
         check_proposes(self.tree, self.heads.name, self.heads.config.subset_size,
@@ -210,10 +262,13 @@ class Eagle(Method):
     tree: Any = None
     candidates: str | None = None
     drafter_dtype: str | None = None
-    name: ClassVar[str] = "eagle"
+    spec: ClassVar = EagleSpec
+    loads: ClassVar = "drafter"
+    what: ClassVar = "an EAGLE drafter"
+    own_tree: ClassVar = True
 
     def __post_init__(self):
-        check_loads(self.name, self.drafter)
+        self._check_loads()
         check_int("k", self.k, 1)
         self._set(tree=tree_of(self.name, self.tree, self.candidates, tree_needed=False))
         if self.tree is not None:
@@ -247,10 +302,12 @@ class DFlash(Method):
     k: int | None = None
     candidates: str | None = None
     drafter_dtype: str | None = None
-    name: ClassVar[str] = "dflash"
+    spec: ClassVar = DFlashSpec
+    loads: ClassVar = "drafter"
+    what: ClassVar = "a DFlash drafter"
 
     def __post_init__(self):
-        check_loads(self.name, self.drafter)
+        self._check_loads()
         drafts = self.drafter.config.drafts
         if self.k is not None:
             check_int("k", self.k, 1)
@@ -277,10 +334,16 @@ class DFlash(Method):
                      room=max(k, drafter.config.drafts))
 
 
-# The methods, in the registry's order: one class for each record.
+# The methods: the one list of them, which the command line, the bench, `explain` and the kits
+# read (`generate` takes any `Method` object).
 CLASSES = (Autoregressive, Speculative, NGram, Medusa, Eagle, DFlash)
 TYPES = {cls.name: cls for cls in CLASSES}
-assert tuple(TYPES) == tuple(REGISTRY), "each record of the registry has its class, in its order"
+
+
+def listing(names=tuple(TYPES)) -> str:
+    """The methods, as a sentence lists them: 'a', 'b' and 'c'."""
+    quoted = [repr(n) for n in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
 
 
 def build(name: str, **options) -> Method:
@@ -322,11 +385,11 @@ def method_of(method) -> Method:
     if isinstance(method, Method):
         return method
     if isinstance(method, str) and method in TYPES:
-        record = REGISTRY[method]
-        if record.loads:
-            raise GenerationError(f"method {method!r} needs {record.what}: pass "
-                                  f"specjax.{TYPES[method].__name__}({record.loads}=...)")
-        return TYPES[method]()
+        cls = TYPES[method]
+        if cls.loads:
+            raise GenerationError(f"method {method!r} needs {cls.what}: pass "
+                                  f"specjax.{cls.__name__}({cls.loads}=...)")
+        return cls()
     names = ", ".join(TYPES)
     raise GenerationError(f"method must be one of {names} (a name or its object, such as "
                           f"specjax.Speculative(draft)); got {method!r}")

@@ -6,7 +6,7 @@ turns their results into rows."""
 from __future__ import annotations
 
 from specjax.api.generate import generate, prepare
-from specjax.api.methods import build_shared
+from specjax.api.methods import TYPES, build_shared
 from specjax.bench.common import (
     CONSTANT,
     DYNAMIC_PREFIX,
@@ -14,7 +14,7 @@ from specjax.bench.common import (
     sweep_times,
     timed_runs,
 )
-from specjax.decoding.methods import REGISTRY
+from specjax.bench.methods import PEERS
 from specjax.presets import make_mesh
 from specjax.sampling.params import SamplingParams
 from specjax.sampling.tree import DynamicTree, Tree, parse_widths
@@ -30,7 +30,7 @@ def jobs(prompts, settings, target, draft, peers, beside=None, llamacpp=None,
     beside = beside or {}
     found = []
     for p in prompts:
-        ks = {m: settings["ks"] if REGISTRY[m].chain else [None]
+        ks = {m: settings["ks"] if TYPES[m].chain else [None]
               for m in settings["methods"]}
         for method in settings["methods"]:
             found += _method_jobs(p, method, ks[method], settings, target, draft, beside)
@@ -59,7 +59,7 @@ def _method_jobs(p, method: str, ks, settings, target, draft, beside) -> list[di
     """specjax's jobs for one prompt and method: its own tree, its chains of each K (and
     schedule), then the --trees and --dynamic-trees it takes."""
     found = []
-    if REGISTRY[method].own_tree:           # their own tree first
+    if TYPES[method].own_tree:           # their own tree first
         found.append(_job(p, "specjax", method, None,
                           _specjax_job(p, settings, target, method, None, None, HEADS_TREE,
                                        beside), HEADS_TREE))
@@ -94,7 +94,7 @@ def _peer_jobs(p, one_token, ks, settings, peers, llamacpp, llamacpp_others) -> 
     the bench's precision, and llama.cpp's plain decoding in the others."""
     found = []
     if peers is not None:
-        for method in (m for m in settings["methods"] if "transformers" in REGISTRY[m].peers):
+        for method in (m for m in settings["methods"] if "transformers" in PEERS.get(m, ())):
             for k in ks[method]:
                 found.append(_job(p, "transformers", method, k, peers.job(p, method, k)))
         if "speculative" in settings["methods"]:
@@ -103,7 +103,7 @@ def _peer_jobs(p, one_token, ks, settings, peers, llamacpp, llamacpp_others) -> 
         found.append(_job(p, "transformers", "prefill", None,
                           peers.job(one_token, "autoregressive", None)))
     if llamacpp is not None:
-        for method in (m for m in settings["methods"] if "llama.cpp" in REGISTRY[m].peers):
+        for method in (m for m in settings["methods"] if "llama.cpp" in PEERS.get(m, ())):
             for k in ks[method]:
                 found.append(_job(p, llamacpp.engine, method, k, llamacpp.job(p, method, k)))
     for other in llamacpp_others:
@@ -134,11 +134,11 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, beside=No
             extra = dict(draft=draft, k=k or 1)
         if schedule != CONSTANT:
             extra["k_schedule"] = schedule
-        if "drafter_dtype" in REGISTRY[method].options and settings.get("drafter_dtype"):
+        if "drafter_dtype" in TYPES[method].options() and settings.get("drafter_dtype"):
             extra["drafter_dtype"] = settings["drafter_dtype"]
         if schedule == "confidence":
             extra["confidence_threshold"] = settings["confidence_threshold"]
-        if REGISTRY[method].loads != "drafter":
+        if TYPES[method].loads != "drafter":
             extra["tree"] = _tree(tree)
         request = prepare(model, [prompt["ids"]],
                           build_shared(method, max_ngram=settings["max_ngram"], **extra),

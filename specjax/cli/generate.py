@@ -13,6 +13,7 @@ import sys
 from specjax.api.checks import check_compatible
 from specjax.api.explain import explain, format_steps
 from specjax.api.generate import prepare, stream
+from specjax.api.methods import TYPES
 from specjax.cli import generate_args
 from specjax.cli.generate_inputs import (check_numbers, for_method, load_models, method_object,
                                          prompt_ids, read_prompt, read_tree, sampling_of)
@@ -20,7 +21,6 @@ from specjax.cli.generate_report import (comparison_table, json_report, prefill_
                                          prefill_seconds, summary_line, timed_generate,
                                          why_slower)
 from specjax.cli.interrupt import Interrupt
-from specjax.decoding.methods import METHODS, REGISTRY
 from specjax.mesh import plan
 from specjax.presets import (
     GENERATE_DEFAULT_HELP,
@@ -94,7 +94,7 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
 def run_generate(args) -> int:
     """Every check and load before the first token, then the trace, the --json report or each
     method's text streamed, timed and compared."""
-    methods = list(METHODS) if args.method == "all" else [args.method]
+    methods = list(TYPES) if args.method == "all" else [args.method]
     # The method's options, given to each method's object below (`for_method`); the sampling
     # and the run's options are the same for every method.
     options = dict(k=args.k, max_ngram=args.max_ngram, min_ngram=args.min_ngram,
@@ -118,9 +118,9 @@ def run_generate(args) -> int:
     if draft is not None:
         check_compatible(target, draft)
     if len(methods) > 1:           # a method whose weights were not found is skipped (a note)
-        methods = [m for m in methods if not REGISTRY[m].loads or beside.get(m) is not None]
+        methods = [m for m in methods if not TYPES[m].loads or beside.get(m) is not None]
     ids = prompt_ids(target, prompt, args.chat)
-    objects = {m: method_object(m, for_method(m, options, beside, len(methods) > 1))
+    objects = {m: method_object(m, for_method(m, options, beside, len(methods) > 1, args.dtype))
                for m in methods}
     run["mesh"] = mesh
     # Every error before the first token is printed; each method's request is checked and

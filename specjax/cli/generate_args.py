@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 
 from specjax.api import options
-from specjax.decoding.methods import METHODS
+from specjax.api.methods import TYPES
 
-METHOD_CHOICES = (*METHODS, "all")
+METHOD_CHOICES = (*TYPES, "all")
 
 
 def prompt_arguments(parser: argparse.ArgumentParser) -> None:

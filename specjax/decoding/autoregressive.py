@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+from types import ModuleType
+from typing import ClassVar
+
 import jax.numpy as jnp
 
+from specjax.decoding.config import MethodSpec
 from specjax.decoding.extras import any_nan, target_probs
 from specjax.decoding.prefill import prefill
 from specjax.decoding.state import DecodeState, commit, last_tokens, step_keys
 from specjax.model.transformer import forward
 from specjax.sampling.logits import sample_rows
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AutoregressiveSpec(MethodSpec):
+    """Plain decoding has nothing static of its own."""
+    name: ClassVar[str] = "autoregressive"
+    module: ClassVar[ModuleType] = sys.modules[__name__]     # this module: init, step, layout
 
 
 def init(spec, weights, prompts, prompt_length):
