@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from types import ModuleType
 from typing import ClassVar
 
 import jax
@@ -35,9 +34,9 @@ from tests.test_distribution import _broken_verify
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RepeatSpec(Drafting):
-    """A chain of k copies of the last token (`Drafting.k`)."""
+    """A chain of k copies of the last token (`Drafting.k`); its module is this file, whose
+    `init`, `step` and `layout` the loop runs."""
     name: ClassVar[str] = "repeat"
-    module: ClassVar[ModuleType] = sys.modules[__name__]     # this file: init, step, layout
 
 
 def init(spec, weights, prompts, prompt_length):

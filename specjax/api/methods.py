@@ -4,12 +4,9 @@
     specjax.generate(target, prompts, specjax.Eagle(drafter, tree=specjax.DynamicTree(4, 4, 8)))
     specjax.generate(target, prompts, "ngram")          # a name: the method with its defaults
 
-A method is one class here (listed once, in `CLASSES`) and one decoding module: the class
-declares what the rest of the house reads of the method (its static spec, whose module runs it;
-what it loads beside the target; its options, which are its own fields), and the module declares
-that spec beside its `init`, `step` and `layout` (`decoding.config.MethodSpec`). `generate`
-takes any `Method` object, listed or not (docs/layout.md, "One declaration per method"). Each
-checks its own values when it is made (a `GenerationError` naming the field: its weights'
+A method is a class here (`Method`; the listed ones in `CLASSES`) beside the decoding module
+that declares its static spec (docs/layout.md, "One declaration per method"); `generate` takes
+any `Method` object. Each checks its own values when it is made (a `GenerationError` naming the field: its weights'
 kind, k, its tree and candidate scheme, its schedule, its dtype), and `bind` checks only what
 needs the target and the request (its weights' fit, its tree against the context window and
 the vocabulary, its candidate scheme against the temperatures, the mesh) and returns what the
@@ -149,6 +146,12 @@ class Speculative(Method):
     default "top" at temperature 0, "distinct" otherwise); `k_schedule` "heuristic" or
     "confidence" draws fewer when drafts are rejected (`decoding.lookahead`). The draft runs in
     `drafter_dtype` (default: the target's) and, on a mesh, replicated unless `shard_draft`."""
+    spec: ClassVar = SpeculativeSpec
+    loads: ClassVar = "draft"
+    what: ClassVar = "a draft model"
+    schedules: ClassVar = ("constant", "heuristic", "confidence")
+    chain: ClassVar = True
+
     draft: Model
     k: int = DEFAULT_K
     tree: Any = None
@@ -158,11 +161,6 @@ class Speculative(Method):
     confidence_threshold: float | None = None
     drafter_dtype: str | None = None
     shard_draft: bool = False
-    spec: ClassVar = SpeculativeSpec
-    loads: ClassVar = "draft"
-    what: ClassVar = "a draft model"
-    schedules: ClassVar = ("constant", "heuristic", "confidence")
-    chain: ClassVar = True
 
     def __post_init__(self):
         self._check_loads()
@@ -193,15 +191,16 @@ class NGram(Method):
     """Drafts looked up in the prompt and the output so far (prompt lookup): the longest match
     of `max_ngram` down to `min_ngram` tokens proposes the k tokens that followed it, as a
     chain, or a `tree` of its candidates; `k_schedule` "heuristic" adapts k per row."""
+    spec: ClassVar = NGramSpec
+    schedules: ClassVar = ("constant", "heuristic")
+    chain: ClassVar = True
+
     k: int = DEFAULT_K
     max_ngram: int = 3
     min_ngram: int = 1
     tree: Any = None
     k_schedule: str = "constant"
     k_start: int | None = None
-    spec: ClassVar = NGramSpec
-    schedules: ClassVar = ("constant", "heuristic")
-    chain: ClassVar = True
 
     def __post_init__(self):
         check_int("k", self.k, 1)
@@ -225,14 +224,15 @@ class Medusa(Method):
     """Medusa heads on the target propose a token tree: the heads' own `tree` unless one is
     given (a chain of one candidate per head, as vLLM runs them, for heads that ship none),
     filled by the `candidates` scheme; the heads run in `drafter_dtype`."""
-    heads: Heads
-    tree: Any = None
-    candidates: str | None = None
-    drafter_dtype: str | None = None
     spec: ClassVar = MedusaSpec
     loads: ClassVar = "heads"
     what: ClassVar = "Medusa heads"
     own_tree: ClassVar = True
+
+    heads: Heads
+    tree: Any = None
+    candidates: str | None = None
+    drafter_dtype: str | None = None
 
     def __post_init__(self):
         self._check_loads()
@@ -257,15 +257,16 @@ class Eagle(Method):
     """An EAGLE drafter (EAGLE-1, -2 or -3) drafts on the target's states: its own static
     `tree` unless one is given (its sampled default when a row samples), a chain of k for a
     drafter that ships none, or EAGLE-2's `DynamicTree`; it runs in `drafter_dtype`."""
+    spec: ClassVar = EagleSpec
+    loads: ClassVar = "drafter"
+    what: ClassVar = "an EAGLE drafter"
+    own_tree: ClassVar = True
+
     drafter: eagle.Drafter
     k: int = DEFAULT_K
     tree: Any = None
     candidates: str | None = None
     drafter_dtype: str | None = None
-    spec: ClassVar = EagleSpec
-    loads: ClassVar = "drafter"
-    what: ClassVar = "an EAGLE drafter"
-    own_tree: ClassVar = True
 
     def __post_init__(self):
         self._check_loads()
@@ -298,13 +299,14 @@ class DFlash(Method):
     its drafts (default: all, block_size - 1) as a chain, each position's argmax ("top", the
     default when every row is greedy) or a draw from its own distribution ("iid", the default
     when a row samples); it runs in `drafter_dtype`."""
+    spec: ClassVar = DFlashSpec
+    loads: ClassVar = "drafter"
+    what: ClassVar = "a DFlash drafter"
+
     drafter: BlockDrafter
     k: int | None = None
     candidates: str | None = None
     drafter_dtype: str | None = None
-    spec: ClassVar = DFlashSpec
-    loads: ClassVar = "drafter"
-    what: ClassVar = "a DFlash drafter"
 
     def __post_init__(self):
         self._check_loads()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
-from types import ModuleType
 from typing import ClassVar
 
 import jax.numpy as jnp
@@ -21,7 +19,6 @@ from specjax.sampling.logits import sample_rows
 class AutoregressiveSpec(MethodSpec):
     """Plain decoding has nothing static of its own."""
     name: ClassVar[str] = "autoregressive"
-    module: ClassVar[ModuleType] = sys.modules[__name__]     # this module: init, step, layout
 
 
 def init(spec, weights, prompts, prompt_length):

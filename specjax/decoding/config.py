@@ -8,6 +8,7 @@ keys, each row's sampling parameters, length and stop ids) is an argument instea
 from __future__ import annotations
 
 import dataclasses
+import sys
 from types import ModuleType
 from typing import ClassVar
 
@@ -31,8 +32,8 @@ class Lookahead:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MethodSpec:
     """What is static about one method (`DecodeSpec.method`): a frozen dataclass that each
-    method's decoding module declares for itself, naming the method (`name`) and that module
-    (`module`), whose three functions the loop runs:
+    method's decoding module declares for itself, naming the method (`name`). Its `module` is
+    the module that declares it, whose three functions the loop runs:
 
       init(spec, weights, prompts, prompt_length) -> (target cache, carry)
           the prefill, and the method's own state (`DecodeState.carry`; None if it has none);
@@ -47,6 +48,10 @@ class MethodSpec:
     module: ClassVar[ModuleType]
     max_accepted: ClassVar[int | None] = None
     width: ClassVar[int] = 0
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.module = sys.modules[cls.__module__]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

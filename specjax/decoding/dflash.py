@@ -38,8 +38,6 @@ reads them (the window starts at L - 1 - pending, and pending <= k + 1 <= block_
 from __future__ import annotations
 
 import dataclasses
-import sys
-from types import ModuleType
 from typing import ClassVar
 
 import jax
@@ -60,7 +58,6 @@ from specjax.sampling.logits import probs_from_logits
 class DFlashSpec(Drafting):
     """A DFlash block drafter (`specjax.heads.dflash`): k drafts of one block, or a tree."""
     name: ClassVar[str] = "dflash"
-    module: ClassVar[ModuleType] = sys.modules[__name__]     # this module: init, step, layout
     dflash_config: dflash.DFlashConfig
 
 

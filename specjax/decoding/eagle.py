@@ -31,8 +31,6 @@ scheme that chose the candidates.
 from __future__ import annotations
 
 import dataclasses
-import sys
-from types import ModuleType
 from typing import ClassVar
 
 import jax
@@ -54,7 +52,6 @@ from specjax.sampling.tree import DynamicTree, RowTrees
 class EagleSpec(Drafting):
     """An EAGLE drafter (`specjax.heads.eagle`), over a static or a dynamic tree."""
     name: ClassVar[str] = "eagle"
-    module: ClassVar[ModuleType] = sys.modules[__name__]     # this module: init, step, layout
     drafter_config: eagle.DrafterConfig
 
 

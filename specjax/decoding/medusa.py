@@ -25,8 +25,6 @@ that costs acceptance, not exactness).
 from __future__ import annotations
 
 import dataclasses
-import sys
-from types import ModuleType
 from typing import ClassVar
 
 import jax
@@ -46,7 +44,6 @@ from specjax.sampling.logits import probs_from_logits
 class MedusaSpec(Drafting):
     """Medusa's heads (`specjax.heads.medusa`) over their tree."""
     name: ClassVar[str] = "medusa"
-    module: ClassVar[ModuleType] = sys.modules[__name__]     # this module: init, step, layout
     heads_config: medusa.HeadsConfig
 
 

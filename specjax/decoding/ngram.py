@@ -24,8 +24,6 @@ sibling branches instead of being thrown away, and every node is a deterministic
 from __future__ import annotations
 
 import dataclasses
-import sys
-from types import ModuleType
 from typing import ClassVar
 
 import jax
@@ -43,7 +41,6 @@ from specjax.decoding.state import DecodeState, commit, step_keys
 class NGramSpec(config.Drafting):
     """Prompt lookup: the longest suffix of max_ngram down to min_ngram tokens that recurs."""
     name: ClassVar[str] = "ngram"
-    module: ClassVar[ModuleType] = sys.modules[__name__]     # this module: init, step, layout
     max_ngram: int = 3
     min_ngram: int = 1
     lookahead: config.Lookahead = config.Lookahead()

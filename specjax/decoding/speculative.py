@@ -29,8 +29,6 @@ The same loop for one sequence in plain NumPy, without caches, batches or tracin
 from __future__ import annotations
 
 import dataclasses
-import sys
-from types import ModuleType
 from typing import ClassVar, NamedTuple
 
 import jax
@@ -51,7 +49,6 @@ class SpeculativeSpec(config.Drafting):
     """A draft model's chain or tree; with `shard_draft` its weights are split over a mesh's
     "model" axis like the target's, else replicated."""
     name: ClassVar[str] = "speculative"
-    module: ClassVar[ModuleType] = sys.modules[__name__]     # this module: init, step, layout
     draft_config: ModelConfig
     lookahead: config.Lookahead = config.Lookahead()
     shard_draft: bool = False
