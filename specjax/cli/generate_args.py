@@ -30,7 +30,8 @@ def decoding_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("-k", type=int, default=None,
                    help="tokens drafted per step (speculative, ngram; default: 4, and with "
                         "no -k, --k-schedule or tree each method's measured best: speculative "
-                        "at most 4 on the confidence schedule, ngram 2); for "
+                        "at most 4 on the confidence schedule, ngram 2, eagle a chain of 2 "
+                        "below float32 and its drafter's tree in float32); for "
                         "dflash, how many of the block's drafts a step verifies (default: all)")
     d.add_argument("--k-schedule", default=None, metavar="SCHEDULE",
                    help="how many of the k tokens each step drafts: constant (k; the default "
