@@ -1,5 +1,5 @@
 """specjax: GPT-2 and Llama inference in JAX with exact autoregressive, speculative (a draft
-model), n-gram, Medusa, EAGLE and DFlash decoding (`specjax.decoding.methods`).
+model), n-gram, Medusa, EAGLE and DFlash decoding (`specjax.api.methods`).
 
     import specjax
     target = specjax.load("weights/llama-target")

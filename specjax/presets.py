@@ -19,7 +19,7 @@ import jax
 
 from specjax import kernels
 from specjax import mesh as meshes
-from specjax.decoding.methods import REGISTRY
+from specjax.api.methods import CLASSES
 from specjax.io.checkpoint import load
 from specjax.io.fetch import FetchError, cache_root, fetch
 from specjax.model.config import DTYPES
@@ -174,7 +174,7 @@ def drafter_path(args) -> tuple[Path | None, str]:
 
 
 # The methods that read --drafter, and the kind of drafter each takes.
-DRAFTER_KINDS = {m.name: (m.kind, m.what) for m in REGISTRY.values() if m.loads == "drafter"}
+DRAFTER_KINDS = {m.name: (m.kind(), m.what) for m in CLASSES if m.loads == "drafter"}
 
 
 def load_drafters(args, methods) -> tuple[dict, dict]:
@@ -203,7 +203,7 @@ def load_drafters(args, methods) -> tuple[dict, dict]:
 def _mismatch(args, path: Path, loaded, what: str) -> str:
     """Why a loaded drafter directory does not serve a method: what it holds instead, and
     whether the preset chose it."""
-    holds = next((m.what for m in REGISTRY.values() if m.kind is type(loaded)),
+    holds = next((m.what for m in CLASSES if m.kind() is type(loaded)),
                  type(loaded).__name__)
     if args.drafter:
         return f"{path} holds {holds}, not {what}"

@@ -336,7 +336,7 @@ def test_confidence_schedule_run_reports_its_draft_length(generated, env):
 
 
 def test_without_k_schedule_or_tree_each_method_runs_its_measured_default():
-    # `Record.measured_default` (docs/benchmarks.md, "Defaults"): the command line's speculative
+    # `bench.methods.DEFAULTS` (docs/benchmarks.md, "Defaults"): the command line's speculative
     # decoding drafts at most 4 on the confidence schedule and n-gram lookup 2 a step, alone or
     # under --method all; once -k, a schedule or a tree is given, the object's own defaults hold.
     from specjax.cli.generate_inputs import for_method, method_object
@@ -356,6 +356,27 @@ def test_without_k_schedule_or_tree_each_method_runs_its_measured_default():
         assert (given.k, given.k_schedule) == (6, "constant"), several
         assert made("ngram", several, k_schedule="heuristic").k == 4
         assert made("speculative", several, k_schedule="heuristic").k == 4
+
+
+def test_the_measured_defaults_are_per_dtype_and_fall_back_to_float32s():
+    # docs/benchmarks.md, "Defaults by dtype": EAGLE's default tree is slower than plain
+    # decoding in bfloat16, int8 and q8_0 (issue 83's table), a chain of 2 faster; where a dtype
+    # has no measurement of its own the float32 choice runs, said in `DEFAULTS`.
+    from specjax.bench.methods import DEFAULTS, measured_default
+    from specjax.cli.generate_inputs import for_method
+    assert measured_default("eagle", "float32") == ()                   # the drafter's own tree
+    for dtype in ("bfloat16", "int8", "q8_0"):
+        assert measured_default("eagle", dtype) == (("tree", specjax.Tree.chain(2)),), dtype
+        assert dtype not in DEFAULTS["speculative"] and dtype not in DEFAULTS["ngram"]
+        assert measured_default("speculative", dtype) == (("k_schedule", "confidence"),)
+        assert measured_default("ngram", dtype) == (("k", 2),)
+        assert measured_default("medusa", dtype) == ()
+    none = dict(k=None, k_schedule=None, k_start=None, confidence_threshold=None, tree=None)
+    assert for_method("eagle", none, {}, False, "int8")["tree"] == specjax.Tree.chain(2)
+    assert for_method("eagle", none, {}, False, "float32")["tree"] is None
+    assert for_method("eagle", dict(none, k=3), {}, False, "int8")["tree"] is None   # given
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        measured_default("eagle", "float16")
 
 
 def test_stdin_prompt_colours_and_ctrl_c(generated, env):

@@ -1,7 +1,6 @@
 """Decoding loops: greedy equality across methods, batching, determinism, stopping, stats."""
 
 import dataclasses
-import typing
 
 import jax
 import numpy as np
@@ -282,8 +281,8 @@ def test_each_method_owns_its_state(models):
     # `DecodeState.carry` is the method's own pytree (its module's `init` makes it, its `step`
     # keeps it); every other field has the same structure and shapes whatever the method.
     from specjax.api.generate import prepare
+    from specjax.api.methods import CLASSES
     from specjax.decoding import config, loop
-    from specjax.decoding.methods import MODULES
     from specjax.heads.dflash import init_block_drafter
 
     target, draft = models
@@ -296,9 +295,10 @@ def test_each_method_owns_its_state(models):
                "medusa": specjax.Medusa(heads, tree=specjax.Tree.full((2, 1))),
                "eagle": specjax.Eagle(drafter, tree=specjax.Tree.full((2, 1))),
                "dflash": specjax.DFlash(init_block_drafter(target, block_size=3, seed=3))}
-    assert list(MODULES) == list(specjax.decoding.methods.METHODS)      # the registry's order
+    modules = {cls.name: cls.spec.module for cls in CLASSES}
+    assert list(modules) == list(methods)                     # `CLASSES`' order
     shared = {}
-    for method, module in MODULES.items():
+    for method, module in modules.items():
         assert all(callable(getattr(module, f)) for f in ("init", "step", "layout"))
         request = prepare(target, PROMPTS, methods[method],
                           specjax.SamplingParams(temperature=1.0), max_new_tokens=4, eos_ids=())
@@ -313,9 +313,11 @@ def test_each_method_owns_its_state(models):
         rest = state.replace(carry=None, accepted_histogram=None)
         shared[method] = (jax.tree.structure(rest), jax.tree.map(np.shape, jax.tree.leaves(rest)))
     assert len(set(map(str, shared.values()))) == 1, shared
-    # What is static about one method is its own spec's (`config.MethodSpec`, one class a
-    # method), not a field of `DecodeSpec` beside what every generation has.
-    assert sorted(c.name for c in typing.get_args(config.MethodSpec)) == sorted(MODULES)
+    # What is static about one method is its own spec's (a `config.MethodSpec`, one class a
+    # method, declared in its module), not a field of `DecodeSpec` beside what every generation
+    # has.
+    assert all(issubclass(c.spec, config.MethodSpec) and c.spec.module.__dict__[c.spec.__name__]
+               is c.spec for c in CLASSES)
     assert {f.name for f in dataclasses.fields(loop.DecodeSpec)} == {
         "method", "target_config", "buffer_length", "trace", "mesh", "rules", "logprobs",
         "kernels"}

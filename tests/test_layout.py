@@ -221,7 +221,7 @@ def test_the_prose_check_sees_timings_and_hosts_and_lets_the_math_be():
 
 def _method_lists(source: str) -> list[tuple[int, list[str]]]:
     """The tuple, list and set literals of `source` that hold two or more method names."""
-    from specjax.decoding.methods import METHODS
+    from specjax.api.methods import TYPES as METHODS
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
@@ -232,10 +232,10 @@ def _method_lists(source: str) -> list[tuple[int, list[str]]]:
     return found
 
 
-def test_the_methods_are_listed_once_in_the_registry():
-    # The registry (`decoding.methods.REGISTRY`) is the one list of the decoding methods: every
-    # other place reads it, so no other literal in specjax/ lists two of them.
-    registry = PACKAGE / "decoding" / "methods.py"
+def test_the_methods_are_listed_once_in_their_classes():
+    # `api.methods.CLASSES` is the one list of the decoding methods: every other place reads it,
+    # so no other literal in specjax/ lists two of them.
+    registry = PACKAGE / "api" / "methods.py"
     lists = {f"{path.relative_to(PACKAGE)}:{line}": names
              for path in sorted(PACKAGE.rglob("*.py")) if path != registry
              for line, names in _method_lists(path.read_text())}
@@ -245,42 +245,39 @@ def test_the_methods_are_listed_once_in_the_registry():
         (1, ["speculative", "ngram"]), (2, ["eagle", "dflash"])]
 
 
-# The descriptions of the project and of its layers that list the methods, and which they list:
-# every method, or every method of a kind.
-DESCRIPTIONS = {"pyproject.toml": "all", "__init__.py": "all", "decoding/__init__.py": "all",
-                "cli/main.py": "all", "cli/generate.py:GENERATE_HELP": "all", "bench/suite.py": "all",
-                "sampling/logits.py": "all", "heads/__init__.py": "loads heads or a drafter"}
+# The two descriptions that list every method (a new method is not done until they name it):
+# the README and the command line's help. No other text need name them all, and the layers below
+# the API do not list them: their descriptions speak of "every method" (`heads`, whose modules
+# are named after the drafters they hold, aside).
+DESCRIPTIONS = ("README.md", "cli/generate.py:GENERATE_HELP")
+LOW_LAYERS = ("model/__init__.py", "sampling/__init__.py", "sampling/logits.py",
+              "decoding/__init__.py")
 
 
 def _named(text: str) -> set[str]:
-    from specjax.decoding.methods import REGISTRY
+    from specjax.api.methods import TYPES
     lower = text.lower()
-    return {m.name for m in REGISTRY.values()
-            if m.name in lower or m.name.replace("ngram", "n-gram") in lower}
+    return {name for name in TYPES if name in lower or name.replace("ngram", "n-gram") in lower}
 
 
-def test_every_description_of_the_methods_names_them_all():
-    # Each description names every method its entry asks for: a new method's record is not
-    # done until these say so.
-    import tomllib
-
-    from specjax.decoding.methods import REGISTRY
-    kinds = {"all": set(REGISTRY),
-             "loads heads or a drafter": {m.name for m in REGISTRY.values()
-                                          if m.loads in ("heads", "drafter")}}
+def test_the_readme_and_the_help_name_every_method_and_the_low_layers_list_none():
+    from specjax.api.methods import TYPES
     missing = {}
-    for where, kind in DESCRIPTIONS.items():
-        if where == "pyproject.toml":
-            text = tomllib.loads((ROOT / where).read_text())["project"]["description"]
+    for where in DESCRIPTIONS:
+        path, _, name = where.partition(":")
+        if not name:
+            text = (ROOT / path).read_text()
         else:
-            path, _, name = where.partition(":")
             module = ast.parse((PACKAGE / path).read_text())
-            text = ast.get_docstring(module) if not name else next(
-                node.value.value for node in module.body if isinstance(node, ast.Assign)
-                and getattr(node.targets[0], "id", None) == name)
-        if kinds[kind] - _named(text):
-            missing[where] = sorted(kinds[kind] - _named(text))
+            text = next(node.value.value for node in module.body if isinstance(node, ast.Assign)
+                        and getattr(node.targets[0], "id", None) == name)
+        if set(TYPES) - _named(text):
+            missing[where] = sorted(set(TYPES) - _named(text))
     assert missing == {}
+    # A low layer's description names no more than one of them.
+    listing = {layer: sorted(_named(ast.get_docstring(ast.parse((PACKAGE / layer).read_text()))))
+               for layer in LOW_LAYERS}
+    assert {layer: names for layer, names in listing.items() if len(names) > 1} == {}
     assert _named("speculative and n-gram decoding") == {"speculative", "ngram"}
 
 

@@ -106,9 +106,10 @@ def _function(file: str, name: str):
 
 def _calls(caller, callee) -> bool:
     """Whether `caller`'s code calls or passes on `callee`: by its name, through its module, or
-    through the two tables the path dispatches on (the registry's method modules, found by the
-    spec's method name, and the spec's rules, whose default verify is rejection's)."""
-    from specjax.decoding.methods import REGISTRY
+    through the two things the path dispatches on (the method spec's module, `spec.method.module`,
+    one of the listed methods' modules, and the spec's rules, whose default verify is
+    rejection's)."""
+    from specjax.api.methods import CLASSES
 
     code = inspect.unwrap(caller)
     source, names, name = inspect.getsource(code), code.__globals__, callee.__name__
@@ -117,8 +118,8 @@ def _calls(caller, callee) -> bool:
     if any(inspect.ismodule(names.get(module)) and getattr(names[module], name, None) is callee
            for module in re.findall(rf"(\w+)\.{name}\(", source)):
         return True
-    if re.search(rf"\]\.(?:module\.)?{name}\(", source) and any(
-            vars(m.module).get(name) is callee for m in REGISTRY.values()):
+    if re.search(rf"\bmethod\.module\.{name}\(", source) and any(
+            vars(m.spec.module).get(name) is callee for m in CLASSES):
         return True
     return bool(re.search(rf"\brules\.{name}\(", source)) and getattr(Rules(), name) is callee
 

@@ -16,7 +16,6 @@ from typing import Sequence
 import numpy as np
 
 from specjax.decoding.config import Lookahead
-from specjax.decoding.methods import REGISTRY
 from specjax.decoding.lookahead import DEFAULT_CONFIDENCE_THRESHOLD, DEFAULT_K_START, SCHEDULES
 from specjax.decoding.state import RowSettings
 from specjax.decoding.trees import SCHEMES
@@ -117,18 +116,6 @@ def encode_prompts(model: Model, prompts) -> list[list[int]]:
 
 
 # -- What a method object checks when it is made ------------------------------------------------
-
-def check_loads(method: str, value) -> None:
-    """What a method runs beside the target (its record's `loads`: a draft model, Medusa heads,
-    a drafter) is there and of its kind."""
-    record = REGISTRY[method]
-    if value is None:
-        raise GenerationError(f"method {method!r} needs {record.what} "
-                              f"({record.loads}=specjax.load(DIR))")
-    if not isinstance(value, record.kind):
-        raise GenerationError(f"{record.loads} must be {record.what} from specjax.load, got "
-                              f"{type(value).__name__}")
-
 
 def check_dtype(dtype) -> None:
     """A drafter's dtype: None (the target's) or one of the dtypes weights load in."""

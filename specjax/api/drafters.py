@@ -13,8 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.api.checks import GenerationError, check_loads, check_taps, check_trained_on
+from specjax.api.checks import GenerationError, check_taps, check_trained_on
 from specjax.api.forward import kernels_on
+from specjax.api.methods import Eagle
 from specjax.heads import eagle
 from specjax.model.cache import KVCache
 from specjax.model.linear import use_kernels
@@ -37,7 +38,7 @@ def drafter_log_probs(target: Model, drafter: eagle.Drafter, tokens) -> jax.Arra
       [B, T, V] float32: entry [b, s] is the log-probability of each token id as x_{s+1};
       -inf for ids the drafter cannot propose (outside its subset or draft vocabulary).
     """
-    check_loads("eagle", drafter)
+    Eagle(drafter)                     # an EAGLE drafter, as the method takes it
     check_trained_on(drafter, target)
     check_taps(drafter, target)
     drafter = eagle.resolve_taps(drafter, target.config)

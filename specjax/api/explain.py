@@ -29,9 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.api.generate import GenerationError, prepare, says_where_options_went
-from specjax.api.methods import Method, method_of
+from specjax.api.methods import CLASSES, Method, method_of
 from specjax.decoding import loop
-from specjax.decoding.methods import REGISTRY
 from specjax.model.transformer import Model
 from specjax.sampling.params import SamplingParams
 from specjax.sampling.rules import Rules, returns_details
@@ -82,7 +81,7 @@ class TreeStep:
     new_tokens: list[int]                # what the step appended (fewer at EOS or the limit)
 
 
-METHODS = tuple(name for name, m in REGISTRY.items() if m.explains)
+METHODS = tuple(cls.name for cls in CLASSES if cls.drafts)      # the listed ones that verify
 
 
 def _top(distribution: np.ndarray, top: int) -> list[tuple[int, float]]:
@@ -137,7 +136,7 @@ def explain(target: Model, prompt, method: Method | str,
     `verify_tree` must then take `with_details` as the defaults do
     (`sampling.rules.returns_details`)."""
     method = method_of(method)
-    if method.name not in METHODS:
+    if not method.drafts:
         names = ", ".join(map(repr, METHODS))
         raise GenerationError(f"explain shows verification: method {names}, not "
                               f"{method.name!r} (autoregressive decoding verifies nothing)")

@@ -115,8 +115,8 @@ def prepare(target: Model, prompts, method: Method | str = "autoregressive",
                       logprobs=check_logprobs(sampling.logprobs, target.config.vocab_size),
                       kernels=kernels)
     weights = Weights(target.params, draft.params if draft else None,
-                      bound.weights if method.record.loads == "heads" else None,
-                      bound.weights if method.record.loads == "drafter" else None)
+                      bound.weights if method.loads == "heads" else None,
+                      bound.weights if method.loads == "drafter" else None)
     request = Request(spec, weights, prompt_array.astype(np.int32), lengths,
                       row_keys(seed, rows), settings, target.tokenizer, rows=rows, stop=stop)
     return request if mesh is None else _on_mesh(request)

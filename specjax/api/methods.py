@@ -4,8 +4,9 @@
     specjax.generate(target, prompts, specjax.Eagle(drafter, tree=specjax.DynamicTree(4, 4, 8)))
     specjax.generate(target, prompts, "ngram")          # a name: the method with its defaults
 
-One class per record of the registry (`decoding.methods.REGISTRY`), listed once in `CLASSES`.
-Each checks its own values when it is made (a `GenerationError` naming the field: its weights'
+A method is a class here (`Method`; the listed ones in `CLASSES`) beside the decoding module
+that declares its static spec (docs/layout.md, "One declaration per method"); `generate` takes
+any `Method` object. Each checks its own values when it is made (a `GenerationError` naming the field: its weights'
 kind, k, its tree and candidate scheme, its schedule, its dtype), and `bind` checks only what
 needs the target and the request (its weights' fit, its tree against the context window and
 the vocabulary, its candidate scheme against the temperatures, the mesh) and returns what the
@@ -15,15 +16,20 @@ decoding loop needs of it (`Bound`).
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any, ClassVar
 
-from specjax.api.checks import (candidates_for, check_compatible, check_dtype, check_loads,
-                                check_proposes, check_schedule, check_taps, check_trained_on,
+from specjax.api.checks import (candidates_for, check_compatible, check_dtype, check_proposes,
+                                check_schedule, check_taps, check_trained_on,
                                 check_tree_fits, check_tree_width, drafter_dtype,
                                 lookahead, tree_of)
-from specjax.decoding.config import (AutoregressiveSpec, DFlashSpec, EagleSpec, MedusaSpec,
-                                     MethodSpec, NGramSpec, SpeculativeSpec)
-from specjax.decoding.methods import REGISTRY, listing
+from specjax.decoding.autoregressive import AutoregressiveSpec
+from specjax.decoding.config import Drafting, MethodSpec
+from specjax.decoding.dflash import DFlashSpec
+from specjax.decoding.eagle import EagleSpec
+from specjax.decoding.medusa import MedusaSpec
+from specjax.decoding.ngram import NGramSpec
+from specjax.decoding.speculative import SpeculativeSpec
 from specjax.heads import dflash, eagle
 from specjax.heads.dflash import BlockDrafter
 from specjax.heads.medusa import Heads, runtime_weights
@@ -49,16 +55,50 @@ class Bound:
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-    """What every method object shares: its registry name and its binding."""
-    name: ClassVar[str]
+    """What every method object shares. A subclass is a frozen dataclass whose fields are the
+    method's options (each checked in `__post_init__`), that declares the static spec its
+    `bind` makes (`spec`: the spec's `name` is the method's, its `module` decodes it) and what
+    it runs beside the target (`loads`: the field that holds it, whose type is what
+    `specjax.load` gives; `what`: a phrase for messages; None for a method that needs none)."""
+    spec: ClassVar[type[MethodSpec]]
+    loads: ClassVar[str | None] = None
+    what: ClassVar[str | None] = None
+    # The lookahead schedules its k_schedule takes (`decoding.lookahead`).
+    schedules: ClassVar[tuple[str, ...]] = ("constant",)
+    # How it drafts by default: a chain of k (what a sweep of k varies), or the tree its weights
+    # ship (neither: one block's drafts, or nothing).
+    chain: ClassVar[bool] = False
+    own_tree: ClassVar[bool] = False
+    name: ClassVar[str]            # its spec's name
+    drafts: ClassVar[bool]         # whether a step verifies drafts (its spec is a `Drafting`)
 
-    @property
-    def record(self):
-        """The method's registry record (`decoding.methods.Record`)."""
-        return REGISTRY[self.name]
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.name, cls.drafts = cls.spec.name, issubclass(cls.spec, Drafting)
+
+    @classmethod
+    def options(cls) -> tuple[str, ...]:
+        """Its options: its fields but the one that holds its weights."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != cls.loads)
+
+    @classmethod
+    def kind(cls) -> type | None:
+        """The type of what it loads (its `loads` field's), None if it loads nothing."""
+        return typing.get_type_hints(cls)[cls.loads] if cls.loads else None
 
     def bind(self, target: Model, greedy: bool, mesh) -> Bound:
         raise NotImplementedError
+
+    def _check_loads(self) -> None:
+        """What it runs beside the target (a draft model, heads, a drafter) is there and of
+        its kind."""
+        value = getattr(self, self.loads)
+        if value is None:
+            raise GenerationError(f"method {self.name!r} needs {self.what} "
+                                  f"({self.loads}=specjax.load(DIR))")
+        if not isinstance(value, self.kind()):
+            raise GenerationError(f"{self.loads} must be {self.what} from specjax.load, got "
+                                  f"{type(value).__name__}")
 
     def _set(self, **values) -> None:
         """Stores a value in the form it was checked in (a tree's paths as a `Tree`)."""
@@ -93,7 +133,7 @@ def _scheme(tree, target: Model, greedy: bool, candidates) -> str:
 @dataclasses.dataclass(frozen=True)
 class Autoregressive(Method):
     """One target call per token: the baseline every other method is exact against."""
-    name: ClassVar[str] = "autoregressive"
+    spec: ClassVar = AutoregressiveSpec
 
     def bind(self, target, greedy, mesh) -> Bound:
         return Bound(AutoregressiveSpec())
@@ -106,6 +146,12 @@ class Speculative(Method):
     default "top" at temperature 0, "distinct" otherwise); `k_schedule` "heuristic" or
     "confidence" draws fewer when drafts are rejected (`decoding.lookahead`). The draft runs in
     `drafter_dtype` (default: the target's) and, on a mesh, replicated unless `shard_draft`."""
+    spec: ClassVar = SpeculativeSpec
+    loads: ClassVar = "draft"
+    what: ClassVar = "a draft model"
+    schedules: ClassVar = ("constant", "heuristic", "confidence")
+    chain: ClassVar = True
+
     draft: Model
     k: int = DEFAULT_K
     tree: Any = None
@@ -115,10 +161,9 @@ class Speculative(Method):
     confidence_threshold: float | None = None
     drafter_dtype: str | None = None
     shard_draft: bool = False
-    name: ClassVar[str] = "speculative"
 
     def __post_init__(self):
-        check_loads(self.name, self.draft)
+        self._check_loads()
         check_int("k", self.k, 1)
         self._set(tree=tree_of(self.name, self.tree, self.candidates))
         check_schedule(self.name, self.tree, self.k, self.k_schedule, self.k_start,
@@ -146,13 +191,16 @@ class NGram(Method):
     """Drafts looked up in the prompt and the output so far (prompt lookup): the longest match
     of `max_ngram` down to `min_ngram` tokens proposes the k tokens that followed it, as a
     chain, or a `tree` of its candidates; `k_schedule` "heuristic" adapts k per row."""
+    spec: ClassVar = NGramSpec
+    schedules: ClassVar = ("constant", "heuristic")
+    chain: ClassVar = True
+
     k: int = DEFAULT_K
     max_ngram: int = 3
     min_ngram: int = 1
     tree: Any = None
     k_schedule: str = "constant"
     k_start: int | None = None
-    name: ClassVar[str] = "ngram"
 
     def __post_init__(self):
         check_int("k", self.k, 1)
@@ -176,14 +224,18 @@ class Medusa(Method):
     """Medusa heads on the target propose a token tree: the heads' own `tree` unless one is
     given (a chain of one candidate per head, as vLLM runs them, for heads that ship none),
     filled by the `candidates` scheme; the heads run in `drafter_dtype`."""
+    spec: ClassVar = MedusaSpec
+    loads: ClassVar = "heads"
+    what: ClassVar = "Medusa heads"
+    own_tree: ClassVar = True
+
     heads: Heads
     tree: Any = None
     candidates: str | None = None
     drafter_dtype: str | None = None
-    name: ClassVar[str] = "medusa"
 
     def __post_init__(self):
-        check_loads(self.name, self.heads)
+        self._check_loads()
         tree = tree_of(self.name, self.tree, self.candidates, tree_needed=False)
         self._set(tree=_first(tree, self.heads.tree, Tree.chain(self.heads.config.num_heads)))
         check_proposes(self.tree, self.heads.name, self.heads.config.subset_size,
@@ -205,15 +257,19 @@ class Eagle(Method):
     """An EAGLE drafter (EAGLE-1, -2 or -3) drafts on the target's states: its own static
     `tree` unless one is given (its sampled default when a row samples), a chain of k for a
     drafter that ships none, or EAGLE-2's `DynamicTree`; it runs in `drafter_dtype`."""
+    spec: ClassVar = EagleSpec
+    loads: ClassVar = "drafter"
+    what: ClassVar = "an EAGLE drafter"
+    own_tree: ClassVar = True
+
     drafter: eagle.Drafter
     k: int = DEFAULT_K
     tree: Any = None
     candidates: str | None = None
     drafter_dtype: str | None = None
-    name: ClassVar[str] = "eagle"
 
     def __post_init__(self):
-        check_loads(self.name, self.drafter)
+        self._check_loads()
         check_int("k", self.k, 1)
         self._set(tree=tree_of(self.name, self.tree, self.candidates, tree_needed=False))
         if self.tree is not None:
@@ -243,14 +299,17 @@ class DFlash(Method):
     its drafts (default: all, block_size - 1) as a chain, each position's argmax ("top", the
     default when every row is greedy) or a draw from its own distribution ("iid", the default
     when a row samples); it runs in `drafter_dtype`."""
+    spec: ClassVar = DFlashSpec
+    loads: ClassVar = "drafter"
+    what: ClassVar = "a DFlash drafter"
+
     drafter: BlockDrafter
     k: int | None = None
     candidates: str | None = None
     drafter_dtype: str | None = None
-    name: ClassVar[str] = "dflash"
 
     def __post_init__(self):
-        check_loads(self.name, self.drafter)
+        self._check_loads()
         drafts = self.drafter.config.drafts
         if self.k is not None:
             check_int("k", self.k, 1)
@@ -277,10 +336,16 @@ class DFlash(Method):
                      room=max(k, drafter.config.drafts))
 
 
-# The methods, in the registry's order: one class for each record.
+# The methods: the one list of them, which the command line, the bench, `explain` and the kits
+# read (`generate` takes any `Method` object).
 CLASSES = (Autoregressive, Speculative, NGram, Medusa, Eagle, DFlash)
 TYPES = {cls.name: cls for cls in CLASSES}
-assert tuple(TYPES) == tuple(REGISTRY), "each record of the registry has its class, in its order"
+
+
+def listing(names=tuple(TYPES)) -> str:
+    """The methods, as a sentence lists them: 'a', 'b' and 'c'."""
+    quoted = [repr(n) for n in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
 
 
 def build(name: str, **options) -> Method:
@@ -322,11 +387,11 @@ def method_of(method) -> Method:
     if isinstance(method, Method):
         return method
     if isinstance(method, str) and method in TYPES:
-        record = REGISTRY[method]
-        if record.loads:
-            raise GenerationError(f"method {method!r} needs {record.what}: pass "
-                                  f"specjax.{TYPES[method].__name__}({record.loads}=...)")
-        return TYPES[method]()
+        cls = TYPES[method]
+        if cls.loads:
+            raise GenerationError(f"method {method!r} needs {cls.what}: pass "
+                                  f"specjax.{cls.__name__}({cls.loads}=...)")
+        return cls()
     names = ", ".join(TYPES)
     raise GenerationError(f"method must be one of {names} (a name or its object, such as "
                           f"specjax.Speculative(draft)); got {method!r}")

@@ -15,15 +15,15 @@ from __future__ import annotations
 import argparse
 
 from specjax.api import options
+from specjax.api.methods import TYPES
 from specjax.bench import batch, controls, oracle, settings, suite
 from specjax.bench.common import CONSTANT, DYNAMIC_PREFIX
 from specjax.decoding.lookahead import SCHEDULES
-from specjax.decoding.methods import METHODS
 from specjax.presets import CLIError, add_model_arguments, enable_compile_cache, parse_mesh
 from specjax.sampling.logits import SamplingParams
 from specjax.sampling.tree import DynamicTree, parse_widths
 
-ALL_METHODS = METHODS
+ALL_METHODS = tuple(TYPES)
 FULL = dict(ks="2,4,6", reps=5, warmup=1, max_new_tokens=128, contexts="50,500,1500")
 QUICK = dict(ks="2", reps=1, warmup=0, max_new_tokens=16, contexts="none")
 DESCRIPTION = suite.__doc__     # `bench --help`: what the suite measures and writes

@@ -61,7 +61,7 @@ from specjax.bench.common import (
     write_report,
 )
 from specjax.bench.peers import Peers
-from specjax.decoding.methods import REGISTRY
+from specjax.bench.methods import PEERS
 from specjax.bench.prompts import SUITE
 from specjax.model.cache import KVCache
 from specjax.model.transformer import forward
@@ -75,7 +75,7 @@ def run(args, settings) -> int:
     """`bench --batch`: the batch sweep, written to --out."""
     notes: list[str] = []
     target_path, draft_path, no_draft = model_paths(args, "speculative" in settings["methods"])
-    methods = [m for m in settings["methods"] if "transformers" in REGISTRY[m].peers]
+    methods = [m for m in settings["methods"] if "transformers" in PEERS.get(m, ())]
     if "speculative" in methods and draft_path is None:
         methods.remove("speculative")
         notes.append(f"speculative skipped: {no_draft}")

@@ -20,8 +20,7 @@ from specjax.api.generate import generate
 from specjax.bench.common import Progress, fmt, machine, write_report
 from specjax.bench.prompts import SUITE
 from specjax.api.generate import SAMPLING_FIELDS
-from specjax.api.methods import build_shared
-from specjax.decoding.methods import REGISTRY
+from specjax.api.methods import TYPES, build_shared
 from specjax.sampling.params import SamplingParams
 from specjax.io.checkpoint import load
 from specjax.presets import drafter_path, heads_path, model_paths
@@ -34,10 +33,10 @@ NEW = {"temperature 0.7": dict(temperature=0.7), "top-p 0.9": dict(temperature=0
 
 
 def models(args, wanted: list[str]):
-    """The target; by method, what each wanted method reads beside it (`Record.loads`: the
+    """The target; by method, what each wanted method reads beside it (`Method.loads`: the
     draft, heads or a drafter, None where not given); and the methods among `wanted` that what
     was loaded can run."""
-    needs = {REGISTRY[m].loads for m in wanted}
+    needs = {TYPES[m].loads for m in wanted}
     target_path, draft_path, _ = model_paths(args, "draft" in needs)
     target = load(target_path, dtype=args.dtype)
     draft = load(draft_path, dtype=args.dtype) if draft_path is not None else None
@@ -50,21 +49,21 @@ def models(args, wanted: list[str]):
              # --drafter holds one kind or the other (EAGLE, DFlash)
              "drafter": load(drafter_dir) if drafter_dir is not None and "drafter" in needs
              else None}
-    beside = {m: found[REGISTRY[m].loads] for m in wanted if REGISTRY[m].loads}
+    beside = {m: found[TYPES[m].loads] for m in wanted if TYPES[m].loads}
     methods = [m for m in wanted
-               if not REGISTRY[m].loads or isinstance(beside[m], REGISTRY[m].kind)]
+               if not TYPES[m].loads or isinstance(beside[m], TYPES[m].kind())]
     return target, beside, methods
 
 
 def draft_name(beside: dict) -> str | None:
     """The name of the draft model among what the methods read, if one was loaded."""
-    return next((w.name for m, w in beside.items() if REGISTRY[m].loads == "draft" and w), None)
+    return next((w.name for m, w in beside.items() if TYPES[m].loads == "draft" and w), None)
 
 
 def method_object(method: str, beside: dict, k: int, **options):
     """The method's object for a bench run: k for a method that drafts a chain of k, what the
     method reads beside the target under its keyword, and `options` where it takes them."""
-    entry = REGISTRY[method]
+    entry = TYPES[method]
     if entry.chain:
         options["k"] = k
     if entry.loads:
@@ -80,7 +79,7 @@ def run(args, settings: dict) -> int:
     rows = []
     for method in methods:
         fixed = {}
-        if "candidates" in REGISTRY[method].options and not REGISTRY[method].chain:
+        if "candidates" in TYPES[method].options() and not TYPES[method].chain:
             fixed["candidates"] = "top"  # a tree's default scheme follows the temperatures
         chosen = method_object(method, beside, settings["ks"][0], **fixed)
 

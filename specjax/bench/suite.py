@@ -114,7 +114,7 @@ import textwrap
 
 from specjax.api.checks import check_compatible, encode_prompts
 from specjax.api.generate import generate, prepare
-from specjax.api.methods import build_shared
+from specjax.api.methods import TYPES, build_shared
 from specjax.bench.common import (
     CONSTANT,
     DYNAMIC_PREFIX,
@@ -132,7 +132,7 @@ from specjax.bench.llamacpp import FASTEST_KINDS, GGUF_TYPES, LlamaCpp
 from specjax.bench.peers import Peers
 from specjax.bench.prompts import SUITE
 from specjax.bench.report import k_label, markdown, plots, rows, summarize, sweep_rows
-from specjax.decoding.methods import REGISTRY
+from specjax.bench.methods import PEERS
 from specjax.io.checkpoint import load
 from specjax.io.sidecar import tree_to_json
 from specjax.presets import CLIError, heads_path, load_drafters, make_mesh, model_paths
@@ -271,7 +271,7 @@ def jobs(prompts, settings, target, draft, peers, beside=None, llamacpp=None,
     beside = beside or {}
     found = []
     for p in prompts:
-        ks = {m: settings["ks"] if REGISTRY[m].chain else [None]
+        ks = {m: settings["ks"] if TYPES[m].chain else [None]
               for m in settings["methods"]}
         for method in settings["methods"]:
             found += _method_jobs(p, method, ks[method], settings, target, draft, beside)
@@ -300,7 +300,7 @@ def _method_jobs(p, method: str, ks, settings, target, draft, beside) -> list[di
     """specjax's jobs for one prompt and method: its own tree, its chains of each K (and
     schedule), then the --trees and --dynamic-trees it takes."""
     found = []
-    if REGISTRY[method].own_tree:           # their own tree first
+    if TYPES[method].own_tree:           # their own tree first
         found.append(_job(p, "specjax", method, None,
                           _specjax_job(p, settings, target, method, None, None, HEADS_TREE,
                                        beside), HEADS_TREE))
@@ -335,7 +335,7 @@ def _peer_jobs(p, one_token, ks, settings, peers, llamacpp, llamacpp_others) -> 
     the bench's precision, and llama.cpp's plain decoding in the others."""
     found = []
     if peers is not None:
-        for method in (m for m in settings["methods"] if "transformers" in REGISTRY[m].peers):
+        for method in (m for m in settings["methods"] if "transformers" in PEERS.get(m, ())):
             for k in ks[method]:
                 found.append(_job(p, "transformers", method, k, peers.job(p, method, k)))
         if "speculative" in settings["methods"]:
@@ -344,7 +344,7 @@ def _peer_jobs(p, one_token, ks, settings, peers, llamacpp, llamacpp_others) -> 
         found.append(_job(p, "transformers", "prefill", None,
                           peers.job(one_token, "autoregressive", None)))
     if llamacpp is not None:
-        for method in (m for m in settings["methods"] if "llama.cpp" in REGISTRY[m].peers):
+        for method in (m for m in settings["methods"] if "llama.cpp" in PEERS.get(m, ())):
             for k in ks[method]:
                 found.append(_job(p, llamacpp.engine, method, k, llamacpp.job(p, method, k)))
     for other in llamacpp_others:
@@ -375,11 +375,11 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, beside=No
             extra = dict(draft=draft, k=k or 1)
         if schedule != CONSTANT:
             extra["k_schedule"] = schedule
-        if "drafter_dtype" in REGISTRY[method].options and settings.get("drafter_dtype"):
+        if "drafter_dtype" in TYPES[method].options() and settings.get("drafter_dtype"):
             extra["drafter_dtype"] = settings["drafter_dtype"]
         if schedule == "confidence":
             extra["confidence_threshold"] = settings["confidence_threshold"]
-        if REGISTRY[method].loads != "drafter":
+        if TYPES[method].loads != "drafter":
             extra["tree"] = _tree(tree)
         request = prepare(model, [prompt["ids"]],
                           build_shared(method, max_ngram=settings["max_ngram"], **extra),

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 from specjax.api.checks import GenerationError, check_int, encode_prompts
-from specjax.api.methods import TYPES, build_shared
+from specjax.api.methods import CLASSES, TYPES, build_shared
 from specjax.api.options import flag
-from specjax.decoding.methods import REGISTRY
+from specjax.bench.methods import measured_default
 from specjax.io import chat as chat_template
 from specjax.io.checkpoint import load
 from specjax.presets import (
@@ -102,20 +102,24 @@ def read_tree(args, methods: list[str]):
     return parse_widths(args.tree) if args.tree is not None else Tree.from_json(args.tree_file)
 
 
-def for_method(method: str, options: dict, beside: dict, several: bool) -> dict:
+def for_method(method: str, options: dict, beside: dict, several: bool,
+               dtype: str = "float32") -> dict:
     """The options for `method`'s object, with the weights it loads (`beside`, by method)
-    under its keyword. With --method all (`several`), each method gets the shared options it
-    takes (`Record.under_all`) and its own defaults for the rest; given for one method, an
-    option that does not apply to it stays, for `method_object` to refuse."""
-    entry = REGISTRY[method]
+    under its keyword, and with none of `LENGTH_OPTIONS` given, its measured best in `dtype`
+    (`bench.methods.measured_default`). With --method all (`several`), each method gets the
+    shared options it takes (`SHARED`, less its `OWN`) and its own defaults for the rest;
+    given for one method, an option that does not apply to it stays, for `method_object` to
+    refuse."""
+    cls = TYPES[method]
     options = dict(options)
-    if entry.loads:
-        options[entry.loads] = beside.get(method)
+    if cls.loads:
+        options[cls.loads] = beside.get(method)
     if all(options.get(name) is None for name in LENGTH_OPTIONS):
-        options.update(entry.measured_default)
+        options.update(measured_default(method, dtype))
     if several:
-        options.update({name: None for name in SHARED if name not in entry.under_all})
-        if options["k_schedule"] not in entry.schedules:
+        options.update({name: None for name in SHARED
+                        if name not in cls.options() or name in OWN.get(method, ())})
+        if options["k_schedule"] not in cls.schedules:
             options.update(k_schedule="constant", k_start=None, confidence_threshold=None)
     return options
 
@@ -133,11 +137,13 @@ def method_object(method: str, given: dict):
 
 
 # The options that say how much a step drafts: with none of them given, a method runs its
-# measured best (`Record.measured_default`).
+# measured best (`bench.methods.measured_default`).
 LENGTH_OPTIONS = ("k", "k_schedule", "k_start", "confidence_threshold", "tree")
 
-# The options --method all shares between the methods that take them (`for_method`).
+# The options --method all shares between the methods that take them (`for_method`), and those
+# a method keeps to itself there: DFlash's k counts its own block's drafts.
 SHARED = ("k", "tree", "candidates", "drafter_dtype")
+OWN = {"dflash": ("k", "candidates")}
 
 
 def read_prompt(args) -> str:
@@ -169,7 +175,8 @@ def prompt_ids(target, prompt: str, chat: bool) -> list[int]:
 
 def load_beside(args, methods: list[str], method: str, kind: type, what: str, flag: str):
     """What `method` needs beside the target (Medusa heads, an EAGLE drafter): the directory
-    of --FLAG or the preset's, loaded and checked to be `kind`; None when the method does not
+    of --FLAG (the flag is the keyword it loads under: --draft, --heads, --drafter) or the
+    preset's, loaded and checked to be `kind`; None when the method does not
     run, or when it has none and other methods run (with a note: it is skipped)."""
     given = getattr(args, flag)
     if method not in methods:
@@ -202,13 +209,13 @@ def drafters(args, methods: list[str]) -> dict:
 
 def load_models(args, methods: list[str], mesh=None):
     """The target, the draft (None when not needed or not found) and, by method, what each
-    method that runs loads beside the target (`Record.loads`: the draft, heads or a drafter;
+    method that runs loads beside the target (`Method.loads`: the draft, heads or a drafter;
     missing where not found); on `mesh`, the target split and the draft replicated."""
     beside = drafters(args, methods)
-    for m in REGISTRY.values():
+    for m in CLASSES:
         if m.loads == "heads":
-            beside[m.name] = load_beside(args, methods, m.name, m.kind, m.what, m.flag)
-    drafting = [m.name for m in REGISTRY.values() if m.loads == "draft"]
+            beside[m.name] = load_beside(args, methods, m.name, m.kind(), m.what, m.loads)
+    drafting = [m.name for m in CLASSES if m.loads == "draft"]
     want_draft = any(m in methods for m in drafting)
     target_path, draft_path, no_draft = model_paths(args, want_draft)
     if want_draft and draft_path is None:

@@ -8,7 +8,7 @@ import dataclasses
 import statistics
 
 from specjax.api.generate import generate, prepare
-from specjax.decoding.methods import REGISTRY
+from specjax.api.methods import TYPES
 from specjax.io.sidecar import tree_to_json
 from specjax.sampling.params import SamplingParams
 
@@ -57,7 +57,7 @@ def summary_line(stats, runs: int, prefill_s: float | None = None) -> str:
             + f" (median of {runs} runs, {stats.run_s:.3f} s; compile {stats.compile_s:.1f} s), "
             f"{acceptance}, {stats.tokens_per_target_call:.2f} tokens/target call"
             + (f", {stats.mean_draft_length:.2f} drafted/call"
-               if REGISTRY[stats.method].chain else "")
+               if TYPES[stats.method].chain else "")
             + (f" ({stats.tree_size} candidates per call)" if stats.tree_size else "")
             + (", steps accepting 0..{}: {}".format(len(stats.accepted_histogram) - 1, " ".join(
                 map(str, stats.accepted_histogram))) if stats.accepted_histogram else ""))
@@ -97,13 +97,13 @@ def comparison_table(rows, prefill_s: float) -> str:
 
 
 # The keywords under which the methods take what they load (the draft, heads, a drafter).
-WEIGHTS = {m.loads for m in REGISTRY.values() if m.loads}
+WEIGHTS = {m.loads for m in TYPES.values() if m.loads}
 
 
 def _loaded(objects: dict, keyword: str) -> str | None:
     """The name of the first running method's weights under `keyword` (heads, drafter)."""
     return next((getattr(o, keyword).name for m, o in objects.items()
-                 if REGISTRY[m].loads == keyword), None)
+                 if TYPES[m].loads == keyword), None)
 
 
 def json_report(target, draft, prompt: str, ids: list[int], requests, objects, settings,

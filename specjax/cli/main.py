@@ -9,7 +9,7 @@
     python -m specjax train eagle3 --target DIR --prompts FILE --out DIR   # a drafter
 
 `generate --method` picks autoregressive, speculative (a draft model), ngram (prompt lookup),
-medusa, eagle or dflash (`specjax.decoding.methods`), or all of them, compared.
+medusa, eagle or dflash (`specjax.api.methods.CLASSES`), or all of them, compared.
 
 Errors a user can cause (paths, weights, tokenizers, numbers, prompts) print one line
 `specjax: error: ...` on stderr and exit with status 2; Ctrl-C exits with status 130.

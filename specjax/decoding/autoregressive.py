@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import jax.numpy as jnp
 
+from specjax.decoding.config import MethodSpec
 from specjax.decoding.extras import any_nan, target_probs
 from specjax.decoding.prefill import prefill
 from specjax.decoding.state import DecodeState, commit, last_tokens, step_keys
 from specjax.model.transformer import forward
 from specjax.sampling.logits import sample_rows
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AutoregressiveSpec(MethodSpec):
+    """Plain decoding has nothing static of its own."""
+    name: ClassVar[str] = "autoregressive"
 
 
 def init(spec, weights, prompts, prompt_length):

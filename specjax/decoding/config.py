@@ -8,15 +8,14 @@ keys, each row's sampling parameters, length and stop ids) is an argument instea
 from __future__ import annotations
 
 import dataclasses
+import sys
+from types import ModuleType
 from typing import ClassVar
 
 import jax
 
 from specjax import mesh as meshes
 from specjax.decoding import lookahead
-from specjax.heads.dflash import DFlashConfig
-from specjax.heads.eagle import DrafterConfig
-from specjax.heads.medusa import HeadsConfig
 from specjax.model.config import ModelConfig
 from specjax.sampling.rules import Rules
 from specjax.sampling.tree import Tree
@@ -31,10 +30,34 @@ class Lookahead:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Drafting:
+class MethodSpec:
+    """What is static about one method (`DecodeSpec.method`): a frozen dataclass that each
+    method's decoding module declares for itself, naming the method (`name`). Its `module` is
+    the module that declares it, whose three functions the loop runs:
+
+      init(spec, weights, prompts, prompt_length) -> (target cache, carry)
+          the prefill, and the method's own state (`DecodeState.carry`; None if it has none);
+      step(spec, weights, state) -> state
+          one step for every row, over a chain or a token tree (`spec.method.tree`);
+      layout(spec, rows, cache) -> carry of shardings
+          where the carry lives on a device mesh (`decoding.sharding`).
+
+    Plain decoding drafts nothing (`max_accepted` None, `width` 0); every other method's spec
+    is a `Drafting`."""
+    name: ClassVar[str]
+    module: ClassVar[ModuleType]
+    max_accepted: ClassVar[int | None] = None
+    width: ClassVar[int] = 0
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.module = sys.modules[cls.__module__]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Drafting(MethodSpec):
     """What every method that drafts has static: a chain of k tokens, or a token tree instead
     (`specjax.sampling.tree`), and how a drafter fills the tree (`decoding.trees.SCHEMES`)."""
-    name: ClassVar[str]
     k: int = 1
     tree: Tree | None = None
     candidates: str = "top"
@@ -51,63 +74,11 @@ class Drafting:
 
 
 @dataclasses.dataclass(frozen=True)
-class AutoregressiveSpec:
-    """Plain decoding has nothing static of its own."""
-    name: ClassVar[str] = "autoregressive"
-    max_accepted: ClassVar[None] = None
-    width: ClassVar[int] = 0
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SpeculativeSpec(Drafting):
-    """A draft model's chain or tree; with `shard_draft` its weights are split over a mesh's
-    "model" axis like the target's, else replicated."""
-    name: ClassVar[str] = "speculative"
-    draft_config: ModelConfig
-    lookahead: Lookahead = Lookahead()
-    shard_draft: bool = False
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class NGramSpec(Drafting):
-    """Prompt lookup: the longest suffix of max_ngram down to min_ngram tokens that recurs."""
-    name: ClassVar[str] = "ngram"
-    max_ngram: int = 3
-    min_ngram: int = 1
-    lookahead: Lookahead = Lookahead()
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MedusaSpec(Drafting):
-    """Medusa's heads (`specjax.heads.medusa`) over their tree."""
-    name: ClassVar[str] = "medusa"
-    heads_config: HeadsConfig
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EagleSpec(Drafting):
-    """An EAGLE drafter (`specjax.heads.eagle`), over a static or a dynamic tree."""
-    name: ClassVar[str] = "eagle"
-    drafter_config: DrafterConfig
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DFlashSpec(Drafting):
-    """A DFlash block drafter (`specjax.heads.dflash`): k drafts of one block, or a tree."""
-    name: ClassVar[str] = "dflash"
-    dflash_config: DFlashConfig
-
-
-MethodSpec = (AutoregressiveSpec | SpeculativeSpec | NGramSpec | MedusaSpec | EagleSpec
-              | DFlashSpec)
-
-
-@dataclasses.dataclass(frozen=True)
 class DecodeSpec:
     """Everything static about one generation: compiled code is shared between equal specs.
     What each row asks for (sampling parameters, length, stop ids) is data instead
     (`state.RowSettings`)."""
-    method: MethodSpec             # the method's own static spec; `method.name` selects it
+    method: MethodSpec             # the method's own static spec; `method.module` runs it
     target_config: ModelConfig
     buffer_length: int = 0         # token buffer and cache slots per row
     # Keep each step's verify numbers in the state (`specjax.explain`, stepping only: the

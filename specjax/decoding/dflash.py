@@ -38,18 +38,27 @@ reads them (the window starts at L - 1 - pending, and pending <= k + 1 <= block_
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from specjax.decoding import trees
+from specjax.decoding.config import Drafting
 from specjax.decoding.extras import any_nan, pad_vocab, steered, steering
 from specjax.decoding.prefill import prefill
 from specjax.decoding.state import DecodeState, step_keys
 from specjax.heads import dflash
 from specjax.model.cache import KVCache
 from specjax.sampling.logits import probs_from_logits
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DFlashSpec(Drafting):
+    """A DFlash block drafter (`specjax.heads.dflash`): k drafts of one block, or a tree."""
+    name: ClassVar[str] = "dflash"
+    dflash_config: dflash.DFlashConfig
 
 
 @jax.tree_util.register_dataclass

@@ -31,12 +31,14 @@ scheme that chose the candidates.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from specjax.decoding import trees
+from specjax.decoding.config import Drafting
 from specjax.decoding.extras import any_nan, steered
 from specjax.decoding.prefill import prefill, prefill_chunk
 from specjax.decoding.state import DecodeState, step_keys
@@ -44,6 +46,13 @@ from specjax.heads import eagle
 from specjax.model.cache import KVCache, TreeAttention
 from specjax.sampling.logits import probs_from_logits
 from specjax.sampling.tree import DynamicTree, RowTrees
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EagleSpec(Drafting):
+    """An EAGLE drafter (`specjax.heads.eagle`), over a static or a dynamic tree."""
+    name: ClassVar[str] = "eagle"
+    drafter_config: eagle.DrafterConfig
 
 
 @jax.tree_util.register_dataclass

@@ -18,14 +18,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax import mesh as meshes
-from specjax.decoding.methods import METHODS, MODULES
 from specjax.decoding.sharding import pinned, settings_layout, state_shardings, weight_shardings
 from specjax.decoding.config import DecodeSpec, Weights
 from specjax.decoding.state import DecodeState, RowSettings, initial_state
 from specjax.model.linear import use_kernels
 from specjax.model.transformer import lawful as lawful_config
 
-__all__ = ["METHODS", "DecodeSpec", "Programs", "Weights", "init", "programs", "step"]
+__all__ = ["DecodeSpec", "Programs", "Weights", "init", "programs", "step"]
 
 
 class Programs(NamedTuple):
@@ -38,7 +37,7 @@ class Programs(NamedTuple):
 
 def _init(spec: DecodeSpec, weights: Weights, prompts, prompt_length, row_keys,
           settings: RowSettings) -> DecodeState:
-    target_cache, carry = MODULES[spec.method.name].init(spec, weights, prompts, prompt_length)
+    target_cache, carry = spec.method.module.init(spec, weights, prompts, prompt_length)
     return pinned(spec, initial_state(prompts, prompt_length, row_keys, settings,
                                       spec.buffer_length, target_cache, carry,
                                       max_accepted=spec.method.max_accepted,
@@ -46,7 +45,7 @@ def _init(spec: DecodeSpec, weights: Weights, prompts, prompt_length, row_keys,
 
 
 def _step(spec: DecodeSpec, weights: Weights, state: DecodeState) -> DecodeState:
-    state = MODULES[spec.method.name].step(spec, weights, state)
+    state = spec.method.module.step(spec, weights, state)
     return pinned(spec, state.replace(step=state.step + 1))
 
 

@@ -25,17 +25,26 @@ that costs acceptance, not exactness).
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from specjax.decoding import trees
+from specjax.decoding.config import Drafting
 from specjax.decoding.extras import any_nan, steered, steering
 from specjax.decoding.prefill import prefill
 from specjax.decoding.state import DecodeState, last_tokens, step_keys
 from specjax.heads import medusa
 from specjax.sampling.logits import probs_from_logits
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MedusaSpec(Drafting):
+    """Medusa's heads (`specjax.heads.medusa`) over their tree."""
+    name: ClassVar[str] = "medusa"
+    heads_config: medusa.HeadsConfig
 
 
 @jax.tree_util.register_dataclass

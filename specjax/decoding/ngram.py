@@ -24,16 +24,26 @@ sibling branches instead of being thrown away, and every node is a deterministic
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from specjax.decoding import lookahead, trace, trees
+from specjax.decoding import config, lookahead, trace, trees
 from specjax.decoding.prefill import prefill
 from specjax.decoding.speculative import score_and_verify
 from specjax.decoding.state import DecodeState, commit, step_keys
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NGramSpec(config.Drafting):
+    """Prompt lookup: the longest suffix of max_ngram down to min_ngram tokens that recurs."""
+    name: ClassVar[str] = "ngram"
+    max_ngram: int = 3
+    min_ngram: int = 1
+    lookahead: config.Lookahead = config.Lookahead()
 
 
 @jax.tree_util.register_dataclass

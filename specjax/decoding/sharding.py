@@ -8,9 +8,7 @@ from __future__ import annotations
 from jax import lax
 
 from specjax import mesh as meshes
-from specjax.decoding.methods import MODULES
-from specjax.decoding.config import (DecodeSpec, DFlashSpec, EagleSpec, MedusaSpec,
-                                     SpeculativeSpec, Weights)
+from specjax.decoding.config import DecodeSpec, Weights
 from specjax.decoding.extras import Logprobs
 from specjax.decoding.state import DecodeState, RowSettings
 from specjax.sampling.constraints import Constraint
@@ -18,16 +16,15 @@ from specjax.model.cache import KVCache
 
 
 def weight_shardings(spec: DecodeSpec) -> Weights:
-    """The target split (`mesh.param_shardings`), the draft replicated unless its spec's
-    `shard_draft`, the heads and drafters replicated."""
+    """The target split (`mesh.param_shardings`), a draft model (a spec with a `draft_config`)
+    replicated unless its spec's `shard_draft`, heads and drafters replicated (a sharding for
+    weights a method does not read matches their None)."""
     mesh, method = spec.mesh, spec.method
-    draft = None
-    if isinstance(method, SpeculativeSpec):
-        draft = meshes.param_shardings(method.draft_config, mesh, shard=method.shard_draft)
+    draft_config = getattr(method, "draft_config", None)
+    draft = (None if draft_config is None else
+             meshes.param_shardings(draft_config, mesh, shard=method.shard_draft))
     one = meshes.replicated(mesh)
-    return Weights(meshes.param_shardings(spec.target_config, mesh), draft,
-                   one if isinstance(method, MedusaSpec) else None,
-                   one if isinstance(method, (EagleSpec, DFlashSpec)) else None)
+    return Weights(meshes.param_shardings(spec.target_config, mesh), draft, one, one)
 
 
 def state_shardings(spec: DecodeSpec) -> DecodeState:
@@ -46,7 +43,7 @@ def state_shardings(spec: DecodeSpec) -> DecodeState:
         tokens=rows, length=rows, prompt_length=rows, done=rows, row_keys=rows,
         settings=settings_layout(spec), step=one, target_cache=cache(spec.target_config, True),
         target_calls=rows, draft_calls=rows, drafted=rows, accepted=rows, nan_seen=one,
-        carry=MODULES[spec.method.name].layout(spec, rows, cache),
+        carry=spec.method.module.layout(spec, rows, cache),
         accepted_histogram=rows if drafts else None,
         logprobs=Logprobs(rows, rows, rows) if spec.logprobs else None, fsm=rows)
 

@@ -29,18 +29,29 @@ The same loop for one sequence in plain NumPy, without caches, batches or tracin
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.decoding import lookahead, speculative_tree, trace
+from specjax.decoding import config, lookahead, speculative_tree, trace
 from specjax.decoding.extras import any_nan, chain_drafted, steered, target_probs
 from specjax.decoding.prefill import prefill
 from specjax.decoding.state import DecodeState, commit, last_tokens, step_keys
 from specjax.model.cache import KVCache
+from specjax.model.config import ModelConfig
 from specjax.model.transformer import forward
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpeculativeSpec(config.Drafting):
+    """A draft model's chain or tree; with `shard_draft` its weights are split over a mesh's
+    "model" axis like the target's, else replicated."""
+    name: ClassVar[str] = "speculative"
+    draft_config: ModelConfig
+    lookahead: config.Lookahead = config.Lookahead()
+    shard_draft: bool = False
 
 
 @jax.tree_util.register_dataclass

@@ -1,8 +1,8 @@
-"""Token trees in a decoding step, shared by every drafter that fills one (draft model, n-gram
-lookup, Medusa heads, EAGLE): the fill, level by level (`fill`, with the rules' `candidates` for
-drafters that have a distribution), then one target call over the tree, the walk of
-`rejection.verify_tree` and the cache put back in order (`score_and_verify`); then the rest of
-the step every tree method shares, record and commit (`step`).
+"""Token trees in a decoding step, shared by every drafter that fills one: the fill, level by
+level (`fill`, with the rules' `candidates` for drafters that have a distribution), then one
+target call over the tree, the walk of `rejection.verify_tree` and the cache put back in order
+(`score_and_verify`); then the rest of the step every tree method shares, record and commit
+(`step`).
 
 Every drafter hands over the same `Candidates`: the nodes' tokens [B, n] (node 0 is the row's
 last token), which nodes it filled [B, n], the draft distribution at each node [B, n, V] (None

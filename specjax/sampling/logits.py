@@ -1,9 +1,9 @@
 """The one place where logits become the distribution we sample from.
 
-Every decoding method (autoregressive, the draft and the target of speculative sampling, the
-bonus position, n-gram lookup, Medusa, EAGLE and DFlash) calls `probs_from_logits` with the
-same `SamplingParams`, so the distribution the target model is "sampled from" is defined
-exactly once (after each row's controls, `sampling.controls`, have changed the logits).
+Every decoding method calls `probs_from_logits` with the same `SamplingParams`, for every
+model it samples from (the target, at every position and the bonus one, and any drafter), so
+the distribution the target model is "sampled from" is defined exactly once (after each row's
+controls, `sampling.controls`, have changed the logits).
 Speculative sampling is exact with respect to *this* distribution: Theorem 1 of Chen et al.
 2023 ("Accelerating Large Language Model Decoding with Speculative Sampling") and Theorem 1 /
 Appendix A.1 of Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative

@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from specjax.api.generate import generate
-from specjax.api.methods import build
-from specjax.decoding.methods import REGISTRY, methods_where
+from specjax.api.methods import CLASSES, TYPES, build
 from specjax.heads.dflash import BlockDrafter, init_block_drafter
 from specjax.io import chat
 from specjax.io.checkpoint import load
@@ -47,7 +46,7 @@ __all__ = ["KINDS", "METHODS", "PROMPTS", "Row", "first_divergence", "heading", 
            "llamacpp_rows", "transformers_rows",
            "row", "specjax_rows", "table"]
 
-METHODS = methods_where(lambda m: m.drafts)     # each against autoregressive decoding
+METHODS = tuple(m.name for m in CLASSES if m.drafts)     # each against autoregressive decoding
 NEW_TOKENS = 128
 K = 4                       # tokens drafted a step where a method drafts a chain
 NGRAM_MATCH = 2             # llama.cpp's n-gram lookup: the last 2 tokens looked up
@@ -143,9 +142,9 @@ def _smollm2_method(name: str, target):
     """Method `name` as the bench runs it on SmolLM2: the preset's draft (a chain of K), heads
     and EAGLE drafter, in the target's dtype; no DFlash drafter is shipped, so a random one, as
     the suite's greedy tests use (its drafts are rejected, the verify calls still run)."""
-    record, preset = REGISTRY[name], PRESETS["smollm2"]
+    record, preset = TYPES[name], PRESETS["smollm2"]
     options = {"k": K} if record.chain else {}
-    if record.kind is BlockDrafter:
+    if record.kind() is BlockDrafter:
         base = target if target.config.dtype == "float32" else load(target.path)
         options[record.loads] = init_block_drafter(base, block_size=8, seed=1, std=0.3)
     elif record.loads:
@@ -179,7 +178,7 @@ def specjax_rows(dtypes: Sequence[str], methods: Sequence[str], *, tokens: int =
                 method = _smollm2_method(name, target)
                 start = time.perf_counter()
                 fast = run(method)
-                label = name + (f" k={K}" if REGISTRY[name].chain else "")
+                label = name + (f" k={K}" if TYPES[name].chain else "")
                 engine = f"specjax {dtype}" + ("" if path == "kernels" else " xla")
                 rows.append(row(engine, label, plain, fast, tokens,
                                 time.perf_counter() - start, _version()))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from specjax.decoding.methods import REGISTRY
+from specjax.api.methods import TYPES
 
 # What each --format is, and what reads it (docs/training.md, "Serving the result").
 FORMATS = {
@@ -83,7 +83,7 @@ def _needs(method: str) -> str:
     if method == "speculative":
         return ("It drafts for any model with the target's tokenizer; it was trained on this "
                 "target's outputs.")
-    reads = ("hidden states and embeddings" if REGISTRY[method].loads == "drafter"
+    reads = ("hidden states and embeddings" if TYPES[method].loads == "drafter"
              else "final hidden states")
     return f"It runs only with the target it was trained for: it reads that model's {reads}."
 
