@@ -28,7 +28,7 @@ measured, with the engine's version), --openvino OpenVINO GenAI's.
   python -m specjax check
   python -m specjax check --only always-accept speculative
   python -m specjax check --transformers --transformers-samples 6000
-  python -m specjax check --llama-cpp --llama-cpp-samples 20000
+  python -m specjax check --llama-cpp --llama-cpp-full
   SPECJAX_VLLM_PYTHON=~/venv-vllm/bin/python python -m specjax check --vllm
   SPECJAX_OPENVINO_PYTHON=~/venv-ov/bin/python python -m specjax check --openvino
 
@@ -62,11 +62,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{clients.TRANSFORMERS_SAMPLES:,}: one generate call each)")
     parser.add_argument("--llama-cpp", action="store_true",
                         help="also check llama.cpp's sampling, draft-model speculation (greedy "
-                             "and probabilistic drafting) and n-gram lookup (needs xllamacpp)")
+                             "and probabilistic drafting) and n-gram lookup at T = 1 (needs "
+                             "xllamacpp)")
     parser.add_argument("--llama-cpp-samples", type=int, default=None, metavar="N",
                         help="samples per llama.cpp check (default "
-                             f"{clients.LLAMACPP_SAMPLES:,}, 120,000 on the wide pair: one "
-                             "completion each)")
+                             f"{clients.LLAMACPP_QUICK_SAMPLES:,}; with --llama-cpp-full "
+                             f"{clients.LLAMACPP_SAMPLES:,}, 80,000 at k = 3 and 120,000 on the "
+                             "wide pair: one completion each)")
+    parser.add_argument("--llama-cpp-full", action="store_true",
+                        help="with --llama-cpp: every setting (T = 1, T = 0.7 with top-p 0.9, "
+                             "T = 0.8 with top-k 4 and min-p 0.05), k = 3 and the wide pair "
+                             "(33 checks, about half an hour on 2 cores)")
     parser.add_argument("--vllm", action="store_true",
                         help="also check vLLM's sampling, draft-model speculation (greedy and "
                              "probabilistic drafting) and n-gram lookup at T = 1, as shipped and "
@@ -120,9 +126,10 @@ def entries(args) -> list:
         raise CLIError(f"--level must be in (0, 1), got {args.level}")
     if args.seed < 0:
         raise CLIError(f"--seed must be >= 0, got {args.seed}")
-    for engine in ("vllm", "openvino"):
+    for engine in ("llama_cpp", "vllm", "openvino"):
         if getattr(args, f"{engine}_full") and not getattr(args, engine):
-            raise CLIError(f"--{engine}-full needs --{engine}")
+            flag = engine.replace("_", "-")
+            raise CLIError(f"--{flag}-full needs --{flag}")
     chosen = list(testing.CATALOGUE)
     if args.reference:
         chosen += testing.REFERENCE
@@ -138,7 +145,7 @@ def entries(args) -> list:
         except ImportError as e:
             raise CLIError(str(e)) from None
         print(f"llama.cpp: xllamacpp {version}", flush=True)
-        chosen += clients.llamacpp_entries(args.llama_cpp_samples)
+        chosen += clients.llamacpp_entries(args.llama_cpp_samples, full=args.llama_cpp_full)
     chosen += _served(args)
     if args.only:
         known = {e.name: e for e in chosen}

