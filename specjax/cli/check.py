@@ -45,21 +45,8 @@ rows are reported as measured.
 """
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--only", nargs="+", metavar="NAME",
-                        help="run only these entries (names as --list prints them)")
-    parser.add_argument("--list", action="store_true", help="list the entries and exit")
-    parser.add_argument("--reference", action="store_true",
-                        help="also check specjax.reference's methods (plain NumPy: "
-                             "autoregressive, speculative, n-gram and a tree; each must pass)")
-    parser.add_argument("--specjax", action="store_true",
-                        help="also check specjax's own speculative, tree and n-gram decoding")
-    parser.add_argument("--transformers", action="store_true",
-                        help="also check transformers' assisted generation, prompt lookup and "
-                             "drafting across tokenizers (needs torch and transformers)")
-    parser.add_argument("--transformers-samples", type=int, default=None, metavar="N",
-                        help="samples per transformers check (default "
-                             f"{clients.TRANSFORMERS_SAMPLES:,}: one generate call each)")
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engines' options: llama.cpp, vLLM and OpenVINO GenAI."""
     parser.add_argument("--llama-cpp", action="store_true",
                         help="also check llama.cpp's sampling, draft-model speculation (greedy "
                              "and probabilistic drafting) and n-gram lookup at T = 1 (needs "
@@ -94,6 +81,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --openvino: every setting (T = 1, T = 0.7 with top-p 0.9, "
                              "T = 0.8 with top-k 4 and min-p 0.05), both pairs, and the "
                              "findings: the CPU plugin's default precision and prefix caching")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        help="run only these entries (names as --list prints them)")
+    parser.add_argument("--list", action="store_true", help="list the entries and exit")
+    parser.add_argument("--reference", action="store_true",
+                        help="also check specjax.reference's methods (plain NumPy: "
+                             "autoregressive, speculative, n-gram and a tree; each must pass)")
+    parser.add_argument("--specjax", action="store_true",
+                        help="also check specjax's own speculative, tree and n-gram decoding")
+    parser.add_argument("--transformers", action="store_true",
+                        help="also check transformers' assisted generation, prompt lookup and "
+                             "drafting across tokenizers (needs torch and transformers)")
+    parser.add_argument("--transformers-samples", type=int, default=None, metavar="N",
+                        help="samples per transformers check (default "
+                             f"{clients.TRANSFORMERS_SAMPLES:,}: one generate call each)")
+    add_engine_arguments(parser)
     parser.add_argument("--samples", type=int, default=None, metavar="N",
                         help="samples per check for every entry (default: each entry's own, "
                              "100,000 for most)")
