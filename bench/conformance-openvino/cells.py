@@ -4,9 +4,10 @@ most to the whole-continuation G statistic, with the observed and expected frequ
 mass on continuations the target never samples.
 
     SPECJAX_OPENVINO_PYTHON=/path/to/venv-ov/bin/python \
-        python bench/conformance-openvino/cells.py [SAMPLES]
+        python bench/conformance-openvino/cells.py [SAMPLES [bf16]]
 
-SAMPLES continuations of 3 tokens a case (default 20,000), seed 0, k = 2, the kit's pair.
+SAMPLES continuations of 3 tokens a case (default 20,000), seed 0, k = 2, the kit's pair;
+`bf16`: only plain sampling at the plugin's default precision (bfloat16 on this host).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def main(samples: int) -> None:
     pair = testing.pair("close")
     print(f"openvino-genai {openvino.engine_version()}; pair 'close', {samples:,} samples of 3 "
           f"tokens a case, seed 0, k = 2")
-    for mode, precision, caching, setting in CASES:
+    cases = CASES[3:4] if sys.argv[2:] == ["bf16"] else CASES
+    for mode, precision, caching, setting in cases:
         sampling = clients.OPENVINO_SETTINGS[setting]
         sampler = openvino.openvino_sampler(mode, precision=precision, prefix_caching=caching)
         try:
