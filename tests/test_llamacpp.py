@@ -127,3 +127,16 @@ def test_the_smollm2_draft_written_as_gguf_and_the_identity_rows(tmp_path):
     rows = identity.llamacpp_rows(["Q8_0"], ["ngram-simple"], tokens=16)
     assert [(r.engine, r.method) for r in rows] == [("llama.cpp Q8_0", "ngram-simple k=4")]
     assert len(rows[0].first) == sum(map(len, identity.PROMPTS.values()))
+
+
+def test_the_default_check_is_every_mode_at_t1_and_full_is_the_table(capsys):
+    # Issue 86, item 5: `--llama-cpp` answers in minutes (every mode at T = 1, the suite's pair,
+    # at a size that sees a KL of about 5e-3); `--llama-cpp-full` is the recorded table.
+    from specjax.cli.main import main
+    from specjax.testing import clients
+    quick = clients.llamacpp_entries()
+    assert [e.name for e in quick] == [f"llama.cpp {m} t1" for m in llamacpp.MODES]
+    assert {e.samples for e in quick} == {clients.LLAMACPP_QUICK_SAMPLES}
+    assert len(clients.llamacpp_entries(full=True)) == 33
+    assert main(["check", "--llama-cpp-full"]) == 2
+    assert "--llama-cpp-full needs --llama-cpp" in capsys.readouterr().err

