@@ -19,7 +19,10 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from specjax.model.linear import Kernels
 
 ARCHITECTURES = ("gpt2", "llama")
 DTYPES = ("float32", "bfloat16", "int8", "q8_0")
@@ -69,6 +72,11 @@ class ModelConfig:
     # off), so that a token's logits do not depend on how many tokens share its call, and 1 (no
     # padding) on the CPU kernels' path, which has its own law. 1 turns the padding off.
     law_width: int | None = None
+    # The CPU plug-in whose kernels the products, RoPE and attention of a few-token call use
+    # (`specjax.model.linear.Kernels`); None: XLA's formulations at every width. A program's
+    # choice, not the model's: `transformer.lawful` sets it (with `law_width`) where programs
+    # are built, so programs with and without the kernels have different static configs.
+    kernels: Kernels | None = None
 
     def __post_init__(self):
         if self.arch not in ARCHITECTURES:
@@ -90,6 +98,10 @@ class ModelConfig:
             raise ConfigError(f"law_width must be a positive integer, got {self.law_width!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        # Imported here: linear imports quant, which imports this module.
+        from specjax.model.linear import Kernels
+        if self.kernels is not None and not isinstance(self.kernels, Kernels):
+            raise ConfigError(f"kernels must be a linear.Kernels or None, got {self.kernels!r}")
 
     @property
     def compute_dtype(self) -> str:
