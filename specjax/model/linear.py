@@ -1,6 +1,7 @@
 """Every weight product of the model, and the one interface between the model and a CPU
-plug-in: products, RoPE and attention to the cache are XLA's formulations unless a plug-in has
-registered kernels here (`register`), and this module alone decides which calls they serve.
+plug-in: products, RoPE and attention to the cache are XLA's formulations unless the call is
+given a plug-in's kernels (`Kernels`, its config's `kernels`), and this module alone decides
+which calls they serve.
 
 The model multiplies activations x [..., I] by weights w [O, I] (stored [out, in], as
 `specjax.model.transformer` explains): `linear(x, w)`. How that product is best computed
@@ -101,9 +102,9 @@ KERNEL_BLOCK = 16
 
 
 class Kernels(NamedTuple):
-    """What a CPU plug-in registers (`register`): each entry computes in one call what the
-    formulation named beside it computes, and is called only in a program lowered for a CPU,
-    for the calls this module gives it. With a stack [L, ...], `layer` ([] int32) is the
+    """What a CPU plug-in provides (`specjax.kernels.plugin()`): each entry computes in one call
+    what the formulation named beside it computes, and is called only in a program lowered for
+    a CPU, for the calls this module gives it. With a stack [L, ...], `layer` ([] int32) is the
     matrix's or the cache's index in it, read in place."""
     # (x [R, I] float32, w [(L,) O, I] float32 or bfloat16, layer) -> [R, O] float32, XLA's
     # dot; differentiable.
