@@ -21,6 +21,7 @@ from specjax import kernels, testing
 from specjax.api.generate import GenerationError, prepare
 from specjax.decoding import loop
 from specjax.kernels import ffi
+from specjax.model.config import ConfigError
 from tests.test_distribution import NGRAM_PROMPT, eagle_drafter, in_dtype
 
 PROMPTS = [list(NGRAM_PROMPT), list(NGRAM_PROMPT[:5]), [3, 1]]
@@ -107,6 +108,17 @@ def test_the_environment_variable_and_bad_values(monkeypatch):
             prepare(target, PROMPTS, max_new_tokens=4, kernels=bad)
         with pytest.raises(GenerationError, match="kernels must be True, False or None, got"):
             specjax.forward(target.params, target.config, [[1]], [[0]], kernels=bad)
+
+
+def test_a_config_names_a_plug_in_or_none():
+    config = testing.pair().target.config
+    assert config.kernels is None                  # a loaded model's: a program's choice, not its
+    named = config.replace(kernels=ffi.KERNELS)
+    assert named != config and hash(named) != hash(config) and named.kernels is ffi.KERNELS
+    assert "kernels=Kernels(CPU plug-in)" in repr(named)
+    for bad in (True, "on", ffi.KERNELS.product):
+        with pytest.raises(ConfigError, match="kernels must be a Kernels or None, got"):
+            config.replace(kernels=bad)
 
 
 SCRIPT = """

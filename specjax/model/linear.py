@@ -72,12 +72,12 @@ mesh turns them off: XLA cannot split a custom call across devices.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from specjax.model.config import Kernels
 from specjax.model.quant import Int8Weight, Q8_0Weight, dequantize, quantize_rows, unfused
 
 __all__ = ["CHUNKED_ROWS", "FEW_QUERIES", "FEW_ROWS", "KERNEL_BLOCK", "KERNEL_DTYPES", "Kernels",
@@ -99,31 +99,6 @@ KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 # 8-bit weights' blocks must be whole vectors of the widest kernel (16 floats, AVX-512).
 KERNEL_BLOCK = 16
-
-
-class Kernels(NamedTuple):
-    """What a CPU plug-in provides (`specjax.kernels.plugin()`): each entry computes in one call
-    what the formulation named beside it computes, and is called only in a program lowered for
-    a CPU, for the calls this module gives it. With a stack [L, ...], `layer` ([] int32) is the
-    matrix's or the cache's index in it, read in place."""
-    # (x [R, I] float32, w [(L,) O, I] float32 or bfloat16, layer) -> [R, O] float32, XLA's
-    # dot; differentiable.
-    product: Callable
-    # (x [R, I] float32, values [(L,) O, I] int8, scales [(L,) O, I / B] float16, layer) ->
-    # [R, O] float32: `product` on the dequantised weights, bit for bit.
-    product_int8: Callable
-    # (x [T, I] float32, values, scales, layer) -> [T, O] float32: `q8_0_law` of x quantised.
-    product_q8_0: Callable
-    # (q [B, T, N, H], keys [(L,) B, K, H, S], values [(L,) B, K, S, H], mask [B, T, S],
-    # limit [B], layer) -> [B, T, N, H]: `layers.attend`, reading no slot at or past limit.
-    attention: Callable
-    # (positions [B, T] int32, inv_freq [H/2] float32) -> [2, B, T, H/2]: `layers.rope_tables`.
-    rope_tables: Callable
-    # (q [B, T, N, H], k [B, T, K, H], tables) -> (q, k) float32: `layers.apply_rope`.
-    rope: Callable
-
-    def __repr__(self) -> str:      # a config's repr, not six functions'
-        return "Kernels(CPU plug-in)"
 
 
 def linear(x: jax.Array, w: jax.Array | Int8Weight, out_dtype=None,
