@@ -33,9 +33,9 @@ import numpy as np
 
 import specjax
 from specjax import kernels
+from specjax.decoding.loop import with_kernels
 from specjax.model.cache import KVCache
 from specjax.model.config import DTYPES
-from specjax.model.linear import use_kernels
 from specjax.model.params import init_params, unstack_layers
 from specjax.model.quant import Int8Weight, dequantize
 from specjax.model.transformer import count_params, forward
@@ -59,7 +59,7 @@ def main():
     parser.add_argument("--eagle", help="an EAGLE drafter directory for --model: time its calls")
     parser.add_argument("--sizes", help="comma-separated call sizes to time, in decode steps")
     args = parser.parse_args()
-    kernels.ensure()              # built and registered, as `generate` does
+    plugin = kernels.plugin()     # built and registered, as `generate` does
     if (args.medusa or args.eagle) and not args.model:
         parser.error("--medusa and --eagle need --model, the target they were trained on")
 
@@ -75,6 +75,7 @@ def main():
                                      norm_eps=1e-5, activation="silu", tie_embeddings=False,
                                      dtype=args.dtype)
         params = init_params(config, jax.random.key(0))
+    config = config.replace(kernels=plugin)      # the programs name the kernels they use
     step = jax.jit(forward, static_argnums=1)
     cache = KVCache.init(config, 1, args.context)
     # Fill half the context so attention reads a realistic cache.
@@ -95,9 +96,9 @@ def main():
     repeats = 10
 
     def compiled(t, xla_only=False):
-        """A program making `repeats` calls on t tokens, compiled; with xla_only, traced inside
-        `use_kernels(False)`, so that every product and attention is XLA's (the engine before the
-        kernels)."""
+        """A program making `repeats` calls on t tokens, compiled; with xla_only, traced with a
+        config that names no kernels, so that every product and attention is XLA's (the engine
+        before the kernels)."""
         @functools.partial(jax.jit, static_argnums=1)
         def repeated(params, config, tokens, positions, cache):
             def call(i, carry):
@@ -111,9 +112,9 @@ def main():
 
         tokens = jnp.zeros((1, t), jnp.int32)
         positions = half + jnp.arange(t)[None]
-        run = lambda: repeated(params, config, tokens, positions, cache)  # noqa: E731
-        with use_kernels(not xla_only):
-            jax.block_until_ready(run())              # traced here, then reused from the cache
+        traced = config.replace(kernels=None) if xla_only else config
+        run = lambda: repeated(params, traced, tokens, positions, cache)  # noqa: E731
+        jax.block_until_ready(run())
         return run
 
     def timed(t):
@@ -149,7 +150,7 @@ def main():
 def print_sizes(sizes, compiled, rounds):
     """The cost of a call on each number of tokens, in one-token steps of the same formulation:
     specjax's (`model.linear`: the few-row kernels where they apply) and XLA's for every product
-    and attention (`use_kernels(False)`, the engine before the kernels), side by side. Each round
+    and attention (a config naming no kernels, the engine before them), side by side. Each round
     times every call once, so that a machine's drift moves them together; medians of the
     rounds' ratios."""
     sizes = sorted(set(sizes) | {1})
@@ -187,7 +188,8 @@ def time_heads(directory, model, repeats, median_time):
     @jax.jit
     def repeated(weights, h):
         def call(i, total):
-            return total + jnp.max(medusa.subset_logits(weights, h + i, depth))
+            return total + jnp.max(medusa.subset_logits(weights, h + i, depth,
+                                                        kernels=kernels.plugin()))
         return jax.lax.fori_loop(0, repeats, call, jnp.zeros((), jnp.float32))
 
     h = jnp.ones((1, heads.config.hidden_size), jnp.float32)
@@ -201,7 +203,8 @@ def time_drafter(directory, model, repeats, median_time, slots, filled):
 
     drafter = specjax.load(directory)
     weights = eagle.runtime_weights(drafter, model)
-    config, embed = drafter.config, model.params["embed"]
+    config = with_kernels(drafter.config, kernels.plugin())
+    embed = model.params["embed"]
     cache = KVCache.init(config.layer, 1, slots)
 
     @functools.partial(jax.jit, static_argnums=0)

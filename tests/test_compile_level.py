@@ -24,7 +24,6 @@ import pytest
 
 import specjax
 from specjax import kernels
-from specjax.model.linear import use_kernels
 from specjax.presets import WEIGHTS
 from specjax.sampling.logits import SamplingParams, probs_from_logits
 from specjax.testing.law import build_pair
@@ -43,18 +42,14 @@ print(json.dumps(outputs()))
 
 def outputs() -> dict:
     """Logits (as the bytes of their float32 values) and tokens of the runs compared."""
-    # `forward` uses the CPU kernels once they are registered in the process (generate
-    # registers them); register them first, so that both processes compare the same path, and
-    # compare XLA's formulation too.
-    kernels.ensure()
+    # Both paths: `forward` with the CPU kernels and with XLA's formulation (its run option).
     result = {}
     for name in ("llama-target", "gpt2-target"):
         target = specjax.load(WEIGHTS / name)
         ids = target.tokenizer.encode(PROMPTS[0]).ids
         for path, on in (("kernels", True), ("xla", False)):
-            with use_kernels(on):
-                logits, _ = specjax.forward(target.params, target.config, np.array([ids]),
-                                            np.arange(len(ids))[None])
+            logits, _ = specjax.forward(target.params, target.config, np.array([ids]),
+                                        np.arange(len(ids))[None], kernels=on)
             result[f"{name} {path}"] = np.asarray(logits, np.float32).tobytes().hex()
             probs = probs_from_logits(logits[0], SamplingParams(0.7, top_p=0.9))
             result[f"{name} {path} probabilities"] = np.asarray(probs).tobytes().hex()

@@ -19,7 +19,7 @@ from specjax.heads import eagle, medusa
 from specjax.heads.medusa import HeadsConfig, init_heads
 from specjax.io.checkpoint import random_model
 from specjax.model.cache import KVCache
-from specjax.model.linear import use_kernels
+from specjax.decoding.loop import with_kernels
 from specjax.model.quant import Int8Weight, Q8_0Weight
 from specjax.model.transformer import in_dtype
 from specjax.testing.law import llama_config
@@ -95,11 +95,13 @@ def test_greedy_decoding_with_drafters_in_the_target_dtype_equals_autoregressive
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "q8_0"])
 def test_every_drafter_product_is_a_kernel_call(models, dtype):
     # A drafting call of each drafter (EAGLE: 4 pairs read with its cache), lowered for the CPU
-    # with the kernels on: no XLA dot is left in it (an einsum beside `linear` would be one).
+    # with configs that name the kernels: no XLA dot is left in it (an einsum beside `linear`
+    # would be one).
     target, _, drafter, heads = models
     t = in_dtype(target, dtype)
     d = eagle.with_dtype(drafter, dtype)
-    weights, config = eagle.runtime_weights(d, t), d.config
+    plugin = specjax_kernels.plugin()
+    weights, config = eagle.runtime_weights(d, t), with_kernels(d.config, plugin)
     h = jnp.zeros((1, 4, 64), t.config.compute_dtype)
     tokens = jnp.zeros((1, 4), jnp.int32)
 
@@ -110,14 +112,13 @@ def test_every_drafter_product_is_a_kernel_call(models, dtype):
         return eagle.draft_logits(weights, config, out)
 
     def medusa_call(weights, h):      # two rows' states (one row is XLA's mat-vec in float32)
-        return medusa.subset_logits(weights, h[0, :2])
+        return medusa.subset_logits(weights, h[0, :2], kernels=plugin)
 
     heads_weights = medusa.runtime_weights(heads, t, dtype)
-    with use_kernels(True):
-        for fn, w in ((eagle_call, weights), (medusa_call, heads_weights)):
-            text = jax.jit(fn).lower(w, h).as_text()
-            assert "specjax_few_rows" in text, fn.__name__
-            assert "dot_general" not in text, fn.__name__
+    for fn, w in ((eagle_call, weights), (medusa_call, heads_weights)):
+        text = jax.jit(fn).lower(w, h).as_text()
+        assert "specjax_few_rows" in text, fn.__name__
+        assert "dot_general" not in text, fn.__name__
 
 
 def test_bad_drafter_dtypes_are_named_errors(models):

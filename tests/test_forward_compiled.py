@@ -16,7 +16,6 @@ import specjax
 from specjax.api import forward as public_forward
 from specjax.model import transformer
 from specjax.model.cache import KVCache
-from specjax.model.linear import use_kernels
 
 from specjax.api.generate import release_programs
 from specjax.io.checkpoint import random_model
@@ -55,19 +54,19 @@ def _run_all(dtypes=DTYPES) -> list[np.ndarray]:
 
 def test_forward_compiles_each_shape_once_and_the_maps_stay_bounded():
     first = _run_all()
-    programs = sum(public_forward._compiled(on)._cache_size() for on in (True, False))
-    # One program per (dtype, width, kernel setting): 4 x 3 x 2.
+    programs = public_forward._compiled._cache_size()
+    # One program per (dtype, width, kernel setting): 4 x 3 x 2 (the setting is the config's).
     assert programs == len(DTYPES) * len(WIDTHS) * 2
     before = _maps()
     second = _run_all()
-    assert sum(public_forward._compiled(on)._cache_size() for on in (True, False)) == programs
+    assert public_forward._compiled._cache_size() == programs
     assert _maps() - before < 50, "a second pass over the same shapes left new memory maps"
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
 
 
 def test_the_compiled_forward_gives_the_models_own_bits():
-    """The public forward's program is the model's forward traced with the same switch: the
+    """The public forward's program is the model's forward traced with the same config: the
     same bits as tracing `transformer.forward` under `jit` directly, kernels on and off."""
     import jax
     model = random_model(llama_config(64, layers=3), seed=4)
@@ -76,14 +75,15 @@ def test_the_compiled_forward_gives_the_models_own_bits():
     for kernels in (True, False):
         ours, _ = specjax.forward(model.params, model.config, tokens, positions, kernels=kernels)
 
-        def direct(params, tokens, positions):     # a new function: a trace of its own
-            return transformer.forward(params, model.config, tokens, positions)[0]
-        with use_kernels(public_forward.kernels_on(kernels)):
-            want = jax.jit(direct)(model.params, tokens, positions)
+        config = public_forward.run_config(model.config, kernels)
+
+        def direct(params, tokens, positions):
+            return transformer.forward(params, config, tokens, positions)[0]
+        want = jax.jit(direct)(model.params, tokens, positions)
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(want))
         outputs[kernels] = np.asarray(ours)
     # The two settings are two programs (float32 rounding apart), not one program twice.
-    if public_forward.kernels_on(True):
+    if public_forward.kernels_of(True) is not None:
         assert not np.array_equal(outputs[True], outputs[False])
 
 
@@ -99,4 +99,4 @@ def test_release_programs_gives_the_programs_memory_maps_back():
     assert grown > 6 * 20, f"6 programs added only {grown} maps: nothing to release"
     release_programs()
     assert _maps() - before < grown / 4, "the released programs' maps were not given back"
-    assert sum(public_forward._compiled(on)._cache_size() for on in (True, False)) == 0
+    assert public_forward._compiled._cache_size() == 0

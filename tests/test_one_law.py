@@ -27,10 +27,9 @@ import pytest
 
 from specjax import kernels as specjax_kernels
 from specjax.api.forward import forward
-from specjax.kernels.ffi import rope, rope_tables
+from specjax.kernels.ffi import KERNELS, rope, rope_tables
 from specjax.model import layers
 from specjax.model.cache import KVCache, TreeAttention
-from specjax.model.linear import use_kernels
 from specjax.model.transformer import in_dtype
 from specjax.testing.law import llama_config
 
@@ -157,9 +156,8 @@ def test_the_rope_kernel_follows_its_written_law():
     inv_freq = (1.0 / 10000.0 ** (np.arange(0, 24, 2) / 24)).astype(np.float32)
     x = rng.standard_normal((2, 4, 3, 24)).astype(np.float32)
     keys = rng.standard_normal((2, 4, 1, 24)).astype(np.float32)
-    with use_kernels(True):
-        tables = jax.jit(rope_tables)(positions, inv_freq)
-        ours, ours_k = (np.asarray(a) for a in jax.jit(rope)(x, keys, tables))
+    tables = jax.jit(rope_tables)(positions, inv_freq)
+    ours, ours_k = (np.asarray(a) for a in jax.jit(rope)(x, keys, tables))
     cos, sin = np.asarray(tables)[0][:, :, None, :], np.asarray(tables)[1][:, :, None, :]
     angle = (positions.astype(np.float32)[..., None] * inv_freq).astype(np.float64)
     for ours_t, exact in ((cos[:, :, 0], np.cos(angle)), (sin[:, :, 0], np.sin(angle))):
@@ -179,13 +177,12 @@ def test_the_rope_kernel_follows_its_written_law():
 def test_steps_and_calls_pick_the_rope_kernel_up_to_32_tokens():
     inv_freq = jnp.ones(4, jnp.float32)
     for t, want in ((1, True), (17, True), (32, True), (33, False)):
-        text = str(jax.make_jaxpr(lambda p: layers.rope_tables(p, inv_freq))(
+        text = str(jax.make_jaxpr(lambda p: layers.rope_tables(p, inv_freq, kernels=KERNELS))(
             jnp.zeros((1, t), jnp.int32)))
         assert ("specjax_rope_tables" in text) == want, t
-    with use_kernels(False):
-        text = str(jax.make_jaxpr(lambda p: layers.rope_tables(p, inv_freq))(
-            jnp.zeros((1, 5), jnp.int32)))
-        assert "specjax_rope_tables" not in text
+    text = str(jax.make_jaxpr(lambda p: layers.rope_tables(p, inv_freq, kernels=None))(
+        jnp.zeros((1, 5), jnp.int32)))
+    assert "specjax_rope_tables" not in text
 
 
 def differences(kernels: bool, law_width=None) -> dict:

@@ -19,7 +19,6 @@ import numpy as np
 import specjax
 from specjax.heads import eagle
 from specjax.heads.shared import projection
-from specjax.model.linear import use_kernels
 from specjax.train.eagle3 import TrainConfig, _loss
 from specjax.train.state import optimizer
 
@@ -65,12 +64,12 @@ def main(rows: int, width: int) -> None:
 
     soft = jax.jit(lambda f, h: jax.nn.softmax(jnp.einsum("BTD,SD->BTS", f, h), axis=-1))
     print(f"{rows} x {width} positions; {jax.devices()[0].device_kind}, jax {jax.__version__}")
-    with use_kernels(False):
-        a = jnp.asarray(rng.standard_normal((rows * width, dc.hidden_size)), jnp.float32)
-        timed("matmul [positions, 576] x [576, 8192]", jax.jit(jnp.dot), a, frozen["head"].T)
-        timed("soft labels", soft, final, frozen["head"])
-        timed("loss, forward", jax.jit(lambda t, f, b: loss(t, f, b)[0]), trainable, frozen, batch)
-        timed("optimizer step", step, trainable, opt.init(trainable), batch, frozen)
+    # XLA's formulations throughout: the configs here name no CPU kernels (`ModelConfig.kernels`).
+    a = jnp.asarray(rng.standard_normal((rows * width, dc.hidden_size)), jnp.float32)
+    timed("matmul [positions, 576] x [576, 8192]", jax.jit(jnp.dot), a, frozen["head"].T)
+    timed("soft labels", soft, final, frozen["head"])
+    timed("loss, forward", jax.jit(lambda t, f, b: loss(t, f, b)[0]), trainable, frozen, batch)
+    timed("optimizer step", step, trainable, opt.init(trainable), batch, frozen)
 
 
 if __name__ == "__main__":

@@ -37,9 +37,10 @@ _ENV_VALUES = {"on": True, "1": True, "true": True, "off": False, "0": False, "f
 
 
 def kernels_switch(kernels) -> bool:
-    """The CPU kernels' switch: `kernels` when given, else $SPECJAX_KERNELS (on by default).
-    Where it is on, the kernels are built and registered (`specjax.kernels.ensure`); without a
-    compiler, or on a GPU, that is False and XLA's formulation runs."""
+    """The run option `kernels`: its value when given, else $SPECJAX_KERNELS (on by default;
+    the one place the variable is read). Where it is on, the programs' configs name the
+    kernels (`api.forward.kernels_of`); without a compiler, or on a GPU, they name none and
+    XLA's formulation runs."""
     if kernels is not None:
         if not isinstance(kernels, bool):
             raise GenerationError(f"kernels must be True, False or None, got {kernels!r}")

@@ -14,11 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.api.checks import GenerationError, check_taps, check_trained_on
-from specjax.api.forward import kernels_on
+from specjax.api.forward import kernels_of
 from specjax.api.methods import Eagle
+from specjax.decoding.loop import with_kernels
 from specjax.heads import eagle
 from specjax.model.cache import KVCache
-from specjax.model.linear import use_kernels
 from specjax.model.transformer import Model, hidden_states, tapped_states
 
 __all__ = ["drafter_log_probs"]
@@ -48,19 +48,16 @@ def drafter_log_probs(target: Model, drafter: eagle.Drafter, tokens) -> jax.Arra
                               f"{tokens.shape} of {tokens.dtype}")
     if tokens.min() < 0 or tokens.max() >= target.config.vocab_size:
         raise GenerationError(f"tokens must be ids in [0, {target.config.vocab_size})")
-    # The kernels as decoding uses them; the switch is part of the program's key.
-    on = kernels_on()
-    return _log_probs(drafter.config, target.config, on, eagle.runtime_weights(drafter, target),
-                      target.params, jnp.asarray(tokens, jnp.int32))
+    # The kernels as decoding uses them, named by both static configs (`ModelConfig.kernels`).
+    kernels = kernels_of()
+    return _log_probs(with_kernels(drafter.config, kernels),
+                      with_kernels(target.config, kernels),
+                      eagle.runtime_weights(drafter, target), target.params,
+                      jnp.asarray(tokens, jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _log_probs(config, target_config, kernels, weights, target_params, tokens):
-    with use_kernels(kernels):
-        return _traced_log_probs(config, target_config, weights, target_params, tokens)
-
-
-def _traced_log_probs(config, target_config, weights, target_params, tokens):
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _log_probs(config, target_config, weights, target_params, tokens):
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     if config.taps:     # the tapped states (not the final-normed ones; no cache)

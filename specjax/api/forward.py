@@ -1,63 +1,49 @@
 """`specjax.forward`: the model's forward pass with the CPU kernels exactly as `generate` uses
 them.
 
-`model.transformer.forward` uses the few-row kernels only once something has registered them
-(`specjax.kernels.ensure`), so called on its own at the start of a process it would give XLA's
-products, and after a first `generate` the kernels' (equal up to float32 rounding, not to the
-bit). The public `forward` settles the switch first, as `generate` does: on (built and
-registered) unless `kernels=False` or $SPECJAX_KERNELS=off, so its bits do not depend on what
-ran before it. It is compiled, once per shape, config and kernel switch, and the program is
-reused: a loop over it dispatches one program a call, not every operation of the model.
+Which products a program uses is part of its static config (`ModelConfig.kernels`), so a
+model's own config (which names none) runs XLA's formulations wherever it is traced. The public
+`forward` chooses them as `generate` does, from the same run option: the kernels (built and
+registered here) unless `kernels=False` or $SPECJAX_KERNELS=off, so its bits do not depend on
+what ran before it. It is compiled, once per shape and config (the choice included), and the
+program is reused: a loop over it dispatches one program a call, not every operation of the
+model.
 """
 
 from __future__ import annotations
-
-import contextlib
-import functools
 
 import jax
 
 from specjax import kernels as specjax_kernels
 from specjax.api.checks import kernels_switch
 from specjax.model import transformer
-from specjax.model import linear
-from specjax.model.linear import use_kernels
+from specjax.model.config import ModelConfig
+from specjax.model.linear import Kernels
 
-__all__ = ["forward", "kernels_as_generate", "kernels_on"]
-
-
-def kernels_on(kernels: bool | None = None) -> bool:
-    """Whether functions traced now should use the CPU kernels, as `generate` decides with the
-    same `kernels` argument (None: an enclosing `use_kernels(...)` if there is one, else
-    $SPECJAX_KERNELS, on by default); where they should, they are built and registered."""
-    on = kernels_switch(kernels) if kernels is not None or linear.switch() is None \
-        else linear.switch()
-    return bool(on) and specjax_kernels.ensure()
+__all__ = ["forward", "kernels_of", "run_config"]
 
 
-@contextlib.contextmanager
-def kernels_as_generate(kernels: bool | None = None):
-    """Within it, functions traced use the CPU kernels as `kernels_on(kernels)` says."""
-    with use_kernels(kernels_on(kernels)):
-        yield
+def kernels_of(kernels: bool | None = None) -> Kernels | None:
+    """The run option `kernels` (True, False, or None: $SPECJAX_KERNELS, on by default) as a
+    program's configs name it: the CPU plug-in where it is on and the kernels build and
+    register here (`specjax.kernels.plugin`), else None (XLA's formulations)."""
+    return specjax_kernels.plugin() if kernels_switch(kernels) else None
+
+
+def run_config(config: ModelConfig, kernels: bool | None = None) -> ModelConfig:
+    """The config a program traced for the run option `kernels` runs (`transformer.lawful`):
+    the plug-in it names, and the one law's width where it names none."""
+    return transformer.lawful(config, kernels_of(kernels))
 
 
 def forward(params, config, tokens, positions, cache=None, tree=None, *,
             kernels: bool | None = None):
     """`specjax.model.transformer.forward` (its docstring has the arguments and results), with
-    the kernels switched as `generate` switches them (`kernels`, else an enclosing
-    `use_kernels`, else $SPECJAX_KERNELS), compiled: the first call of a shape compiles a
-    program (`jax.jit`, the config static), later calls of that shape run it. With the kernels
-    off, a call on a cache takes the one law's width (`transformer.lawful`)."""
-    return _compiled(kernels_on(kernels))(params, config, tokens, positions, cache, tree)
+    the kernels chosen as `generate` chooses them (`kernels`, else $SPECJAX_KERNELS),
+    compiled: the first call of a shape compiles a program (`jax.jit`, the config static),
+    later calls of that shape run it. Without the kernels, a call on a cache takes the one
+    law's width (`transformer.lawful`)."""
+    return _compiled(params, run_config(config, kernels), tokens, positions, cache, tree)
 
 
-@functools.cache
-def _compiled(kernels: bool):
-    """The jitted forward traced with the kernels on or off: the switch is read while tracing,
-    so each setting has its own program cache."""
-    def traced(params, config, tokens, positions, cache, tree):
-        with use_kernels(kernels):
-            return transformer.forward(params, transformer.lawful(config, kernels), tokens,
-                                       positions, cache, tree)
-    return jax.jit(traced, static_argnums=1)
+_compiled = jax.jit(transformer.forward, static_argnums=1)

@@ -28,12 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import kernels as specjax_kernels
 from specjax import mesh as meshes
 from specjax.api.checks import (KERNELS_ENV, GenerationError, bind_sampling, bucket,
                                 check_compatible, check_logprobs, check_stop_ids, encode_prompts,
                                 kernels_switch, one_sampling, per_row_ints, prompt_matrix)
-from specjax.api.forward import _compiled as compiled_forward
+from specjax.api.forward import _compiled as compiled_forward, kernels_of
 from specjax.api.methods import CLASSES, Method, method_of
 from specjax.api.results import (GenerationResult, RowStats, Stats, acceptance_by_position, host,
                                  result, safe_prefix)
@@ -109,7 +108,8 @@ def prepare(target: Model, prompts, method: Method | str = "autoregressive",
     buffer_length = bucket(int(lengths.max()) + int(max_new.max()) + bound.room + 1)
     if mesh is not None:
         check_on_mesh(target, draft)
-    kernels = kernels_switch(kernels) and mesh is None and specjax_kernels.ensure()
+    # The run option as the programs' configs name it (`loop.lawful`): never on a mesh.
+    kernels = kernels_of(kernels_switch(kernels) and mesh is None)
     spec = DecodeSpec(method=bound.spec, target_config=target.config,
                       buffer_length=buffer_length, mesh=mesh, rules=rules or Rules(),
                       logprobs=check_logprobs(sampling.logprobs, target.config.vocab_size),
@@ -264,7 +264,8 @@ def generate(target: Model | Request, prompts=None, method: Method | str = "auto
       mesh: a "data" x "model" device mesh (`specjax.mesh.make_mesh`) to run on: the target
         split over "model", rows over "data" (`specjax.mesh`).
       kernels: whether few-token calls use the CPU kernels (`specjax.kernels`): None (the
-        default) follows $SPECJAX_KERNELS, True or False decides; part of the program's key.
+        default) follows $SPECJAX_KERNELS, True or False decides; the programs' static configs
+        name the choice (`ModelConfig.kernels`), so it is part of their key.
       rules: the draw and verification rules (`specjax.sampling.rules.Rules`); the default is
         Theorem 1's. Others are for studying a rule under the distribution tests.
 
@@ -364,7 +365,7 @@ def release_programs() -> None:
     module."""
     _COMPILED.clear()
     loop.programs.cache_clear()
-    compiled_forward.cache_clear()
+    compiled_forward.clear_cache()
     jax.clear_caches()
     gc.collect()      # a program held in a reference cycle is unmapped only when it is freed
 

@@ -64,6 +64,7 @@ from specjax.bench.peers import Peers
 from specjax.bench.methods import PEERS
 from specjax.bench.prompts import SUITE
 from specjax.model.cache import KVCache
+from specjax.api.forward import kernels_of
 from specjax.model.transformer import forward
 from specjax.presets import CLIError, make_mesh, model_paths
 from specjax.sampling.params import SamplingParams
@@ -217,7 +218,7 @@ def _call_times_job(target, draft, batch, settings):
 def call_seconds(model, batch: int, tokens: int, reps: int) -> float:
     """Median seconds of one jitted forward call on `batch` rows of `tokens` tokens that write
     a cache at CALL_POSITION, after one untimed call."""
-    config = model.config
+    config = model.config.replace(kernels=kernels_of())          # the kernels as generate's
     call = jax.jit(lambda params, t, p, c: forward(params, config, t, p, c)[0])
     ids = jnp.zeros((batch, tokens), jnp.int32)
     positions = jnp.broadcast_to(CALL_POSITION + jnp.arange(tokens, dtype=jnp.int32),

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)     # (the model cards give it)
     kernels_before = os.environ.get(KERNELS_ENV)
     if getattr(args, "no_kernels", False):
-        # The one switch (`specjax.generate(kernels=)`), for every generate call of the command.
+        # The run option's default (`specjax.generate(kernels=)`), for every call of the command.
         os.environ[KERNELS_ENV] = "off"
     Interrupt.seen = False
     in_main_thread = threading.current_thread() is threading.main_thread()

@@ -17,6 +17,7 @@ import jax
 from specjax import mesh as meshes
 from specjax.decoding import lookahead
 from specjax.model.config import ModelConfig
+from specjax.model.linear import Kernels
 from specjax.sampling.rules import Rules
 from specjax.sampling.tree import Tree
 
@@ -91,9 +92,9 @@ class DecodeSpec:
     # How many alternatives each emitted token's log-probability comes with (`extras.Logprobs`);
     # 0: none are kept.
     logprobs: int = 0
-    # The CPU kernels' switch (`specjax.model.linear`): the programs are traced inside
-    # `use_kernels(kernels)`, so programs with and without them are never confused.
-    kernels: bool = False
+    # The CPU plug-in whose kernels the programs use (`specjax.model.linear.Kernels`; None:
+    # XLA's formulations): `loop.lawful` writes it into every model config of the spec.
+    kernels: Kernels | None = None
 
     @property
     def data_shards(self) -> int:

@@ -21,10 +21,10 @@ from specjax import mesh as meshes
 from specjax.decoding.sharding import pinned, settings_layout, state_shardings, weight_shardings
 from specjax.decoding.config import DecodeSpec, Weights
 from specjax.decoding.state import DecodeState, RowSettings, initial_state
-from specjax.model.linear import use_kernels
+from specjax.model.config import ModelConfig
 from specjax.model.transformer import lawful as lawful_config
 
-__all__ = ["DecodeSpec", "Programs", "Weights", "init", "programs", "step"]
+__all__ = ["DecodeSpec", "Programs", "Weights", "init", "programs", "step", "with_kernels"]
 
 
 class Programs(NamedTuple):
@@ -60,11 +60,10 @@ def programs(spec: DecodeSpec) -> Programs:
     """`Programs` (init, step, run) for this spec, jitted; on a mesh, with explicit shardings
     for the weights, the per-row inputs and the state (not while tracing: `DecodeSpec.trace`
     changes the state's structure after the first step)."""
-    # Each is traced with the spec's kernel switch (`model.linear`). On a mesh it is off (the
-    # API sees to it): XLA's partitioner cannot split a custom call across devices, it would
-    # gather every weight onto each.
-    functions = tuple(_with_kernels(spec.kernels, functools.partial(f, lawful(spec)))
-                      for f in (_init, _step, _run))
+    # Each is traced with the spec's kernels in its configs (`lawful`). On a mesh there are none
+    # (the API sees to it): XLA's partitioner cannot split a custom call across devices, it
+    # would gather every weight onto each.
+    functions = tuple(functools.partial(f, lawful(spec)) for f in (_init, _step, _run))
     if spec.mesh is None or spec.trace:
         return Programs(*(jax.jit(f) for f in functions))
     weights, rows, state = (weight_shardings(spec), meshes.rows(spec.mesh),
@@ -75,16 +74,26 @@ def programs(spec: DecodeSpec) -> Programs:
 
 
 def lawful(spec: DecodeSpec) -> DecodeSpec:
-    """The spec its programs are traced with: the target's calls at the one law's width where
-    the kernels do not serve (`transformer.lawful`)."""
-    return dataclasses.replace(spec, target_config=lawful_config(spec.target_config, spec.kernels))
+    """The spec its programs are traced with, where their products are chosen: every model
+    config in it (the target's, a draft model's, a drafter's layers) names the spec's CPU
+    kernels (`spec.kernels`; None: XLA's formulations), and the target's calls take the one
+    law's width where the kernels do not serve (`transformer.lawful`)."""
+    return dataclasses.replace(spec, target_config=lawful_config(spec.target_config, spec.kernels),
+                               method=with_kernels(spec.method, spec.kernels))
 
 
-def _with_kernels(on: bool, f):
-    def traced(*args):
-        with use_kernels(on):
-            return f(*args)
-    return traced
+def with_kernels(value, kernels):
+    """`value` (a config, a method's static spec, or a field of one) with every `ModelConfig`
+    in it naming the CPU plug-in `kernels` (None: XLA's formulations): a draft model's config,
+    an EAGLE or DFlash drafter's layers."""
+    if isinstance(value, ModelConfig):
+        return value.replace(kernels=kernels)
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return value
+    changed = {f.name: with_kernels(getattr(value, f.name), kernels)
+               for f in dataclasses.fields(value) if f.init}
+    changed = {name: new for name, new in changed.items() if new is not getattr(value, name)}
+    return dataclasses.replace(value, **changed) if changed else value
 
 
 def init(spec, weights, prompts, prompt_length, row_keys, settings) -> DecodeState:

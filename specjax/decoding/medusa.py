@@ -72,7 +72,8 @@ def candidate_tree(spec, heads, state: DecodeState, keys) -> trees.Candidates:
     None for "top" candidates), from the hidden state the last call left."""
     tree, scheme, vocab = spec.method.tree, spec.method.candidates, spec.vocab_size
     b, n, width = state.length.shape[0], tree.size + 1, tree.max_width
-    sub_logits = medusa.subset_logits(heads, state.carry.hidden, tree.max_depth)     # [B, D, S]
+    sub_logits = medusa.subset_logits(heads, state.carry.hidden, tree.max_depth,
+                                      kernels=spec.target_config.kernels)         # [B, D, S]
     level_keys = jax.vmap(lambda key: jax.random.split(key, tree.max_depth))(keys)   # [B, D]
 
     def expand(d, tokens, valid, probs):

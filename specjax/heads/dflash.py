@@ -189,10 +189,11 @@ def runtime_weights(drafter: BlockDrafter) -> dict:
     return dict(drafter.params)
 
 
-def _project(x, w, prefill: bool = False):
+def _project(x, w, kernels, prefill: bool = False):
     """x [B, T, D] through w [heads, H, D] -> [B, T, heads, H]."""
     heads, h, d = w.shape
-    return linear(x, w.reshape(heads * h, d), prefill=prefill).reshape(*x.shape[:2], heads, h)
+    y = linear(x, w.reshape(heads * h, d), prefill=prefill, kernels=kernels)
+    return y.reshape(*x.shape[:2], heads, h)
 
 
 def fuse_context(weights: dict, config: DFlashConfig, features: jax.Array,
@@ -200,7 +201,8 @@ def fuse_context(weights: dict, config: DFlashConfig, features: jax.Array,
     """The target's tapped states [B, T, n D] -> the fused context [B, T, D]:
     hidden_norm(fc(features))."""
     dtype = config.layer.compute_dtype
-    fused = linear(features.astype(dtype), weights["fc"], prefill=prefill)   # BTE,DE->BTD
+    fused = linear(features.astype(dtype), weights["fc"], prefill=prefill,
+                   kernels=config.layer.kernels)                              # BTE,DE->BTD
     return rms_norm(fused, weights["hidden_norm"]["scale"], config.layer.norm_eps)
 
 
@@ -209,7 +211,8 @@ def _context_kv(p: dict, config: DFlashConfig, context: jax.Array, tables: jax.A
     """One layer's keys and values of the fused context [B, T, D]: k_proj, its k_norm and
     RoPE; v_proj. No input norm: the context is already normed."""
     c = config.layer
-    k, v = _project(context, p["wk"], prefill), _project(context, p["wv"], prefill)  # [B, T, K, H]
+    k, v = (_project(context, p[name], c.kernels, prefill)
+            for name in ("wk", "wv"))                                            # [B, T, K, H]
     if c.qkv_bias:
         k, v = k + p["bk"], v + p["bv"]
     return rotate(rms_norm(k, p["k_norm"]["scale"], c.norm_eps), tables), v
@@ -222,7 +225,8 @@ def context_kv(weights: dict, config: DFlashConfig, features: jax.Array, slots: 
     what the prefill does for the prompt (`prefill`: a prompt's, as in
     `transformer.hidden_states`)."""
     context = fuse_context(weights, config, features, prefill)
-    tables = rope_tables(slots, jnp.asarray(rope_frequencies(config.layer)))
+    tables = rope_tables(slots, jnp.asarray(rope_frequencies(config.layer)),
+                         kernels=config.layer.kernels)
     keys, values = cache.k, cache.v
     for i, p in enumerate(weights["layers"]):
         k, v = _context_kv(p, config, context, tables, prefill)
@@ -236,23 +240,23 @@ def _block_layer(p: dict, c: ModelConfig, x: jax.Array, tables: jax.Array, atten
     and the block's keys and values as its caller arranges them), o, and the MLP."""
     eps = c.norm_eps
     h = rms_norm(x, p["attn_norm"]["scale"], eps)
-    q, k, v = (_project(h, p[name]) for name in ("wq", "wk", "wv"))
+    q, k, v = (_project(h, p[name], c.kernels) for name in ("wq", "wk", "wv"))
     if c.qkv_bias:
         q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
     q = rms_norm(q, p["q_norm"]["scale"], eps)
     k = rms_norm(k, p["k_norm"]["scale"], eps)
-    q, k = apply_rope(q, k, tables)
+    q, k = apply_rope(q, k, tables, kernels=c.kernels)
     attn = attention(q, k, v)                                                   # [B, T, N, H]
     b, t, n, h_ = attn.shape
-    out = linear(attn.reshape(b, t, n * h_), p["wo"].reshape(-1, n * h_))
+    out = linear(attn.reshape(b, t, n * h_), p["wo"].reshape(-1, n * h_), kernels=c.kernels)
     if c.out_bias:
         out = out + p["bo"]
     x = x + out
     m = rms_norm(x, p["mlp_norm"]["scale"], eps)
-    gate, up = linear(m, p["w_gate"]), linear(m, p["w_up"])
+    gate, up = (linear(m, p[name], kernels=c.kernels) for name in ("w_gate", "w_up"))
     if c.mlp_bias:
         gate, up = gate + p["b_gate"], up + p["b_up"]
-    down = linear(activation(c.activation, gate) * up, p["w_down"])
+    down = linear(activation(c.activation, gate) * up, p["w_down"], kernels=c.kernels)
     return x + (down + p["b_down"] if c.mlp_bias else down)
 
 
@@ -277,8 +281,8 @@ def draft_block(weights: dict, config: DFlashConfig, embed: jax.Array, features:
     dtype = c.compute_dtype
     inv_freq = jnp.asarray(rope_frequencies(c))
     context = fuse_context(weights, config, features)
-    context_tables = rope_tables(context_slots, inv_freq)
-    block_tables = rope_tables(block_slots, inv_freq)
+    context_tables = rope_tables(context_slots, inv_freq, kernels=c.kernels)
+    block_tables = rope_tables(block_slots, inv_freq, kernels=c.kernels)
     x = lookup(embed, block).astype(dtype)
     if config.input_embedding_scale != 1.0:
         x = x * jnp.asarray(config.input_embedding_scale, dtype)
@@ -292,7 +296,7 @@ def draft_block(weights: dict, config: DFlashConfig, embed: jax.Array, features:
 
         def attention(q, k, v, i=i):          # the block after them
             buffers[:] = kv.write(*buffers, k, v, block_slots, i)
-            return attend_cache(q, *buffers, queries, None, cache.first, i)
+            return attend_cache(q, *buffers, queries, None, cache.first, i, kernels=c.kernels)
         x = _block_layer(p, c, x, block_tables, attention)
     x = rms_norm(x, weights["final_norm"]["scale"], eps)
     return x, KVCache(*buffers, cache.length, cache.first)
@@ -330,9 +334,9 @@ def blocks_states(weights: dict, config: DFlashConfig, embed: jax.Array, feature
     inv_freq = jnp.asarray(rope_frequencies(c))
     context = fuse_context(weights, config, features)                          # [B, T, D]
     ctx_positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    ctx_tables = rope_tables(ctx_positions, inv_freq)
+    ctx_tables = rope_tables(ctx_positions, inv_freq, kernels=c.kernels)
     positions = (anchors[:, :, None] + jnp.arange(size, dtype=jnp.int32)).reshape(b, a * size)
-    tables = rope_tables(positions, inv_freq)
+    tables = rope_tables(positions, inv_freq, kernels=c.kernels)
     block = jnp.full((b, a, size), config.mask_token_id, jnp.int32)
     block = block.at[:, :, 0].set(jnp.take_along_axis(tokens, anchors, axis=1))
     x = lookup(embed, block.reshape(b, a * size)).astype(dtype)

@@ -313,7 +313,8 @@ def from_target(weights: dict, config: DrafterConfig, features: jax.Array) -> ja
     hidden states as they are, or EAGLE-3's taps [..., n * D_t] reduced by fc."""
     if config.kind != "eagle3":
         return features
-    return linear(features.astype(config.layer.compute_dtype), weights["fc"]["w"])  # .E,DE->.D
+    return linear(features.astype(config.layer.compute_dtype), weights["fc"]["w"],
+                  kernels=config.layer.kernels)                                # .E,DE->.D
 
 
 def draft_features(weights: dict, config: DrafterConfig, embed, features, tokens, positions,
@@ -336,8 +337,8 @@ def draft_features(weights: dict, config: DrafterConfig, embed, features, tokens
         x = hidden if config.norm_before_residual else features
     else:
         pair = [features, e] if config.style == "specjax" else [e, features]
-        x = linear(jnp.concatenate(pair, axis=-1), weights["fc"]["w"], prefill=prefill) \
-            + weights["fc"]["b"]                                                    # BTE,DE->BTD
+        x = linear(jnp.concatenate(pair, axis=-1), weights["fc"]["w"], prefill=prefill,
+                   kernels=config.layer.kernels) + weights["fc"]["b"]              # BTE,DE->BTD
         attn_input = None if config.style == "specjax" else x   # published: no input norm
     # Its one layer as a stack of one (a reshape, not a copy) for the model's decoder.
     x, cache = decoder_layers(stack_layers(weights["layers"]), config.layer, x, positions, cache,
@@ -352,4 +353,5 @@ def draft_logits(weights: dict, config: DrafterConfig, out: jax.Array) -> jax.Ar
     (EAGLE-3 normalises first: its norm sits before the head, not on what is fed back)."""
     if config.kind == "eagle3":
         out = final_norm(weights, config.layer, out)
-    return linear(out, weights["proj"], out_dtype=jnp.float32)                 # .D,SD->.S
+    return linear(out, weights["proj"], out_dtype=jnp.float32,
+                  kernels=config.layer.kernels)                                # .D,SD->.S

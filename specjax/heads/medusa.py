@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.heads.shared import full_logits, in_dtype, projection, target_identity
-from specjax.model.linear import linear
+from specjax.model.linear import Kernels, linear
 from specjax.model.quant import Int8Weight
 from specjax.model.transformer import Model
 from specjax.sampling.tree import Tree
@@ -134,26 +134,31 @@ def runtime_blocks(blocks: list) -> list:
     return [[dict(block, w=jnp.transpose(block["w"])) for block in head] for head in blocks]
 
 
-def features(weights: dict, hidden: jax.Array, count: int | None = None) -> jax.Array:
+def features(weights: dict, hidden: jax.Array, count: int | None = None, *,
+             kernels: Kernels | None) -> jax.Array:
     """The first `count` heads' residual blocks (default all K) on hidden states [..., D]:
-    [..., count, D]. The blocks are `runtime_blocks`."""
+    [..., count, D]. The blocks are `runtime_blocks`; `kernels`: the CPU plug-in the products
+    use (the target config's `kernels`), None for XLA's."""
     out = []
     for blocks in weights["blocks"][:count]:
         z = hidden
         for block in blocks:
-            z = z + jax.nn.silu(linear(z, block["w"]) + block["b"])       # .D,ED->.E
+            z = z + jax.nn.silu(linear(z, block["w"], kernels=kernels) + block["b"])  # .D,ED->.E
         out.append(z)
     return jnp.stack(out, axis=-2)
 
 
-def subset_logits(weights: dict, hidden: jax.Array, count: int | None = None) -> jax.Array:
+def subset_logits(weights: dict, hidden: jax.Array, count: int | None = None, *,
+                  kernels: Kernels | None) -> jax.Array:
     """Hidden states [..., D] -> the first `count` heads' logits over the subset
-    [..., count, S], float32 (default all K heads; a tree of depth d needs only d)."""
-    z, proj = features(weights, hidden, count), weights["proj"]
+    [..., count, S], float32 (default all K heads; a tree of depth d needs only d); `kernels`
+    as `features`'."""
+    z, proj = features(weights, hidden, count, kernels=kernels), weights["proj"]
     if proj.ndim == 3:                              # each head its own LM head [K, V, D]
-        return jnp.stack([linear(z[..., k, :], _head(proj, k), out_dtype=jnp.float32)
+        return jnp.stack([linear(z[..., k, :], _head(proj, k), out_dtype=jnp.float32,
+                                 kernels=kernels)
                           for k in range(z.shape[-2])], axis=-2)          # .KD,KSD->.KS
-    return linear(z, proj, out_dtype=jnp.float32)                         # .KD,SD->.KS
+    return linear(z, proj, out_dtype=jnp.float32, kernels=kernels)        # .KD,SD->.KS
 
 
 def _head(proj, k: int):

@@ -1,12 +1,14 @@
-"""The CPU kernels as a plug-in: builds `few_rows.cc` with the machine's C++ compiler,
-registers its XLA FFI targets, and registers their calls (`ffi.KERNELS`) with the model's one
-interface to kernels, `specjax.model.linear`, which decides which calls they serve.
+"""The CPU kernels as a plug-in: builds `few_rows.cc` with the machine's C++ compiler and
+registers its XLA FFI targets; their calls (`ffi.KERNELS`, a `specjax.model.linear.Kernels`)
+are data that a program's config carries (`ModelConfig.kernels`), and the model's one
+interface to kernels, `specjax.model.linear`, decides which calls they serve.
 
     from specjax import kernels
     kernels.ensure()          # True once built and registered; False (with a warning) if not
+    kernels.plugin()          # ffi.KERNELS where ensure() is True, else None
 
-`specjax.generate` calls `ensure()` when its `kernels` switch is on (the default, unless
-`SPECJAX_KERNELS=off` or `--no-kernels`). It does nothing on a GPU or TPU backend: the kernels
+`specjax.generate` and `specjax.forward` call `plugin()` when their `kernels` run option is on
+(the default, unless `SPECJAX_KERNELS=off` or `--no-kernels`). It does nothing on a GPU or TPU backend: the kernels
 are for the CPU, and programs for other platforms never contain them.
 
 The source is compiled for the CPU it runs on (-march=native), against the FFI headers that ship
@@ -39,9 +41,9 @@ import jaxlib
 
 from specjax.io.fetch import cache_root
 from specjax.kernels import ffi
-from specjax.model import linear
+from specjax.model.linear import Kernels
 
-__all__ = ["BuildError", "SOURCE", "build", "build_key", "ensure", "load"]
+__all__ = ["BuildError", "SOURCE", "build", "build_key", "ensure", "load", "plugin"]
 
 SOURCE = Path(__file__).with_name("few_rows.cc")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-fPIC", "-shared")
@@ -107,9 +109,8 @@ def build(cache_dir: Path | None = None) -> Path:
 
 
 def load(cache_dir: Path | None = None) -> bool:
-    """Builds (or finds) the kernels, registers them with XLA's CPU backend and their calls
-    with `specjax.model.linear`. False, with a warning, when they cannot be built or loaded
-    here; nothing on a non-CPU backend."""
+    """Builds (or finds) the kernels and registers them with XLA's CPU backend. False, with a
+    warning, when they cannot be built or loaded here; nothing on a non-CPU backend."""
     if jax.default_backend() != "cpu":
         return False
     try:
@@ -122,7 +123,6 @@ def load(cache_dir: Path | None = None) -> bool:
                       f"XLA's products and attention (slower): {error}", RuntimeWarning,
                       stacklevel=2)
         return False
-    linear.register(ffi.KERNELS)
     return True
 
 
@@ -130,3 +130,9 @@ def load(cache_dir: Path | None = None) -> bool:
 def ensure() -> bool:
     """`load()` once per process: whether the kernels are registered."""
     return load()
+
+
+def plugin() -> Kernels | None:
+    """The kernels' calls for a program's config to name (`ModelConfig.kernels`): `ffi.KERNELS`
+    once built and registered (`ensure`), None where they cannot be (XLA's formulations)."""
+    return ffi.KERNELS if ensure() else None

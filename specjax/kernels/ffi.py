@@ -1,5 +1,5 @@
 """The C++ kernels' calls (`few_rows.cc`), as XLA FFI custom calls by target name: the
-`specjax.model.linear.Kernels` that `specjax.kernels.load` registers with the model.
+`specjax.model.linear.Kernels` that a program's config names (`specjax.kernels.plugin`).
 
 Each call runs only in a program lowered for a CPU, once the targets are registered with XLA's
 CPU backend (`load`); `specjax.model.linear` decides which calls of the model take them. Every

@@ -1,4 +1,5 @@
-"""ModelConfig: the static description of a GPT-2 or Llama-family model.
+"""ModelConfig: the static description of a GPT-2 or Llama-family model (and of the products a
+program runs it with: `Kernels`).
 
 A config is frozen and hashable so that it can be a static argument under `jax.jit`: two
 models with equal configs share compiled code. It is read from a Hugging Face `config.json`
@@ -19,7 +20,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 ARCHITECTURES = ("gpt2", "llama")
 DTYPES = ("float32", "bfloat16", "int8", "q8_0")
@@ -29,6 +30,32 @@ EIGHT_BIT = ("int8", "q8_0")
 _LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
                 "gelu": "gelu", "silu": "silu", "swish": "silu"}
+
+
+class Kernels(NamedTuple):
+    """What a CPU plug-in provides (`specjax.kernels.plugin()`), and what a config's `kernels`
+    names: each entry computes in one call what the formulation named beside it computes, and
+    is called only in a program lowered for a CPU, for the calls `specjax.model.linear` (the
+    one interface to it, where it is re-exported) gives it. With a stack [L, ...], `layer` ([]
+    int32) is the matrix's or the cache's index in it, read in place."""
+    # (x [R, I] float32, w [(L,) O, I] float32 or bfloat16, layer) -> [R, O] float32, XLA's
+    # dot; differentiable.
+    product: Callable
+    # (x [R, I] float32, values [(L,) O, I] int8, scales [(L,) O, I / B] float16, layer) ->
+    # [R, O] float32: `product` on the dequantised weights, bit for bit.
+    product_int8: Callable
+    # (x [T, I] float32, values, scales, layer) -> [T, O] float32: `q8_0_law` of x quantised.
+    product_q8_0: Callable
+    # (q [B, T, N, H], keys [(L,) B, K, H, S], values [(L,) B, K, S, H], mask [B, T, S],
+    # limit [B], layer) -> [B, T, N, H]: `layers.attend`, reading no slot at or past limit.
+    attention: Callable
+    # (positions [B, T] int32, inv_freq [H/2] float32) -> [2, B, T, H/2]: `layers.rope_tables`.
+    rope_tables: Callable
+    # (q [B, T, N, H], k [B, T, K, H], tables) -> (q, k) float32: `layers.apply_rope`.
+    rope: Callable
+
+    def __repr__(self) -> str:      # a config's repr, not six functions'
+        return "Kernels(CPU plug-in)"
 
 
 class ConfigError(ValueError):
@@ -69,6 +96,11 @@ class ModelConfig:
     # off), so that a token's logits do not depend on how many tokens share its call, and 1 (no
     # padding) on the CPU kernels' path, which has its own law. 1 turns the padding off.
     law_width: int | None = None
+    # The CPU plug-in whose kernels the products, RoPE and attention of a few-token call use
+    # (`Kernels`); None: XLA's formulations at every width. A program's
+    # choice, not the model's: `transformer.lawful` sets it (with `law_width`) where programs
+    # are built, so programs with and without the kernels have different static configs.
+    kernels: Kernels | None = None
 
     def __post_init__(self):
         if self.arch not in ARCHITECTURES:
@@ -90,6 +122,8 @@ class ModelConfig:
             raise ConfigError(f"law_width must be a positive integer, got {self.law_width!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.kernels is not None and not isinstance(self.kernels, Kernels):
+            raise ConfigError(f"kernels must be a Kernels or None, got {self.kernels!r}")
 
     @property
     def compute_dtype(self) -> str:

@@ -16,7 +16,7 @@ from jax import lax
 
 from specjax.model.cache import BITS, TreeAttention, as_bits, attention_mask, windows
 from specjax.model.config import ModelConfig
-from specjax.model.linear import attention_uses_kernel, layer_of, plugin, rope_uses_kernel
+from specjax.model.linear import Kernels, attention_uses_kernel, layer_of, rope_uses_kernel
 from specjax.model.quant import Int8Weight, rows
 
 
@@ -114,7 +114,7 @@ def rope_frequencies(config: ModelConfig) -> np.ndarray:
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def rope_tables(positions, inv_freq):
+def rope_tables(positions, inv_freq, *, kernels: Kernels | None):
     """cos and sin of every position's rotation angles: [2, B, T, H/2] float32, the cosines
     then the sines, each angle once (the rotation uses it for both halves of a head).
 
@@ -122,10 +122,11 @@ def rope_tables(positions, inv_freq):
     the kernels on, for calls of at most 32 tokens, by the tables kernel (`apply_rope`).
 
     Args:
-      positions: [B, T] int; inv_freq: [H/2] (`rope_frequencies`).
+      positions: [B, T] int; inv_freq: [H/2] (`rope_frequencies`); kernels: the CPU plug-in
+      (the config's `kernels`), None for XLA's formulation.
     """
-    if rope_uses_kernel(positions.shape[1]):          # decoding steps and verify calls
-        return lax.platform_dependent(positions, inv_freq, cpu=plugin().rope_tables,
+    if rope_uses_kernel(positions.shape[1], kernels):   # decoding steps and verify calls
+        return lax.platform_dependent(positions, inv_freq, cpu=kernels.rope_tables,
                                       default=_rope_tables)
     return _rope_tables(positions, inv_freq)
 
@@ -135,7 +136,7 @@ def _rope_tables(positions, inv_freq):
     return jnp.stack([jnp.cos(angles), jnp.sin(angles)])
 
 
-def apply_rope(q, k, tables):
+def apply_rope(q, k, tables, *, kernels: Kernels | None):
     """Half-split ("rotate_half") RoPE, the Hugging Face Llama layout.
 
     A call on at most 32 tokens (decoding steps, verify calls) on a CPU with the kernels on
@@ -149,14 +150,15 @@ def apply_rope(q, k, tables):
     one call.
 
     Args:
-      q: [B, T, N, H]; k: [B, T, K, H]; tables: [2, B, T, H/2] from `rope_tables`.
+      q: [B, T, N, H]; k: [B, T, K, H]; tables: [2, B, T, H/2] from `rope_tables`; kernels:
+      as `rope_tables`'.
     Returns:
       (q, k) rotated, in their dtypes.
     """
     def xla(q, k, tables):
         return _apply_rope(q, tables), _apply_rope(k, tables)
-    if rope_uses_kernel(q.shape[1], q.dtype):          # decoding steps and verify calls
-        rope = plugin().rope
+    if rope_uses_kernel(q.shape[1], kernels, q.dtype):  # decoding steps and verify calls
+        rope = kernels.rope
 
         def kernel(q, k, tables):
             rq, rk = rope(q, k, tables)
@@ -228,7 +230,7 @@ STEP_WINDOW, CHUNK_WINDOW, CHUNK_QUERIES = 1024, 128, 64
 
 
 def attend_cache(q, cache_k, cache_v, query_slots, tree: TreeAttention | None = None,
-                 first: int = 0, layer=0):
+                 first: int = 0, layer=0, *, kernels: Kernels | None):
     """Attention of queries to layer `layer` of a cache, reading only the prefix they can see.
 
     A call on few tokens (a decoding step, a verify call) uses the few-query kernel, which
@@ -253,14 +255,16 @@ def attend_cache(q, cache_k, cache_v, query_slots, tree: TreeAttention | None = 
       buffers, with this call's keys already written; query_slots: [B, T] (their positions,
       except in a token tree); tree: the token tree the queries belong to, if any
       (`cache.attention_mask`); first: the cache's `KVCache.first`; layer: [] int, the layer
-      whose buffers the queries read (the kernel reads them where they lie in the stack).
+      whose buffers the queries read (the kernel reads them where they lie in the stack);
+      kernels: the CPU plug-in (the config's `kernels`), None for XLA's windows.
     Returns:
       [B, T, N, H]
     """
     layer = jnp.asarray(layer, jnp.int32)
-    if attention_uses_kernel(q, *(_as_float(c) for c in (cache_k, cache_v))):  # a few tokens
-        return lax.platform_dependent(q, cache_k, cache_v, query_slots, tree, layer,
-                                      cpu=functools.partial(_attend_in_place, first=first),
+    if attention_uses_kernel(q, *(_as_float(c) for c in (cache_k, cache_v)), kernels):
+        in_place = functools.partial(_attend_in_place, first=first, kernels=kernels)  # a few
+        return lax.platform_dependent(q, cache_k, cache_v, query_slots, tree, layer,   # tokens
+                                      cpu=in_place,
                                       default=functools.partial(_attend_windows, first=first))
     return _attend_windows(q, cache_k, cache_v, query_slots, tree, layer, first)
 
@@ -273,7 +277,7 @@ def _as_float(buffer):
     return lax.bitcast_convert_type(buffer, jnp.bfloat16)
 
 
-def _attend_in_place(q, cache_k, cache_v, query_slots, tree, layer, first=0):
+def _attend_in_place(q, cache_k, cache_v, query_slots, tree, layer, first=0, *, kernels):
     """`attend_cache` by the few-query kernel: the layer's buffer read in place, up to the slots
     in use."""
     b, slots = q.shape[0], cache_v.shape[-2]
@@ -281,9 +285,9 @@ def _attend_in_place(q, cache_k, cache_v, query_slots, tree, layer, first=0):
     limit = jnp.max(query_slots, axis=1) + 1                                  # [B]
     dtype = _as_float(cache_v).dtype
     cache_k, cache_v = as_bits(cache_k)[0], as_bits(cache_v)[0]    # bfloat16 as its bits
-    return plugin().attention(q, cache_k, cache_v,
-                              attention_mask(query_slots, key_slots, tree, first), limit,
-                              layer).astype(dtype)
+    return kernels.attention(q, cache_k, cache_v,
+                             attention_mask(query_slots, key_slots, tree, first), limit,
+                             layer).astype(dtype)
 
 
 def _attend_windows(q, cache_k, cache_v, query_slots, tree, layer, first=0):

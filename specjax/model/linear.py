@@ -1,6 +1,7 @@
 """Every weight product of the model, and the one interface between the model and a CPU
-plug-in: products, RoPE and attention to the cache are XLA's formulations unless a plug-in has
-registered kernels here (`register`), and this module alone decides which calls they serve.
+plug-in: products, RoPE and attention to the cache are XLA's formulations unless the call is
+given a plug-in's kernels (`Kernels`, its config's `kernels`), and this module alone decides
+which calls they serve.
 
 The model multiplies activations x [..., I] by weights w [O, I] (stored [out, in], as
 `specjax.model.transformer` explains): `linear(x, w)`. How that product is best computed
@@ -52,15 +53,13 @@ which would double a step's memory traffic; so every kernel call takes the whole
 layer's index (`linear`'s `stacked`, the attention kernel's `layer`) and reads the layer where
 it lies. XLA's formulations read the slice.
 
-The kernels are a plug-in (`Kernels`): `specjax.kernels` builds its C++, registers it with XLA
-and then registers its calls here (`specjax.kernels.ensure()`), outside the model layer. A
-kernel is used only when all of these hold while a function is traced:
+The kernels are a plug-in (`Kernels`): `specjax.kernels` builds its C++ and registers it with
+XLA, outside the model layer, and its `Kernels` is data a program carries: the `kernels` field of
+the `ModelConfig` a function is traced with (`transformer.lawful` sets it, where the programs
+are built: `decoding.loop`, `specjax.forward`). This module reads no state of its own. A kernel
+is used only when all of these hold:
 
-- a plug-in is registered in this process (`registered()`);
-- the switch is on: `use_kernels(True)` around the trace, or, outside any `use_kernels`, by
-  default once registered. `specjax.generate(kernels=...)`, `SPECJAX_KERNELS=off` and
-  `--no-kernels` set it; `decoding.loop` traces each program inside `use_kernels(spec.kernels)`,
-  so the switch is part of a compiled program's key and the caches cannot disagree with it;
+- the call is given a plug-in (`kernels`, from its config; None: XLA's formulations);
 - the operands are float32 or bfloat16 and the program is lowered for a CPU
   (`lax.platform_dependent`: a program lowered for a GPU or a TPU never contains them, and
   there XLA's own bfloat16 products run).
@@ -72,20 +71,18 @@ mesh turns them off: XLA cannot split a custom call across devices.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from specjax.model.config import Kernels
 from specjax.model.quant import Int8Weight, Q8_0Weight, dequantize, quantize_rows, unfused
 
 __all__ = ["CHUNKED_ROWS", "FEW_QUERIES", "FEW_ROWS", "KERNEL_BLOCK", "KERNEL_DTYPES", "Kernels",
            "attention_uses_kernel", "in_chunks", "in_place", "kernel_chunks", "layer_of",
-           "linear", "plugin", "q8_0_law", "register", "registered", "rope_uses_kernel",
-           "switch", "use_kernels", "xla_products"]
+           "linear", "q8_0_law", "rope_uses_kernel"]
 
 # The numbers of rows (all leading axes of x together) that the few-row kernel computes, in
 # every dtype: one row too, so that a step sums as a verify call's rows do.
@@ -104,78 +101,9 @@ KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 KERNEL_BLOCK = 16
 
 
-class Kernels(NamedTuple):
-    """What a CPU plug-in registers (`register`): each entry computes in one call what the
-    formulation named beside it computes, and is called only in a program lowered for a CPU,
-    for the calls this module gives it. With a stack [L, ...], `layer` ([] int32) is the
-    matrix's or the cache's index in it, read in place."""
-    # (x [R, I] float32, w [(L,) O, I] float32 or bfloat16, layer) -> [R, O] float32, XLA's
-    # dot; differentiable.
-    product: Callable
-    # (x [R, I] float32, values [(L,) O, I] int8, scales [(L,) O, I / B] float16, layer) ->
-    # [R, O] float32: `product` on the dequantised weights, bit for bit.
-    product_int8: Callable
-    # (x [T, I] float32, values, scales, layer) -> [T, O] float32: `q8_0_law` of x quantised.
-    product_q8_0: Callable
-    # (q [B, T, N, H], keys [(L,) B, K, H, S], values [(L,) B, K, S, H], mask [B, T, S],
-    # limit [B], layer) -> [B, T, N, H]: `layers.attend`, reading no slot at or past limit.
-    attention: Callable
-    # (positions [B, T] int32, inv_freq [H/2] float32) -> [2, B, T, H/2]: `layers.rope_tables`.
-    rope_tables: Callable
-    # (q [B, T, N, H], k [B, T, K, H], tables) -> (q, k) float32: `layers.apply_rope`.
-    rope: Callable
-
-
-_kernels: Kernels | None = None
-_switch: bool | None = None       # None: on once registered
-
-
-def register(kernels: Kernels) -> None:
-    """Makes `kernels` serve the calls this module gives them (`specjax.kernels.load`, once
-    its XLA FFI targets are registered with XLA's CPU backend)."""
-    global _kernels
-    _kernels = kernels
-
-
-def registered() -> bool:
-    """Whether a plug-in is registered in this process."""
-    return _kernels is not None
-
-
-def plugin() -> Kernels:
-    """The registered plug-in (`layers` calls its attention and RoPE where
-    `attention_uses_kernel` and `rope_uses_kernel` say)."""
-    if _kernels is None:
-        raise RuntimeError("no CPU kernels are registered (specjax.kernels.ensure())")
-    return _kernels
-
-
-def switch() -> bool | None:
-    """The innermost `use_kernels` setting in force, or None outside any."""
-    return _switch
-
-
-@contextlib.contextmanager
-def use_kernels(on: bool):
-    """Within it, functions traced use the kernels (if registered) when `on`, XLA's
-    formulations for every width when not. It acts when a function is traced: a jitted function
-    already traced keeps its trace, which is why `decoding.loop` keys its programs by the
-    switch."""
-    global _switch
-    before, _switch = _switch, bool(on)
-    try:
-        yield
-    finally:
-        _switch = before
-
-
-def xla_products():
-    """`use_kernels(False)`: XLA's formulations throughout (for comparing the two)."""
-    return use_kernels(False)
-
-
 def linear(x: jax.Array, w: jax.Array | Int8Weight, out_dtype=None,
-           stacked: tuple | None = None, prefill: bool = False) -> jax.Array:
+           stacked: tuple | None = None, prefill: bool = False, *,
+           kernels: Kernels | None) -> jax.Array:
     """x [..., I] times w [O, I] over I -> [..., O] (in out_dtype, else x's dtype). w may be
     an `Int8Weight` (`specjax.model.quant`): its dequantised weights; or a `Q8_0Weight`: the
     q8_0 law (`q8_0_law`).
@@ -184,15 +112,16 @@ def linear(x: jax.Array, w: jax.Array | Int8Weight, out_dtype=None,
     `transformer.decoder_layers`): (every layer's matrix [L, O, I], w's index in it [] int32).
     A kernel then reads the layer where it lies in the stack, where a slice would be a copy of
     it on every call; XLA's dot reads w. `prefill`: the call reads a prompt, and more than 32
-    rows take XLA's GEMM (`kernel_chunks`)."""
+    rows take XLA's GEMM (`kernel_chunks`). `kernels`: the plug-in the call may use (its
+    config's `kernels`), None for XLA's formulation at every width."""
     if isinstance(w, Q8_0Weight):
-        return _linear_q8_0(x, w, out_dtype, stacked)
+        return _linear_q8_0(x, w, out_dtype, stacked, kernels)
     if isinstance(w, Int8Weight):
-        return _linear_int8(x, w, out_dtype, stacked, prefill)
+        return _linear_int8(x, w, out_dtype, stacked, prefill, kernels)
     chunks = kernel_chunks(x.shape, prefill)
-    if chunks and _kernels_apply(x.dtype, w.dtype, out_dtype or x.dtype):
+    if chunks and _kernels_apply(kernels, x.dtype, w.dtype, out_dtype or x.dtype):
         whole, layer = in_place(w, stacked)
-        product = _kernels.product
+        product = kernels.product
 
         def kernel(x, w, whole, layer):
             y = in_chunks(lambda rows: product(rows.astype(jnp.float32), whole, layer), x, chunks)
@@ -254,16 +183,16 @@ def in_chunks(product_rows, x: jax.Array, chunks: tuple[int, ...]) -> jax.Array:
     return y.reshape(*lead, y.shape[-1])
 
 
-def _linear_int8(x, w: Int8Weight, out_dtype, stacked, prefill):
+def _linear_int8(x, w: Int8Weight, out_dtype, stacked, prefill, kernels):
     """`linear` with 8-bit weights: the few-row kernel where it takes the call
     (`kernel_chunks`; it dequantises as it reads, a quarter of float32's bytes), else XLA's dot
     on the dequantised weights (prefill, which is compute-bound; and every width without the
     kernels, where a step pays for writing and reading the float32 copy)."""
     dtype = out_dtype or x.dtype
     chunks = kernel_chunks(x.shape, prefill)
-    if chunks and w.block % KERNEL_BLOCK == 0 and _kernels_apply(x.dtype, dtype):
+    if chunks and w.block % KERNEL_BLOCK == 0 and _kernels_apply(kernels, x.dtype, dtype):
         whole, layer = in_place(w, stacked)
-        product_int8 = _kernels.product_int8
+        product_int8 = kernels.product_int8
 
         def kernel(x, values, scales, whole, layer):
             y = in_chunks(lambda rows: product_int8(rows.astype(jnp.float32), whole.values,
@@ -277,7 +206,7 @@ def _linear_int8(x, w: Int8Weight, out_dtype, stacked, prefill):
     return _dot(x, dequantize(w), out_dtype)
 
 
-def _linear_q8_0(x, w: Q8_0Weight, out_dtype, stacked):
+def _linear_q8_0(x, w: Q8_0Weight, out_dtype, stacked, kernels):
     """`linear` in the q8_0 dtype: x quantised per row and block (`quantize_rows`), then the
     q8_0 law (`q8_0_law`), the few-row kernel's for 1-32 rows, XLA's elsewhere: the same bits
     either way, so a prefill's calls need no rule of their own."""
@@ -288,9 +217,9 @@ def _linear_q8_0(x, w: Q8_0Weight, out_dtype, stacked):
 
     def law(x, values, scales, *_):
         return q8_0_law(*quantize_rows(x, w.block), values, scales)
-    if math.prod(lead) in FEW_ROWS and _kernels_apply(dtype):
+    if math.prod(lead) in FEW_ROWS and _kernels_apply(kernels, dtype):
         whole, layer = in_place(w, stacked)
-        product_q8_0 = _kernels.product_q8_0
+        product_q8_0 = kernels.product_q8_0
 
         def kernel(x, values, scales, whole, layer):
             return product_q8_0(x, whole.values, whole.scales, layer)
@@ -326,24 +255,24 @@ def q8_0_law(xq: jax.Array, dx: jax.Array, values: jax.Array, scales: jax.Array)
     return lax.fori_loop(0, blocks, add_block, jnp.zeros((t, values.shape[0]), jnp.float32))
 
 
-def attention_uses_kernel(q, cache_k, cache_v) -> bool:
-    """Whether attention of q [B, T, N, H] to this cache is the few-query kernel's (the caller,
-    `layers.attend_cache`, still puts it behind `lax.platform_dependent`)."""
+def attention_uses_kernel(q, cache_k, cache_v, kernels: Kernels | None) -> bool:
+    """Whether attention of q [B, T, N, H] to this cache is the few-query kernel's of the
+    plug-in `kernels` (the caller, `layers.attend_cache`, still puts it behind
+    `lax.platform_dependent`)."""
     return (q.shape[1] in FEW_QUERIES and cache_k.dtype == cache_v.dtype
-            and _kernels_apply(q.dtype, cache_k.dtype))
+            and _kernels_apply(kernels, q.dtype, cache_k.dtype))
 
 
-def rope_uses_kernel(tokens: int, dtype=jnp.float32) -> bool:
+def rope_uses_kernel(tokens: int, kernels: Kernels | None, dtype=jnp.float32) -> bool:
     """Whether RoPE on a call of `tokens` tokens per row is the kernels' (`Kernels.rope_tables`,
     `Kernels.rope`): exactly when its attention is (`FEW_QUERIES`), so a call's keys go into the
     cache and its queries into the attention kernel rotated by the same written operations
     whatever the call's width (`layers.apply_rope` says why)."""
-    return tokens in FEW_QUERIES and _kernels_apply(dtype)
+    return tokens in FEW_QUERIES and _kernels_apply(kernels, dtype)
 
 
-def _kernels_apply(*dtypes) -> bool:
-    on = registered() if _switch is None else (_switch and registered())
-    return on and all(jnp.dtype(d) in KERNEL_DTYPES for d in dtypes)
+def _kernels_apply(kernels: Kernels | None, *dtypes) -> bool:
+    return kernels is not None and all(jnp.dtype(d) in KERNEL_DTYPES for d in dtypes)
 
 
 def _dot(x, w, out_dtype):

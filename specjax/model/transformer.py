@@ -56,7 +56,7 @@ from specjax.model.layers import (
     rope_frequencies,
     rope_tables,
 )
-from specjax.model.linear import linear
+from specjax.model.linear import Kernels, linear
 from specjax.model.params import Params
 from specjax.model.quant import EIGHT_BIT, Int8Weight, convert
 
@@ -137,16 +137,17 @@ def tapped_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
 LAW_WIDTH = 16
 
 
-def lawful(config: ModelConfig, kernels: bool) -> ModelConfig:
-    """The config as a program traced with the CPU kernels on or off runs it, its `law_width`
-    chosen where it is None: 1 with the kernels (their own law, one order of sums at 1 to 32
-    rows), LAW_WIDTH without. Where they do not serve, XLA picks its products' algorithms by
-    shape, and a product of one row sums in another order than one of several
-    (bench/xla-one-law/), so every call on the cache takes LAW_WIDTH rows and a verify call
-    gives the bits of one-token steps (DESIGN.md, "One law on every backend")."""
-    if config.law_width is not None:
-        return config
-    return config.replace(law_width=1 if kernels else LAW_WIDTH)
+def lawful(config: ModelConfig, kernels: Kernels | None) -> ModelConfig:
+    """The config a program runs: with the CPU plug-in `kernels` (None: XLA's formulations at
+    every width), its `law_width` chosen where it is None: 1 with the kernels (their own law,
+    one order of sums at 1 to 32 rows), LAW_WIDTH without. The one place a program's products
+    are chosen (`decoding.loop` and `specjax.forward` call it). Where the kernels do not
+    serve, XLA picks its products' algorithms by shape, and a product of one row sums in
+    another order than one of several (bench/xla-one-law/), so every call on the cache takes
+    LAW_WIDTH rows and a verify call gives the bits of one-token steps (DESIGN.md, "One law on
+    every backend")."""
+    width = config.law_width or (1 if kernels is not None else LAW_WIDTH)
+    return config.replace(kernels=kernels, law_width=width)
 
 
 def _at_law_width(params, config, tokens, positions, cache, tree, taps):
@@ -224,8 +225,8 @@ def _layers(layers: dict, config: ModelConfig, x, positions, cache, tree, attn_i
     by its index too (`cache.write`, `layers.attend_cache`). `prefill`: as in
     `hidden_states`."""
     slots = positions if tree is None else tree.slots(x.shape[1])         # [B, T]
-    rope = (rope_tables(positions, jnp.asarray(rope_frequencies(config)))
-            if config.arch == "llama" else None)
+    rope = (rope_tables(positions, jnp.asarray(rope_frequencies(config)),
+                        kernels=config.kernels) if config.arch == "llama" else None)
     flat = _flat(layers)
     n_layers = jax.tree.leaves(flat)[0].shape[0]
     if attn_input is not None and n_layers != 1:
@@ -248,7 +249,8 @@ def _layers(layers: dict, config: ModelConfig, x, positions, cache, tree, attn_i
         p, index = layer
 
         def product(h, name):                  # BTI,OI->BTO with layer `index` of `name`
-            return linear(h, p[name], stacked=(flat[name], index), prefill=prefill)
+            return linear(h, p[name], stacked=(flat[name], index), prefill=prefill,
+                          kernels=config.kernels)
         x, buffers = _layer(config, p, product, index, x, slots, rope, buffers, first, tree,
                             attn_input)
         if taps:
@@ -293,13 +295,14 @@ def _layer(config: ModelConfig, p: dict, product, index, x, slots, rope, buffers
         q = rms_norm(q, p["q_norm"]["scale"], config.norm_eps)
         k = rms_norm(k, p["k_norm"]["scale"], config.norm_eps)
     if config.arch == "llama":
-        q, k = apply_rope(q, k, rope)
+        q, k = apply_rope(q, k, rope, kernels=config.kernels)
     if buffers is None:
         keys, values = jnp.transpose(k, (0, 2, 3, 1)), jnp.transpose(v, (0, 2, 1, 3))
         attn = attend(q, keys, values, kv.attention_mask(slots, slots, tree))  # [B, T, N, H]
     else:
         buffers = kv.write(*buffers, k, v, slots, index)
-        attn = attend_cache(q, *buffers, slots, tree, first, index)     # [B, T, N, H]
+        attn = attend_cache(q, *buffers, slots, tree, first, index,
+                            kernels=config.kernels)                     # [B, T, N, H]
     # One flat product over (N, H): as a two-axis einsum, XLA on a CPU copied wo every call.
     out = product(attn.reshape(b, t, -1), "wo")                        # BT(NH),D(NH)->BTD
     if config.out_bias:
@@ -319,11 +322,12 @@ def lm_head(params: Params, config: ModelConfig, x: jax.Array) -> jax.Array:
     head = params["embed"] if config.tie_embeddings else params["lm_head"]        # [V, D]
     width, t = config.law_width or 1, x.shape[1]
     if width == 1:
-        return linear(x, head, out_dtype=jnp.float32)                   # BTD,VD->BTV
+        return linear(x, head, out_dtype=jnp.float32, kernels=config.kernels)   # BTD,VD->BTV
     # At the one law's width, as the layers were: W rows a product, the last W padded.
     rows = -(-t // width) * width
     x = jnp.concatenate([x, jnp.zeros((x.shape[0], rows - t, x.shape[2]), x.dtype)], axis=1)
-    return jnp.concatenate([linear(x[:, i:i + width], head, out_dtype=jnp.float32)
+    return jnp.concatenate([linear(x[:, i:i + width], head, out_dtype=jnp.float32,
+                                   kernels=config.kernels)
                             for i in range(0, rows, width)], axis=1)[:, :t]
 
 

@@ -24,10 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.api.forward import kernels_as_generate
+from specjax.api.forward import kernels_of
 from specjax.io import checkpoint
 from specjax.model.cache import KVCache
-from specjax.model.linear import switch
 from specjax.model.config import ModelConfig
 from specjax.model.params import draw_normal, init_params, stack_layers, unstack_layers
 from specjax.model.transformer import Model, cast_params, forward
@@ -62,15 +61,9 @@ def close_pair(vocab=6, std=1.0, noise=0.5, seed=1) -> tuple[Model, Model]:
     return target, Model(target.config, dict(draft, layers=stack_layers(draft["layers"])))
 
 
-@functools.lru_cache(maxsize=None)
-def _decode_call(kernels: bool):
-    """`forward` jitted, one per setting of the kernels' switch (it acts when a function is
-    traced, so it is part of the key, as in `decoding.loop`): one compiled program per model
-    shape and call width, shared by every law computed. Each setting jits a function of its own:
-    jitting `forward` itself twice would share one cache of traces between the two."""
-    def call(params, config, tokens, positions, cache):
-        return forward(params, config, tokens, positions, cache)
-    return jax.jit(call, static_argnums=1)
+# `forward` jitted: one compiled program per config (the kernels it names included, as in
+# `decoding.loop`) and call width, shared by every law computed.
+_decode_call = jax.jit(forward, static_argnums=1)
 
 
 def exact_law(target: Model, prompt, sampling: SamplingParams, length: int,
@@ -80,7 +73,7 @@ def exact_law(target: Model, prompt, sampling: SamplingParams, length: int,
     (`probs_from_logits`, the distribution every sampler is exact for) along it.
 
     The probabilities are computed as decoding computes them: the prompt into a KV cache, then
-    one token at a time, with the CPU kernels switched as `generate` switches them. In float32
+    one token at a time, with the CPU kernels chosen as `generate` chooses them. In float32
     any formulation gives the same law to float32 rounding; in bfloat16 the model that runs is
     also how its attention is computed (XLA's full-sequence attention rounds the scores to
     bfloat16, the kernel that decoding reads the cache with sums them in float32), and the law
@@ -95,7 +88,7 @@ def exact_law(target: Model, prompt, sampling: SamplingParams, length: int,
     masked to the tokens its state after the continuation so far allows, and `eos_ids` in its
     accepting states; with `eos_ids`, a continuation that has emitted one ends: every later
     token is that id, with probability 1 (the sampler's rows stop; pad them so)."""
-    config = target.config
+    config = target.config.replace(kernels=kernels_of())     # as `generate` runs it
     vocab = config.vocab_size
     continuations = np.array(list(itertools.product(range(vocab), repeat=length)), np.int32)
     seqs = np.concatenate([np.tile(np.array(prompt, np.int32), (len(continuations), 1)),
@@ -103,12 +96,11 @@ def exact_law(target: Model, prompt, sampling: SamplingParams, length: int,
     positions = np.broadcast_to(np.arange(seqs.shape[1]), seqs.shape)
     cache = KVCache.init(config, len(seqs), seqs.shape[1])
     logits = []
-    with kernels_as_generate():
-        for start, stop in [(0, len(prompt))] + [(t, t + 1) for t in
-                                                  range(len(prompt), seqs.shape[1] - 1)]:
-            out, cache = _decode_call(switch())(target.params, config, seqs[:, start:stop],
-                                                positions[:, start:stop], cache)
-            logits.append(out[:, -1])
+    for start, stop in [(0, len(prompt))] + [(t, t + 1) for t in
+                                              range(len(prompt), seqs.shape[1] - 1)]:
+        out, cache = _decode_call(target.params, config, seqs[:, start:stop],
+                                  positions[:, start:stop], cache)
+        logits.append(out[:, -1])
     logits = jnp.stack(logits, axis=1)                                  # [V^length, length, V]
     if controls:
         logits = np.stack([controlled(np.asarray(logits[:, t]), prompt, continuations[:, :t],

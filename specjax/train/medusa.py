@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.api.forward import kernels_as_generate
+from specjax.api.forward import kernels_of
 from specjax.api.methods import Medusa
 from specjax.heads import medusa as heads_math
 from specjax.heads.shared import projection, target_identity
@@ -115,7 +115,7 @@ def _loss(trainable, frozen, batch, config: heads_math.HeadsConfig, decay: float
     proj = jnp.stack(trainable["lm_heads"]) if config.head == "own" else frozen["proj"]
     logits = heads_math.subset_logits({"blocks": heads_math.runtime_blocks(trainable["blocks"]),
                                        "proj": proj},
-                                      batch["final"])                          # [B, T, K, S]
+                                      batch["final"], kernels=None)            # [B, T, K, S]
     target = batch["labels"]                                                   # [B, T, K]
     mask = (target >= 0).astype(jnp.float32)
     picked = jnp.take_along_axis(jax.nn.log_softmax(logits),
@@ -216,7 +216,8 @@ def rank_accuracy(heads: heads_math.Heads, target: Model, data: Features, ranks:
     ids = np.asarray(heads.token_ids)
     hits = np.zeros((k, ranks))
     for first in range(0, len(wanted), batch):
-        logits = heads_math.subset_logits(weights, jnp.asarray(states[first:first + batch]))
+        logits = heads_math.subset_logits(weights, jnp.asarray(states[first:first + batch]),
+                                          kernels=None)         # XLA's: these are no steps
         top = ids[np.asarray(jax.lax.top_k(logits, ranks)[1])]                 # [B, K, R]
         y = wanted[first:first + batch]
         hits += np.sum((top == y[..., None]) & (y[..., None] >= 0), axis=0)
@@ -232,22 +233,21 @@ def call_costs(target: Model, sizes=(1, 2, 4, 8, 16, 32), context: int = 256,
     if not sizes or min(sizes) < 1:
         raise TrainError(f"call sizes must be >= 1, got {list(sizes)}")
     sizes = sorted(set(sizes) | {1})
-    config = target.config
+    config = target.config.replace(kernels=kernels_of())     # as `generate` runs it
     cache = KVCache.init(config, 1, context + sizes[-1]).with_length(jnp.full((1,), context))
     seconds = {}
-    with kernels_as_generate():
-        call = jax.jit(lambda params, tokens, positions, cache:
-                       forward(params, config, tokens, positions, cache)[0])
-        for n in sizes:
-            tokens = jnp.zeros((1, n), jnp.int32)
-            positions = context + jnp.arange(n, dtype=jnp.int32)[None]
+    call = jax.jit(lambda params, tokens, positions, cache:
+                   forward(params, config, tokens, positions, cache)[0])
+    for n in sizes:
+        tokens = jnp.zeros((1, n), jnp.int32)
+        positions = context + jnp.arange(n, dtype=jnp.int32)[None]
+        call(target.params, tokens, positions, cache).block_until_ready()
+        times = []
+        for _ in range(repeats):
+            began = time.perf_counter()
             call(target.params, tokens, positions, cache).block_until_ready()
-            times = []
-            for _ in range(repeats):
-                began = time.perf_counter()
-                call(target.params, tokens, positions, cache).block_until_ready()
-                times.append(time.perf_counter() - began)
-            seconds[n] = statistics.median(times)
+            times.append(time.perf_counter() - began)
+        seconds[n] = statistics.median(times)
     return {n: round(seconds[n] / seconds[1], 3) for n in sizes}
 
 

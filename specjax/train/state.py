@@ -22,7 +22,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from specjax.model.linear import use_kernels
 
 __all__ = ["StepProgress", "TrainError", "batches", "check_settings", "key_settings", "on_mesh",
            "optimizer", "resume_state", "run_steps", "save_state"]
@@ -126,8 +125,8 @@ def run_steps(config, lengths: np.ndarray, width: int, batch_of, step, trainable
     limit = config.steps if stop_after is None else min(config.steps, done + stop_after)
     for b in range(done, limit):
         rows, w = draw(b)
-        with use_kernels(False):        # the CPU kernels have no derivatives; XLA's do
-            trainable, opt_state, metrics = step(trainable, opt_state, batch_of(rows, w, b))
+        # XLA's formulations: a loaded model's config names no CPU kernels (`ModelConfig.kernels`)
+        trainable, opt_state, metrics = step(trainable, opt_state, batch_of(rows, w, b))
         if progress is not None:
             progress(b + 1, np.asarray(metrics),
                      lambda now=trainable: model_of(_one_device(now, mesh)))
