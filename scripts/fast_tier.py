@@ -5,7 +5,7 @@
 
 The list's tests stay as they are (add or remove a line by hand, with a rough time, then
 measure); only their seconds and the header's run line change. A listed test that the run did
-not time is an error: the list would then claim a cost nobody measured. tests/test_tiers.py
+not time is an error: the list would then claim a cost nobody measured. tests/docs/test_tiers.py
 holds the list's sum to the tier's budget.
 """
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 # How the suite compiles: XLA's CPU backend with two settings that only make compiling faster.
 # The suite's tiny models spend most of their time compiling, and these must not change a bit of
-# what it checks: tests/test_compile_level.py holds them to that (logits, sampling
+# what it checks: tests/docs/test_compile_level.py holds them to that (logits, sampling
 # distributions, weights drawn from seeds and sampled tokens, against a process at XLA's
 # defaults).
 # - LLVM at -O1 rather than -O2: compiles about a fifth faster. -O0 was measured too (a third
@@ -70,9 +70,9 @@ from specjax.api.generate import release_programs  # noqa: E402
 from specjax.io.fetch import cache_root  # noqa: E402
 from specjax.presets import enable_compile_cache  # noqa: E402
 
-# The lossless check's fixture, as a user's suite would load it (tests/test_conformance.py).
+# The lossless check's fixture, as a user's suite would load it (tests/kit/test_conformance.py).
 pytest_plugins = ["specjax.testing.pytest_plugin",
-                  "tests.compile_report"]     # SPECJAX_COMPILE_REPORT: compile seconds per test
+                  "tests.support.compile_report"]     # SPECJAX_COMPILE_REPORT: compile seconds per test
 
 # -- The two tiers (docs/tests.md) -------------------------------------------------------------
 # `python -m pytest` runs the fast tier, which proves the core within minutes (Theorem 1
@@ -80,7 +80,7 @@ pytest_plugins = ["specjax.testing.pytest_plugin",
 # method, parity with transformers, the loaders' hostile files, the CLI's errors);
 # `python -m pytest --all` runs every test, as CI does. Named files or test ids run whole.
 # The fast tier is the list in tests/fast_tier.txt, each test with its measured time: a test
-# joins it only by being listed with its cost, and tests/test_tiers.py holds the list to the
+# joins it only by being listed with its cost, and tests/docs/test_tiers.py holds the list to the
 # suite and to the tier's budget. Its tests carry the `fast` mark (`-m fast`, `--all -m "not
 # fast"`).
 
@@ -152,7 +152,7 @@ def pytest_report_header(config):
 
 @pytest.fixture
 def fast_collected(pytestconfig) -> FastCollected:
-    """What this process collected (tests/test_tiers.py)."""
+    """What this process collected (tests/docs/test_tiers.py)."""
     return pytestconfig.stash[_FAST_COLLECTED]
 
 

@@ -369,7 +369,7 @@ def test_bad_batch_options_exit_2_with_one_line(argv, message, capsys, tmp_path)
 
 def test_settings_latency_reuses_the_program_and_reports_it(tmp_path, capsys):
     # bench --settings on the tiny pair: one row per method with a time for each new setting
-    # (that these reuse the compiled program is tests/test_rows.py's, counting compilations).
+    # (that these reuse the compiled program is tests/exactness/test_rows.py's, counting compilations).
     assert main(["bench", "--preset", "tiny-llama", "--settings", "--reps", "1", "--methods",
                  "autoregressive,speculative", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "settings.json").read_text())

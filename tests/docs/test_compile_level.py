@@ -36,7 +36,7 @@ PROMPTS = ["def add(a, b):\n    return", "class Stack:\n    def push(self, item)
 SCRIPT = """
 import json, sys
 sys.path.insert(0, {root!r})
-from tests.test_compile_level import outputs
+from tests.docs.test_compile_level import outputs
 print(json.dumps(outputs()))
 """
 
@@ -80,7 +80,7 @@ def test_the_suites_compile_level_gives_the_shipped_bits():
     here_flags = os.environ.get("XLA_FLAGS", "").split()
     assert SUITE_XLA_FLAGS[0] in suite_xla_flags() or os.environ.get(
         "SPECJAX_TEST_XLA_OPT") == "default"
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     flags = " ".join(f for f in here_flags if f not in SUITE_XLA_FLAGS)
     # (SPECJAX_TEST_XLA_OPT=default: importing this module imports conftest, which would add it)
     env = dict(os.environ, XLA_FLAGS=flags, SPECJAX_COMPILE_CACHE="off",

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Pages that may cite a bench/ directory: the user docs, the changelog and the checkpoints' and
 # data's cards.

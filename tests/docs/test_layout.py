@@ -17,7 +17,7 @@ from pathlib import Path
 import grimp
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "specjax"
 # Imported inside functions on purpose: optional extras (bench, gguf, hub, tests) or
 # platform-specific modules, each with a comment at the import saying why.

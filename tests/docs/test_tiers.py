@@ -23,13 +23,13 @@ BUDGET_S = 2 * (6 * 60 - 60)
 
 # What the fast tier must prove, each by at least one listed test of the module (docs/tests.md).
 PROVES = {
-    "Theorem 1 exactly": "tests/test_rejection.py",
-    "a G-test and its negative control per method family": "tests/test_distribution.py",
-    "greedy equality of every method": "tests/test_decoding.py",
-    "parity with transformers": "tests/test_parity.py",
-    "the loaders' hostile files": "tests/test_loader_fuzz.py",
-    "the CLI's errors": "tests/test_cli.py",
-    "its own composition": "tests/test_tiers.py",
+    "Theorem 1 exactly": "tests/exactness/test_rejection.py",
+    "a G-test and its negative control per method family": "tests/exactness/test_distribution.py",
+    "greedy equality of every method": "tests/methods/test_decoding.py",
+    "parity with transformers": "tests/exactness/test_parity.py",
+    "the loaders' hostile files": "tests/io/test_loader_fuzz.py",
+    "the CLI's errors": "tests/cli/test_cli.py",
+    "its own composition": "tests/docs/test_tiers.py",
 }
 
 
@@ -65,7 +65,7 @@ def test_the_fast_tier_fits_its_budget_and_proves_the_core():
 # 2-core hosts, 2 * (25 * 60 - 60) = 2,880 worker-seconds; the record below says how far the
 # suite is from that aim, and this check keeps it from outgrowing CI.
 FULL_BUDGET_S = 2 * (80 * 60)
-FULL_TIER = Path(__file__).with_name("full_tier.txt")
+FULL_TIER = Path(__file__).resolve().parents[1] / "full_tier.txt"
 
 
 def full_tier() -> dict[str, float]:
@@ -80,7 +80,8 @@ def test_the_full_tier_fits_its_budget_and_every_module_is_measured():
     # A new test module is measured before it joins (a run of scripts/full_tier.py), so a slow
     # one shows in the stop that adds it; the modules measured must still exist.
     recorded = full_tier()
-    modules = {f"tests/{p.name}" for p in Path(__file__).parent.glob("test_*.py")}
+    tests = Path(__file__).resolve().parents[1]
+    modules = {f"tests/{p.relative_to(tests).as_posix()}" for p in tests.rglob("test_*.py")}
     assert modules - set(recorded) == set(), "test modules missing from tests/full_tier.txt"
     assert set(recorded) - modules == set(), "tests/full_tier.txt names modules that are gone"
     total = sum(recorded.values())
@@ -96,7 +97,7 @@ def test_the_private_compile_option_hook_still_reaches_xla():
     is per program, inside specjax). Pinned here: if a JAX release renames it, drops its
     `env_options_overrides`, or stops calling it when it compiles, this fails, rather than the
     deep-model modules silently compiling with the suite's flags (which costs time, never a
-    bit: tests/test_compile_level.py)."""
+    bit: tests/docs/test_compile_level.py)."""
     from jax._src import compiler
     assert "env_options_overrides" in inspect.signature(compiler.get_compile_options).parameters
     original, seen = compiler.get_compile_options, []

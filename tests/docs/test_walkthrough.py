@@ -18,7 +18,7 @@ from specjax.heads.medusa import HeadsConfig, init_heads
 from specjax.sampling import rejection
 from specjax.sampling.rules import Rules
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "walkthrough.md"
 P = np.array([0.1, 0.5, 0.3, 0.1])     # the example's draft distribution over A B C D
 Q = np.array([0.2, 0.2, 0.4, 0.2])     # and the target's
@@ -181,7 +181,7 @@ def _accept_test_stack() -> list[str]:
     import specjax
     from specjax.api.generate import prepare
     from specjax.decoding import loop
-    from tests.tiny import close_pair
+    from tests.support.tiny import close_pair
 
     target, draft = close_pair(vocab=8, std=0.5, noise=0.3)
     request = prepare(target, [[1, 2, 3, 4]], specjax.Speculative(draft=draft, k=3),
@@ -367,7 +367,7 @@ def test_explain_agrees_with_generate_and_is_stable():
     # without the sampler changing).
     import specjax
     from specjax.api.generate import generate
-    from tests.tiny import close_pair
+    from tests.support.tiny import close_pair
 
     target, draft = close_pair(vocab=8, std=0.5, noise=0.3)
     kwargs = dict(method=specjax.Speculative(draft=draft, k=3),
@@ -397,7 +397,7 @@ def test_explain_agrees_with_generate_and_is_stable():
 def _tree_cases():
     import specjax
     from specjax.heads import eagle
-    from tests.tiny import close_pair
+    from tests.support.tiny import close_pair
 
     target, draft = close_pair(vocab=8, std=0.5, noise=0.3)
     ids = np.arange(6)
@@ -491,7 +491,7 @@ def test_explain_shows_the_rules_generate_ran(shape):
     # its first test reads q(x) tripled, with the same p and u.
     import specjax
     from specjax.api.generate import generate
-    from tests.tiny import close_pair
+    from tests.support.tiny import close_pair
 
     target, draft = close_pair(vocab=8, std=0.5, noise=0.3)
     kwargs = dict(method=specjax.Speculative(draft=draft, k=3),
@@ -520,7 +520,7 @@ def test_explain_shows_the_rules_generate_ran(shape):
 def test_explain_refuses_a_rule_that_returns_no_numbers():
     import specjax
     from specjax.api.generate import GenerationError
-    from tests.tiny import close_pair
+    from tests.support.tiny import close_pair
 
     def two_values(draft_tokens, draft_probs, target_probs, keys, num_drafted=None):
         return rejection.verify(draft_tokens, draft_probs, target_probs, keys, num_drafted)
@@ -556,7 +556,7 @@ def test_generate_declares_every_option():
     assert re.findall(r"^      (\w+):", described, re.M) == run
     args = specjax.generate.__doc__.split("Args:")[1].split("The run's options")[0]
     assert re.findall(r"^      (\w+):", args, re.M) == head
-    from tests.tiny import close_pair
+    from tests.support.tiny import close_pair
 
     target, _ = close_pair(vocab=8, std=0.5, noise=0.3)
     for name, where in (("temperature", "a field of SamplingParams"),

@@ -16,7 +16,7 @@ import specjax
 from specjax.api.generate import generate
 from specjax.decoding.prefill import prefill_groups
 from specjax.heads.medusa import HeadsConfig, init_heads
-from tests.tiny import pair
+from tests.support.tiny import pair
 
 BATCH, NEW, EOS = 32, 12, 5
 

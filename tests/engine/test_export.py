@@ -21,7 +21,7 @@ from specjax.api.generate import prepare
 from specjax.decoding import loop
 from specjax.sampling.tree import DynamicTree, Tree
 from specjax import testing
-from tests.test_distribution import NGRAM_PROMPT, eagle_drafter, in_dtype, medusa_heads
+from tests.exactness.test_distribution import NGRAM_PROMPT, eagle_drafter, in_dtype, medusa_heads
 import specjax
 
 METHODS = {        # each case's method, given the tiny pair

@@ -17,15 +17,15 @@ from specjax.model.cache import attention_mask
 from specjax.model.layers import attend, attend_cache
 from specjax.model.linear import FEW_ROWS, linear, xla_products
 from specjax.model.transformer import forward
-from tests.hf_models import hf_logits, tiny_gpt2, tiny_llama
-from tests.test_parity import assert_logits_close
+from tests.support.hf_models import hf_logits, tiny_gpt2, tiny_llama
+from tests.exactness.test_parity import assert_logits_close
 
 
 @pytest.fixture(scope="module", autouse=True)
 def registered():
     if kernels._compiler() is None:
         pytest.skip("no C++ compiler here ($CXX, g++, c++, clang++): the kernels cannot be "
-                    "built, and generate runs XLA's formulation (tests/test_kernels.py)")
+                    "built, and generate runs XLA's formulation (tests/engine/test_kernels.py)")
     # With a compiler, a kernel that stopped compiling must fail here, not fall back to XLA's
     # products with only a warning.
     assert kernels.ensure()

@@ -20,7 +20,7 @@ from specjax.model.linear import use_kernels
 
 from specjax.api.generate import release_programs
 from specjax.io.checkpoint import random_model
-from tests.tiny import llama_config
+from tests.support.tiny import llama_config
 
 WIDTHS = (1, 9, 40)
 DTYPES = ("float32", "bfloat16", "int8", "q8_0")

@@ -1,6 +1,6 @@
 """The CPU kernels' one switch (`generate(kernels=)`, `SPECJAX_KERNELS`, `--no-kernels`): it is
 part of the compiled program's key, the outputs are the same either way, and without a C++
-compiler generate warns and runs XLA's formulation. (tests/test_few_rows.py tests the kernels
+compiler generate warns and runs XLA's formulation. (tests/engine/test_few_rows.py tests the kernels
 themselves.)"""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from specjax import kernels, testing
 from specjax.api.generate import GenerationError, prepare
 from specjax.decoding import loop
 from specjax.kernels import ffi
-from tests.test_distribution import NGRAM_PROMPT, eagle_drafter, in_dtype
+from tests.exactness.test_distribution import NGRAM_PROMPT, eagle_drafter, in_dtype
 
 PROMPTS = [list(NGRAM_PROMPT), list(NGRAM_PROMPT[:5]), [3, 1]]
 

@@ -1,6 +1,6 @@
-"""Decoding on a device mesh (`specjax.mesh`): tests/mesh_checks.py, run on 8 forced host devices
+"""Decoding on a device mesh (`specjax.mesh`): tests/support/mesh_checks.py, run on 8 forced host devices
 in a subprocess so that the rest of the suite keeps its single device, beside a mesh across two
-processes (tests/mesh_process.py)."""
+processes (tests/support/mesh_process.py)."""
 
 import json
 import os
@@ -14,15 +14,15 @@ import pytest
 
 from specjax.cli.main import main
 
-CHECKS = Path(__file__).with_name("mesh_checks.py")
-PROCESS = Path(__file__).with_name("mesh_process.py")
+CHECKS = Path(__file__).resolve().parents[1] / "support" / "mesh_checks.py"
+PROCESS = Path(__file__).resolve().parents[1] / "support" / "mesh_process.py"
 
 
 @pytest.mark.slow
 def test_mesh_checks_pass_on_eight_devices_and_across_two_processes():
-    """The mesh checks, one run of processes started together: tests/mesh_checks.py under pytest
+    """The mesh checks, one run of processes started together: tests/support/mesh_checks.py under pytest
     on 8 forced host devices, and two `jax.distributed` CPU processes of 4 devices each (gloo
-    collectives, tests/mesh_process.py) that each load their own shards and must get every
+    collectives, tests/support/mesh_process.py) that each load their own shards and must get every
     row's tokens, sampled, the same as one device gives here."""
     import specjax
     from specjax.presets import WEIGHTS
@@ -30,13 +30,13 @@ def test_mesh_checks_pass_on_eight_devices_and_across_two_processes():
     flags = os.environ.get("XLA_FLAGS", "")                   # the suite's compile level too
     env = dict(os.environ, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count=8")
     checks = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0",
-                               str(CHECKS)], cwd=CHECKS.parent.parent, env=env,
+                               str(CHECKS)], cwd=CHECKS.parents[2], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     prompts = ["def add(a, b):", "class Stack:", "import os"]      # 3 rows: padded to 4
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=str(PROCESS.parent.parent))
+    env = dict(os.environ, PYTHONPATH=str(PROCESS.parents[2]))
     pair = [subprocess.Popen([sys.executable, str(PROCESS), str(i), str(port), json.dumps(prompts)],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for i in range(2)]

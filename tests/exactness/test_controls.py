@@ -12,7 +12,7 @@ Theorem 1. Each case draws N = 30,000 continuations of L = 3 tokens of the tiny 
 call and compares them by a G-test with their exact law (`specjax.testing.law.exact_law` with
 the controls: each position's target distribution given the prompt and the continuation before
 it), at a family level of 0.01, Bonferroni-split over the positive cases. N is the token-tree
-cases' of tests/test_distribution.py. Negative controls: the same test, seed and size must
+cases' of tests/exactness/test_distribution.py. Negative controls: the same test, seed and size must
 reject a sampler whose target distribution at a verify position counts only the committed
 tokens, not the drafts before it (the engines' bug: SGLang #33643, vLLM #18902), in a chain and
 in a tree.
@@ -35,11 +35,11 @@ from specjax.sampling.logits import SamplingParams
 from specjax.sampling.rules import Rules
 from specjax.sampling.tree import Tree
 from specjax.testing import gtest, law as laws
-from tests.test_distribution import NGRAM_PROMPT, PROMPT, eagle_drafter, medusa_heads
-from tests.tiny import close_pair
+from tests.exactness.test_distribution import NGRAM_PROMPT, PROMPT, eagle_drafter, medusa_heads
+from tests.support.tiny import close_pair
 
 V, L, N = 6, 3, 30_000
-WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+WEIGHTS = Path(__file__).resolve().parents[2] / "weights"
 
 ALL = dict(repetition_penalty=1.6, presence_penalty=0.5, frequency_penalty=0.4,
            logit_bias={3: 0.9, 0: -0.6}, min_tokens=2)

@@ -46,7 +46,7 @@ from specjax.sampling.logits import SamplingParams, probs_from_logits, sample
 from specjax.sampling.rules import Rules, propose
 from specjax.sampling.tree import DynamicTree, Tree
 from specjax.testing import gtest, law as laws
-from tests.tiny import close_pair
+from tests.support.tiny import close_pair
 
 V, L, N = 6, 3, 100_000
 N_TREE = 30_000        # token-tree cases: see the module docstring

@@ -7,7 +7,7 @@ What makes it hold: every product of 1 to 32 rows is the few-row kernel's (one w
 of sums per output, whatever the call's width: a one-token step included), attention is the
 few-query kernel's, and RoPE of such a call is the RoPE kernel's (`layers.apply_rope`: XLA's
 fused rotation of the keys differed with the call's width). The norms sum in one written order
-(`layers.row_sum`). On SmolLM2 the same is checked in tests/test_smollm2_dtypes.py (full tier).
+(`layers.row_sum`). On SmolLM2 the same is checked in tests/methods/test_smollm2_dtypes.py (full tier).
 
 The negative control: the same comparison with the kernels switched off (XLA's formulations
 throughout, which make no such promise) finds a difference on this model with XLA's default
@@ -212,10 +212,10 @@ def test_the_identity_holds_with_xlas_default_compiler_and_its_control_fails():
     # path with every call at its own width (a step a one-row product), parts calls and steps.
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in SUITE_XLA_FLAGS]
     env = dict(os.environ, XLA_FLAGS=" ".join(flags), SPECJAX_TEST_XLA_OPT="default",
-               PYTHONPATH=str(Path(__file__).parent.parent))
-    script = ("import json; from tests import test_one_law as t; print(json.dumps(["
+               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    script = ("import json; from tests.exactness import test_one_law as t; print(json.dumps(["
               "t.differences(True), t.differences(False), t.differences(False, law_width=1)]))")
-    run = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent.parent,
+    run = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2],
                          env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     on, xla, control = json.loads(run.stdout.strip().splitlines()[-1])

@@ -9,7 +9,7 @@ import transformers
 import specjax
 from specjax.io.checkpoint import save
 from specjax.model.transformer import forward
-from tests.hf_models import hf_logits, tiny_gpt2, tiny_llama
+from tests.support.hf_models import hf_logits, tiny_gpt2, tiny_llama
 
 TOL = 1e-4  # max |diff| relative to the logit scale (max |logit|)
 

@@ -1,7 +1,7 @@
 """specjax.reference, the plain NumPy algorithm, held equal to the engine: its logits are
 `specjax.forward`'s, its distribution is `probs_from_logits`'s, on the same uniform draws it
 makes the decisions of `rejection.verify_tree` (the chain's `verify_row`: tests/
-test_walkthrough.py), its greedy tokens are `specjax.generate`'s, and `specjax.testing.check`
+docs/test_walkthrough.py), its greedy tokens are `specjax.generate`'s, and `specjax.testing.check`
 finds its samplers lossless while a broken one is rejected."""
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from specjax.sampling import rejection
 from specjax.sampling.logits import probs_from_logits
 from specjax.testing import verdict
 from specjax.testing.reference_samplers import REFERENCE
-from tests.tiny import close_pair, llama_config
+from tests.support.tiny import close_pair, llama_config
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def _engine_logits(model, tokens) -> np.ndarray:
@@ -249,7 +249,7 @@ def test_the_layout_page_records_the_reference_as_it_is():
     # exists.
     import re
 
-    import tests.test_walkthrough as walkthrough
+    import tests.docs.test_walkthrough as walkthrough
 
     section = (ROOT / "docs" / "layout.md").read_text().split("\n## The reference\n")[1]
     text = " ".join(section.split("\n## ")[0].split())

@@ -9,7 +9,7 @@ from safetensors.numpy import load_file, save_file
 import specjax
 from specjax import CheckpointError, ModelConfig
 from specjax.model.config import ConfigError
-from tests.hf_models import tiny_gpt2, tiny_llama
+from tests.support.hf_models import tiny_gpt2, tiny_llama
 
 
 @pytest.fixture

@@ -33,8 +33,8 @@ from specjax.io.fetch import FetchError, WheelGGUF, download_gguf, fetch  # noqa
 from specjax.io.gguf import convert_gguf  # noqa: E402
 from specjax.io.gguf_read import unpermute_rope_rows  # noqa: E402
 from specjax.model.params import layer_params, unstack_layers  # noqa: E402
-from tests import gguf_files  # noqa: E402
-from tests.gguf_files import (  # noqa: E402
+from tests.support import gguf_files  # noqa: E402
+from tests.support.gguf_files import (  # noqa: E402
     CHATML,
     TINY_SPECIALS,
     bytes_to_unicode,

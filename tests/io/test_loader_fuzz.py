@@ -56,7 +56,7 @@ from specjax.io.dflash import save_block_drafter  # noqa: E402
 from specjax.io.eagle import save_drafter
 from specjax.io.gguf_write import write_llama  # noqa: E402
 from specjax.io.medusa import save_heads
-from tests.gguf_files import tiny_vocab, write_gguf  # noqa: E402
+from tests.support.gguf_files import tiny_vocab, write_gguf  # noqa: E402
 
 # gguf's reader adds a damaged tensor offset to the data start in uint64 and says so.
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning")

@@ -30,7 +30,7 @@ from specjax.io.eagle import save_drafter
 from specjax.io.medusa import save_heads
 from specjax.model.transformer import hidden_states
 from specjax.sampling.tree import Tree
-from tests.hf_models import tiny_llama
+from tests.support.hf_models import tiny_llama
 
 V, D, LAYERS, DRAFT_VOCAB = 32, 32, 7, 20
 N, K, H, F, EPS, THETA = 4, 2, 8, 48, 1e-5, 10000.0

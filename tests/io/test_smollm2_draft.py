@@ -2,7 +2,7 @@
 agrees with specjax, and it shares the target's tokenizer, special tokens and chat template.
 
 The first tests need only the checkpoint; the comparison with the target itself needs the
-fetched target (`python -m specjax fetch smollm2`, as tests/test_smollm2.py).
+fetched target (`python -m specjax fetch smollm2`, as tests/methods/test_smollm2.py).
 """
 
 import json
@@ -17,7 +17,7 @@ from specjax.model.transformer import forward
 # SmolLM2's own programs: compiled with XLA's default fusion emitters (tests/conftest.py).
 pytestmark = pytest.mark.deep_model
 
-DRAFT = Path(__file__).resolve().parent.parent / "weights" / "smollm2-draft"
+DRAFT = Path(__file__).resolve().parents[2] / "weights" / "smollm2-draft"
 TOL = 1e-4  # max |diff| relative to the logit scale, as in test_parity and test_weights
 PROMPTS = [
     "def binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n    while lo <= hi:\n",

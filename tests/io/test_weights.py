@@ -14,7 +14,7 @@ from scipy.special import log_softmax
 import specjax
 from specjax.model.transformer import forward
 
-WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+WEIGHTS = Path(__file__).resolve().parents[2] / "weights"
 CHECKPOINTS = ["llama-draft", "llama-target", "gpt2-draft", "gpt2-target"]
 PAIRS = [("llama-draft", "llama-target"), ("gpt2-draft", "gpt2-target")]
 TOL = 1e-4  # max |diff| relative to the logit scale, as in test_parity

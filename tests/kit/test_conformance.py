@@ -17,7 +17,7 @@ from specjax.model.transformer import forward
 from specjax.sampling.logits import SamplingParams, probs_from_logits
 from specjax.sampling.rules import Rules
 from specjax.testing import catalogue, clients, gtest
-from tests.test_distribution import _broken_verify
+from tests.exactness.test_distribution import _broken_verify
 
 # One test worker runs the module: the catalogue's verdicts (a module fixture) are computed once.
 pytestmark = pytest.mark.xdist_group("conformance")

@@ -115,7 +115,7 @@ def test_the_smollm2_draft_written_as_gguf_and_the_identity_rows(tmp_path):
     from specjax.io.gguf_write import write_llama
     from specjax.testing import identity
     source = source_gguf(fetch("smollm2"))
-    draft = specjax.load(Path(__file__).resolve().parent.parent / "weights" / "smollm2-draft")
+    draft = specjax.load(Path(__file__).resolve().parents[2] / "weights" / "smollm2-draft")
     loaded = specjax.load(write_llama(draft, tmp_path / "draft.gguf", like=source))
     assert loaded.config.vocab_size == draft.config.vocab_size and loaded.config.tie_embeddings
     ids = np.asarray([draft.tokenizer.encode("def add(a, b):\n    return").ids])

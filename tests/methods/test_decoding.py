@@ -13,7 +13,7 @@ from specjax.heads.eagle import init_drafter
 from specjax.heads.medusa import HeadsConfig, init_heads
 from specjax.io.checkpoint import random_model
 from specjax.mesh import make_mesh
-from tests.tiny import pair
+from tests.support.tiny import pair
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4], [7, 6], [5], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2]]
 N = 24
@@ -246,7 +246,7 @@ def test_nan_logits_are_an_error(models):
 
 @pytest.fixture(scope="module")
 def long_model():
-    from tests.tiny import llama_config
+    from tests.support.tiny import llama_config
 
     return random_model(llama_config(vocab=8, layers=2, positions=2048), seed=3, std=0.5)
 

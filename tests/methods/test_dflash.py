@@ -28,7 +28,7 @@ from specjax.model.transformer import Model, cast_params
 from specjax.sampling.logits import SamplingParams
 from specjax.sampling.rules import Rules
 from specjax.testing import gtest, law as laws
-from tests.tiny import close_pair
+from tests.support.tiny import close_pair
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -130,7 +130,7 @@ def torch_dflash(tensors, config, taps, noise, positions):
 @pytest.fixture(scope="module")
 def qwen3_target(tmp_path_factory):
     """A tiny Qwen3 target (3 layers, D = 32, GQA, head_dim 12) saved for specjax."""
-    from tests.hf_models import tiny_llama
+    from tests.support.hf_models import tiny_llama
 
     path = tmp_path_factory.mktemp("qwen3")
     hf = tiny_llama(path, model_type="qwen3", layers=3, heads=4, kv_heads=2, head_dim=12)
@@ -296,7 +296,7 @@ def test_dflash_options_are_checked(pair):
             generate(target, [PROMPT], method(), sampling, max_new_tokens=2)
 
 
-# Theorem 1 (the level as in tests/test_distribution.py; the sample size of its token-tree
+# Theorem 1 (the level as in tests/exactness/test_distribution.py; the sample size of its token-tree
 # cases, a block call feeding several tokens): N = 30,000
 # continuations of L = 3 tokens in one call, a G-test against the exact law of the V^L
 # continuations at alpha = 0.01 / 3 per positive case; the negative control must be rejected
@@ -377,7 +377,7 @@ def test_the_command_line_runs_a_dflash_drafter(tmp_path, capsys):
 # -- Training -------------------------------------------------------------------------------------
 
 # The floor of `train dflash` on the tiny Llama target: 64 prompts of Python (tests/
-# train_prompts.jsonl), 32 new tokens each, 120 steps, a block of 4, taps 2,3; on the 8
+# support/train_prompts.jsonl), 32 new tokens each, 120 steps, a block of 4, taps 2,3; on the 8
 # held-out prompts at temperature 0. Measured on the 2-core Zen 4 host, 2026-11-29: the
 # trained drafter made 2.05 tokens per target call, the untrained one 1.00 (its drafts never
 # match). The floor: 1.8, and at least 0.8 above the untrained drafter.
@@ -395,7 +395,7 @@ def test_train_dflash_writes_a_published_drafter_that_clears_the_floor(tmp_path,
     root = Path(specjax.__file__).resolve().parent.parent
     out = tmp_path / "dflash"
     assert main(["train", "dflash", "--preset", "tiny-llama", "--prompts",
-                 str(root / "tests" / "train_prompts.jsonl"), "--held-out", "8", "--out",
+                 str(root / "tests" / "support" / "train_prompts.jsonl"), "--held-out", "8", "--out",
                  str(out), *TRAIN_ARGS]) == 0
     capsys.readouterr()
     drafter = specjax.load(out)
@@ -406,7 +406,7 @@ def test_train_dflash_writes_a_published_drafter_that_clears_the_floor(tmp_path,
     assert "A DFlash block drafter" in card and "--method dflash" in card
     target = specjax.load(root / "weights" / "llama-target")
     prompts = [json.loads(line)["prompt"] for line in
-               (root / "tests" / "train_prompts.jsonl").read_text().splitlines()][64:72]
+               (root / "tests" / "support" / "train_prompts.jsonl").read_text().splitlines()][64:72]
     got = generate(target, prompts, method=specjax.DFlash(drafter=drafter),
                    sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=32)
     assert got.stats.tokens_per_target_call == pytest.approx(log["tokens_per_target_call_t0"],
@@ -428,7 +428,7 @@ def test_a_resumed_dflash_run_gives_the_same_weights(tmp_path):
     root = Path(specjax.__file__).resolve().parent.parent
     target = specjax.load(root / "weights" / "llama-target")
     prompts = [json.loads(line)["prompt"] for line in
-               (root / "tests" / "train_prompts.jsonl").read_text().splitlines()][:8]
+               (root / "tests" / "support" / "train_prompts.jsonl").read_text().splitlines()][:8]
     data = eagle3.features(target, eagle3.continuations(target, prompts, max_new_tokens=16),
                            taps=(2, 3))
     config = train_dflash.TrainConfig(steps=6, batch=4, block_size=4, anchors=4,

@@ -28,9 +28,9 @@ from specjax.io.checkpoint import random_model
 from specjax.io.eagle import save_drafter
 from specjax.model.transformer import hidden_states, tapped_states
 from specjax.sampling.tree import Tree
-from tests.tiny import llama_config, pair
+from tests.support.tiny import llama_config, pair
 
-WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+WEIGHTS = Path(__file__).resolve().parents[2] / "weights"
 V = 16
 TREES = {"chain-4": Tree.chain(4),
          "sparse": Tree.from_paths(((0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0))),

@@ -11,9 +11,9 @@ import pytest
 import specjax
 from specjax.api.generate import GenerationError, generate, prepare
 from specjax.decoding import lookahead, loop
-from tests.tiny import close_pair
+from tests.support.tiny import close_pair
 
-WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+WEIGHTS = Path(__file__).resolve().parents[2] / "weights"
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4], [7, 6], [5], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2]]
 N = 24
 K = 6

@@ -20,9 +20,9 @@ from specjax.heads.medusa import Heads, HeadsConfig, init_heads
 from specjax.io.checkpoint import random_model
 from specjax.io.medusa import save_heads
 from specjax.sampling.tree import Tree
-from tests.tiny import llama_config, pair
+from tests.support.tiny import llama_config, pair
 
-WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+WEIGHTS = Path(__file__).resolve().parents[2] / "weights"
 V = 16
 TREES = {"full-2-2": Tree.full((2, 2)), "sparse": Tree.from_paths(((0,), (1,), (0, 0), (0, 0, 0))),
          "chain-3": Tree.chain(3)}

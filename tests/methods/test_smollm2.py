@@ -29,9 +29,9 @@ PROMPTS = [
     "import os\nimport sys\n\n\ndef main(argv):\n    ",
     "<|im_start|>user\nWhat is 12 * 7?<|im_end|>\n<|im_start|>assistant\n",
 ]
-DRAFT = Path(__file__).resolve().parent.parent / "weights" / "smollm2-draft"
-HEADS = Path(__file__).resolve().parent.parent / "weights" / "smollm2-medusa"
-DRAFTER = Path(__file__).resolve().parent.parent / "weights" / "smollm2-eagle"
+DRAFT = Path(__file__).resolve().parents[2] / "weights" / "smollm2-draft"
+HEADS = Path(__file__).resolve().parents[2] / "weights" / "smollm2-medusa"
+DRAFTER = Path(__file__).resolve().parents[2] / "weights" / "smollm2-eagle"
 
 EDIT_SOURCE = '''def mean_and_spread(values):
     count = 0
@@ -166,7 +166,7 @@ def test_kernels_off_gives_the_same_greedy_output(ours, greedy):
     # `greedy` ran with the CPU kernels (the default; its batch of 4 rows takes the few-row
     # product, and every step the few-query attention); XLA's formulation gives its tokens.
     # (EAGLE's tree verify with the kernels equals this greedy output too, test_eagle_with_...;
-    # on and off for trees: tests/test_kernels.py.)
+    # on and off for trees: tests/engine/test_kernels.py.)
     off = generate(ours, PROMPTS[:3], sampling=specjax.SamplingParams(temperature=0.0),
                    max_new_tokens=50, kernels=False)
     assert off.tokens == greedy

@@ -8,7 +8,7 @@ of such a call or step is the few-row kernel's and its attention the few-query k
 computing a row alone in an order that does not depend on the call's width
 (specjax/kernels/few_rows.cc); RoPE is the RoPE kernel's (`layers.apply_rope`: XLA's rotation
 of the keys, fused into the cache write, parted float32 and int8 calls from steps by up to 3e-5
-here); and the norms sum in one written order (`layers.row_sum`). tests/test_one_law.py checks
+here); and the norms sum in one written order (`layers.row_sum`). tests/exactness/test_one_law.py checks
 the same on a small model, trees and batches included.
 """
 
@@ -29,7 +29,7 @@ from specjax import kernels as specjax_kernels
 
 pytestmark = [pytest.mark.xdist_group("smollm2-dtypes"), pytest.mark.deep_model]
 
-WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+WEIGHTS = Path(__file__).resolve().parents[2] / "weights"
 PROMPTS = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
            "<|im_start|>user\nWhat is the capital of France, and why is it famous?<|im_end|>\n"
            "<|im_start|>assistant\n"]
@@ -157,7 +157,7 @@ def test_the_identity_check_finds_specjax_greedy_identical():
     # decoding over the check's 21 prompts, 16 tokens each, one prompt a request. specjax's
     # claim is identity; the full table (every dtype and method, 128 tokens) is `check
     # --identity`, recorded in docs/conformance.md. The table's negative control is in
-    # tests/test_conformance.py.
+    # tests/kit/test_conformance.py.
     from specjax.testing import identity
     # With the kernels, and on XLA's path (issue 85; 8 tokens there, where a step does 16
     # rows' arithmetic on this CPU).

@@ -13,7 +13,7 @@ import pytest
 import specjax
 from specjax.api.generate import generate
 
-WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+WEIGHTS = Path(__file__).resolve().parents[2] / "weights"
 PROMPTS = [
     "import os\nimport sys\n\n\ndef main(argv=None):\n    ",
     "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",

@@ -23,7 +23,7 @@ from specjax.model.cache import KVCache
 from specjax.model.transformer import forward as eager_forward
 from specjax.sampling import rejection
 from specjax.sampling.tree import Tree, TreeError
-from tests.tiny import pair
+from tests.support.tiny import pair
 
 forward = jax.jit(eager_forward, static_argnums=1)
 

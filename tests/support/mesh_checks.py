@@ -1,6 +1,6 @@
 """Decoding on a device mesh equals decoding on one device (`specjax.mesh`).
 
-Run by tests/test_mesh.py in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8,
+Run by tests/engine/test_mesh.py in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8,
 so that the rest of the suite keeps one device; the file name keeps pytest from collecting it
 on its own. Every comparison is against the same function run on device 0 in this process.
 

@@ -1,9 +1,9 @@
 """One of two processes of a mesh that spans processes (`jax.distributed`), run by
-tests/test_mesh.py: 4 forced host devices each, one 2 x 4 mesh over the 8, the target loaded
+tests/engine/test_mesh.py: 4 forced host devices each, one 2 x 4 mesh over the 8, the target loaded
 onto it with `load(mesh=)`, the draft placed by `generate`. Prints each method's tokens as one
 JSON line; both processes must print what one device gives.
 
-    python tests/mesh_process.py PROCESS_ID PORT PROMPTS_JSON
+    python tests/support/mesh_process.py PROCESS_ID PORT PROMPTS_JSON
 """
 
 import json

@@ -37,12 +37,12 @@ TAPS = (1, 2, 3)
 FLOOR = 2.5
 
 
-PROMPTS = Path(__file__).with_name("train_prompts.jsonl")
+PROMPTS = Path(__file__).resolve().parents[1] / "support" / "train_prompts.jsonl"
 
 
 def code_prompts(count: int) -> list[str]:
     """The first `count` of 72 prompts of two lines of Python (lines of specjax's own source
-    as of 2026-11-26, kept in tests/train_prompts.jsonl so that editing the code does not move
+    as of 2026-11-26, kept in tests/support/train_prompts.jsonl so that editing the code does not move
     the test's numbers); the tiny target was trained on Python."""
     prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()]
     assert len(prompts) >= count
