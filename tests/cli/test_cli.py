@@ -239,6 +239,7 @@ def run_main(args, capsys):
 AS_PROCESSES = ("k 0", "corrupt weights", "heads of another target", "fetch unknown")
 
 
+@pytest.mark.fast
 def test_bad_inputs_exit_2_with_one_line(tiny, env, capsys):
     # In this process (each fails before anything compiles); AS_PROCESSES again as
     # `python -m specjax`, in parallel, which must print the same line and exit 2.
@@ -384,6 +385,7 @@ def test_stdin_prompt_colours_and_ctrl_c(generated, env):
 
 # -- In-process pieces --------------------------------------------------------------------------
 
+@pytest.mark.fast
 def test_the_test_workers_honour_the_suites_groups(request):
     # The suite runs with --dist=loadgroup so that the tests of one xdist_group share a worker,
     # and with it their session fixtures (such as `generated`, 1.5 minutes) and compiled
@@ -394,6 +396,7 @@ def test_the_test_workers_honour_the_suites_groups(request):
         assert request.node.nodeid.endswith("@cli"), request.node.nodeid
 
 
+@pytest.mark.fast
 def test_a_run_no_longer_than_its_prefill_reports_decode_as_na():
     # A tiny model's 16 tokens can take about as long as the prefill timed beside them (the
     # failure CI once hit): the summary keeps its decode field and says n/a, never a rate.
@@ -405,6 +408,7 @@ def test_a_run_no_longer_than_its_prefill_reports_decode_as_na():
     assert "decode" not in summary_line(stats, 3)
 
 
+@pytest.mark.fast
 def test_text_printer_holds_back_partial_characters():
     import io
 
@@ -426,6 +430,7 @@ def test_text_printer_holds_back_partial_characters():
     assert out.getvalue().startswith("\x1b[32m")
 
 
+@pytest.mark.fast
 def test_chat_template_renders_like_transformers(tiny):
     model = specjax.load(tiny["a"])
     with pytest.raises(ChatTemplateError, match="no chat template"):
@@ -470,6 +475,7 @@ def test_check_prints_the_verdicts_and_exits_by_them(env, capsys):
             name, proc.stderr)
 
 
+@pytest.mark.fast
 def test_generate_and_bench_share_one_declaration_of_the_decoding_options():
     """`specjax.api.options.DECODING`: both commands take each shared option under the same flag
     and type; only the declared changes differ (the bench's seed help, its 0.4 threshold)."""

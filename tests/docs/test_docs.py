@@ -74,6 +74,7 @@ def _repo_paths(text: str) -> set[str]:
     return out
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_repository_path_a_page_mentions_exists(page):
     missing = sorted(p for p in _repo_paths(_text(page))
@@ -96,6 +97,7 @@ def _resolve(dotted: str) -> bool:
     return False
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_specjax_name_a_page_mentions_resolves(page):
     names = set(DOTTED.findall(_text(page)))
@@ -124,6 +126,7 @@ def anchors(page: Path) -> set[str]:
     return out
 
 
+@pytest.mark.fast
 def test_slugs_follow_githubs_rules():
     assert (slug("The engine, round two: before and after")
             == "the-engine-round-two-before-and-after")
@@ -131,6 +134,7 @@ def test_slugs_follow_githubs_rules():
     assert slug("Is your sampler lossless?") == "is-your-sampler-lossless"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_internal_link_resolves(page):
     broken = []
@@ -176,6 +180,7 @@ def _table(text: str, header_start: str) -> list[list[str]]:
     return rows
 
 
+@pytest.mark.fast
 def test_every_readme_result_is_the_named_runs():
     from specjax.bench.report import k_label
 
@@ -215,6 +220,7 @@ def test_every_readme_result_is_the_named_runs():
     assert numbers <= {cores, str(settings["max_new_tokens"])}, numbers
 
 
+@pytest.mark.fast
 def test_the_readme_is_a_front_door():
     text = _text(ROOT / "README.md")
     assert len(text.splitlines()) <= 80
@@ -230,6 +236,7 @@ def _cites(text: str, name: str) -> bool:
 BENCH = sorted(p for p in (ROOT / "bench").iterdir() if p.is_dir())
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("run", BENCH, ids=lambda p: p.name)
 def test_every_bench_directory_is_cited_and_says_by_which_page(run):
     citing = {str(p.relative_to(ROOT)) for p in CITING if p.exists() and _cites(_text(p), run.name)}

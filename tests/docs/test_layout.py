@@ -25,6 +25,7 @@ LAZY_ALLOWED = {"torch", "transformers", "matplotlib", "gguf", "huggingface_hub"
                 "optax", "xllamacpp", "outlines_core"}
 
 
+@pytest.mark.fast
 def test_import_linter_contracts_are_kept():
     lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
     result = subprocess.run([lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True)
@@ -65,6 +66,7 @@ def _cycles(graph) -> list[list[str]]:
     return found
 
 
+@pytest.mark.fast
 def test_no_import_cycles():
     graph = grimp.build_graph("specjax", cache_dir=None)
     # A package imports its own modules to re-export them; that is not a cycle of the code.
@@ -75,6 +77,7 @@ def test_no_import_cycles():
     assert _cycles(graph) == []
 
 
+@pytest.mark.fast
 def test_the_cycle_finder_sees_a_cycle():
     graph = grimp.ImportGraph()
     for m in ("a", "b", "c"):
@@ -86,6 +89,7 @@ def test_the_cycle_finder_sees_a_cycle():
     assert _cycles(graph) == [["a", "b", "c"]]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("path", sorted((ROOT / "specjax").rglob("*.py")),
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_imports_inside_functions_are_optional_dependencies(path):
@@ -107,6 +111,7 @@ def test_imports_inside_functions_are_optional_dependencies(path):
             assert "#" in around, f"{where}: say in a comment why this import is lazy"
 
 
+@pytest.mark.fast
 def test_scripts_and_library_never_import_tests():
     for path in [*(ROOT / "specjax").rglob("*.py"), *(ROOT / "scripts").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):

@@ -1,9 +1,10 @@
 """The suite's two tiers and how it compiles (tests/conftest.py, docs/tests.md).
 
-The fast tier, what `python -m pytest` runs, is the list in tests/fast_tier.txt: each test
-with its time measured in one test worker of a fast-tier run from a cold compile cache (the
-list's header names the run). Here the list is held to the suite, to the tier's budget and to
-what the tier must prove, so that a test joins it only by being listed with its cost.
+The fast tier, what `python -m pytest` runs, is the tests marked `fast` in their modules;
+tests/fast_tier.txt records each one's time, measured in one test worker of a fast-tier run from
+a cold compile cache (its header names the run). Here the marks and the record are held to each
+other, the record to the tier's budget and the tier to what it must prove, so that a test joins
+the tier only with its cost counted.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from tests import conftest
 
@@ -21,7 +23,8 @@ from tests import conftest
 # (starting JAX and torch, collecting the suite, building the kernels; docs/tests.md).
 BUDGET_S = 2 * (6 * 60 - 60)
 
-# What the fast tier must prove, each by at least one listed test of the module (docs/tests.md).
+# What the fast tier must prove, each by at least one recorded test of the module
+# (docs/tests.md).
 PROVES = {
     "Theorem 1 exactly": "tests/exactness/test_rejection.py",
     "a G-test and its negative control per method family": "tests/exactness/test_distribution.py",
@@ -33,22 +36,66 @@ PROVES = {
 }
 
 
-def test_every_listed_test_is_in_the_suite(fast_collected):
-    listed = conftest.fast_tier()
-    present = fast_collected.node_ids | {n.split("[", 1)[0] for n in fast_collected.node_ids}
-    files = {node_id.split("::")[0] for node_id in fast_collected.node_ids}
-    missing = sorted(n for n in listed.keys() - present     # a run of named files: theirs
-                     if fast_collected.whole_suite or n.split("::")[0] in files)
-    assert not missing, f"tests/fast_tier.txt lists tests the suite does not have: {missing}"
+def _function(node_id: str) -> str:
+    return node_id.split("[", 1)[0]
 
 
-def test_no_test_joins_the_fast_tier_by_a_mark_of_its_own(fast_collected):
-    # The tier is the list; a `fast` mark written in a module would put a test under `-m fast`
-    # without its cost being counted against the budget.
-    by_hand = sorted(fast_collected.marked_by_hand)
-    assert not by_hand, f"marked `fast` in their modules (list them in fast_tier.txt): {by_hand}"
+def unrecorded_and_stale(fast: set[str], record: dict[str, float],
+                         modules: set[str] | None = None) -> tuple[list[str], list[str]]:
+    """The fast tests without a recorded time, and the recorded lines that name no fast test
+    (of `modules` only, when the run collected only those). A line without `[...]` stands for
+    every case of its test."""
+    unrecorded = sorted(n for n in fast if n not in record and _function(n) not in record)
+    named = fast | {_function(n) for n in fast}
+    stale = sorted(n for n in record if n not in named
+                   and (modules is None or n.split("::")[0] in modules))
+    return unrecorded, stale
 
 
+@pytest.mark.fast
+def test_the_fast_tests_are_the_recorded_ones(fast_collected):
+    # A test marked `fast` without its time would run in the tier uncounted against its budget;
+    # a time recorded for a test no longer marked (or gone) would count what the tier never runs.
+    modules = None if fast_collected.whole_suite else {
+        n.split("::")[0] for n in fast_collected.node_ids}
+    unrecorded, stale = unrecorded_and_stale(set(fast_collected.fast), conftest.fast_tier(),
+                                             modules)
+    assert not unrecorded, f"marked `fast`, no time in tests/fast_tier.txt: {unrecorded}"
+    assert not stale, f"tests/fast_tier.txt times tests not marked `fast`: {stale}"
+
+
+@pytest.mark.fast
+def test_the_record_check_catches_an_unrecorded_and_a_stale_test():
+    # The check above on a made-up tier: a marked test without a line, a line without a marked
+    # test, and a line without `[...]` that stands for its cases.
+    fast = {"tests/a/test_x.py::test_one", "tests/a/test_x.py::test_two[p]",
+            "tests/a/test_x.py::test_two[q]", "tests/a/test_x.py::test_new"}
+    record = {"tests/a/test_x.py::test_one": 1.0, "tests/a/test_x.py::test_two": 2.0,
+              "tests/b/test_y.py::test_gone": 3.0}
+    assert unrecorded_and_stale(fast, record) == (["tests/a/test_x.py::test_new"],
+                                                  ["tests/b/test_y.py::test_gone"])
+    assert unrecorded_and_stale(fast, record, {"tests/a/test_x.py"})[1] == []
+    assert unrecorded_and_stale(fast - {"tests/a/test_x.py::test_new"},
+                                {k: v for k, v in record.items() if "gone" not in k}) == ([], [])
+
+
+@pytest.mark.fast
+def test_a_fast_mark_names_only_cases_its_test_has_and_leaves_out_the_others(fast_collected):
+    if fast_collected.whole_tests:
+        assert not fast_collected.unknown_cases, (
+            f"`fast(cases=...)` names cases its test does not have: "
+            f"{sorted(fast_collected.unknown_cases)}")
+    # A mark with cases takes those and no others: a G-test case the mark leaves out is
+    # collected but not in the tier.
+    module = "tests/exactness/test_distribution.py::test_method_samples_the_target_distribution"
+    cases = {n for n in fast_collected.node_ids if _function(n) == module}
+    if not cases:
+        pytest.skip("the run did not collect tests/exactness/test_distribution.py")
+    assert f"{module}[speculative-k2-t0.7]" in fast_collected.fast
+    assert f"{module}[speculative-k4-t1.0]" in cases - fast_collected.fast
+
+
+@pytest.mark.fast
 def test_the_fast_tier_fits_its_budget_and_proves_the_core():
     listed = conftest.fast_tier()
     total = sum(listed.values())
@@ -91,6 +138,7 @@ def test_the_full_tier_fits_its_budget_and_every_module_is_measured():
         f"(the slowest module: {slowest}, {recorded[slowest]:.0f} s)")
 
 
+@pytest.mark.fast
 def test_the_private_compile_option_hook_still_reaches_xla():
     """conftest's `_compile_options` sets XLA options from outside through JAX's private
     `jax._src.compiler.get_compile_options` (JAX's public way, `jax.jit(compiler_options=)`,

@@ -46,6 +46,7 @@ def _rows(rng, rows: int, k: int, vocab: int):
     return p, q, drafted
 
 
+@pytest.mark.fast
 def test_the_plain_step_is_the_production_verify():
     # On the same uniform draws, `reference.verify_row` accepts exactly the drafts the production
     # row does (`rejection._verify_row`, which `verify` vmaps over the batch) and draws the next
@@ -71,6 +72,7 @@ def test_the_plain_step_is_the_production_verify():
     assert 0 < np.mean(n == k) < np.mean(n > 0) < 1          # every outcome occurs
 
 
+@pytest.mark.fast
 def test_the_plain_step_runs_the_algorithm():
     # The whole plain step on a toy pair whose distributions depend on the last token: a draft
     # equal to the target is always accepted (k + 1 tokens a step), and the first emitted
@@ -92,6 +94,7 @@ def test_the_plain_step_runs_the_algorithm():
     assert np.all(np.abs(frequency - table_q[2]) < 5 * error + 1e-9), (frequency, table_q[2])
 
 
+@pytest.mark.fast
 def test_the_page_shows_the_plain_step_as_it_is():
     block = re.search(r"```python\n(.*?)```", DOC.read_text(), re.S).group(1)
     source = "\n\n".join(inspect.getsource(f) for f in (reference.speculative_step,
@@ -137,6 +140,7 @@ def _path() -> list[tuple[str, str, list[str], str, str]]:
     return hops
 
 
+@pytest.mark.fast
 def test_the_path_from_generate_reaches_the_accept_test_in_four_hops():
     # The page's path table: at most four named hops, from `generate` to the accept test, each
     # leaving from the function the one before went into. Within a hop the code is the path:
@@ -202,6 +206,7 @@ def _accept_test_stack() -> list[str]:
     return list(dict.fromkeys(seen))
 
 
+@pytest.mark.fast
 def test_the_page_names_every_file_the_chain_path_crosses():
     # The page's list of files crossed is exactly the files its path table and its table of the
     # step's parts name, at most six; each part is a call the step (or its score_and_verify)
@@ -301,6 +306,7 @@ def numbers(text: str) -> np.ndarray:
     return np.array([float(v) for v in text.split()])
 
 
+@pytest.mark.fast
 def test_worked_example_numbers_come_from_the_code():
     doc = example_block()
     p_x, q_x = jnp.float32(P[B]), jnp.float32(Q[B])
@@ -320,6 +326,7 @@ def test_worked_example_numbers_come_from_the_code():
     np.testing.assert_allclose(law, Q, atol=1e-6)                       # Theorem 1
 
 
+@pytest.mark.fast
 def test_verify_itself_behaves_as_the_example_says():
     # The real verify on the example, 200,000 rows, B drafted in each: B is accepted with
     # probability 0.4, and a rejected row draws from the residual (B never comes out of it).
@@ -336,6 +343,7 @@ def test_verify_itself_behaves_as_the_example_says():
     np.testing.assert_allclose(residual, numbers(example_block()["residual"]), atol=0.01)
 
 
+@pytest.mark.fast
 def test_every_function_the_tables_name_exists():
     # In a table row, `file.py` (a path under specjax/, with or without it) is followed by the names it defines
     # (functions, constants, or methods of its classes).
@@ -483,6 +491,7 @@ def _tripled_verify_tree(tree, rule, tokens, valid, draft_probs, target_probs, k
                                  keys, with_details=with_details)
 
 
+@pytest.mark.fast(cases=["chain"])
 @pytest.mark.parametrize("shape", ["chain", "tree"])
 def test_explain_shows_the_rules_generate_ran(shape):
     # With rules other than the default, explain's steps append exactly the tokens generate
@@ -517,6 +526,7 @@ def test_explain_shows_the_rules_generate_ran(shape):
     assert all(accepted == (u * p < q) for _, p, q, u, accepted in tests)
 
 
+@pytest.mark.fast
 def test_explain_refuses_a_rule_that_returns_no_numbers():
     import specjax
     from specjax.api.generate import GenerationError
@@ -531,6 +541,7 @@ def test_explain_refuses_a_rule_that_returns_no_numbers():
                         rules=Rules(verify=two_values))
 
 
+@pytest.mark.fast
 def test_generate_declares_every_option():
     # generate, stream and explain take the target, the prompts, the method, the sampling and
     # the run's options, each declared as a keyword-only parameter with the default of

@@ -24,8 +24,9 @@ import pytest
 from specjax import kernels as specjax_kernels
 from specjax.model import linear, quant
 
-pytestmark = pytest.mark.skipif(not specjax_kernels.ensure(),
-                                reason="needs the CPU kernels (a C++ compiler)")
+pytestmark = [pytest.mark.fast,                  # every test of the module: the fast tier
+              pytest.mark.skipif(not specjax_kernels.ensure(),
+                                 reason="needs the CPU kernels (a C++ compiler)")]
 
 
 def ggml_quantize(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:

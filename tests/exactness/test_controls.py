@@ -60,6 +60,7 @@ def _controls(rows, **options):
     return check_controls(specjax.SamplingParams(**options), rows, V, np.full(rows, 8, np.int32))
 
 
+@pytest.mark.fast
 def test_controls_follow_the_rule_as_the_engines_state_it():
     rng = np.random.default_rng(0)
     b, n, m, prompt_length, length = 3, 4, 12, 5, 8
@@ -181,6 +182,7 @@ def _draw(models, method, options, **extra):
     return gtest.p_value(samples, law, V), result.stats
 
 
+@pytest.mark.fast(cases=["speculative-all-t0.7-top-p"])
 @pytest.mark.parametrize("name", POSITIVE)
 def test_every_method_samples_the_controlled_target(models, name):
     p_value, stats = _draw(models, *POSITIVE[name])
@@ -189,6 +191,7 @@ def test_every_method_samples_the_controlled_target(models, name):
         assert 0 < stats.accepted < stats.drafted
 
 
+@pytest.mark.fast(cases=["chain-forgets-drafts"])
 @pytest.mark.parametrize("name", NEGATIVE)
 def test_penalties_that_forget_the_drafts_are_caught(models, name):
     p_value, _ = _draw(models, *NEGATIVE[name], rules=Rules(controls=_forgets_drafts))

@@ -233,6 +233,9 @@ def same_program(cases: dict) -> list:
             for name, c in cases.items()]
 
 
+@pytest.mark.fast(cases=[
+    "autoregressive-top-k-top-p", "speculative-k2-t0.7", "ngram-k2", "tree-2x2-top-t0.7-top-p",
+    "medusa-2x2-distinct", "eagle-dynamic-3-2-4"])
 @pytest.mark.parametrize("name", same_program(POSITIVE))
 def test_method_samples_the_target_distribution(models, name):
     c = POSITIVE[name]
@@ -428,6 +431,9 @@ for _dtype in PRECISIONS:
     })
 
 
+@pytest.mark.fast(cases=[
+    "always-accept", "ngram-always-accept", "tree-residual-not-updated",
+    "medusa-verified-with-another-p", "eagle-top-tokens-verified-as-sampled"])
 @pytest.mark.parametrize("name", NEGATIVE)
 def test_broken_sampler_is_caught(models, name):
     c, hooks = NEGATIVE[name]
@@ -451,6 +457,7 @@ def test_confidence_rows_stop_at_different_depths(models, name):
     assert (share >= 0.05).all(), share
 
 
+@pytest.mark.fast
 def test_correct_hooks_reproduce_the_real_sampler(models):
     # The negative controls differ from the real sampler only in the step they break.
     c = case("speculative", k=2)
@@ -460,6 +467,7 @@ def test_correct_hooks_reproduce_the_real_sampler(models):
     np.testing.assert_array_equal(real, rebuilt)
 
 
+@pytest.mark.fast
 def test_correct_tree_walk_reproduces_verify_tree():
     # The tree negative controls differ from the real walk only in the step they break: with
     # the defaults, the test's walk gives the library's results on random trees of candidates.

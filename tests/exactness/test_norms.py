@@ -10,6 +10,9 @@ import pytest
 
 from specjax.model.layers import layer_norm, rms_norm, row_sum
 
+# In the fast tier, every test of this module (tests/conftest.py, docs/tests.md).
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize("d", [576, 1536, 40])
 def test_a_rows_norm_is_the_same_alone_and_in_a_call(d):

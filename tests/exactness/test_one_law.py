@@ -79,6 +79,7 @@ def steps_and_calls(model, kernels, batch=2, law_width=None):
     return np.stack(out, 1), calls
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "q8_0"])
 def test_verify_calls_equal_one_token_steps_bit_for_bit(target, dtype):
     steps, calls = steps_and_calls(in_dtype(target, dtype), kernels=True)
@@ -95,6 +96,7 @@ def test_a_large_batchs_verify_calls_equal_its_steps_bit_for_bit(target, dtype):
         np.testing.assert_array_equal(call, steps[:, :n], err_msg=f"{dtype}, {n} tokens")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "q8_0"])
 def test_a_tree_node_equals_the_steps_along_its_branch(target, dtype):
     for node, (call, step) in tree_and_steps(in_dtype(target, dtype)).items():
@@ -148,6 +150,7 @@ def tree_and_steps(model, kernels=True, law_width=None):
     return out
 
 
+@pytest.mark.fast
 def test_the_rope_kernel_follows_its_written_law():
     # The tables: cosf and sinf of float32(position) * inv_freq, each within an ulp of the
     # float64 functions of that float32 angle. The rotation: out = fma(x1, c, -(x2 * s)),
@@ -176,6 +179,7 @@ def test_the_rope_kernel_follows_its_written_law():
         np.testing.assert_allclose(got, xla, rtol=0, atol=1e-6)
 
 
+@pytest.mark.fast
 def test_steps_and_calls_pick_the_rope_kernel_up_to_32_tokens():
     inv_freq = jnp.ones(4, jnp.float32)
     for t, want in ((1, True), (17, True), (32, True), (33, False)):

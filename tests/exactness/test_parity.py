@@ -56,6 +56,9 @@ def tokens_and_positions(vocab, batch=2, length=40, seed=0):
     return tokens, np.broadcast_to(np.arange(length), (batch, length))
 
 
+@pytest.mark.fast(cases=[
+    "mha", "gqa", "mqa", "tied", "odd-heads", "odd-gqa", "head-dim-not-d-over-n",
+    "rope-theta-500k", "rope-llama3", "rope-linear", "qwen2-bias", "mistral"])
 @pytest.mark.parametrize("case", LLAMA_CASES)
 def test_llama_family_matches_transformers(tmp_path, case):
     hf = tiny_llama(tmp_path, **LLAMA_CASES[case])
@@ -65,6 +68,7 @@ def test_llama_family_matches_transformers(tmp_path, case):
     assert_logits_close(ours, hf_logits(hf, tokens))
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("case", GPT2_CASES)
 def test_gpt2_matches_transformers(tmp_path, case):
     hf = tiny_gpt2(tmp_path, **GPT2_CASES[case])
@@ -74,6 +78,7 @@ def test_gpt2_matches_transformers(tmp_path, case):
     assert_logits_close(ours, hf_logits(hf, tokens))
 
 
+@pytest.mark.fast
 def test_llama3_scaling_changes_logits(tmp_path):
     # Guards the parity test itself: with positions past the original context the scaled and
     # unscaled models must disagree, or the rope-llama3 case proves nothing.
@@ -83,6 +88,7 @@ def test_llama3_scaling_changes_logits(tmp_path):
     assert np.abs(hf_logits(plain, tokens) - hf_logits(scaled, tokens)).max() > 1e-3
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_greedy_generation_matches_transformers_generate(tmp_path, arch):
     hf = tiny_gpt2(tmp_path) if arch == "gpt2" else tiny_llama(tmp_path)
@@ -101,6 +107,7 @@ def test_greedy_generation_matches_transformers_generate(tmp_path, arch):
     assert tokens[5:] == expected
 
 
+@pytest.mark.fast
 def test_round_trip_save_load(tmp_path):
     hf = tiny_llama(tmp_path / "hf", tied=False, kv_heads=1)
     model = specjax.load(tmp_path / "hf")
@@ -133,6 +140,7 @@ def test_qwen3_saves_as_qwen3_and_transformers_reads_it(tmp_path):
         np.asarray(ours)).max()
 
 
+@pytest.mark.fast
 def test_bfloat16_is_close_to_float32(tmp_path):
     tiny_llama(tmp_path)
     full, half = specjax.load(tmp_path), specjax.load(tmp_path, dtype="bfloat16")
@@ -144,6 +152,7 @@ def test_bfloat16_is_close_to_float32(tmp_path):
     assert np.abs(np.asarray(a) - np.asarray(b)).max() <= 0.05 * np.abs(np.asarray(a)).max()
 
 
+@pytest.mark.fast
 def test_bfloat16_parity_with_transformers_in_bfloat16(tmp_path):
     # Both engines in bfloat16 on the same weights: each rounds its activations to bfloat16
     # at its own points (specjax sums every product and its attention scores in float32,
@@ -160,6 +169,7 @@ def test_bfloat16_parity_with_transformers_in_bfloat16(tmp_path):
     assert np.abs(np.asarray(ours) - theirs).max() <= 0.02 * scale
 
 
+@pytest.mark.fast
 def test_int8_is_transformers_on_its_dequantized_weights(tmp_path):
     # An int8 model is the float32 model of its dequantised weights: saved (as those float32
     # numbers: Hugging Face's layout has no Q8_0), loaded by transformers, its logits are

@@ -49,6 +49,7 @@ def _variants():
             "llama-mqa-linear-rope": linear}
 
 
+@pytest.mark.fast(cases=["weights/gpt2-target", "weights/llama-target"])
 @pytest.mark.parametrize("name", ["weights/gpt2-target", "weights/llama-target", "close-pair",
                                   *_variants()])
 def test_logits_equal_the_engine(name):
@@ -95,6 +96,7 @@ SETTINGS = [reference.Sampling(1.0), reference.Sampling(0.0), reference.Sampling
             reference.Sampling(0.9, top_k=5, top_p=0.7, min_p=0.1)]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("sampling", SETTINGS, ids=str)
 def test_probs_are_the_engines_distribution(sampling):
     # 300 rows of 9 logits, a third with integer logits (ties, which rank by id), one all -inf
@@ -185,6 +187,7 @@ def test_greedy_tokens_equal_generate():
     assert len(set(engine["autoregressive"])) > 1
 
 
+@pytest.mark.fast
 def test_the_ngram_lookup_is_the_engines():
     # The longest n-gram wins, then the most recent occurrence, starting before the suffix;
     # the engine's lookup on the same buffers drafts the same tokens.
@@ -220,6 +223,7 @@ def test_the_kit_finds_the_reference_lossless_and_a_broken_one_not(monkeypatch):
     assert not any(v.report.lossless for v in broken), verdict.table(broken, 0.01)
 
 
+@pytest.mark.fast
 def test_bad_arguments_are_named():
     target, draft = close_pair(vocab=8, std=0.5, noise=0.3)
     rng = np.random.default_rng(0)
@@ -243,6 +247,7 @@ def test_bad_arguments_are_named():
             call()
 
 
+@pytest.mark.fast
 def test_the_layout_page_records_the_reference_as_it_is():
     # docs/layout.md's "The reference" states the package's lines, in all and module by module,
     # and names the tests that hold it to the engine: each number is the file's, each test
@@ -262,6 +267,7 @@ def test_the_layout_page_records_the_reference_as_it_is():
     assert named and all(name in globals() or hasattr(walkthrough, name) for name in named)
 
 
+@pytest.mark.fast
 def test_the_command_line_check_lists_the_reference_samplers(capsys):
     # `python -m specjax check --reference --list` lists the catalogue and, after it, the kit's
     # reference samplers, each as an exact scheme; without --reference they are not run.

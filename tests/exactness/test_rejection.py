@@ -27,6 +27,9 @@ from specjax.sampling.rejection import (
     verify,
 )
 
+# In the fast tier, every test of this module (tests/conftest.py, docs/tests.md).
+pytestmark = pytest.mark.fast
+
 SETTINGS = settings(max_examples=150, deadline=None)
 verify_jit = jax.jit(verify)  # one compile per shape instead of op-by-op dispatch under vmap
 

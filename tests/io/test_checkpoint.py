@@ -11,6 +11,9 @@ from specjax import CheckpointError, ModelConfig
 from specjax.model.config import ConfigError
 from tests.support.hf_models import tiny_gpt2, tiny_llama
 
+# In the fast tier, every test of this module (tests/conftest.py, docs/tests.md).
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture
 def llama_dir(tmp_path):

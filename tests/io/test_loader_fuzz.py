@@ -276,6 +276,7 @@ def _set(obj, path, value):
 
 # -- The fuzz tests ---------------------------------------------------------------------------
 
+@pytest.mark.fast(cases=["safetensors", "gguf", "eagle3", "speculators", "eagle1", "medusa1"])
 @pytest.mark.parametrize("fmt", FORMATS)
 @FUZZ
 @given(data=st.data())
@@ -286,6 +287,7 @@ def test_truncated_files(checkpoints, fmt, data):
     load_damaged(ck, name, ck.files[name][:cut])
 
 
+@pytest.mark.fast(cases=["safetensors", "gguf", "eagle3", "speculators", "eagle1", "medusa1"])
 @pytest.mark.parametrize("fmt", FORMATS)
 @FUZZ
 @given(data=st.data())
@@ -299,6 +301,7 @@ def test_overwritten_bytes(checkpoints, fmt, data):
     load_damaged(ck, name, bytes(damaged), len(in_data), only_data=len(in_data) == len(changes))
 
 
+@pytest.mark.fast(cases=["safetensors", "gguf", "eagle3", "speculators", "eagle1", "medusa1"])
 @pytest.mark.parametrize("fmt", FORMATS)
 @FUZZ
 @given(data=st.data())
@@ -311,6 +314,7 @@ def test_inserted_garbage(checkpoints, fmt, data):
     load_damaged(ck, name, original[:at] + garbage + original[at:])
 
 
+@pytest.mark.fast
 @FUZZ
 @given(data=st.data())
 def test_huge_gguf_header_fields(checkpoints, gguf_int_fields, data):
@@ -323,6 +327,7 @@ def test_huge_gguf_header_fields(checkpoints, gguf_int_fields, data):
     load_damaged(ck, "tiny.gguf", bytes(damaged))
 
 
+@pytest.mark.fast(cases=["safetensors", "eagle3", "speculators", "eagle1", "medusa1"])
 @pytest.mark.parametrize("fmt", DIRECTORIES)
 @FUZZ
 @given(data=st.data())
@@ -364,6 +369,7 @@ def test_the_gguf_writer_round_trips(checkpoints):
     assert written.tokenizer.encode(text).ids == template.tokenizer.encode(text).ids
 
 
+@pytest.mark.fast(cases=["safetensors", "gguf", "eagle3", "speculators", "eagle1", "medusa1"])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_fuzzers_see_both_outcomes(checkpoints, fmt):
     # Negative control: damage must be seen as an error; and a load that goes through must be
@@ -403,6 +409,7 @@ def _damage_gguf_field(ck: Checkpoint, field: str, part: int, value: int, item_t
     return bytes(damaged)
 
 
+@pytest.mark.fast
 def test_gguf_array_longer_than_the_file_fails_fast(checkpoints):
     # gguf's reader, once past the end of the file, reads nothing and loops again: an array of
     # 2^64 - 1 one-byte items used to hang, growing a list by about 130 MB a second.
@@ -413,6 +420,7 @@ def test_gguf_array_longer_than_the_file_fails_fast(checkpoints):
     assert "an array of 18446744073709551615 items" in str(error)
 
 
+@pytest.mark.fast
 def test_gguf_huge_block_count_fails_fast(checkpoints):
     # Used to build a name table of 9 entries per block before looking at a single tensor.
     ck = checkpoints["gguf"]
@@ -420,6 +428,7 @@ def test_gguf_huge_block_count_fails_fast(checkpoints):
     assert "block_count=2147483648" in str(error)
 
 
+@pytest.mark.fast
 def test_gguf_tensor_data_must_sit_where_the_header_says(checkpoints):
     # Both used to load shifted weights without an error: an offset of 2^64 - 1, which wraps
     # around to the byte before the data section (llama.cpp requires the tensors back to back),
@@ -432,6 +441,7 @@ def test_gguf_tensor_data_must_sit_where_the_header_says(checkpoints):
     assert "1 bytes after the last tensor" in str(load_damaged(ck, "tiny.gguf", damaged))
 
 
+@pytest.mark.fast
 def test_config_with_a_huge_layer_count_fails_fast(checkpoints):
     # Used to build a list of 2^40 layer shapes (MemoryError or minutes) before any tensor.
     ck = checkpoints["safetensors"]
@@ -441,6 +451,7 @@ def test_config_with_a_huge_layer_count_fails_fast(checkpoints):
     assert "config.json has 1099511627776 layers" in str(error)
 
 
+@pytest.mark.fast
 def test_json_files_that_are_not_utf8_are_named(checkpoints):
     # config.json, generation_config.json and tokenizer_config.json used to raise
     # UnicodeDecodeError.
@@ -451,6 +462,7 @@ def test_json_files_that_are_not_utf8_are_named(checkpoints):
             assert name in str(error), error
 
 
+@pytest.mark.fast
 def test_safetensors_shards_stay_in_their_directory(checkpoints):
     ck = checkpoints["safetensors"]
     index = json.loads(ck.files["model.safetensors.index.json"])
@@ -461,6 +473,7 @@ def test_safetensors_shards_stay_in_their_directory(checkpoints):
         assert "outside its directory" in str(error)
 
 
+@pytest.mark.fast
 def test_published_drafter_configs_with_huge_sizes_fail_fast(checkpoints):
     # Both used to hang: an EAGLE-1 config's vocab_size of 2^31 built its 2^31 draft ids (it
     # has no tensor of that size to check first), and medusa_num_heads of 2^31 listed the

@@ -47,12 +47,14 @@ def reference_greedy(model, prompt, n):
     return tokens[len(prompt):]
 
 
+@pytest.mark.fast
 def test_autoregressive_greedy_equals_full_sequence_argmax(models, greedy):
     target, _ = models
     for prompt, got in zip(PROMPTS[:2], greedy[:2]):
         assert got == reference_greedy(target, prompt, N)
 
 
+@pytest.mark.fast(cases=["2", "5"])
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
 def test_speculative_greedy_equals_autoregressive(models, greedy, k):
     target, draft = models
@@ -63,6 +65,7 @@ def test_speculative_greedy_equals_autoregressive(models, greedy, k):
     assert result.stats.draft_calls == k * result.stats.target_calls
 
 
+@pytest.mark.fast(cases=["3"])
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_ngram_greedy_equals_autoregressive(models, greedy, k):
     target, _ = models
@@ -73,6 +76,7 @@ def test_ngram_greedy_equals_autoregressive(models, greedy, k):
     assert result.stats.accepted > 0  # the repetitive prompts make lookups hit
 
 
+@pytest.mark.fast
 def test_unbatched_equals_batched_greedy(models, greedy):
     target, draft = models
     for i in (0, 2):
@@ -94,6 +98,7 @@ def test_draft_equal_to_target_accepts_everything(models):
     assert stats.tokens_per_target_call == k + 1
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("method", ["autoregressive", "speculative", "ngram"])
 def test_same_seed_same_output_and_row_alone_equals_row_in_batch(models, method):
     target, draft = models
@@ -161,6 +166,7 @@ def test_vocab_padding_draft_is_handled(models, greedy):
     assert result.tokens == greedy
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("call, needle", [
     (lambda t, d: generate(t, PROMPTS, specjax.Speculative(d, k=0)),
      "k must be an integer >= 1, got 0"),
@@ -236,6 +242,7 @@ def test_mismatched_draft_vocab_is_rejected(models):
         generate(target, PROMPTS, method=specjax.Speculative(draft=small))
 
 
+@pytest.mark.fast
 def test_nan_logits_are_an_error(models):
     target, _ = models
     broken = specjax.Model(target.config, {**target.params,

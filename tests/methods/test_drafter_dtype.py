@@ -91,6 +91,7 @@ def test_greedy_decoding_with_drafters_in_the_target_dtype_equals_autoregressive
         assert got.tokens == want, method.name
 
 
+@pytest.mark.fast
 @pytest.mark.skipif(not specjax_kernels.ensure(), reason="needs the CPU kernels (a C++ compiler)")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "q8_0"])
 def test_every_drafter_product_is_a_kernel_call(models, dtype):
@@ -120,6 +121,7 @@ def test_every_drafter_product_is_a_kernel_call(models, dtype):
             assert "dot_general" not in text, fn.__name__
 
 
+@pytest.mark.fast
 def test_bad_drafter_dtypes_are_named_errors(models):
     target, draft, drafter, _ = models
     with pytest.raises(GenerationError, match="drafter_dtype must be one of"):
@@ -143,6 +145,7 @@ def test_the_cli_refuses_a_bad_drafter_dtype():
     assert out.returncode == 2 and "--drafter-dtype" in out.stderr
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("run", ["--oracle", "--settings"])
 def test_the_bench_refuses_a_drafter_dtype_its_run_would_ignore(run, capsys, tmp_path):
     assert main(["bench", "--quick", run, "--drafter-dtype", "bfloat16",

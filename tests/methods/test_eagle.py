@@ -126,6 +126,7 @@ def test_eagle3_drafter_round_trip_and_its_errors(target, tmp_path):
         eagle.init_drafter(target, kind="eagle3")
 
 
+@pytest.mark.fast
 def test_drafter_for_another_target_is_refused(target, drafter_dir):
     drafter = specjax.load(drafter_dir)
     other_shape = random_model(llama_config(V, layers=1), seed=1, std=1.0)
@@ -136,6 +137,7 @@ def test_drafter_for_another_target_is_refused(target, drafter_dir):
         assert str(drafter_dir / "config.json") in str(e.value) and words in str(e.value)
 
 
+@pytest.mark.fast
 def test_corrupt_drafters_name_the_file(drafter_dir, tmp_path):
     from safetensors.numpy import load_file, save_file
 
@@ -178,6 +180,7 @@ def test_corrupt_drafters_name_the_file(drafter_dir, tmp_path):
         assert str(directory) in str(e.value) and words in str(e.value), str(e.value)
 
 
+@pytest.mark.fast
 def test_bad_eagle_requests_are_errors(target, drafter_dir):
     drafter = specjax.load(drafter_dir)
     build = specjax.api.methods.build
@@ -233,6 +236,7 @@ PUBLISHED = {"eagle1": dict(style="published", head="target", subset=V),
                                                  norm_before_residual=True)}
 
 
+@pytest.mark.fast(cases=["eagle3"])
 @pytest.mark.parametrize("kind", PUBLISHED)
 def test_greedy_published_eagle_equals_autoregressive(target, kind):
     drafter = random_drafter(target, seed=4, **PUBLISHED[kind])

@@ -39,6 +39,7 @@ def greedy(models):
                     max_new_tokens=N, eos_ids=()).tokens
 
 
+@pytest.mark.fast(cases=["ngram-heuristic"])
 @pytest.mark.parametrize("name", SCHEDULES)
 def test_schedule_gives_the_greedy_output_batched_and_alone(models, greedy, name):
     target, draft = models
@@ -105,12 +106,14 @@ def test_draft_works_less_where_it_is_unsure():
     assert unsure.mean_draft_length <= 2.0, unsure
 
 
+@pytest.mark.fast
 def test_verify_sizes():
     assert lookahead.verify_sizes(1) == (1,)
     assert lookahead.verify_sizes(4) == (1, 2, 4)
     assert lookahead.verify_sizes(20) == (1, 2, 4, 8, 16, 20)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(k_schedule="dynamic"), "k_schedule must be one of constant, heuristic, confidence; "
                                  "got 'dynamic'"),
@@ -147,6 +150,7 @@ def test_heuristic_default_start_fits_a_small_k(models, greedy):
     assert result.tokens == greedy
 
 
+@pytest.mark.fast
 def test_oracle_steps_accept_up_to_the_first_mismatch():
     from specjax.bench.oracle import oracle_steps
 

@@ -73,6 +73,7 @@ def test_heads_for_another_target_are_refused(target, heads_dir):
         assert str(heads_dir / "config.json") in str(e.value) and words in str(e.value)
 
 
+@pytest.mark.fast
 def test_corrupt_heads_name_the_file(heads_dir, tmp_path):
     def copy(name):
         d = tmp_path / name
@@ -103,6 +104,7 @@ def test_corrupt_heads_name_the_file(heads_dir, tmp_path):
         assert str(directory) in str(e.value) and words in str(e.value), str(e.value)
 
 
+@pytest.mark.fast
 def test_bad_medusa_requests_are_errors(target, heads_dir):
     heads = specjax.load(heads_dir)
     build = specjax.api.methods.build
@@ -122,6 +124,7 @@ def test_bad_medusa_requests_are_errors(target, heads_dir):
         assert words in str(e.value), (words, str(e.value))
 
 
+@pytest.mark.fast
 def test_greedy_medusa_equals_autoregressive(target):
     # Ragged rows (one of a single token: its heads read a zero hidden state at first), EOS.
     heads = random_heads(target, seed=1)

@@ -32,6 +32,7 @@ MEDUSA_LIKE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0))
 
 # -- Topology -----------------------------------------------------------------------------------
 
+@pytest.mark.fast
 def test_full_tree_sizes_and_arrays():
     tree = Tree.full((3, 2, 1))
     assert tree.size == 3 + 6 + 6 and tree.max_depth == 3 and tree.max_width == 3
@@ -47,6 +48,7 @@ def test_full_tree_sizes_and_arrays():
         assert tree.depth[i] == len(path)
 
 
+@pytest.mark.fast
 def test_a_chain_is_the_causal_mask():
     chain = Tree.chain(4)
     assert chain.paths == ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
@@ -54,6 +56,7 @@ def test_a_chain_is_the_causal_mask():
     assert Tree.from_paths([[0, 0], [0]]) == Tree.from_paths(((0,), (0, 0)))    # order-free
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("paths, needle", [
     (((0,), (0, 1)), "[0, 1] skips a rank"),
     (((0,), (1, 0, 0)), "[1, 0, 0] has no parent"),
@@ -69,6 +72,7 @@ def test_malformed_trees_are_errors_naming_the_path(paths, needle):
     assert needle in str(info.value)
 
 
+@pytest.mark.fast
 def test_tree_file(tmp_path):
     path = tmp_path / "choices.json"
     path.write_text(json.dumps([list(p) for p in MEDUSA_LIKE]))
@@ -272,6 +276,7 @@ def distributions(rng, vocab, kind):
     return x / x.sum()
 
 
+@pytest.mark.fast
 @settings(max_examples=30, deadline=None)
 @given(data=st.data(), vocab=st.integers(2, 3), scheme=st.sampled_from(list(SCHEME_RULES)),
        p_kind=st.sampled_from(["dense", "sparse", "one-hot", "equal"]),
@@ -298,6 +303,7 @@ def test_tree_verification_emits_the_target_law_exactly(data, vocab, scheme, p_k
         np.testing.assert_allclose(law.step(), law.target(), rtol=0, atol=1e-12)
 
 
+@pytest.mark.fast
 def test_the_wrong_rule_for_the_scheme_is_not_exact():
     # Candidates drawn without replacement but verified as if i.i.d.: the later siblings are
     # over-accepted, so the law moves off q. (The same mistake fails a G-test end to end.)
@@ -310,6 +316,7 @@ def test_the_wrong_rule_for_the_scheme_is_not_exact():
         assert np.abs(law.step() - law.target()).max() > 0.015     # measured: 0.0173
 
 
+@pytest.mark.fast
 def test_verify_tree_follows_the_walk():
     # One row, hand-checkable: q puts all its mass on the root's second child's token, and that
     # node's first child is q's choice after it; the walk accepts both and draws the bonus.
@@ -349,6 +356,7 @@ GREEDY_CASES = [("speculative", "full-3-2"), ("speculative", "medusa-like"),
                 ("ngram", "medusa-like")]
 
 
+@pytest.mark.fast(cases=["speculative-full-3-2", "ngram-medusa-like"])
 @pytest.mark.parametrize("method, shape", GREEDY_CASES)
 def test_greedy_trees_equal_autoregressive(models, greedy, method, shape):
     target, draft = models
@@ -416,6 +424,7 @@ def test_a_tree_row_alone_equals_the_row_in_a_batch(models):
     assert generate(target, PROMPTS, seed=[5, 6, 7, 8], **kwargs).tokens == batch
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(method="autoregressive", tree=((0,),)),
      "tree does not apply to method 'autoregressive'"),
