@@ -138,6 +138,73 @@ def test_the_full_tier_fits_its_budget_and_every_module_is_measured():
         f"(the slowest module: {slowest}, {recorded[slowest]:.0f} s)")
 
 
+# Each area's budget in the full tier's worker-seconds (docs/tests.md says what each proves):
+# its recorded figure when the areas were made (tests/full_tier.txt of 2026-12-05, 2-core Zen 4,
+# 4,710 worker-seconds in all) and about 15% more, rounded up to 10 s. A new slow test, or a
+# module that grows, then fails here in the submission that records it, not weeks later when
+# CI runs out of time; raising a budget is a decision its submission states. A record measured
+# on another host is compared with these only after the budgets are scaled to that host.
+AREA_BUDGET_S = {
+    "methods": 2110,       # 1,829: greedy equality of every method, trees, SmolLM2 in 4 dtypes
+    "exactness": 1620,     # 1,403: Theorem 1 exactly and by G-tests, parity, one law
+    "engine": 580,         # 504: kernels, cache, batches, mesh, export, compiled once
+    "training": 390,       # 338: train eagle3 / medusa end to end
+    "kit": 290,            # 246: specjax.testing, llama.cpp and vLLM clients
+    "io": 170,             # 143: loaders, GGUF, shipped and published checkpoints
+    "docs": 150,           # 126: docs, layout, walkthrough, tiers, compile settings
+    "cli": 150,            # 122: the command line and the bench
+}
+
+
+def area(module: str) -> str:
+    """A test module's area: its folder under tests/ (`tests/io/test_gguf.py` -> `io`)."""
+    parts = module.split("/")
+    return parts[1] if len(parts) > 2 else "(no area: " + module + ")"
+
+
+def over_budget(record: dict[str, float], budgets: dict[str, int]) -> list[str]:
+    """What breaks the per-area budgets: an area over its budget (with its slowest module), a
+    recorded module in no area that has one, an area with a budget and no recorded module."""
+    spent: dict[str, dict[str, float]] = {}
+    for module, seconds in record.items():
+        spent.setdefault(area(module), {})[module] = seconds
+    broken = [f"{a} takes {sum(m.values()):.0f} worker-seconds, over its budget of "
+              f"{budgets[a]} (the slowest: {max(m, key=m.get)}, {max(m.values()):.0f} s)"
+              for a, m in sorted(spent.items()) if a in budgets and sum(m.values()) > budgets[a]]
+    broken += [f"{', '.join(sorted(m))}: in no area with a budget" for a, m in sorted(
+        spent.items()) if a not in budgets]
+    broken += [f"the area {a} has a budget and no recorded module" for a in sorted(budgets)
+               if a not in spent]
+    return broken
+
+
+def test_every_area_of_the_full_tier_fits_its_budget():
+    tests = Path(__file__).resolve().parents[1]
+    folders = {p.parent.name for p in tests.glob("*/test_*.py")}
+    assert folders == set(AREA_BUDGET_S), f"area folders {sorted(folders)}, budgets {AREA_BUDGET_S}"
+    assert sum(AREA_BUDGET_S.values()) <= FULL_BUDGET_S
+    broken = over_budget(full_tier(), AREA_BUDGET_S)
+    assert not broken, "; ".join(broken)
+
+
+def test_the_area_check_catches_a_slow_new_test_and_a_module_in_no_area():
+    # Negative controls: today's record with one made-up module of 100 worker-seconds more in
+    # the engine's folder; a module at tests/'s top, in no area; and an area left empty.
+    record = full_tier()
+    engine = sum(s for m, s in record.items() if area(m) == "engine")
+    assert engine + 100 > AREA_BUDGET_S["engine"]          # the made-up module breaks it
+    slow = over_budget({**record, "tests/engine/test_slow.py": 100.0}, AREA_BUDGET_S)
+    slowest = max((m for m in record if area(m) == "engine"), key=record.get)
+    assert slow == [f"engine takes {engine + 100:.0f} worker-seconds, over its budget of "
+                    f"{AREA_BUDGET_S['engine']} (the slowest: {slowest}, "
+                    f"{max(record[slowest], 100):.0f} s)"], slow
+    assert over_budget({**record, "tests/test_loose.py": 1.0}, AREA_BUDGET_S) == [
+        "tests/test_loose.py: in no area with a budget"]
+    without_cli = {m: s for m, s in record.items() if area(m) != "cli"}
+    assert over_budget(without_cli, AREA_BUDGET_S) == ["the area cli has a budget and no "
+                                                       "recorded module"]
+
+
 @pytest.mark.fast
 def test_the_private_compile_option_hook_still_reaches_xla():
     """conftest's `_compile_options` sets XLA options from outside through JAX's private
