@@ -1,4 +1,4 @@
-"""The power of the end-to-end G-test (tests/test_distribution.py) against a subtle bug.
+"""The power of the end-to-end G-test (tests/exactness/test_distribution.py) against a subtle bug.
 
     python scripts/distribution_power.py --eps 0.03 --seeds 20 --rows 100000,200000 \
         --out bench/distribution-power
@@ -34,7 +34,7 @@ from specjax.sampling.logits import SamplingParams
 from specjax.sampling.rules import Rules
 import specjax
 
-# The case of tests/test_distribution.py that this measures (keep them equal): its tiny pair,
+# The case of tests/exactness/test_distribution.py that this measures (keep them equal): its tiny pair,
 # prompt, continuation length and per-case level (family alpha 0.01 over its 22 positive cases).
 V, L, PROMPT, K = 6, 3, (1, 4, 2, 1, 4), 2
 ALPHA = 0.01 / 22

@@ -3,10 +3,13 @@
     python -m pytest --junitxml=fast.xml              # a fast-tier run, from a cold cache
     python scripts/fast_tier.py fast.xml --host "2-core AMD EPYC Zen 4 (AVX-512)"
 
-The list's tests stay as they are (add or remove a line by hand, with a rough time, then
-measure); only their seconds and the header's run line change. A listed test that the run did
-not time is an error: the list would then claim a cost nobody measured. tests/test_tiers.py
-holds the list's sum to the tier's budget.
+The tier is the tests marked `fast` in their modules (tests/conftest.py); the record keeps
+its lines and their order (a line without `[...]` sums every case of its test), gets each
+line's seconds and the header's run line from the run, and a line at its end for each test
+the run timed that no line covers (a test newly marked). A recorded test that the run did not
+time is an error: the record would then claim a cost nobody measured (remove its line if the
+test left the tier). tests/docs/test_tiers.py holds the record to the marks and its sum to the
+tier's budget.
 """
 
 from __future__ import annotations
@@ -42,18 +45,22 @@ def main(argv=None) -> int:
     parser.add_argument("--host", required=True, help="the machine it ran on, in words")
     args = parser.parse_args(argv)
     times = measured(args.junit)
-    lines, missing = [], []
+    lines, missing, covered = [], [], set()
     for line in LIST.read_text().splitlines():
         body = line.split("#", 1)[0].strip()
         if line.startswith("# Run:"):
             line = f"# Run: {date.today().isoformat()}, {args.host}, {args.junit.name}"
         elif body:
             node_id = body.split(maxsplit=1)[1]
+            covered.add(node_id)
             if node_id not in times:
                 missing.append(node_id)
                 continue
             line = f"{times[node_id]:7.2f}  {node_id}"
         lines.append(line)
+    functions = {n.split("[", 1)[0] for n in times if "[" in n}     # the sums over cases
+    lines += [f"{times[n]:7.2f}  {n}" for n in times if n not in functions
+              and n not in covered and n.split("[", 1)[0] not in covered]       # newly marked
     if missing:
         print(f"fast_tier: the run did not time {len(missing)} listed tests, e.g. {missing[0]}",
               file=sys.stderr)

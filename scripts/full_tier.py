@@ -3,12 +3,12 @@
     python -m pytest --all --junitxml=full.xml        # a full-tier run from a fresh clone
     python scripts/full_tier.py full.xml --host "2-core Intel Xeon (AVX-512, AMX)" --wall 1500
 
-With `--compiles PREFIX` (a run made with SPECJAX_COMPILE_REPORT=PREFIX, tests/compile_report.py)
+With `--compiles PREFIX` (a run made with SPECJAX_COMPILE_REPORT=PREFIX, tests/support/compile_report.py)
 it also prints, per module, the seconds its tests spent tracing, lowering and compiling against
 their whole time, and the backend calls that compiled rather than read the cache back.
 
-The record is for holding the full tier to its budget (issue 74, item 4): a check in
-tests/test_tiers.py is to read it once a full run has written it.
+tests/docs/test_tiers.py holds the record to CI's limit and each area (a folder under tests/) to
+its budget; the script prints the areas' sums to compare.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     modules = by_module(args.junit)
     if args.compiles:
         print(compile_table(modules, compiles(args.compiles)))
-    lines = ["# The full tier's measured time (scripts/full_tier.py; tests/test_tiers.py).",
+    lines = ["# The full tier's measured time (scripts/full_tier.py; tests/docs/test_tiers.py).",
              "# A line: worker-seconds module. The header: the run.",
              f"# Run: {date.today().isoformat()}, {args.host}, {args.junit.name}, "
              f"wall {args.wall:.0f} s",
@@ -80,6 +80,10 @@ def main(argv=None) -> int:
                                                          reverse=True))]
     RECORD.write_text("\n".join(lines) + "\n")
     print(f"{RECORD.name}: {len(modules)} modules, {sum(modules.values()):.0f} worker-seconds")
+    areas = defaultdict(float)      # the folders under tests/ (tests/docs/test_tiers.py's budgets)
+    for module, seconds in modules.items():
+        areas[module.split("/")[1] if module.count("/") > 1 else module] += seconds
+    print(", ".join(f"{a} {s:.0f}" for a, s in sorted(areas.items(), key=lambda x: -x[1])))
     return 0
 
 

@@ -7,7 +7,7 @@ per-row or shared temperature / top-k / top-p / min-p, max_new_tokens 1-16, stop
 at random: settings change on every call, shapes fall in a few buckets (one prompt bucket, two
 buffer sizes), so a handful of programs serve all the calls. Printed as one JSON object: the decoding programs compiled (distinct specs and
 shapes), the XLA compilations seen, and the process's resident memory after the first
-`--settle` calls and at the end. tests/test_soak.py runs it and checks both stay bounded.
+`--settle` calls and at the end. tests/engine/test_soak.py runs it and checks both stay bounded.
 """
 
 from __future__ import annotations

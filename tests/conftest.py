@@ -13,7 +13,7 @@ from pathlib import Path
 
 # How the suite compiles: XLA's CPU backend with two settings that only make compiling faster.
 # The suite's tiny models spend most of their time compiling, and these must not change a bit of
-# what it checks: tests/test_compile_level.py holds them to that (logits, sampling
+# what it checks: tests/docs/test_compile_level.py holds them to that (logits, sampling
 # distributions, weights drawn from seeds and sampled tokens, against a process at XLA's
 # defaults).
 # - LLVM at -O1 rather than -O2: compiles about a fifth faster. -O0 was measured too (a third
@@ -70,19 +70,21 @@ from specjax.api.generate import release_programs  # noqa: E402
 from specjax.io.fetch import cache_root  # noqa: E402
 from specjax.presets import enable_compile_cache  # noqa: E402
 
-# The lossless check's fixture, as a user's suite would load it (tests/test_conformance.py).
+# The lossless check's fixture, as a user's suite would load it (tests/kit/test_conformance.py).
 pytest_plugins = ["specjax.testing.pytest_plugin",
-                  "tests.compile_report"]     # SPECJAX_COMPILE_REPORT: compile seconds per test
+                  "tests.support.compile_report"]     # SPECJAX_COMPILE_REPORT: compile seconds per test
 
 # -- The two tiers (docs/tests.md) -------------------------------------------------------------
 # `python -m pytest` runs the fast tier, which proves the core within minutes (Theorem 1
 # exactly, a G-test with its negative control per method family, greedy equality of every
 # method, parity with transformers, the loaders' hostile files, the CLI's errors);
 # `python -m pytest --all` runs every test, as CI does. Named files or test ids run whole.
-# The fast tier is the list in tests/fast_tier.txt, each test with its measured time: a test
-# joins it only by being listed with its cost, and tests/test_tiers.py holds the list to the
-# suite and to the tier's budget. Its tests carry the `fast` mark (`-m fast`, `--all -m "not
-# fast"`).
+# The fast tier is the tests marked `fast` where they are written: `@pytest.mark.fast` on a
+# test (all its cases), `@pytest.mark.fast(cases=[...])` for some cases of a parametrized one
+# (the ids in its `[...]`), or a module's `pytestmark`. tests/fast_tier.txt records each one's
+# measured time, and tests/docs/test_tiers.py holds the marks and the record to each other and
+# the record to the tier's budget, so that a test joins the tier only with its cost counted.
+# `-m fast` selects the tier too, `--all -m "not fast"` the rest.
 
 FAST_TIER = Path(__file__).with_name("fast_tier.txt")
 _FAST_COLLECTED = pytest.StashKey["FastCollected"]()
@@ -90,7 +92,7 @@ _FAST_COLLECTED = pytest.StashKey["FastCollected"]()
 
 def fast_tier() -> dict[str, float]:
     """tests/fast_tier.txt as {node id: seconds}: a line is `seconds node-id`, where a test
-    function named without `[...]` stands for all its parameters; `#` starts a comment."""
+    function named without `[...]` stands for all its cases; `#` starts a comment."""
     tests = {}
     for number, line in enumerate(FAST_TIER.read_text().splitlines(), 1):
         line = line.split("#", 1)[0].strip()
@@ -106,19 +108,51 @@ def _node_id(item) -> str:
     return item.nodeid.split("@", 1)[0]          # without pytest-xdist's `@group` suffix
 
 
-def _listed(node_id: str, listed) -> bool:
-    """Whether the list names the test, or its function with every parameter (a line without
-    `[...]`: test_layout's one case per module, test_docs' per page)."""
-    return node_id in listed or node_id.split("[", 1)[0] in listed
+def _case(node_id: str) -> str | None:
+    """The case of a parametrized test (what its id holds in `[...]`), None for a plain one."""
+    return node_id.split("[", 1)[1][:-1] if "[" in node_id else None
+
+
+def fast_cases(item) -> tuple[str, ...] | None:
+    """The cases that the closest `fast` mark of a test names: None for every case."""
+    mark = item.get_closest_marker("fast")
+    if mark.args or set(mark.kwargs) - {"cases"} or not isinstance(
+            mark.kwargs.get("cases", ()), (list, tuple)):
+        raise pytest.UsageError(f"{item.nodeid}: a `fast` mark takes only cases=[ids], "
+                                f"not {mark.args} {mark.kwargs}")
+    cases = mark.kwargs.get("cases")
+    return None if cases is None else tuple(cases)
+
+
+def in_fast_tier(item) -> bool:
+    """Whether the test is marked `fast`, for this case if the mark names cases."""
+    if item.get_closest_marker("fast") is None:
+        return False
+    cases = fast_cases(item)
+    return cases is None or _case(_node_id(item)) in cases
 
 
 @dataclasses.dataclass(frozen=True)
 class FastCollected:
-    """What one process collected: the node ids of every test, those marked `fast` in their
-    module rather than listed, and whether that was the whole suite (no paths named)."""
+    """What one process collected: the node ids of every test and of those in the fast tier,
+    the cases a `fast` mark names that its test does not have (`module::test[case]`), whether
+    that was the whole suite (no paths named) and whether every case of its tests (no test ids
+    named)."""
     node_ids: frozenset[str]
-    marked_by_hand: frozenset[str]
+    fast: frozenset[str]
+    unknown_cases: frozenset[str]
     whole_suite: bool
+    whole_tests: bool
+
+
+def _unknown_cases(items) -> frozenset[str]:
+    named, present = set(), set()
+    for item in items:
+        function = _node_id(item).split("[", 1)[0]
+        present.add((function, _case(_node_id(item))))
+        if item.get_closest_marker("fast") is not None:
+            named.update((function, case) for case in fast_cases(item) or ())
+    return frozenset(f"{function}[{case}]" for function, case in named - present)
 
 
 def pytest_addoption(parser):
@@ -126,20 +160,20 @@ def pytest_addoption(parser):
                      help="run every test, not only the fast tier (CI does; docs/tests.md)")
 
 
+@pytest.hookimpl(tryfirst=True)             # before `-m` and `-k` look at the marks
 def pytest_collection_modifyitems(config, items):
-    listed = fast_tier()
-    whole_suite = not config.option.file_or_dir
+    fast = {item for item in items if in_fast_tier(item)}
+    for item in items:
+        if item not in fast:    # a case its test's mark leaves out: not `-m fast` either
+            item.own_markers[:] = [m for m in item.own_markers if m.name != "fast"]
+    named = config.option.file_or_dir or []
     config.stash[_FAST_COLLECTED] = FastCollected(
-        frozenset(map(_node_id, items)),
-        frozenset(_node_id(item) for item in items if item.get_closest_marker("fast")),
-        whole_suite)
-    fast = [item for item in items if _listed(_node_id(item), listed)]
-    for item in fast:
-        item.add_marker(pytest.mark.fast)
-    if config.getoption("all_tiers") or not whole_suite:
+        frozenset(map(_node_id, items)), frozenset(map(_node_id, fast)), _unknown_cases(items),
+        whole_suite=not named, whole_tests=not any("::" in arg for arg in named))
+    if config.getoption("all_tiers") or named:
         return
     config.hook.pytest_deselected(items=[item for item in items if item not in fast])
-    items[:] = fast
+    items[:] = [item for item in items if item in fast]
 
 
 def pytest_report_header(config):
@@ -147,12 +181,12 @@ def pytest_report_header(config):
         return "specjax: every test (--all)"
     if config.option.file_or_dir:
         return "specjax: the named tests, in the fast tier or not"
-    return "specjax: the fast tier (tests/fast_tier.txt); `python -m pytest --all` runs every test"
+    return "specjax: the fast tier (tests marked `fast`); `python -m pytest --all` runs every test"
 
 
 @pytest.fixture
 def fast_collected(pytestconfig) -> FastCollected:
-    """What this process collected (tests/test_tiers.py)."""
+    """What this process collected (tests/docs/test_tiers.py)."""
     return pytestconfig.stash[_FAST_COLLECTED]
 
 

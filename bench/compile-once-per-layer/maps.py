@@ -1,5 +1,5 @@
 """The memory maps one process holds (issue 74, "Measures"): after the compiled forward's loop
-of tests/test_forward_compiled.py (4 dtypes x 3 widths x kernels on and off, twice), and after
+of tests/engine/test_forward_compiled.py (4 dtypes x 3 widths x kernels on and off, twice), and after
 one `specjax bench` run in the same process (SmolLM2, the quick prompts, every method of the
 preset, K = 4, one timed run). An eager loop over `specjax.forward` once ran a process out of
 maps (`vm.max_map_count`, 65,530 here): each op dispatched on its own left code mapped.
@@ -32,7 +32,7 @@ def main() -> int:
     record = {"max_map_count": limit}
     import jax
     from specjax.cli.main import main as cli
-    from tests import test_forward_compiled as loop
+    from tests.engine import test_forward_compiled as loop
     record["after import"] = maps()
     start = time.perf_counter()
     loop._run_all()

@@ -187,7 +187,7 @@ def _placed_keys(keys: jax.Array, mesh, extra: int) -> jax.Array:
 class Run(NamedTuple):
     """The run's options (`generate`'s docstring says what each means), declared here once
     with their defaults; `prepare`, `generate`, `stream` and `specjax.explain` take each as a
-    keyword-only parameter with the same default (tests/test_walkthrough.py holds them
+    keyword-only parameter with the same default (tests/docs/test_walkthrough.py holds them
     equal)."""
     max_new_tokens: int | Sequence[int] = 64
     seed: int | Sequence[int] = 0

@@ -27,7 +27,7 @@ OPTION_HELP = {"noise": "half-width H of EAGLE-1's uniform noise U(-H, H) on the
 DEFAULT_DYNAMIC_TREE = "4,4,8"
 # Sampled rows keep a dynamic tree's top-k drafts by the deterministic rule (with the target's
 # probability of each), less often than a sampled chain's (on the tiny Llama, 1.16 tokens per
-# target call at T = 1 against 1.41 with a chain of 4, tests/test_train.py's drafter): they get
+# target call at T = 1 against 1.41 with a chain of 4, tests/training/test_train.py's drafter): they get
 # a chain of this length, `generate`'s default k.
 DEFAULT_SAMPLED_CHAIN = 4
 

@@ -245,7 +245,7 @@ def _bounded_reader(gguf):
         The upstream reader (gguf 0.19) slices its memmap without looking at the end of the
         file: a huge string length reads short and goes unnoticed, and an array of 2^64 one-byte
         items, once past the end, loops forever appending empty reads to a list. `_get` and
-        `_get_field_parts` are its internal helpers; tests/test_loader_fuzz.py notices if they
+        `_get_field_parts` are its internal helpers; tests/io/test_loader_fuzz.py notices if they
         stop being called.
         """
 

@@ -20,7 +20,7 @@ Read in this order, each a short module of pure functions over one sequence:
    n-gram (prompt lookup) and a token tree of draft candidates.
 
 No JAX, no cache, no batching: the engine (`specjax.generate`) adds those, and is tested
-against this (tests/test_reference.py): equal logits, the same accept decisions on the same
+against this (tests/exactness/test_reference.py): equal logits, the same accept decisions on the same
 uniform draws, equal greedy tokens, and the lossless verdict of `specjax.testing`, which ships
 these samplers as its reference (`specjax.testing.REFERENCE`). Next: docs/walkthrough.md, then
 the engine. It imports nothing from the rest of specjax (an import-linter contract).

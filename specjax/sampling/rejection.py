@@ -41,7 +41,7 @@ the same helpers, so a test of that law tests the sampler. The helpers keep floa
 float64 (under `jax.enable_x64`) for exact tests, and compute in float32 otherwise.
 
 For one row in plain NumPy, inside the whole loop: `specjax.reference` (`verify_row`,
-`verify_tree`), held to the same decisions on the same uniform draws (tests/test_reference.py).
+`verify_tree`), held to the same decisions on the same uniform draws (tests/exactness/test_reference.py).
 """
 
 from __future__ import annotations

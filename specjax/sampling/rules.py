@@ -9,7 +9,7 @@ rule that is exact for its candidate scheme, and `controls` applies each row's p
 and minimum length to the target's logits at every position (`sampling.controls.apply_controls`).
 Passing other rules to `specjax.generate(..., rules=Rules(verify=...))` runs every method with
 them, so that a rule can be studied under the distribution tests: the negative controls of
-tests/test_distribution.py and tests/test_controls.py pass deliberately broken rules and the
+tests/exactness/test_distribution.py and tests/exactness/test_controls.py pass deliberately broken rules and the
 tests must catch them.
 
 A `verify` returns a `rejection.Verdict` and a `verify_tree` a `rejection.TreeVerdict`, as the

@@ -10,7 +10,7 @@ them.
 Letters as in the rest of specjax (Chen et al.): p is the draft's distribution, q the
 target's. Leviathan et al. and several of the cited projects use them the other way round.
 
-Every bug must be rejected and every exact scheme accepted; `tests/test_conformance.py` holds
+Every bug must be rejected and every exact scheme accepted; `tests/kit/test_conformance.py` holds
 the catalogue to that at a family-wise level of 0.01.
 """
 

@@ -6,7 +6,7 @@ one, as the chi-square approximation of the G statistic asks, and G is divided b
 (1976) correction q = 1 + (sum 1 / p_i - 1) / (6 N df) over the cells tested: where many cells
 expect only a handful of samples the uncorrected G runs large, so the test rejects an exact
 sampler more often than its level says (the wide pair's 32^3 continuations at 50,000 samples:
-3.3% of exact multinomial draws rejected at 1%, 1.3% with q; tests/test_conformance.py). On the
+3.3% of exact multinomial draws rejected at 1%, 1.3% with q; tests/kit/test_conformance.py). On the
 suite's pair q - 1 is at most 1.4% (4,000 samples) and 0.6-1% at 50,000 to 100,000. The check's
 tests (`tests`) apply q; `p_value`, which the suite's own distribution tests call on the dense
 laws of their cases, keeps the plain G. The family-wise level is split

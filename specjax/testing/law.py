@@ -200,10 +200,10 @@ class Pair:
         return _lookup(self)
 
 
-# The pairs by name. "close" is the suite's pair (tests/test_distribution.py): the draft is the
+# The pairs by name. "close" is the suite's pair (tests/exactness/test_distribution.py): the draft is the
 # target plus noise, and they agree on about half of the drafts.
 # "wide" has V = 32, above the 10 likeliest tokens that llama.cpp's draft sampler keeps: its
-# draft puts a fair share of its mass outside its own top 10 (`tests/test_llamacpp.py`), which a
+# draft puts a fair share of its mass outside its own top 10 (`tests/kit/test_llamacpp.py`), which a
 # 6-token vocabulary never reaches. Its law has 32^L cells, so its checks use L <= 3.
 PAIRS = {
     "close": dict(about="the suite's pair: V = 6, 2 layers, draft = target + noise",
@@ -215,7 +215,7 @@ PAIRS = {
 # Each pair ships as two Hugging Face checkpoint directories, <name>-target and <name>-draft:
 # drawing the weights takes JAX a few dozen small compilations (half a minute on a loaded
 # 2-core host); reading them takes a moment. `build_pair` draws them again, bit for bit
-# (tests/test_conformance.py compares; `write_pairs` rewrites the files).
+# (tests/kit/test_conformance.py compares; `write_pairs` rewrites the files).
 SHIPPED = Path(__file__).resolve().parent / "pairs"
 
 

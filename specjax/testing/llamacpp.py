@@ -6,7 +6,7 @@ xllamacpp (its server's completion handler) on the pair written as GGUF files, a
 
 The pair is written with the `gguf` package's writer (`write_gguf`, on `io.gguf_write`), in the
 layout llama.cpp's converter writes (q and k rows permuted for its RoPE), and specjax's own GGUF
-reader loads the files back with the pair's logits (tests/test_llamacpp.py). Their vocabulary is
+reader loads the files back with the pair's logits (tests/kit/test_llamacpp.py). Their vocabulary is
 the pair's V tokens, then three that only make the file a valid byte-level BPE vocabulary (a
 merge, BOS and EOS): their embedding and output rows are zero, and every request bans them by
 `logit_bias`, so llama.cpp samples from the pair's V tokens with the pair's probabilities. A

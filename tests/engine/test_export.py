@@ -1,0 +1,136 @@
+"""Every method's compiled decoding loop lowers for GPU and TPU: `jax.export` serialises the
+whole `run` program (prefill and the `lax.while_loop`) for ("cuda", "tpu") on this CPU-only
+machine, and the exported module holds none of specjax's CPU kernels (`specjax_few_rows`,
+`specjax_few_query_attention`): on those platforms `lax.platform_dependent` takes XLA's
+formulation. (Exporting for "cpu" is refused by `jax.export` precisely because the CPU program
+calls those kernels, whose targets carry no compatibility guarantee; that is checked too.)
+
+docs/gpu.md says how to run on a GPU and what to expect."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from types import SimpleNamespace
+
+import jax
+import pytest
+from jax import export
+
+from specjax.api.generate import prepare
+from specjax.decoding import loop
+from specjax.sampling.tree import DynamicTree, Tree
+from specjax import testing
+from tests.exactness.test_distribution import NGRAM_PROMPT, eagle_drafter, in_dtype, medusa_heads
+import specjax
+
+METHODS = {        # each case's method, given the tiny pair
+    "autoregressive": lambda pair: specjax.Autoregressive(),
+    "speculative-chain": lambda pair: specjax.Speculative(pair.draft, k=3),
+    "speculative-tree": lambda pair: specjax.Speculative(pair.draft, tree=Tree.full((2, 2)),
+                                                         candidates="distinct"),
+    "ngram": lambda pair: specjax.NGram(k=3),
+    "medusa": lambda pair: specjax.Medusa(medusa_heads(pair.target), tree=Tree.full((2, 2)),
+                                          candidates="iid"),
+    "eagle-dynamic-tree": lambda pair: specjax.Eagle(eagle_drafter(pair.target),
+                                                     tree=DynamicTree(3, 2, 4)),
+    "speculative-confidence-schedule": lambda pair: specjax.Speculative(
+        pair.draft, k=3, k_schedule="confidence", confidence_threshold=0.5),
+}
+
+
+def request(method, dtype="float32"):
+    pair = testing.pair()
+    if dtype != "float32":
+        pair = in_dtype((pair.target, pair.draft), dtype)
+        pair = SimpleNamespace(target=pair[0], draft=pair[1])
+    return prepare(pair.target, [list(NGRAM_PROMPT), list(NGRAM_PROMPT[:5])], method(pair),
+                   specjax.SamplingParams(temperature=0.8, top_p=0.9), max_new_tokens=8,
+                   eos_ids=())
+
+
+def flat_program(req):
+    """The `run` program as a function of the inputs' leaves returning the state's leaves: plain
+    arrays in and out, as a serialised program for another host takes them (specjax's pytree
+    types stay on the Python side)."""
+    run = loop.programs(req.spec).run
+    leaves, treedef = jax.tree.flatten((req.weights, *req.inputs))
+
+    def flat_run(*leaves):
+        return jax.tree.leaves(run(*jax.tree.unflatten(treedef, leaves)))
+    return jax.jit(flat_run), leaves
+
+
+def custom_calls(module_text: str) -> set[str]:
+    return set(re.findall(r"custom_call @([A-Za-z0-9_.]+)", module_text))
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_decoding_loop_exports_for_gpu_and_tpu(name):
+    program, leaves = flat_program(request(METHODS[name]))
+    exported = export.export(program, platforms=("cuda", "tpu"))(*leaves)
+    assert exported.platforms == ("cuda", "tpu")
+    text = exported.mlir_module()
+    assert "while" in text                       # the decoding loop itself, not a fragment
+    assert not any(c.startswith("specjax_") for c in custom_calls(text)), custom_calls(text)
+    # What a GPU or TPU host would load: the serialised program round-trips.
+    assert export.deserialize(exported.serialize()).platforms == ("cuda", "tpu")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "q8_0"])
+def test_low_precision_programs_export_for_gpu_and_tpu(dtype):
+    # bfloat16 and 8-bit weights: XLA's products there (int8: of the dequantised weights; q8_0:
+    # its law, `linear.q8_0_law`), no CPU kernel in the exported module; the CPU program does
+    # call the kernels.
+    req = request(METHODS["speculative-chain"], dtype)
+    program, leaves = flat_program(req)
+    text = export.export(program, platforms=("cuda", "tpu"))(*leaves).mlir_module()
+    assert "while" in text
+    assert not any(c.startswith("specjax_") for c in custom_calls(text)), custom_calls(text)
+    cpu = loop.programs(req.spec).run.lower(req.weights, *req.inputs).as_text()
+    kernel = {"int8": "specjax_few_rows_q8", "q8_0": "specjax_few_rows_q8_0"}.get(
+        dtype, "specjax_few_rows_bf16")
+    assert kernel in custom_calls(cpu)
+
+
+def test_the_cpu_program_calls_the_kernels_and_cannot_be_exported():
+    req = request(METHODS["speculative-chain"])
+    run = loop.programs(req.spec).run
+    lowered = run.lower(req.weights, *req.inputs).as_text()
+    assert {"specjax_few_rows", "specjax_few_query_attention"} <= custom_calls(lowered)
+    with pytest.raises(ValueError, match="custom calls"):
+        export.export(run, platforms=("cpu",))(req.weights, *req.inputs)
+
+
+def _product_rows(module_text: str) -> set[int]:
+    """The query lengths T of the products of [B, T, D] activations in a module: the second
+    dimension of each 3-D left operand of a dot_general."""
+    rows = set()
+    for line in module_text.splitlines():
+        if "dot_general" in line:
+            operand = re.search(r"\(tensor<(\d+)x(\d+)x(\d+)x[a-z]\w*>", line)
+            if operand:
+                rows.add(int(operand.group(2)))
+    return rows
+
+
+def test_the_exported_program_feeds_every_decode_call_at_the_law_width():
+    # Issue 85: a GPU or TPU program (the kernels off, as `generate` makes it where they do not
+    # serve) feeds the target 16 tokens a row in every call on the cache, a one-token step
+    # included, so no product of the exported loop has a one-row left operand; the negative
+    # control, the same target at `law_width=1`, has them.
+    pair = testing.pair()
+    prompts = [list(NGRAM_PROMPT), list(NGRAM_PROMPT[:5])]
+
+    def exported_rows(target):
+        req = prepare(target, prompts, specjax.Autoregressive(),
+                      specjax.SamplingParams(temperature=0.8), max_new_tokens=4, eos_ids=(),
+                      kernels=False)
+        program, leaves = flat_program(req)
+        return _product_rows(export.export(program, platforms=("cuda", "tpu"))(*leaves)
+                             .mlir_module())
+
+    lawful = exported_rows(pair.target)
+    assert 16 in lawful and 1 not in lawful, lawful
+    one = dataclasses.replace(pair.target, config=pair.target.config.replace(law_width=1))
+    assert 1 in exported_rows(one)
