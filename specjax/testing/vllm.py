@@ -119,11 +119,13 @@ atexit.register(lambda: [w.close() for w in _WORKERS.values()])
 
 
 def vllm_sampler(mode: str = "draft-probabilistic", k: int = 2, fix: bool = False,
-                 name: str | None = None, request_overrides: dict | None = None):
+                 name: str | None = None, request_overrides: dict | None = None, engine=None):
     """A sampler running vLLM in `mode` (`MODES`), drafting `k` tokens a step where it drafts,
     as shipped or with the upstream fix (`fix`). `request_overrides` replaces fields of the
     setting sent to vLLM (temperature, top_p, top_k, min_p) while the law keeps the asked one:
-    the client's negative control ({"top_p": 1.0} leaves top-p out of the request)."""
+    the client's negative control ({"top_p": 1.0} leaves top-p out of the request). `engine`,
+    a function of a request returning an answer, stands in for the worker (tests without
+    vLLM)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= 8:
@@ -140,19 +142,18 @@ def vllm_sampler(mode: str = "draft-probabilistic", k: int = 2, fix: bool = Fals
         if mode != "plain" and sampling.min_p > 0:
             raise ValueError(f"vLLM refuses min-p under speculative decoding (mode {mode!r}, "
                              f"min_p={sampling.min_p}): check it with top-k or top-p")
-        target, draft = _files(pair)
+        target, draft = ("target", "draft") if engine else _files(pair)
         setting = {"temperature": float(sampling.temperature), "top_p": float(sampling.top_p),
                    "top_k": int(sampling.top_k), "min_p": float(sampling.min_p),
                    **(request_overrides or {})}
-        worker = _worker(fix)
+        ask = engine or _worker(fix).ask
         out = np.empty((samples, length), np.int64)
         sampler.drafted = sampler.accepted = 0
         for start in range(0, samples, CHUNK):
             count = min(CHUNK, samples - start)
-            answer = worker.ask(dict(target=target, draft=draft, mode=mode, k=k,
-                                     sampling=setting, prompt=[int(t) for t in prompt],
-                                     length=length, samples=count,
-                                     first_seed=seed * samples + start))
+            answer = ask(dict(target=target, draft=draft, mode=mode, k=k,
+                              sampling=setting, prompt=[int(t) for t in prompt],
+                              length=length, samples=count, first_seed=seed * samples + start))
             if answer["fixed"] != fix:
                 raise RuntimeError(f"vLLM's expand_kernel is {'not ' * fix}the fixed one in a "
                                    f"worker started with fix={fix}")
@@ -164,7 +165,7 @@ def vllm_sampler(mode: str = "draft-probabilistic", k: int = 2, fix: bool = Fals
             out[start:start + count] = tokens
             sampler.drafted += answer["drafted"]
             sampler.accepted += answer["accepted"]
-        sampler.version = worker.version
+        sampler.version = "fake" if engine else _WORKERS[fix].version
         return out
 
     sampler.__name__ = name or (f"vLLM {mode}" + (f" k={k}" if mode != "plain" else "")
