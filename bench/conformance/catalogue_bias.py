@@ -24,7 +24,7 @@ import numpy as np
 from specjax import testing
 from specjax.sampling.params import SamplingParams
 from specjax.testing import gtest
-from specjax.testing.catalogue import CATALOGUE, UniformOf101Values
+from specjax.testing.catalogue import CATALOGUE, SharedSeedFirstStep, UniformOf101Values
 
 K, LENGTH = 2, 3
 LEVEL = 0.01 / len(CATALOGUE) / (LENGTH + 1)
@@ -172,8 +172,18 @@ def main():
 
 
 def measured():
-    """The 101-valued uniform at T = 1, where no draft has target probability 0, checked by the
-    kit at the catalogue's per-check level: the granularity alone."""
+    """The enumeration of shared-seed-first-step against 100,000 of the entry's own samples
+    (seed 1), at each setting; then the 101-valued uniform at T = 1, where no draft has target
+    probability 0, checked by the kit at the catalogue's per-check level: the granularity
+    alone."""
+    pair = testing.pair("close")
+    for sampling, setting in ((T1, "T=1"), (T07_TOP_P, "T=0.7 top-p=0.9")):
+        tokens = testing.numpy_step(SharedSeedFirstStep())(pair, pair.prompt, 1, samples=100_000,
+                                                           length=LENGTH, sampling=sampling)
+        g, df, p = gtest.g_test(gtest.continuation_counts(tokens, pair.vocab),
+                                shared_seed_first_step_law(pair, sampling))
+        print(f"shared-seed-first-step {setting}: 100,000 samples against its enumerated law: "
+              f"G = {g:.1f} on {df} df, p = {p:.3g}")
     step = UniformOf101Values()
     for samples in (100_000, 500_000):
         report = testing.check(testing.numpy_step(step), sampling=T1, samples=samples,
