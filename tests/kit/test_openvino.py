@@ -152,3 +152,28 @@ def test_openvino_plain_sampling_passes_and_a_request_without_top_p_is_rejected(
                         sampling=T07_TOP_P, samples=4_000, level=0.005)
     assert good.lossless, str(good)
     assert not bad.lossless, str(bad)
+
+
+def test_the_command_line_announces_each_engine_check_before_its_row(monkeypatch, capsys):
+    # `check --openvino` on the law engine in place of the worker: a "starting" line (the
+    # check, its mode, setting, pair and sample size) comes before each check's row, one row
+    # after each; the catalogue's own entries, run with them, get no such line.
+    from types import SimpleNamespace
+    from specjax.cli.main import main
+    pair = testing.pair()
+    monkeypatch.setattr(openvino, "engine_version", lambda: "fake")
+    monkeypatch.setattr(openvino, "_files", lambda pair: ("target", "draft"))
+    monkeypatch.setattr(openvino, "_worker", lambda: SimpleNamespace(ask=law_engine(pair)))
+    names = [e.name for e in clients.openvino_entries()]
+    assert main(["check", "--openvino", "--openvino-samples", "300",
+                 "--only", "always-accept", *names]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("starting ")]
+    assert len(starts) == len(names)
+    for i, name in zip(starts, names):
+        mode = name.split()[1]
+        assert lines[i].startswith(f"starting {name}: OpenVINO GenAI's {mode} decoding; T=1, "
+                                   f"pair close, 300 samples"), lines[i]
+        assert lines[i + 1].startswith(name) and "client" in lines[i + 1]
+    assert not any(line.startswith("starting always-accept") for line in lines)
+    assert any(line.startswith("always-accept ") and "REJECTED" in line for line in lines)

@@ -105,6 +105,57 @@ def test_vllm_sampler_refuses_min_p_where_vllm_does():
                 sampling=SamplingParams(0.8, top_k=4, min_p=0.05))
 
 
+def _law_engine(pair, fixed=False):
+    """OpenVINO's test stand-in (the target's exact law under the setting sent), answering as
+    vLLM's worker does: with its counters and whether its expand_kernel is the fixed one."""
+    from tests.test_openvino import law_engine
+    law = law_engine(pair)
+
+    def engine(request):
+        engine.requests.append(request)
+        return dict(law(request), fixed=fixed, drafted=2, accepted=1)
+    engine.requests = []
+    return engine
+
+
+def test_the_client_splits_requests_into_chunks_with_consecutive_seeds(monkeypatch):
+    monkeypatch.setattr(vllm, "CHUNK", 4)
+    pair = testing.pair()
+    engine = _law_engine(pair)
+    sampler = vllm.vllm_sampler("ngram", k=3, engine=engine)
+    out = sampler(pair, np.array(pair.prompt), 3, samples=10, length=3,
+                  sampling=SamplingParams(0.8, top_k=4))
+    assert out.shape == (10, 3) and out.dtype == np.int64
+    assert [(r["samples"], r["first_seed"]) for r in engine.requests] == [(4, 30), (4, 34),
+                                                                         (2, 38)]
+    assert engine.requests[0]["mode"] == "ngram" and engine.requests[0]["k"] == 3
+    assert engine.requests[0]["sampling"] == {"temperature": 0.8, "top_p": 1.0, "top_k": 4,
+                                              "min_p": 0.0}
+    assert (sampler.drafted, sampler.accepted) == (6, 3)       # summed over the three calls
+
+
+def test_the_mechanics_on_a_law_engine_control_accepted_broken_request_rejected():
+    # The client's path to the check without vLLM: the control (the setting sent as asked)
+    # passes, top-p left out of the request while the law keeps it is rejected. 4,000 samples
+    # at T = 0.7 with top-p 0.9, each check at 0.005 (one family at 0.01); seed 0.
+    pair, setting = testing.pair(), SamplingParams(0.7, top_p=0.9)
+    good = testing.check(vllm.vllm_sampler("plain", engine=_law_engine(pair)),
+                         sampling=setting, samples=4_000, level=0.005)
+    bad = testing.check(vllm.vllm_sampler("plain", engine=_law_engine(pair),
+                                          request_overrides={"top_p": 1.0}),
+                        sampling=setting, samples=4_000, level=0.005)
+    assert good.lossless, str(good)
+    assert not bad.lossless, str(bad)
+
+
+def test_a_worker_without_the_fix_asked_for_is_an_error():
+    pair = testing.pair()
+    sampler = vllm.vllm_sampler("plain", fix=True, engine=_law_engine(pair, fixed=False))
+    with pytest.raises(RuntimeError, match="expand_kernel is not the fixed one"):
+        sampler(pair, np.array(pair.prompt), 0, samples=10, length=3,
+                sampling=SamplingParams(1.0))
+
+
 def _have_vllm() -> bool:
     try:
         return bool(vllm.engine_version())
