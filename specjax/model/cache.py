@@ -177,6 +177,38 @@ def attention_mask(query_slots: jax.Array, key_slots: jax.Array,
     return mask & ((key_node < 0)[:, None, :] | related)
 
 
+def branch_layout(query_slots: jax.Array, key_slots: jax.Array,
+                  tree: TreeAttention) -> tuple[jax.Array, jax.Array]:
+    """Each query of a tree call, its keys laid out as one-token steps along its branch would
+    find them: the ancestor at depth j in slot root + j, the slots outside the tree where they
+    are. For XLA's path, whose attention sums the slots in an order that depends on where the
+    nonzero ones lie (`layers.attend_cache`'s `by_branch`).
+
+    Args:
+      query_slots: [B, T] the call's slots; key_slots: [B, S] the window's; tree: its tree,
+        nodes numbered parent before child (`Tree`, `RowTrees`).
+    Returns:
+      sources [B, T, S]: for each query, the slot whose key and value its key slot s takes;
+      positions [B, T]: each query's position, root + depth, the slot it has in that layout
+      (it reads the slots up to it). Slots past a query's depth hold what they held, masked.
+    """
+    n = tree.ancestors.shape[-1]
+    b = query_slots.shape[0]
+    ancestors = jnp.broadcast_to(tree.ancestors, (b, n, n))                     # [B, n, n]
+    node = jnp.clip(query_slots - tree.root[:, None], 0, n - 1)                 # [B, T]
+    branch = ancestors[jnp.arange(b)[:, None], node]                            # [B, T, n]
+    depth_of = jnp.cumsum(branch, axis=-1, dtype=jnp.int32) - 1   # an ancestor's depth: rank
+    at = branch[:, :, None, :] & (depth_of[:, :, None, :] == jnp.arange(n)[:, None])
+    node_at = jnp.where(at.any(-1), jnp.argmax(at, -1), jnp.arange(n))          # [B, T, n]
+    offset = key_slots - tree.root[:, None]                                     # [B, S]
+    inside = ((offset >= 0) & (offset < n))[:, None, :]                        # [B, 1, S]
+    within = jnp.broadcast_to(jnp.clip(offset, 0, n - 1)[:, None, :],
+                              (*node.shape, offset.shape[1]))                   # [B, T, S]
+    sources = jnp.where(inside, tree.root[:, None, None]
+                        + jnp.take_along_axis(node_at, within, axis=-1), key_slots[:, None, :])
+    return sources.astype(jnp.int32), tree.root[:, None] + depth_of[..., -1]
+
+
 def keep_path(cache_k: jax.Array, cache_v: jax.Array, root: jax.Array, path: jax.Array,
               nodes: int) -> tuple[jax.Array, jax.Array]:
     """After a tree call: moves the accepted nodes' keys and values to consecutive slots.

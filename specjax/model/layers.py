@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from specjax.model.cache import BITS, TreeAttention, as_bits, attention_mask, windows
+from specjax.model.cache import (BITS, TreeAttention, as_bits, attention_mask, branch_layout,
+                                 windows)
 from specjax.model.config import ModelConfig
 from specjax.model.linear import Kernels, attention_uses_kernel, layer_of, rope_uses_kernel
 from specjax.model.quant import Int8Weight, rows
@@ -230,7 +231,8 @@ STEP_WINDOW, CHUNK_WINDOW, CHUNK_QUERIES = 1024, 128, 64
 
 
 def attend_cache(q, cache_k, cache_v, query_slots, tree: TreeAttention | None = None,
-                 first: int = 0, layer=0, *, kernels: Kernels | None):
+                 first: int = 0, layer=0, *, kernels: Kernels | None,
+                 by_branch: bool = False):
     """Attention of queries to layer `layer` of a cache, reading only the prefix they can see.
 
     A call on few tokens (a decoding step, a verify call) uses the few-query kernel, which
@@ -257,16 +259,19 @@ def attend_cache(q, cache_k, cache_v, query_slots, tree: TreeAttention | None = 
       (`cache.attention_mask`); first: the cache's `KVCache.first`; layer: [] int, the layer
       whose buffers the queries read (the kernel reads them where they lie in the stack);
       kernels: the CPU plug-in (the config's `kernels`), None for XLA's windows.
+      by_branch: on XLA's path at the one law's width (`ModelConfig.law_width` > 1), each tree
+        node reads its branch's keys laid out as in one-token steps (`_attend_by_branch`).
     Returns:
       [B, T, N, H]
     """
     layer = jnp.asarray(layer, jnp.int32)
+    windowed = functools.partial(_attend_windows, first=first,
+                                 by_branch=by_branch and tree is not None)
     if attention_uses_kernel(q, *(_as_float(c) for c in (cache_k, cache_v)), kernels):
         in_place = functools.partial(_attend_in_place, first=first, kernels=kernels)  # a few
         return lax.platform_dependent(q, cache_k, cache_v, query_slots, tree, layer,   # tokens
-                                      cpu=in_place,
-                                      default=functools.partial(_attend_windows, first=first))
-    return _attend_windows(q, cache_k, cache_v, query_slots, tree, layer, first)
+                                      cpu=in_place, default=windowed)
+    return windowed(q, cache_k, cache_v, query_slots, tree, layer)
 
 
 def _as_float(buffer):
@@ -290,9 +295,9 @@ def _attend_in_place(q, cache_k, cache_v, query_slots, tree, layer, first=0, *, 
                              layer).astype(dtype)
 
 
-def _attend_windows(q, cache_k, cache_v, query_slots, tree, layer, first=0):
+def _attend_windows(q, cache_k, cache_v, query_slots, tree, layer, first=0, by_branch=False):
     """`attend_cache` by XLA: the shortest static window of the layer's buffers that covers the
-    queries."""
+    queries (each tree node over its branch's layout with `by_branch`)."""
     cache_k, cache_v = layer_of((cache_k, cache_v), layer)
     cache_k, cache_v = _as_float(cache_k), _as_float(cache_v)
     b, t = q.shape[:2]
@@ -301,8 +306,10 @@ def _attend_windows(q, cache_k, cache_v, query_slots, tree, layer, first=0):
     def attend_prefix(size):
         def branch(q, cache_k, cache_v, query_slots, tree):
             key_slots = jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32), (b, size))
-            return attend(q, cache_k[..., :size], cache_v[:, :, :size],
-                          attention_mask(query_slots, key_slots, tree, first))
+            keys, values = cache_k[..., :size], cache_v[:, :, :size]
+            if by_branch:
+                return _attend_by_branch(q, keys, values, query_slots, key_slots, tree, first)
+            return attend(q, keys, values, attention_mask(query_slots, key_slots, tree, first))
         return branch
 
     if len(sizes) == 1:
@@ -311,3 +318,31 @@ def _attend_windows(q, cache_k, cache_v, query_slots, tree, layer, first=0):
     index = jnp.searchsorted(jnp.asarray(sizes, jnp.int32), needed)   # first window >= needed
     return lax.switch(index, [attend_prefix(size) for size in sizes],
                       q, cache_k, cache_v, query_slots, tree)
+
+
+def _attend_by_branch(q, k, v, query_slots, key_slots, tree, first):
+    """`attend` for the nodes of a token tree, each over its branch's keys laid out as one-token
+    steps along the branch find them (`cache.branch_layout`): the ancestor at depth j in slot
+    root + j, masked past the node's position.
+
+    Why: XLA sums a softmax's slots, and the weighted values', in an order that depends on
+    where the unmasked slots lie, and a tree node's ancestors lie among its siblings' slots. So
+    each node t is one `attend` of the call's shape, the one a step runs, over its own layout
+    (a loop over the T nodes: T times a call's attention, on XLA's path's tree calls only), and
+    keeps its row; its sums then run over the slots a step's do, in the same places.
+
+    Args:
+      q: [B, T, N, H]; k: [B, K, H, S], v: [B, K, S, H] (a window of the cache); query_slots:
+      [B, T]; key_slots: [B, S]; tree; first: as in `attend_cache`.
+    Returns:
+      [B, T, N, H]
+    """
+    sources, positions = branch_layout(query_slots, key_slots, tree)     # [B, T, S], [B, T]
+    mask = attention_mask(positions, key_slots, None, first)             # [B, T, S]
+
+    def node(t):                                                        # -> [B, N, H]
+        at = lax.dynamic_index_in_dim(sources, t, axis=1, keepdims=False)   # [B, S]
+        keys = jnp.take_along_axis(k, at[:, None, None, :], axis=3)         # [B, K, H, S]
+        values = jnp.take_along_axis(v, at[:, None, :, None], axis=2)       # [B, K, S, H]
+        return lax.dynamic_index_in_dim(attend(q, keys, values, mask), t, axis=1, keepdims=False)
+    return jnp.moveaxis(lax.map(node, jnp.arange(q.shape[1])), 0, 1)

@@ -120,7 +120,8 @@ def tapped_states(params: Params, config: ModelConfig, tokens: jax.Array, positi
     `taps`, concatenated: [B, T, len(taps) * D] (EAGLE-3's low, middle and high features,
     `specjax.heads.eagle`; None without taps). Returns (final-normed states, tapped states,
     cache)."""
-    if cache is not None and not prefill and (config.law_width or 1) > 1:
+    width = config.law_width or 1
+    if cache is not None and not prefill and width > 1 and tokens.shape[1] != width:
         return _at_law_width(params, config, tokens, positions, cache, tree, taps)
     positions = positions.astype(jnp.int32)
     x = lookup(params["embed"], tokens)                                 # [B, T, D]
@@ -159,12 +160,12 @@ def _at_law_width(params, config, tokens, positions, cache, tree, taps):
     length = (positions if tree is None else tree.slots(t))[:, -1] + 1             # [B]
     rows = -(-t // width) * width
     tokens, positions, tree = _padded(tokens, positions, tree, rows)
-    one, finals, tapped = config.replace(law_width=1), [], []
-    for start in range(0, rows, width):
+    finals, tapped = [], []
+    for start in range(0, rows, width):         # each part a call of W tokens: no recursion
         part = slice(start, start + width)
         fed = None if tree is None else dataclasses.replace(tree, first=tree.first + start)
-        final, features, cache = tapped_states(params, one, tokens[:, part], positions[:, part],
-                                               cache, fed, taps)
+        final, features, cache = tapped_states(params, config, tokens[:, part],
+                                               positions[:, part], cache, fed, taps)
         finals.append(final)
         tapped.append(features)
     features = None if not taps else jnp.concatenate(tapped, axis=1)[:, :t]
@@ -302,7 +303,8 @@ def _layer(config: ModelConfig, p: dict, product, index, x, slots, rope, buffers
     else:
         buffers = kv.write(*buffers, k, v, slots, index)
         attn = attend_cache(q, *buffers, slots, tree, first, index,
-                            kernels=config.kernels)                     # [B, T, N, H]
+                            kernels=config.kernels,
+                            by_branch=(config.law_width or 1) > 1)     # [B, T, N, H]
     # One flat product over (N, H): as a two-axis einsum, XLA on a CPU copied wo every call.
     out = product(attn.reshape(b, t, -1), "wo")                        # BT(NH),D(NH)->BTD
     if config.out_bias:

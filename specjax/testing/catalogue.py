@@ -365,7 +365,7 @@ CATALOGUE = (
     # only when it equals the target's sample; the engine's first token matches this reading
     # (bench/conformance-openvino/model.txt). At T = 1 the whole continuation is off by a KL of
     # 0.30 (catalogue_bias.py), seen from about 190 samples; its first token alone by 0.019
-    # (tests/test_conformance.py), from about 1,000; at 10^5 each of its four tests rejects.
+    # (tests/kit/test_conformance.py), from about 1,000; at 10^5 each of its four tests rejects.
     _reference("shared-seed-first-step", False, "openvino.genai 2026.4 validate_candidate",
                SharedSeedFirstStep()),
     # vLLM 0.32's CPU fallback `_expand_kernel_impl` fills a copy of the expanded temperature

@@ -372,6 +372,20 @@ def test_greedy_trees_equal_autoregressive(models, greedy, method, shape):
         assert stats.draft_calls == tree.max_depth * stats.target_calls
 
 
+@pytest.mark.slow
+def test_greedy_trees_equal_autoregressive_on_xlas_path(models):
+    # XLA's path (issue 85): each node's attention over its branch laid out as in steps
+    # (`cache.branch_layout`), on ragged rows of a batch, each tree rooted in its own slot.
+    target, draft = models
+    sampling = specjax.SamplingParams(temperature=0.0)
+    greedy = generate(target, PROMPTS, sampling=sampling, max_new_tokens=N, eos_ids=(),
+                      kernels=False).tokens
+    result = generate(target, PROMPTS, method=specjax.api.methods.build_shared(
+        "speculative", draft=draft, tree=SHAPES["medusa-like"]), sampling=sampling,
+        max_new_tokens=N, eos_ids=(), kernels=False)
+    assert result.tokens == greedy
+    assert result.stats.accepted > 0
+
 def test_a_chain_tree_is_the_chain(models, greedy):
     # At temperature 0 the chain tree makes the same choices as the chain code, call for call.
     target, draft = models
