@@ -108,7 +108,7 @@ def test_vllm_sampler_refuses_min_p_where_vllm_does():
 def _law_engine(pair, fixed=False):
     """OpenVINO's test stand-in (the target's exact law under the setting sent), answering as
     vLLM's worker does: with its counters and whether its expand_kernel is the fixed one."""
-    from tests.test_openvino import law_engine
+    from tests.kit.test_openvino import law_engine
     law = law_engine(pair)
 
     def engine(request):
