@@ -24,12 +24,14 @@ import dataclasses
 import json
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
 import specjax
 from specjax.api.generate import GenerationError, generate
 from specjax.heads import dflash
+from specjax.model.transformer import forward
 from specjax.sampling.controls import Controls, History, apply_controls
 from specjax.sampling.logits import SamplingParams
 from specjax.sampling.rules import Rules
@@ -123,22 +125,30 @@ def _per_row(rows):
     return {k: [r.get(k, d) for r in rows] for k, d in zip(keys, defaults)}
 
 
+# The batched calls here report log-probabilities (`LOGPROBS`, which changes no token: the rows
+# alone report none), with the rows and length of the log-probability test below: the two tests
+# then run one compiled program per method, not two (issue 84).
+LOGPROBS, MAX_NEW = 3, 16
+
+
 def test_every_method_is_greedy_equal_under_every_control_batched_and_alone(models):
     target, draft = models
     alone = [generate(target, [p], sampling=SamplingParams(temperature=0.0, **row),
-                      max_new_tokens=16, eos_ids=EOS).tokens[0]
+                      max_new_tokens=MAX_NEW, eos_ids=EOS).tokens[0]
              for p, row in zip(GREEDY_PROMPTS, ROWS)]
-    plain = generate(target, GREEDY_PROMPTS, sampling=SamplingParams(temperature=0.0),
-                     max_new_tokens=16, eos_ids=EOS).tokens
+    plain = generate(target, GREEDY_PROMPTS,
+                     sampling=SamplingParams(temperature=0.0, logprobs=LOGPROBS),
+                     max_new_tokens=MAX_NEW, eos_ids=EOS).tokens
     assert sum(a != p for a, p in zip(alone, plain)) >= 3          # the controls do something
     for name, options in _methods(target, draft).items():
         got = generate(target, GREEDY_PROMPTS,
-                       sampling=SamplingParams(temperature=0.0, **_per_row(ROWS)),
-                       max_new_tokens=16, eos_ids=EOS, **options)
+                       sampling=SamplingParams(temperature=0.0, logprobs=LOGPROBS,
+                                               **_per_row(ROWS)),
+                       max_new_tokens=MAX_NEW, eos_ids=EOS, **options)
         assert got.tokens == alone, name
         assert got.stats.accepted > 0, name
         last = generate(target, [GREEDY_PROMPTS[-1]],
-                        sampling=SamplingParams(temperature=0.0, **ALL), max_new_tokens=16,
+                        sampling=SamplingParams(temperature=0.0, **ALL), max_new_tokens=MAX_NEW,
                         eos_ids=EOS, **options)
         assert last.tokens == [alone[-1]], name
 
@@ -241,25 +251,36 @@ def test_the_command_line_takes_the_controls(capsys):
 
 # -- Log-probabilities -------------------------------------------------------------------------
 
+# The reference's programs take one shape: every prompt and continuation below, padded to
+# `_SEQ` tokens (the forward is causal, so the padding after them changes no logit before it),
+# and every position's row of logits, padded to `_SEQ` rows. One forward program and one
+# `probs_from_logits` program then serve every call, rather than one per length (issue 84).
+_SEQ = 24                           # the longest prompt (8) and MAX_NEW tokens
+_forward = jax.jit(forward, static_argnums=1)
+
+
 def _reference_logprobs(target, prompt, tokens, sampling, options, eos):
     """Each new token's log-probability and the ranking of the vocabulary at its position,
     from one full-sequence forward pass of the target over the prompt and the tokens, the
     controls of `law.controlled` and the sampling transforms (temperature 0: the log-softmax
     of the controlled logits)."""
     import jax.numpy as jnp
-    from specjax.model.transformer import forward
     from specjax.sampling.logits import probs_from_logits
-    seq = np.asarray([list(prompt) + list(tokens)], np.int32)
-    logits, _ = forward(target.params, target.config, jnp.asarray(seq),
-                        jnp.arange(seq.shape[1])[None])
-    logits = np.asarray(logits[0, len(prompt) - 1:len(prompt) - 1 + len(tokens)])
+    seq = np.zeros((1, _SEQ), np.int32)
+    seq[0, :len(prompt) + len(tokens)] = list(prompt) + list(tokens)
+    logits, _ = _forward(target.params, target.config, jnp.asarray(seq), jnp.arange(_SEQ)[None])
+    # Sliced in numpy: a slice of the device array is a program of its own for each length.
+    logits = np.asarray(logits)[0, len(prompt) - 1:len(prompt) - 1 + len(tokens)]
     rows = np.concatenate([laws.controlled(logits[i][None], prompt, np.asarray(tokens[:i])[None],
                                            eos_ids=eos, **options) for i in range(len(tokens))])
     if sampling.temperature == 0:
         shifted = rows - rows.max(axis=-1, keepdims=True)
         return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    padded = np.zeros((_SEQ, rows.shape[1]), rows.dtype)
+    padded[:len(rows)] = rows
+    probs = np.asarray(probs_from_logits(padded, sampling), np.float64)[:len(rows)]
     with np.errstate(divide="ignore"):           # the tokens top-p removed: log 0 = -inf
-        return np.log(np.asarray(probs_from_logits(rows, sampling), np.float64))
+        return np.log(probs)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
@@ -267,11 +288,11 @@ def test_logprobs_are_the_target_law_at_each_token_for_every_method(models, temp
     target, draft = models
     options = dict(ALL)
     sampling = SamplingParams(temperature, 0, 0.9 if temperature else 1.0)
-    prompts = [PROMPT, [2, 5, 3]]
+    prompts = GREEDY_PROMPTS            # the greedy test's rows and length: its programs
     for name, method in {"autoregressive": dict(), **_methods(target, draft)}.items():
         result = generate(target, prompts,
-                          sampling=sampling.replace(logprobs=3, **options), max_new_tokens=10,
-                          eos_ids=EOS, seed=4, **method)
+                          sampling=sampling.replace(logprobs=LOGPROBS, **options),
+                          max_new_tokens=MAX_NEW, eos_ids=EOS, seed=4, **method)
         for prompt, tokens, reported in zip(prompts, result.tokens, result.logprobs):
             want = _reference_logprobs(target, prompt, tokens, sampling, options, EOS)
             assert [r.token for r in reported] == tokens, name
@@ -293,7 +314,9 @@ def test_stop_strings_cut_every_method_alike_across_token_boundaries():
     target = specjax.load(WEIGHTS / "llama-target")
     draft = specjax.load(WEIGHTS / "llama-draft")
     prompts = ["def f(x):", "import os"]
-    full = generate(target, prompts, sampling=SamplingParams(temperature=0.0),
+    # With the log-probabilities the calls below report, so that it is their autoregressive
+    # program (they change no token).
+    full = generate(target, prompts, sampling=SamplingParams(temperature=0.0, logprobs=1),
                     max_new_tokens=30)
     eos = set(target.config.eos_token_ids)
     ended = ["eos" if row and row[-1] in eos else "length" for row in full.tokens]
