@@ -36,8 +36,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.api.generate import generate, prepare
-from specjax.decoding import loop
+from specjax.api.generate import generate
 from specjax.heads.eagle import init_drafter
 from specjax.heads.medusa import HeadsConfig, init_heads
 from specjax.model.transformer import Model, cast_params
@@ -199,7 +198,9 @@ def g_test(samples: np.ndarray, law: np.ndarray) -> float:
     return gtest.p_value(samples, law, V)
 
 
-def draw(models, c, seed=0, rows=None, **hooks) -> tuple[np.ndarray, float]:
+def run_case(models, c, seed=0, rows=None, max_new_tokens=L, **hooks):
+    """One `generate` call of case `c`: one row per sample (N rows, N_TREE for a tree), each
+    its own random stream. Returns the result, the target and the sampling."""
     target, draft = in_dtype(models, c.get("dtype"))
     draft = target if c["draft"] == "target" else draft
     sampling = SamplingParams(c["temperature"], c["top_k"], c["top_p"])
@@ -213,23 +214,45 @@ def draw(models, c, seed=0, rows=None, **hooks) -> tuple[np.ndarray, float]:
                                               candidates=c["candidates"], **weights,
                                               **c["schedule"])
     prompts = np.tile(np.asarray(c["prompt"], np.int32), (rows, 1))    # one row per sample
-    result = generate(target, prompts, method, sampling, max_new_tokens=L, seed=seed, eos_ids=(),
-                      **hooks)
+    result = generate(target, prompts, method, sampling, max_new_tokens=max_new_tokens, seed=seed,
+                      eos_ids=(), **hooks)
+    return result, target, sampling
+
+
+def draw(models, c, seed=0, rows=None, **hooks) -> tuple[np.ndarray, float]:
+    result, target, sampling = run_case(models, c, seed, rows, **hooks)
     samples = np.array(result.tokens, np.int32)
-    assert samples.shape == (rows, L)
+    assert samples.shape == (rows or (N if c["tree"] is None else N_TREE), L)
     return samples, g_test(samples, exact_law(target, c["prompt"], sampling)), result.stats
+
+
+def program_group(c) -> str:
+    """The test worker group of the compiled program case `c` runs (`same_program`)."""
+    tree = getattr(c["tree"], "paths", c["tree"])
+    key = (c["method"], c["k"], tree, c["candidates"], sorted(c["schedule"].items()),
+           c.get("drafter"), c.get("heads"), c.get("dtype"))
+    return "distribution-" + "".join(ch for ch in repr(key) if ch.isalnum() or ch in ",.-_")
+
+
+@pytest.fixture(scope="module")
+def case_draws() -> dict:
+    """The draws of `POSITIVE`'s cases made so far in this worker (`case_draw`)."""
+    return {}
+
+
+def case_draw(models, draws: dict, name: str):
+    """`draw` of the positive case `name`, made once a worker: the hooks check compares the real
+    sampler's samples with the hooks' on a case's own draw (same program, rows and seed)."""
+    if name not in draws:
+        draws[name] = draw(models, POSITIVE[name])
+    return draws[name]
 
 
 def same_program(cases: dict) -> list:
     """The case names, each in the test worker group of the compiled program it runs: cases that
     differ only in sampling settings (data, not part of the program) or in the draft's weights
     run on one worker, which compiles their program once."""
-    def program(c):
-        tree = getattr(c["tree"], "paths", c["tree"])
-        key = (c["method"], c["k"], tree, c["candidates"], sorted(c["schedule"].items()),
-               c.get("drafter"), c.get("heads"), c.get("dtype"))
-        return "distribution-" + "".join(ch for ch in repr(key) if ch.isalnum() or ch in ",.-_")
-    return [pytest.param(name, marks=pytest.mark.xdist_group(program(c)))
+    return [pytest.param(name, marks=pytest.mark.xdist_group(program_group(c)))
             for name, c in cases.items()]
 
 
@@ -237,9 +260,9 @@ def same_program(cases: dict) -> list:
     "autoregressive-top-k-top-p", "speculative-k2-t0.7", "ngram-k2", "tree-2x2-top-t0.7-top-p",
     "medusa-2x2-distinct", "eagle-dynamic-3-2-4"])
 @pytest.mark.parametrize("name", same_program(POSITIVE))
-def test_method_samples_the_target_distribution(models, name):
+def test_method_samples_the_target_distribution(models, case_draws, name):
     c = POSITIVE[name]
-    _, p_value, stats = draw(models, c)
+    _, p_value, stats = case_draw(models, case_draws, name)
     assert p_value > ALPHA, f"{name}: G-test p = {p_value:.3g} <= {ALPHA:.3g}"
     if c["draft"] == "target":
         assert stats.accepted == stats.drafted      # u * p(x) < q(x) always holds when p == q
@@ -441,29 +464,36 @@ def test_broken_sampler_is_caught(models, name):
     assert p_value < ALPHA, f"{name} was not caught: p = {p_value:.3g}"
 
 
-@pytest.mark.parametrize("name", CONFIDENCE)
+# The three checks below run programs the distribution cases compile anyway: the confidence
+# check and the real sampler of the hooks check are their case's draw (its rows, so its
+# program; same worker group), and the tree walk is one jitted program.
+@pytest.mark.parametrize("name", same_program(CONFIDENCE))
 def test_confidence_rows_stop_at_different_depths(models, name):
     # The confidence cases are only a test of the schedule if their rows stop at every depth:
-    # after the first step, each of 1..K drafted tokens is seen in at least 5% of 2,000 rows.
+    # after the first step, each of 1..K drafted tokens is seen in at least 5% of the rows. The
+    # case's own draw (its 100,000 rows and seed) with one new token a row: every row ends after
+    # its first step, whose drafts do not depend on the number of new tokens, so each row's
+    # drafted count is its first step's; a row's new tokens are data, not part of the program.
     c = CONFIDENCE[name]
-    target, draft = models
-    request = prepare(target, np.tile(np.asarray(c["prompt"], np.int32), (2000, 1)),
-                      specjax.Speculative(draft, k=c["k"], **c["schedule"]),
-                      SamplingParams(c["temperature"], top_p=c["top_p"]), max_new_tokens=L,
-                      eos_ids=())
-    state = loop.init(request.spec, request.weights, *request.inputs)
-    drafted = np.asarray(loop.step(request.spec, request.weights, state).drafted)
+    result, _, _ = run_case(models, c, max_new_tokens=1)
+    assert {row.target_calls for row in result.row_stats} == {1}        # one step a row
+    drafted = np.array([row.drafted for row in result.row_stats])
+    assert len(drafted) >= 2000
     share = np.bincount(drafted, minlength=c["k"] + 1)[1:] / len(drafted)
     assert (share >= 0.05).all(), share
 
 
 @pytest.mark.fast
-def test_correct_hooks_reproduce_the_real_sampler(models):
-    # The negative controls differ from the real sampler only in the step they break.
-    c = case("speculative", k=2)
-    real, _, _ = draw(models, c, rows=20_000)
-    rebuilt, _, _ = draw(models, c, rows=20_000,
+@pytest.mark.xdist_group(program_group(POSITIVE["speculative-k2-t0.7"]))
+def test_correct_hooks_reproduce_the_real_sampler(models, case_draws):
+    # The negative controls differ from the real sampler only in the step they break. The real
+    # sampler's samples are the distribution case speculative-k2-t0.7's own (its 100,000 rows,
+    # drawn once a worker; the case is in the fast tier too), the hooks' are drawn alike.
+    name = "speculative-k2-t0.7"
+    real, _, _ = case_draw(models, case_draws, name)
+    rebuilt, _, _ = draw(models, POSITIVE[name],
                          rules=Rules(verify=_broken_verify(), propose=propose))
+    assert len(real) >= 20_000
     np.testing.assert_array_equal(real, rebuilt)
 
 
@@ -471,16 +501,22 @@ def test_correct_hooks_reproduce_the_real_sampler(models):
 def test_correct_tree_walk_reproduces_verify_tree():
     # The tree negative controls differ from the real walk only in the step they break: with
     # the defaults, the test's walk gives the library's results on random trees of candidates.
+    # One jitted program (eagerly, each operation was a program of its own).
     tree, rows, vocab = Tree.from_paths(SPARSE_TREE + ((0, 1),)), 512, 5
-    k_tokens, k_p, k_q, k_keys = jax.random.split(jax.random.key(0), 4)
-    tokens = jax.random.randint(k_tokens, (rows, tree.size + 1), 0, vocab)
-    p = jax.nn.softmax(2 * jax.random.normal(k_p, (rows, tree.size + 1, vocab)))
-    q = jax.nn.softmax(2 * jax.random.normal(k_q, (rows, tree.size + 1, vocab)))
-    valid = jnp.ones(tokens.shape, bool).at[::3, 2].set(False)
-    keys = jax.random.split(k_keys, rows)
-    for rule in rejection.RULES:
-        want = rejection.verify_tree(tree, rule, tokens, valid, p, q, keys)
-        got = _broken_tree_verify()(tree, rule, tokens, valid, p, q, keys)
+
+    @jax.jit
+    def both_walks():
+        k_tokens, k_p, k_q, k_keys = jax.random.split(jax.random.key(0), 4)
+        tokens = jax.random.randint(k_tokens, (rows, tree.size + 1), 0, vocab)
+        p = jax.nn.softmax(2 * jax.random.normal(k_p, (rows, tree.size + 1, vocab)))
+        q = jax.nn.softmax(2 * jax.random.normal(k_q, (rows, tree.size + 1, vocab)))
+        valid = jnp.ones(tokens.shape, bool).at[::3, 2].set(False)
+        keys = jax.random.split(k_keys, rows)
+        return {rule: (rejection.verify_tree(tree, rule, tokens, valid, p, q, keys),
+                       _broken_tree_verify()(tree, rule, tokens, valid, p, q, keys))
+                for rule in rejection.RULES}
+
+    for rule, (want, got) in jax.device_get(both_walks()).items():
         for name in ("n_accepted", "path", "next_token"):
             np.testing.assert_array_equal(getattr(want, name), getattr(got, name))
-        assert 0 < int(jnp.sum(want.n_accepted)) < rows * tree.max_depth  # accepts and rejects
+        assert 0 < int(np.sum(want.n_accepted)) < rows * tree.max_depth  # accepts and rejects
