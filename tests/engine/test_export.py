@@ -134,3 +134,43 @@ def test_the_exported_program_feeds_every_decode_call_at_the_law_width():
     assert 16 in lawful and 1 not in lawful, lawful
     one = dataclasses.replace(pair.target, config=pair.target.config.replace(law_width=1))
     assert 1 in exported_rows(one)
+
+
+def _branch_loops(module_text: str, rows: int, heads: int, head_dim: int) -> list[str]:
+    """The while loops of a module over a call's nodes that each read their own key layout: the
+    loop carries the layout, one list of cache slots a node [rows, T, S] (int32), and stacks
+    each node's attention output [T, rows, heads, head_dim] (`layers._attend_by_branch`)."""
+    loops = []
+    for line in module_text.splitlines():
+        if "stablehlo.while" not in line:
+            continue
+        types = line.rsplit(" : ", 1)[-1]
+        for width in re.findall(rf"tensor<{rows}x(\d+)x\d+xi32>", types):
+            if f"tensor<{width}x{rows}x{heads}x{head_dim}xf32>" in types:
+                loops.append(line)
+    return loops
+
+
+def test_the_exported_tree_program_reads_each_nodes_branch_as_steps_do():
+    # Issue 85, the tree gap: on XLA's path a tree call's attention is a loop over its nodes,
+    # each attending over its branch laid out as one-token steps find it (`cache.branch_layout`),
+    # so the exported GPU/TPU program of a tree method holds that loop, over the law's 16
+    # positions. A chain needs none (its positions are a step's), and the negative control, the
+    # same tree at `law_width=1` (the call at its own width, the cache's own layout), has none.
+    pair = testing.pair()
+    config = pair.target.config
+    prompts = [list(NGRAM_PROMPT), list(NGRAM_PROMPT[:5])]
+
+    def loops(target, method):
+        req = prepare(target, prompts, method, specjax.SamplingParams(temperature=0.8),
+                      max_new_tokens=4, eos_ids=(), kernels=False)
+        program, leaves = flat_program(req)
+        text = export.export(program, platforms=("cuda", "tpu"))(*leaves).mlir_module()
+        return _branch_loops(text, len(prompts), config.n_heads, config.head_dim)
+
+    tree = specjax.Speculative(pair.draft, tree=Tree.full((2, 2)), candidates="distinct")
+    found = loops(pair.target, tree)
+    assert found and all("tensor<16x" in line for line in found), found
+    assert not loops(pair.target, specjax.Speculative(pair.draft, k=3))
+    one = dataclasses.replace(pair.target, config=config.replace(law_width=1))
+    assert not loops(one, tree)
