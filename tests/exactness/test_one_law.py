@@ -14,6 +14,7 @@ throughout, which make no such promise) finds a difference on this model with XL
 compiler, so the comparison can tell (the last test, which says why it runs in a subprocess).
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -59,21 +60,24 @@ def stepper(model, kernels, law_width=None):
                                                        kernels=kernels))
 
 
-def steps_and_calls(model, kernels, batch=2, law_width=None):
+def steps_and_calls(model, kernels, batch=2, law_width=None, prefill=PREFILL, slots=48):
     """Logits of 17 one-token steps after a prefill, and of calls of 2, 9 and 17 tokens on the
     same cache: ([B, 17, V], {n: [B, n, V]}). The kernels take calls of at most 32 rows (batch
     times tokens) in one call, and larger batches of such rows in several
     (`linear.kernel_chunks`); XLA's path pads each call to a multiple of the law's width, 16."""
-    tokens = np.random.default_rng(7).integers(0, V, (batch, PREFILL + 17))
+    tokens = np.random.default_rng(7).integers(0, V, (batch, prefill + 17))
     step = stepper(model, kernels, law_width)
-    _, cache = step(tokens[:, :PREFILL], np.tile(np.arange(PREFILL), (batch, 1)),
-                    KVCache.init(model.config, batch, 48))
+    cache = KVCache.init(model.config, batch, slots)
+    chunk = prefill if prefill <= 64 else 8     # a long prefill in calls of one short shape
+    for s in range(0, prefill, chunk):
+        _, cache = step(tokens[:, s:s + chunk], np.tile(np.arange(s, s + chunk), (batch, 1)),
+                        cache)
     out, c = [], cache
-    for i in range(PREFILL, PREFILL + 17):
+    for i in range(prefill, prefill + 17):
         logits, c = step(tokens[:, i:i + 1], np.full((batch, 1), i), c)
         out.append(np.asarray(logits[:, 0]))
-    calls = {n: np.asarray(step(tokens[:, PREFILL:PREFILL + n],
-                                np.tile(np.arange(PREFILL, PREFILL + n), (batch, 1)), cache)[0])
+    calls = {n: np.asarray(step(tokens[:, prefill:prefill + n],
+                                np.tile(np.arange(prefill, prefill + n), (batch, 1)), cache)[0])
              for n in (2, 9, 17)}
     return np.stack(out, 1), calls
 
@@ -109,6 +113,22 @@ def test_on_xlas_path_verify_calls_equal_one_token_steps_bit_for_bit(target, dty
     # tokens are one shape, and a call of 17 tokens two of it. (A tree's node whose branch
     # skips a sibling's slot: the next test.)
     steps, calls = steps_and_calls(in_dtype(target, dtype), kernels=False)
+    for n, call in calls.items():
+        np.testing.assert_array_equal(call, steps[:, :n], err_msg=f"{dtype}, {n} tokens")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_on_xlas_path_a_call_across_a_window_boundary_equals_its_steps(target, dtype):
+    # XLA's path reads the shortest of a few static windows of the cache that covers a call's
+    # last slot (`layers.attend_cache`: 1,024 slots, then more). A call from slot 1,016 to
+    # 1,032 reads the larger window for every token, where the steps before slot 1,024 read the
+    # 1,024-slot one (the next is 1,536): the masked slots past a token's position add exact
+    # zeros, and its logits are still the steps' bit for bit (a 2,048-slot cache; the prefill
+    # in calls of 8 tokens, one short program; 8-bit weights compute as float32).
+    long = dataclasses.replace(target, config=target.config.replace(max_positions=2048))
+    steps, calls = steps_and_calls(in_dtype(long, dtype), kernels=False, batch=1,
+                                   prefill=1016, slots=2048)
+    assert layers.windows(2048, layers.STEP_WINDOW)[:2] == (1024, 1536)   # 1,017 and 1,033
     for n, call in calls.items():
         np.testing.assert_array_equal(call, steps[:, :n], err_msg=f"{dtype}, {n} tokens")
 
