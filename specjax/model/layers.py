@@ -18,7 +18,7 @@ from specjax.model.cache import (BITS, TreeAttention, as_bits, attention_mask, b
                                  windows)
 from specjax.model.config import ModelConfig
 from specjax.model.linear import Kernels, attention_uses_kernel, layer_of, rope_uses_kernel
-from specjax.model.quant import Int8Weight, rows
+from specjax.model.quant import Int8Weight, rows, unfused
 
 
 def lookup(table: jax.Array, ids: jax.Array) -> jax.Array:
@@ -137,7 +137,7 @@ def _rope_tables(positions, inv_freq):
     return jnp.stack([jnp.cos(angles), jnp.sin(angles)])
 
 
-def apply_rope(q, k, tables, *, kernels: Kernels | None):
+def apply_rope(q, k, tables, *, kernels: Kernels | None, unfused_products: bool = False):
     """Half-split ("rotate_half") RoPE, the Hugging Face Llama layout.
 
     A call on at most 32 tokens (decoding steps, verify calls) on a CPU with the kernels on
@@ -150,14 +150,25 @@ def apply_rope(q, k, tables, *, kernels: Kernels | None):
     operations whatever the call (specjax/kernels/few_rows.cc gives them), queries and keys in
     one call.
 
+    XLA's rotation has the same hazard on XLA's path, where no kernel serves: left to itself,
+    XLA contracts x * cos + rotated * sin into an fma (rounded once, not twice) or not,
+    depending on the fusion it lands in, and a tree call's queries are consumed elsewhere than
+    a step's (`attend_cache`'s `by_branch`): with XLA's default (MLIR) fusion emitters, a tree
+    node's query on a model with several key/value heads came out a rounding apart from the
+    step's (SmolLM2 in q8_0, where an 8-bit rounding of the activations then flipped, parted
+    from greedy decoding at 4 of 21 prompts: bench/xla-one-law/). `unfused_products` (XLA's
+    path at the one law's width, `transformer._layer`) rounds each product on its own
+    (`quant.unfused`) before the add, one written order whatever the fusion.
+
     Args:
       q: [B, T, N, H]; k: [B, T, K, H]; tables: [2, B, T, H/2] from `rope_tables`; kernels:
-      as `rope_tables`'.
+      as `rope_tables`'; unfused_products: as above (XLA's formulation only).
     Returns:
       (q, k) rotated, in their dtypes.
     """
     def xla(q, k, tables):
-        return _apply_rope(q, tables), _apply_rope(k, tables)
+        return (_apply_rope(q, tables, unfused_products),
+                _apply_rope(k, tables, unfused_products))
     if rope_uses_kernel(q.shape[1], kernels, q.dtype):  # decoding steps and verify calls
         rope = kernels.rope
 
@@ -175,12 +186,17 @@ def rotate(x, tables):
     return _apply_rope(x, tables)
 
 
-def _apply_rope(x, tables):
-    """XLA's rotation of x [B, T, heads, H] by tables [2, B, T, H/2]."""
+def _apply_rope(x, tables, unfused_products: bool = False):
+    """XLA's rotation of x [B, T, heads, H] by tables [2, B, T, H/2]. `unfused_products`: each
+    of the two products rounded on its own, then added (`apply_rope` says why); else XLA may
+    fuse either into the add."""
     cos, sin = (jnp.concatenate([t, t], axis=-1)[:, :, None, :] for t in tables)  # [B, T, 1, H]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (x.astype(jnp.float32) * cos + rotated * sin).astype(x.dtype)
+    straight, turned = x.astype(jnp.float32) * cos, rotated * sin
+    if unfused_products:   # a table's NaN makes its product NaN: flipping a bit keeps it NaN
+        straight, turned = unfused(straight, jnp.isnan(cos)), unfused(turned, jnp.isnan(sin))
+    return (straight + turned).astype(x.dtype)
 
 
 # -- Attention ----------------------------------------------------------------------------------

@@ -296,7 +296,8 @@ def _layer(config: ModelConfig, p: dict, product, index, x, slots, rope, buffers
         q = rms_norm(q, p["q_norm"]["scale"], config.norm_eps)
         k = rms_norm(k, p["k_norm"]["scale"], config.norm_eps)
     if config.arch == "llama":
-        q, k = apply_rope(q, k, rope, kernels=config.kernels)
+        q, k = apply_rope(q, k, rope, kernels=config.kernels,
+                          unfused_products=(config.law_width or 1) > 1)  # XLA's path's law
     if buffers is None:
         keys, values = jnp.transpose(k, (0, 2, 3, 1)), jnp.transpose(v, (0, 2, 1, 3))
         attn = attend(q, keys, values, kv.attention_mask(slots, slots, tree))  # [B, T, N, H]
