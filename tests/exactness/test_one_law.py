@@ -259,6 +259,22 @@ def differences(kernels: bool, law_width=None) -> dict:
     return out
 
 
+def at_xlas_default_compiler(calls: str) -> list:
+    """Evaluates `calls`, expressions of this module's functions (as `t.`), in a subprocess
+    compiling at XLA's defaults rather than the suite's settings, and returns their values
+    (JSON): the list of `calls`."""
+    root = Path(__file__).resolve().parents[2]
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in SUITE_XLA_FLAGS]
+    env = dict(os.environ, XLA_FLAGS=" ".join(flags), SPECJAX_TEST_XLA_OPT="default",
+               PYTHONPATH=str(root))
+    script = ("import json; from tests.exactness import test_one_law as t; "
+              f"print(json.dumps([{calls}]))")
+    run = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.slow
 def test_the_identity_holds_with_xlas_default_compiler_and_its_control_fails():
     # The suite compiles at a lower XLA optimisation level (tests/conftest.py), where XLA's own
@@ -266,15 +282,8 @@ def test_the_identity_holds_with_xlas_default_compiler_and_its_control_fails():
     # Users compile at the default level: there the checks above run again in a subprocess,
     # with the kernels and on XLA's path at the law's width, and the negative control, XLA's
     # path with every call at its own width (a step a one-row product), parts calls and steps.
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in SUITE_XLA_FLAGS]
-    env = dict(os.environ, XLA_FLAGS=" ".join(flags), SPECJAX_TEST_XLA_OPT="default",
-               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    script = ("import json; from tests.exactness import test_one_law as t; print(json.dumps(["
-              "t.differences(True), t.differences(False), t.differences(False, law_width=1)]))")
-    run = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2],
-                         env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    on, xla, control = json.loads(run.stdout.strip().splitlines()[-1])
+    on, xla, control = at_xlas_default_compiler(
+        "t.differences(True), t.differences(False), t.differences(False, law_width=1)")
     assert on == {check: 0.0 for check in on}, on
     assert xla == {check: 0.0 for check in xla}, xla
     assert max(control.values()) > 0, control
@@ -320,15 +329,8 @@ def test_with_xlas_default_compiler_a_gqa_tree_node_equals_its_steps_and_its_con
     # every node equals its steps in every dtype. The control, the rotation as it was, parts in
     # float32 (here q8_0's and bfloat16's roundings happen to absorb the difference: on SmolLM2
     # they did not). In a subprocess at XLA's default level, as the test above says why.
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in SUITE_XLA_FLAGS]
-    env = dict(os.environ, XLA_FLAGS=" ".join(flags), SPECJAX_TEST_XLA_OPT="default",
-               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    script = ("import json; from tests.exactness import test_one_law as t; print(json.dumps(["
-              "t.gqa_tree_differences(), t.gqa_tree_differences(fused_rope=True)]))")
-    run = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2],
-                         env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    ours, control = json.loads(run.stdout.strip().splitlines()[-1])
+    ours, control = at_xlas_default_compiler(
+        "t.gqa_tree_differences(), t.gqa_tree_differences(fused_rope=True)")
     assert ours == {dtype: 0.0 for dtype in ours}, ours
     assert control["float32"] > 0, control
 
