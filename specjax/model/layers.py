@@ -60,26 +60,42 @@ def row_sum(v: jax.Array) -> jax.Array:
     return acc
 
 
-def layer_norm(x, scale, bias, eps: float):
+def rounded(product: jax.Array, unfused_products: bool) -> jax.Array:
+    """`product` as the add it feeds takes it: with `unfused_products` (XLA's path at the one
+    law's width), rounded on its own, never fused into that add (`quant.unfused`; a NaN
+    product stays NaN). XLA contracts a multiply and the add it feeds into one fma or not by
+    the fusion they land in, so the same row could round two ways in two programs."""
+    return unfused(product, jnp.isnan(product)) if unfused_products else product
+
+
+def layer_norm(x, scale, bias, eps: float, *, unfused_products: bool = False):
     """LayerNorm over D, computed in float32 whatever the activation dtype (its means by
-    `row_sum`, so a row's numbers do not depend on the call's width)."""
+    `row_sum`, so a row's numbers do not depend on the call's width; `unfused_products`: each
+    product that feeds an add rounded on its own, `rounded`)."""
     x32 = x.astype(jnp.float32)
     d = np.float32(x.shape[-1])
     mean = row_sum(x32) / d
-    var = row_sum(jnp.square(x32 - mean)) / d
+    var = row_sum(rounded(jnp.square(x32 - mean), unfused_products)) / d
     y = (x32 - mean) * jax.lax.rsqrt(var + eps)
-    return (y * scale + bias).astype(x.dtype)
+    return (rounded(y * scale, unfused_products) + bias).astype(x.dtype)
 
 
-def rms_norm(x, scale, eps: float):
+def rms_norm(x, scale, eps: float, *, unfused_products: bool = False):
     """RMSNorm over D in float32; like transformers, cast back before applying the scale. The
-    mean of squares by `row_sum`: a row's numbers do not depend on the call's width."""
+    mean of squares by `row_sum`: a row's numbers do not depend on the call's width
+    (`unfused_products`: each square rounded before the sum, `rounded`)."""
     x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(row_sum(jnp.square(x32)) / np.float32(x.shape[-1]) + eps)
+    squares = rounded(jnp.square(x32), unfused_products)
+    y = x32 * jax.lax.rsqrt(row_sum(squares) / np.float32(x.shape[-1]) + eps)
     return y.astype(x.dtype) * scale
 
 
-def activation(name: str, x):
+def activation(name: str, x, *, unfused_products: bool = False):
+    """The MLP's activation (`unfused_products`: GPT-2's gelu_new with its cubic term rounded
+    before the add, `rounded`; the others add no product)."""
+    if name == "gelu_tanh" and unfused_products:     # jax.nn.gelu's numbers, the add unfused
+        cubic = rounded(0.044715 * x ** 3, True)
+        return x * (0.5 * (1.0 + jnp.tanh(np.sqrt(2 / np.pi).astype(x.dtype) * (x + cubic))))
     if name == "gelu_tanh":      # GPT-2's gelu_new
         return jax.nn.gelu(x, approximate=True)
     if name == "gelu":

@@ -136,13 +136,15 @@ def quantize_rows(x: jax.Array, block: int) -> tuple[jax.Array, jax.Array]:
 
 
 def unfused(product: jax.Array, false: jax.Array) -> jax.Array:
-    """`product` (float32), such that XLA cannot fuse it into an add or a subtraction it feeds:
-    XLA's CPU and GPU code contracts a multiply and an add into one fma (rounded once, not
-    twice), and it drops `lax.optimization_barrier` before it does. Here the product's bits
-    pass through an integer xor with `false`, a traced boolean that is False for every input
-    that matters but not known to XLA to be, so the add's operand is no longer a multiply."""
-    bits = jax.lax.bitcast_convert_type(product, jnp.int32) ^ false.astype(jnp.int32)
-    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+    """`product` (float32 or a 16-bit float), such that XLA cannot fuse it into an add or a
+    subtraction it feeds: XLA's CPU and GPU code contracts a multiply and an add into one fma
+    (rounded once, not twice), and it drops `lax.optimization_barrier` before it does. Here the
+    product's bits pass through an integer xor with `false`, a traced boolean that is False for
+    every input that matters but not known to XLA to be, so the add's operand is no longer a
+    multiply."""
+    integer = {2: jnp.int16, 4: jnp.int32}[product.dtype.itemsize]
+    bits = jax.lax.bitcast_convert_type(product, integer) ^ false.astype(integer)
+    return jax.lax.bitcast_convert_type(bits, product.dtype)
 
 
 def dequantize(w: Int8Weight) -> jax.Array:

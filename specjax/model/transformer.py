@@ -151,6 +151,14 @@ def lawful(config: ModelConfig, kernels: Kernels | None) -> ModelConfig:
     return config.replace(kernels=kernels, law_width=width)
 
 
+def xla_law(config: ModelConfig) -> bool:
+    """Whether a program runs XLA's path at the one law's width (`law_width` > 1): there each
+    call is fed W tokens a row, a tree node attends over its branch's layout, and every product
+    that feeds an add (RoPE's, the norms', gelu_new's cubic term) is rounded before it
+    (`layers.rounded`), whatever fusion XLA puts them in."""
+    return (config.law_width or 1) > 1
+
+
 def _at_law_width(params, config, tokens, positions, cache, tree, taps):
     """`tapped_states` as calls of exactly `config.law_width` (W) tokens a row: the T tokens
     padded to a multiple of W (`_padded`), then fed W at a time, each part writing the cache
@@ -293,11 +301,10 @@ def _layer(config: ModelConfig, p: dict, product, index, x, slots, rope, buffers
     if config.qkv_bias:
         q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
     if config.qk_norm:                          # Qwen3: each head's q and k, over H
-        q = rms_norm(q, p["q_norm"]["scale"], config.norm_eps)
-        k = rms_norm(k, p["k_norm"]["scale"], config.norm_eps)
+        q = rms_norm(q, p["q_norm"]["scale"], config.norm_eps, unfused_products=xla_law(config))
+        k = rms_norm(k, p["k_norm"]["scale"], config.norm_eps, unfused_products=xla_law(config))
     if config.arch == "llama":
-        q, k = apply_rope(q, k, rope, kernels=config.kernels,
-                          unfused_products=(config.law_width or 1) > 1)  # XLA's path's law
+        q, k = apply_rope(q, k, rope, kernels=config.kernels, unfused_products=xla_law(config))
     if buffers is None:
         keys, values = jnp.transpose(k, (0, 2, 3, 1)), jnp.transpose(v, (0, 2, 1, 3))
         attn = attend(q, keys, values, kv.attention_mask(slots, slots, tree))  # [B, T, N, H]
@@ -305,7 +312,7 @@ def _layer(config: ModelConfig, p: dict, product, index, x, slots, rope, buffers
         buffers = kv.write(*buffers, k, v, slots, index)
         attn = attend_cache(q, *buffers, slots, tree, first, index,
                             kernels=config.kernels,
-                            by_branch=(config.law_width or 1) > 1)     # [B, T, N, H]
+                            by_branch=xla_law(config))                 # [B, T, N, H]
     # One flat product over (N, H): as a two-axis einsum, XLA on a CPU copied wo every call.
     out = product(attn.reshape(b, t, -1), "wo")                        # BT(NH),D(NH)->BTD
     if config.out_bias:
@@ -336,8 +343,9 @@ def lm_head(params: Params, config: ModelConfig, x: jax.Array) -> jax.Array:
 
 def _norm(config: ModelConfig, p, x):
     if config.arch == "gpt2":
-        return layer_norm(x, p["scale"], p["bias"], config.norm_eps)
-    return rms_norm(x, p["scale"], config.norm_eps)
+        return layer_norm(x, p["scale"], p["bias"], config.norm_eps,
+                          unfused_products=xla_law(config))
+    return rms_norm(x, p["scale"], config.norm_eps, unfused_products=xla_law(config))
 
 
 def _mlp(config: ModelConfig, p, product, x):
@@ -345,7 +353,8 @@ def _mlp(config: ModelConfig, p, product, x):
         h = product(x, "w_in")                                          # BTD,FD->BTF
         if config.mlp_bias:
             h = h + p["b_in"]
-        out = product(activation(config.activation, h), "w_out")         # BTF,DF->BTD
+        out = product(activation(config.activation, h, unfused_products=xla_law(config)),
+                      "w_out")                                          # BTF,DF->BTD
         return out + p["b_out"] if config.mlp_bias else out
     gate, up = product(x, "w_gate"), product(x, "w_up")                  # BTD,FD->BTF each
     if config.mlp_bias:

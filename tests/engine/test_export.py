@@ -114,26 +114,41 @@ def _product_rows(module_text: str) -> set[int]:
     return rows
 
 
+def _rounded_products(module_text: str) -> set[str]:
+    """The shapes of the xors on a float's bits in a module (`quant.unfused`): each a product
+    rounded on its own before the add it feeds."""
+    return set(re.findall(r"stablehlo\.xor .* : tensor<([\dx]+)xi(?:16|32)>", module_text))
+
+
 def test_the_exported_program_feeds_every_decode_call_at_the_law_width():
     # Issue 85: a GPU or TPU program (the kernels off, as `generate` makes it where they do not
     # serve) feeds the target 16 tokens a row in every call on the cache, a one-token step
-    # included, so no product of the exported loop has a one-row left operand; the negative
-    # control, the same target at `law_width=1`, has them.
+    # included, so no product of the exported loop has a one-row left operand. There every
+    # product that feeds an add in a layer (RoPE's two, the norms' squares) is rounded on its
+    # own (`layers.rounded`), since XLA's GPU code, like its CPU code, contracts a multiply and
+    # an add into an fma or not by the fusion: the loop holds those xors on the rows' bits at
+    # 16 rows. The negative control, the same target at `law_width=1`, has one-row products
+    # and no such xor.
     pair = testing.pair()
+    config = pair.target.config
     prompts = [list(NGRAM_PROMPT), list(NGRAM_PROMPT[:5])]
 
-    def exported_rows(target):
+    def exported(target):
         req = prepare(target, prompts, specjax.Autoregressive(),
                       specjax.SamplingParams(temperature=0.8), max_new_tokens=4, eos_ids=(),
                       kernels=False)
         program, leaves = flat_program(req)
-        return _product_rows(export.export(program, platforms=("cuda", "tpu"))(*leaves)
-                             .mlir_module())
+        return export.export(program, platforms=("cuda", "tpu"))(*leaves).mlir_module()
 
-    lawful = exported_rows(pair.target)
-    assert 16 in lawful and 1 not in lawful, lawful
-    one = dataclasses.replace(pair.target, config=pair.target.config.replace(law_width=1))
-    assert 1 in exported_rows(one)
+    lawful = exported(pair.target)
+    assert 16 in _product_rows(lawful) and 1 not in _product_rows(lawful), _product_rows(lawful)
+    b, d = len(prompts), config.d_model
+    rounded = _rounded_products(lawful)
+    assert f"{b}x16x{d}" in rounded, rounded                            # the norms' squares
+    assert f"{b}x16x{config.n_heads}x{config.head_dim}" in rounded, rounded       # RoPE's
+    one = exported(dataclasses.replace(pair.target, config=config.replace(law_width=1)))
+    assert 1 in _product_rows(one)
+    assert not _rounded_products(one), _rounded_products(one)
 
 
 def _branch_loops(module_text: str, rows: int, heads: int, head_dim: int) -> list[str]:

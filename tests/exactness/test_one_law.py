@@ -335,6 +335,31 @@ def test_with_xlas_default_compiler_a_gqa_tree_node_equals_its_steps_and_its_con
     assert control["float32"] > 0, control
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_on_xlas_path_a_product_is_rounded_before_the_add_it_feeds(dtype):
+    # XLA's CPU code (its GPU code too) contracts a multiply and the add it feeds into one fma,
+    # rounded once, or not, by the fusion they land in: RoPE's did in one program and not in
+    # another (the test above). So on XLA's path at the law's width every such product in a
+    # layer is rounded on its own first (`layers.rounded`: RoPE's two, the norms' squares,
+    # LayerNorm's scale, gelu_new's cubic term). Checked here on LayerNorm's `y * scale + bias`
+    # against NumPy, each operation rounded. The control, the product left to XLA, is fused
+    # here in float32 (about a fifth of the 9,216 sums differ, with the suite's compiler and
+    # the default one alike); a bfloat16 product XLA rounds to 16 bits anyway.
+    import ml_dtypes
+    rng = np.random.default_rng(3)
+    kind = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
+    y, scale, bias = (rng.standard_normal((16, 576)).astype(kind) for _ in range(3))
+    expected = y * scale + bias                      # NumPy rounds the product, then the sum
+
+    def affine(unfused_products):
+        return np.asarray(jax.jit(lambda y, s, b: layers.rounded(y * s, unfused_products) + b)(
+            y, scale, bias))
+
+    np.testing.assert_array_equal(affine(True), expected)
+    if dtype == "float32":
+        assert np.count_nonzero(affine(False) != expected) > 1000
+
+
 @pytest.mark.parametrize("bad", [0, -16, 2.5, True, "16"])
 def test_a_bad_law_width_is_a_named_error(bad):
     from specjax.model.config import ConfigError
