@@ -174,7 +174,7 @@ def apply_rope(q, k, tables, *, kernels: Kernels | None, unfused_products: bool 
     step's (SmolLM2 in q8_0, where an 8-bit rounding of the activations then flipped, parted
     from greedy decoding at 4 of 21 prompts: bench/xla-one-law/). `unfused_products` (XLA's
     path at the one law's width, `transformer._layer`) rounds each product on its own
-    (`quant.unfused`) before the add, one written order whatever the fusion.
+    (`rounded`) before the add, one written order whatever the fusion.
 
     Args:
       q: [B, T, N, H]; k: [B, T, K, H]; tables: [2, B, T, H/2] from `rope_tables`; kernels:
@@ -209,9 +209,8 @@ def _apply_rope(x, tables, unfused_products: bool = False):
     cos, sin = (jnp.concatenate([t, t], axis=-1)[:, :, None, :] for t in tables)  # [B, T, 1, H]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
-    straight, turned = x.astype(jnp.float32) * cos, rotated * sin
-    if unfused_products:   # a table's NaN makes its product NaN: flipping a bit keeps it NaN
-        straight, turned = unfused(straight, jnp.isnan(cos)), unfused(turned, jnp.isnan(sin))
+    straight = rounded(x.astype(jnp.float32) * cos, unfused_products)
+    turned = rounded(rotated * sin, unfused_products)
     return (straight + turned).astype(x.dtype)
 
 
