@@ -4,8 +4,9 @@ as the code was), the identity check's prompts and methods otherwise as `check -
 
     python bench/xla-one-law/before.py [--dtypes float32 bfloat16 int8 q8_0] [--tokens 32]
 
-Prints the check's table, a row as each method finishes (the engine column says
-"law_width=1").
+Prints the check's table, a row as each method finishes (the engine column says "w=1"). Run a
+dtype or two a process: one process that compiled every method's programs in three dtypes ran
+out of memory in XLA's LLVM compiler on the 24 GiB host.
 """
 
 from __future__ import annotations
