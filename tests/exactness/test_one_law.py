@@ -343,7 +343,7 @@ def test_on_xlas_path_a_product_is_rounded_before_the_add_it_feeds(dtype):
     # layer is rounded on its own first (`layers.rounded`: RoPE's two, the norms' squares,
     # LayerNorm's scale, gelu_new's cubic term). Checked here on LayerNorm's `y * scale + bias`
     # against NumPy, each operation rounded. The control, the product left to XLA, is fused
-    # here in float32 (about a fifth of the 9,216 sums differ, with the suite's compiler and
+    # here in float32 (2,107 of the 9,216 sums differ, with the suite's compiler and
     # the default one alike); a bfloat16 product XLA rounds to 16 bits anyway.
     import ml_dtypes
     rng = np.random.default_rng(3)
