@@ -74,9 +74,10 @@ def test_verify_calls_equal_one_token_steps_bit_for_bit(dtype, kernels):
 
 
 # A tree of 8 nodes whose branch 0-2-4-5-7 holds the prompt's next 5 tokens, each with a
-# sibling in the slot before it (nodes 1, 3 and 6: the next token id): on XLA's path each node reads
-# its branch laid out as one-token steps find it (`cache.branch_layout`) and its RoPE's products
-# are rounded on their own, so every node equals the step of its token after its ancestors.
+# sibling in the slot before it (nodes 1, 3 and 6: the next token id): on XLA's path each node
+# reads its branch laid out as one-token steps find it (`cache.branch_layout`) and its RoPE's
+# products are rounded on their own, so every node equals the step of its token after its
+# ancestors.
 # Read in the cache's own slots instead (`by_branch` off), node 2 parts from its step here in
 # float32. RoPE's products fused as XLA chose parted tree nodes in `generate`'s programs on
 # SmolLM2 (bench/xla-one-law/) but not in this one: tests/exactness/test_one_law.py checks
