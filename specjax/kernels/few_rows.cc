@@ -752,6 +752,183 @@ static ffi::Error FewRowsQ80(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
 
 SPECJAX_EIGHT_BIT_PRODUCT(specjax_few_rows_q8_0, FewRowsQ80)
 
+// The q8_0 product on weights packed in the kernel's order (`specjax.model.quant.pack_tiles`):
+// for each tile of 16 outputs, block by block of 32 inputs, 544 bytes: the block's values as 8
+// groups of 4 inputs, each group for the 16 outputs in turn (64 bytes: one vector, lane j
+// output j's 4 values), sign bits flipped (value + 128), then the 16 outputs' float16 scales.
+// The same law as above, to the bit; what changes is the work: the tile transpose is done
+// once, when the weights are loaded, so a call streams the matrix in order, one contiguous
+// run a tile, and spends its arithmetic on the products alone. A one-token step then reads
+// the weights at the memory's speed, and a verify call's rows each cost 8 VPDPBUSD, a
+// conversion, two multiplies and an add per 512 bytes of weights.
+//
+// VPDPBUSD multiplies unsigned bytes (the flipped weights) by signed bytes (the activations),
+// so each block's sum is sum (w + 128) * x; 128 times the block's sum of x is subtracted by
+// starting the sum from minus it (`bias`): integers, exact. Then, per block in order,
+// acc = acc + float(sumi) * (scale_w * dx), each operation rounded on its own, as
+// `q8_0_output` and XLA's `q8_0_law` do.
+
+constexpr int64_t kPackedBlock = 16 * 32 + 16 * 2;
+
+// The value of output `lane` of a packed tile at input i (of the tile's row), and its scale
+// for block b: the layout read element by element (the portable path, and the tests' key).
+static inline int32_t packed_value(const int8_t* tile, int lane, int64_t i) {
+  const int8_t* block = tile + (i / 32) * kPackedBlock;
+  const int64_t within = i % 32;
+  return int32_t{static_cast<int8_t>(block[(within / 4) * 64 + lane * 4 + within % 4] ^ 0x80)};
+}
+
+static inline uint16_t packed_scale(const int8_t* tile, int lane, int64_t b) {
+  uint16_t h;
+  std::memcpy(&h, tile + b * kPackedBlock + 512 + 2 * lane, sizeof h);
+  return h;
+}
+
+// Outputs [o, o + 16) of rows [t0, t1), one by one (any instruction set): the law.
+static void q8_0_packed_portable(const int8_t* xq, const float* dx, const int8_t* tile,
+                                 float* y, int64_t t0, int64_t t1, int64_t o, int64_t n_in,
+                                 int64_t n_out) {
+  const int64_t blocks = n_in / 32;
+  for (int lane = 0; lane < 16; ++lane)
+    for (int64_t t = t0; t < t1; ++t) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        int32_t sumi = 0;
+        for (int64_t i = b * 32; i < (b + 1) * 32; ++i)
+          sumi += packed_value(tile, lane, i) * int32_t{xq[t * n_in + i]};
+        const float scale = half_to_float(packed_scale(tile, lane, b)) * dx[t * blocks + b];
+        const float term = static_cast<float>(sumi) * scale;
+        acc = acc + term;
+      }
+      y[t * n_out + o + lane] = acc;
+    }
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+// How far ahead of a block's bytes the stream is prefetched.
+#ifndef Q80_PACKED_AHEAD
+#define Q80_PACKED_AHEAD 2048
+#endif
+
+// Rows [t0, t0 + rows) against one packed tile (16 outputs): `rows` accumulators in
+// registers, each block's 8 weight vectors loaded once for all of them.
+template <int rows>
+static void q8_0_packed_rows(const int8_t* xq, const int32_t* bias, const float* dx,
+                             const int8_t* tile, float* y, int64_t t0, int64_t o,
+                             int64_t n_in, int64_t n_out, bool prefetch) {
+  const int64_t blocks = n_in / 32;
+  __m512 acc[rows];
+  for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int8_t* p = tile + b * kPackedBlock;
+    if (prefetch)
+      for (int64_t line = 0; line < kPackedBlock; line += 64)
+        __builtin_prefetch(p + Q80_PACKED_AHEAD + line);
+    __m512i w[8];
+    for (int g = 0; g < 8; ++g) w[g] = _mm512_loadu_si512(p + 64 * g);
+    const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 512)));
+    for (int r = 0; r < rows; ++r) {
+      const int64_t t = t0 + r;
+      const int8_t* xr = xq + t * n_in + b * 32;
+      int32_t group[8];
+      std::memcpy(group, xr, sizeof group);
+      // Two chains of four; the first starts from minus the bias.
+      __m512i s0 = _mm512_set1_epi32(-bias[t * blocks + b]), s1 = _mm512_setzero_si512();
+      for (int g = 0; g < 8; g += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(group[g]));
+        s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(group[g + 1]));
+      }
+      const __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
+                                        _mm512_mul_ps(scale, _mm512_set1_ps(dx[t * blocks + b])));
+      acc[r] = _mm512_add_ps(acc[r], term);
+    }
+  }
+  for (int r = 0; r < rows; ++r) _mm512_storeu_ps(y + (t0 + r) * n_out + o, acc[r]);
+}
+
+// Rows handled together against a tile, at most: 8 weight vectors, a scale vector, the rows'
+// accumulators and a few temporaries stay within AVX-512's 32 registers.
+constexpr int kPackedRows = 8;
+
+template <int rows = kPackedRows>
+static void q8_0_packed_group(int n, const int8_t* xq, const int32_t* bias, const float* dx,
+                              const int8_t* tile, float* y, int64_t t0, int64_t o,
+                              int64_t n_in, int64_t n_out, bool prefetch) {
+  if constexpr (rows > 0) {
+    if (n == rows)
+      return q8_0_packed_rows<rows>(xq, bias, dx, tile, y, t0, o, n_in, n_out, prefetch);
+    q8_0_packed_group<rows - 1>(n, xq, bias, dx, tile, y, t0, o, n_in, n_out, prefetch);
+  }
+}
+
+// Every row against one tile, in groups as even as they split (9 rows: 5 and 4, not 8 and 1).
+static void q8_0_packed_tile(const int8_t* xq, const int32_t* bias, const float* dx,
+                             const int8_t* tile, float* y, int64_t T, int64_t o, int64_t n_in,
+                             int64_t n_out) {
+  const int64_t groups = (T + kPackedRows - 1) / kPackedRows;
+  for (int64_t k = 0, t0 = 0; k < groups; ++k) {
+    const int64_t n = T / groups + (k < T % groups);
+    q8_0_packed_group(static_cast<int>(n), xq, bias, dx, tile, y, t0, o, n_in, n_out, k == 0);
+    t0 += n;
+  }
+}
+constexpr bool kPackedVnni = true;
+#else
+constexpr bool kPackedVnni = false;
+#endif
+
+// The name of the q8_0 product's instruction path, for `bench`'s header
+// (`specjax.kernels.q8_0_path`).
+extern "C" const char* specjax_q8_0_path() { return kPackedVnni ? "avx512-vnni" : "portable"; }
+
+static ffi::Error FewRowsQ80Tiles(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                                  ffi::Buffer<ffi::S8> tiles, ffi::Buffer<ffi::S32> layer,
+                                  ffi::ResultBuffer<ffi::F32> y) {
+  int64_t first, dims[2];
+  if (!layer_of(tiles.dimensions(), 2, layer, &first, dims) || dims[1] % kPackedBlock != 0)
+    return ffi::Error::InvalidArgument("tiles must be [(L,) O / 16, blocks * 544] with layer "
+                                       "in [0, L)");
+  const int64_t n_tiles = dims[0], blocks = dims[1] / kPackedBlock, n_in = blocks * 32;
+  const int64_t n_out = n_tiles * 16;
+  if (n_in == 0 || x.element_count() % n_in != 0)
+    return ffi::Error::InvalidArgument("x's last axis must be the weights' I (32 a block)");
+  const int64_t T = x.element_count() / n_in;
+  std::unique_ptr<int8_t[]> xq(new int8_t[T * n_in]);
+  std::unique_ptr<int32_t[]> bias(new int32_t[T * blocks]);
+  std::unique_ptr<float[]> dx(new float[T * blocks]);
+  quantize_rows(x.typed_data(), T, n_in, 32, xq.get(), bias.get(), dx.get());
+  const int8_t* xd = xq.get();
+  const int32_t* xb = bias.get();
+  const float* sd = dx.get();
+  const int8_t* wd = static_cast<const int8_t*>(tiles.untyped_data()) + first;
+  float* yd = y->typed_data();
+  // Work items of 4 tiles (2 KiB of weights a block row): small enough that the threads end
+  // together, each item one contiguous run of the stream.
+  constexpr int64_t kTilesPerItem = 4;
+  const int64_t items = (n_tiles + kTilesPerItem - 1) / kTilesPerItem;
+  parallel_for(pool, items, n_tiles * dims[1], [=](int64_t item) {
+    for (int64_t k = item * kTilesPerItem; k < std::min(n_tiles, (item + 1) * kTilesPerItem);
+         ++k) {
+      const int8_t* tile = wd + k * dims[1];
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+      q8_0_packed_tile(xd, xb, sd, tile, yd, T, k * 16, n_in, n_out);
+#else
+      (void)xb;
+      q8_0_packed_portable(xd, sd, tile, yd, 0, T, k * 16, n_in, n_out);
+#endif
+    }
+  });
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_few_rows_q8_0_tiles, FewRowsQ80Tiles,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   /* x [..., I] */
+                                  .Arg<ffi::Buffer<ffi::S8>>()    /* tiles [(L,) O/16, X] */
+                                  .Arg<ffi::Buffer<ffi::S32>>()   /* layer [] */
+                                  .Ret<ffi::Buffer<ffi::F32>>()); /* y [..., O] */
+
 // ---------------------------------------------------------------------------------------------
 // Attention of a few queries to a layer's KV cache, reading only the slots in use.
 //
@@ -770,9 +947,11 @@ SPECJAX_EIGHT_BIT_PRODUCT(specjax_few_rows_q8_0, FewRowsQ80)
 
 constexpr int64_t CHUNK = 256;
 
-// Query rows handled together: their scores share each load of a key vector, their outputs
-// each load of a value row.
+// Query rows handled together: their scores share each load of a key vector.
 constexpr int QB = 4;
+
+// The largest head size whose last few slots' scores go through vectors (`chunk_rows`).
+constexpr int64_t kTailHeads = 256;
 
 // e^x for a vector, to about 2 ulp: x = n ln 2 + f with |f| <= ln 2 / 2, e^f by its degree-6
 // Taylor polynomial, times 2^n built in the exponent bits. Below -87.3 (e^x under float's
@@ -829,6 +1008,28 @@ static void chunk_rows(const float* const* qr, const bool* const* mr, const C* k
     }
     for (int j = 0; j < QB; ++j) std::memcpy(&scores[j][s], &acc[j], sizeof(Vec));
   }
+  // The last slots (fewer than a vector): their keys copied, widened, into a vector's width
+  // padded with zeros, then the same products as above. Each lane is one slot's sum, by the
+  // same fmas in the same order as in a whole vector, so a slot's score does not depend on
+  // whether it falls in the tail (one by one, a verify call's new slots cost a chain of H
+  // dependent fmas each: a fifth of a 9-token call's time on SmolLM2).
+  if (s < n && H <= kTailHeads) {
+    alignas(64) float tail[kTailHeads * VW];
+    for (int64_t h = 0; h < H; ++h)
+      for (int l = 0; l < VW; ++l)
+        tail[h * VW + l] = s + l < n ? to_float(kb[h * S + s0 + s + l]) : 0.0f;
+    Vec acc[QB] = {};
+    for (int64_t h = 0; h < H; ++h) {
+      const Vec kv = load(tail + h * VW);
+      for (int j = 0; j < QB; ++j) acc[j] = fma(Vec{} + qr[j][h], kv, acc[j]);
+    }
+    for (int j = 0; j < QB; ++j) {
+      float lane[VW];
+      std::memcpy(lane, &acc[j], sizeof lane);
+      for (int64_t l = 0; s + l < n; ++l) scores[j][s + l] = lane[l];
+    }
+    s = n;
+  }
   for (; s < n; ++s)
     for (int j = 0; j < QB; ++j) {
       float acc = 0.0f;
@@ -836,49 +1037,82 @@ static void chunk_rows(const float* const* qr, const bool* const* mr, const C* k
         acc = std::fma(qr[j][h], to_float(kb[h * S + s0 + s]), acc);
       scores[j][s] = acc;
     }
+  // Each row's masked scores, their maximum and their sum of exponentials: each in slot order
+  // for its row, the rows' chains interleaved (one row's is a chain of dependent operations).
+  float top[QB], total[QB];
+  for (int64_t j = 0; j < group; ++j) top[j] = -INFINITY, total[j] = 0.0f;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < group; ++j) {
+      float& score = scores[j][i];
+      score = mr[j][s0 + i] ? score * scale : -INFINITY;
+      top[j] = std::max(top[j], score);
+    }
   for (int64_t j = 0; j < group; ++j) {
+    if (top[j] == -INFINITY) continue;
     float* sc = scores[j];
-    float top = -INFINITY;
-    for (int64_t i = 0; i < n; ++i) {
-      sc[i] = mr[j][s0 + i] ? sc[i] * scale : -INFINITY;
-      top = std::max(top, sc[i]);
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) {
+      Vec e = exp_vec(load(sc + i) - top[j]);
+      std::memcpy(sc + i, &e, sizeof e);
     }
-    float total = 0.0f;
-    if (top != -INFINITY) {
-      int64_t i = 0;
-      for (; i + VW <= n; i += VW) {
-        Vec e = exp_vec(load(sc + i) - top);
-        std::memcpy(sc + i, &e, sizeof e);
-      }
-      // The tail through exp_vec too (padded with -inf, which gives 0): a slot's weight must
-      // not depend on whether the slots in use put it in a whole vector or in the tail, or a
-      // verify call (more slots in use) and a one-token step weigh the same key differently
-      // (seen: greedy Medusa in bfloat16 left greedy autoregressive decoding on SmolLM2).
-      // Likewise every multiply-add of the scores and outputs is fused explicitly.
-      if (i < n) {
-        alignas(64) float tail[VW];
-        for (int l = 0; l < VW; ++l) tail[l] = i + l < n ? sc[i + l] : -INFINITY;
-        Vec e = exp_vec(load(tail) - top);
-        std::memcpy(tail, &e, sizeof e);
-        for (const int64_t first = i; i < n; ++i) sc[i] = tail[i - first];
-      }
-      for (i = 0; i < n; ++i) total += sc[i];
+    // The tail through exp_vec too (padded with -inf, which gives 0): a slot's weight must
+    // not depend on whether the slots in use put it in a whole vector or in the tail, or a
+    // verify call (more slots in use) and a one-token step weigh the same key differently
+    // (seen: greedy Medusa in bfloat16 left greedy autoregressive decoding on SmolLM2).
+    // Likewise every multiply-add of the scores and outputs is fused explicitly.
+    if (i < n) {
+      alignas(64) float tail[VW];
+      for (int l = 0; l < VW; ++l) tail[l] = i + l < n ? sc[i + l] : -INFINITY;
+      Vec e = exp_vec(load(tail) - top[j]);
+      std::memcpy(tail, &e, sizeof e);
+      for (const int64_t first = i; i < n; ++i) sc[i] = tail[i - first];
     }
-    part[j * stride] = top;
-    part[j * stride + 1] = total;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < group; ++j)
+      if (top[j] != -INFINITY) total[j] += scores[j][i];
+  for (int64_t j = 0; j < group; ++j) {
+    part[j * stride] = top[j];
+    part[j * stride + 1] = total[j];
     float* o = part + j * stride + 2;
     for (int64_t h = 0; h < H; ++h) o[h] = 0.0f;
   }
-  // Outputs: each value row read once for the group's rows (masked slots have weight 0).
-  for (int64_t i = 0; i < n; ++i) {
-    const C* vr = vb + (s0 + i) * H;
-    for (int64_t j = 0; j < group; ++j) {
-      if (part[j * stride] == -INFINITY) continue;
-      const float p = scores[j][i];
-      float* o = part + j * stride + 2;
-      for (int64_t h = 0; h < H; ++h) o[h] = std::fma(p, to_float(vr[h]), o[h]);
+  // Outputs: each element the fmas p * v + o over the slots in order (masked slots have weight
+  // 0), in registers: OV vectors of H for every row of the group, each value vector loaded
+  // once for them all. A row that sees no slot keeps its zeros.
+  constexpr int OV = 4;
+  int64_t h = 0;
+  for (; h + OV * VW <= H; h += OV * VW) {
+    Vec acc[QB][OV] = {};
+    for (int64_t i = 0; i < n; ++i) {
+      const C* vr = vb + (s0 + i) * H + h;
+      Vec value[OV];
+      for (int v = 0; v < OV; ++v) value[v] = load(vr + v * VW);
+      for (int j = 0; j < QB; ++j) {
+        const Vec weight = Vec{} + scores[j][i];
+        for (int v = 0; v < OV; ++v) acc[j][v] = fma(weight, value[v], acc[j][v]);
+      }
     }
+    for (int64_t j = 0; j < group; ++j)
+      if (top[j] != -INFINITY) std::memcpy(part + j * stride + 2 + h, acc[j], sizeof acc[j]);
   }
+  for (; h + VW <= H; h += VW) {
+    Vec acc[QB] = {};
+    for (int64_t i = 0; i < n; ++i) {
+      const Vec value = load(vb + (s0 + i) * H + h);
+      for (int j = 0; j < QB; ++j) acc[j] = fma(Vec{} + scores[j][i], value, acc[j]);
+    }
+    for (int64_t j = 0; j < group; ++j)
+      if (top[j] != -INFINITY) std::memcpy(part + j * stride + 2 + h, &acc[j], sizeof acc[j]);
+  }
+  for (; h < H; ++h)
+    for (int64_t j = 0; j < group; ++j) {
+      if (top[j] == -INFINITY) continue;
+      float acc = 0.0f;
+      for (int64_t i = 0; i < n; ++i)
+        acc = std::fma(scores[j][i], to_float(vb[(s0 + i) * H + h]), acc);
+      part[j * stride + 2 + h] = acc;
+    }
 }
 
 // A bfloat16 cache reaches the kernel as its bits (uint16): the decoder carries it so, because

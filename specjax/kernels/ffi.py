@@ -16,8 +16,9 @@ from jax import lax
 from specjax.model.linear import Kernels, layer_of
 
 __all__ = ["ATTENTION_TARGET", "INT8_TARGET", "KERNELS", "PRODUCT_TARGET", "Q8_0_TARGET",
-           "ROPE_TABLES_TARGET", "ROPE_TARGET", "TARGETS", "few_query_attention", "product",
-           "product_int8", "product_q8_0", "rope", "rope_tables"]
+           "Q8_0_TILES_TARGET", "ROPE_TABLES_TARGET", "ROPE_TARGET", "TARGETS",
+           "few_query_attention", "product", "product_int8", "product_q8_0",
+           "product_q8_0_tiles", "rope", "rope_tables"]
 
 # The kernels' XLA FFI targets (few_rows.cc), the float32 ones and their bfloat16 twins (the
 # target's name plus "_bf16").
@@ -25,9 +26,11 @@ PRODUCT_TARGET = "specjax_few_rows"
 ATTENTION_TARGET = "specjax_few_query_attention"
 INT8_TARGET = PRODUCT_TARGET + "_q8"
 Q8_0_TARGET = PRODUCT_TARGET + "_q8_0"
+Q8_0_TILES_TARGET = Q8_0_TARGET + "_tiles"
 ROPE_TARGET = "specjax_rope"
 ROPE_TABLES_TARGET = "specjax_rope_tables"
-TARGETS = (PRODUCT_TARGET, PRODUCT_TARGET + "_bf16", INT8_TARGET, Q8_0_TARGET, ATTENTION_TARGET,
+TARGETS = (PRODUCT_TARGET, PRODUCT_TARGET + "_bf16", INT8_TARGET, Q8_0_TARGET, Q8_0_TILES_TARGET,
+           ATTENTION_TARGET,
            ATTENTION_TARGET + "_bf16", ROPE_TARGET, ROPE_TABLES_TARGET)
 
 
@@ -79,6 +82,15 @@ def product_q8_0(x: jax.Array, values: jax.Array, scales: jax.Array, layer=0) ->
         x, values, scales, _index(layer))
 
 
+def product_q8_0_tiles(x: jax.Array, tiles: jax.Array, layer=0) -> jax.Array:
+    """`product_q8_0` on the weights in the kernel's order (`quant.pack_tiles`): x [T, I]
+    float32, tiles [(L,) O / 16, I / 32 * 544] int8 (with L, layer `layer`) -> [T, O] float32,
+    the same bits; the weights are streamed as they lie (not differentiable)."""
+    out = jax.ShapeDtypeStruct((x.shape[0], tiles.shape[-2] * 16), jnp.float32)
+    return jax.ffi.ffi_call(Q8_0_TILES_TARGET, out, vmap_method="sequential")(
+        x, tiles, _index(layer))
+
+
 def few_query_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
                         limit: jax.Array, layer=0) -> jax.Array:
     """The few-query attention kernel: grouped-query attention of q [B, T, N, H] to a cache's
@@ -116,4 +128,5 @@ def rope(q: jax.Array, k: jax.Array, tables: jax.Array) -> tuple[jax.Array, jax.
 
 
 KERNELS = Kernels(product=product, product_int8=product_int8, product_q8_0=product_q8_0,
+                  product_q8_0_tiles=product_q8_0_tiles,
                   attention=few_query_attention, rope_tables=rope_tables, rope=rope)

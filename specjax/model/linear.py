@@ -219,9 +219,11 @@ def _linear_q8_0(x, w: Q8_0Weight, out_dtype, stacked, kernels):
         return q8_0_law(*quantize_rows(x, w.block), values, scales)
     if math.prod(lead) in FEW_ROWS and _kernels_apply(kernels, dtype):
         whole, layer = in_place(w, stacked)
-        product_q8_0 = kernels.product_q8_0
+        product_q8_0, product_tiles = kernels.product_q8_0, kernels.product_q8_0_tiles
 
         def kernel(x, values, scales, whole, layer):
+            if whole.tiles is not None:      # the weights in the kernel's order: streamed
+                return product_tiles(x, whole.tiles, layer)
             return product_q8_0(x, whole.values, whole.scales, layer)
         y = lax.platform_dependent(x, values, scales, whole, layer, cpu=kernel, default=law)
     else:

@@ -38,8 +38,9 @@ import numpy as np
 
 from specjax.model.config import EIGHT_BIT
 
-__all__ = ["BLOCK", "EIGHT_BIT", "MATRICES", "Int8Weight", "Q8_0Weight", "as_dtype", "convert",
-           "dequantize", "quantize", "quantize_params", "quantize_rows", "rows", "unfused"]
+__all__ = ["BLOCK", "EIGHT_BIT", "MATRICES", "TILE", "TILE_BYTES", "Int8Weight", "Q8_0Weight",
+           "as_dtype", "convert", "dequantize", "pack_tiles", "quantize", "quantize_params",
+           "quantize_rows", "rows", "unfused"]
 
 BLOCK = 32
 # Parameters whose last two axes are inputs (the rest: only the last).
@@ -93,7 +94,57 @@ class Q8_0Weight(Int8Weight):
     with it quantises the activations too, per row and per block of the weights' B inputs
     (`quantize_rows`), and sums integers: llama.cpp's Q8_0 x Q8_0 (`specjax.model.linear`,
     `linear`'s law for it). A different model from "int8", which multiplies float32 activations
-    by the dequantised weights."""
+    by the dequantised weights.
+
+    `tiles`: the same weights again in the few-row kernel's order (`pack_tiles`), made with
+    the matrix where its shape allows (blocks of 32, outputs in whole tiles of 16), else None.
+    The kernel streams them as they lie; XLA's law and row look-ups read `values` and
+    `scales`. They double the matrix's bytes in memory, not the bytes a step reads."""
+    tiles: jax.Array | None = None
+
+    def reshape(self, *shape) -> "Q8_0Weight":
+        """As `Int8Weight.reshape`; the tiles follow where the outputs keep whole tiles of 16
+        and each row its blocks (the model's flat products, `transformer._flat`), else None."""
+        out = Int8Weight.reshape(self, *shape)
+        tiles = self.tiles
+        outer = out.scales.shape[:-1]
+        if tiles is not None:
+            same_rows = (out.scales.shape[-1] * TILE_BYTES == tiles.shape[-1]
+                         and outer and outer[-1] % TILE == 0)
+            tiles = (tiles.reshape(*outer[:-1], outer[-1] // TILE, tiles.shape[-1])
+                     if same_rows else None)
+        return dataclasses.replace(out, tiles=tiles)
+
+
+# The kernel's order of a q8_0 matrix (`pack_tiles`): TILE outputs at a time, and for each
+# block of 32 inputs TILE_BYTES bytes, its 512 values then its 16 float16 scales.
+TILE = 16
+TILE_BYTES = TILE * BLOCK + TILE * 2
+
+
+def pack_tiles(values: jax.Array, scales: jax.Array) -> jax.Array | None:
+    """A q8_0 matrix's values [O..., I'] and scales [O..., I' / 32] in the order the few-row
+    kernel reads them (`Kernels.product_q8_0_tiles`, few_rows.cc): for each TILE = 16
+    consecutive outputs (of the last output axis), block by block of 32 inputs, the block's
+    values as 8 groups of 4 inputs, each group for the 16 outputs in turn (so one 64-byte
+    vector holds one group for all 16: what VPDPBUSD multiplies, and an AMX tile's rows), each
+    value's sign bit flipped (value + 128, an unsigned byte: VPDPBUSD's unsigned operand), then
+    the 16 outputs' float16 scales of the block. -> int8 [O...[:-1], O_last / 16, blocks *
+    TILE_BYTES], or None where the matrix has other blocks or its outputs do not split into
+    tiles. One contiguous stream a tile: a step reads each weight's byte once, in order."""
+    outer, blocks = scales.shape[:-1], scales.shape[-1]
+    inputs = int(np.prod(values.shape[len(outer):]))
+    if not outer or outer[-1] % TILE or inputs != blocks * BLOCK:
+        return None
+    lead, tiles = outer[:-1], outer[-1] // TILE
+    v = jnp.asarray(values).reshape(*lead, tiles, TILE, blocks, BLOCK // 4, 4)
+    v = jnp.moveaxis(v, -4, -2)                    # [..., tiles, blocks, groups, TILE, 4]
+    v = v ^ jnp.int8(-128)                          # the sign bit flipped: value + 128
+    s = jnp.asarray(scales, jnp.float16).reshape(*lead, tiles, TILE, blocks)
+    s = jax.lax.bitcast_convert_type(jnp.moveaxis(s, -2, -1), jnp.int8)   # [.., blocks, 16, 2]
+    block = jnp.concatenate([v.reshape(*lead, tiles, blocks, -1),
+                             s.reshape(*lead, tiles, blocks, -1)], axis=-1)
+    return block.reshape(*lead, tiles, blocks * TILE_BYTES)
 
 
 def quantize(w, input_axes: int = 1) -> Int8Weight:
@@ -170,8 +221,10 @@ def quantize_params(params: dict) -> dict:
 def as_dtype(w: Int8Weight, dtype: str) -> Int8Weight:
     """The same values and scales as the 8-bit dtype `dtype`'s matrix ("int8": `Int8Weight`,
     "q8_0": `Q8_0Weight`)."""
-    kind = Q8_0Weight if dtype == "q8_0" else Int8Weight
-    return w if type(w) is kind else kind(w.values, w.scales)
+    if dtype == "q8_0":
+        return w if type(w) is Q8_0Weight else Q8_0Weight(w.values, w.scales,
+                                                           pack_tiles(w.values, w.scales))
+    return w if type(w) is Int8Weight else Int8Weight(w.values, w.scales)
 
 
 def convert(tree, dtype: str, matrices=MATRICES):

@@ -312,10 +312,10 @@ kernels.FLAGS = kernels.FLAGS + ("-mno-avx512f", "-mno-f16c")
 assert kernels.load(cache_dir=sys.argv[1])
 from specjax.kernels import ffi as L
 from specjax.model.linear import q8_0_law
-from specjax.model.quant import dequantize, quantize, quantize_rows
+from specjax.model.quant import dequantize, pack_tiles, quantize, quantize_rows
 rng = np.random.default_rng(0)
 bad = []
-for O, I in ((37, 64), (5, 577), (64, 48), (3, 24)):
+for O, I in ((37, 64), (5, 577), (64, 48), (3, 24), (32, 96)):
     x = rng.standard_normal((32, I)).astype(np.float32)
     w = rng.standard_normal((O, I)).astype(np.float32)
     wb, q = jnp.asarray(w, jnp.bfloat16), quantize(w)
@@ -324,10 +324,15 @@ for O, I in ((37, 64), (5, 577), (64, 48), (3, 24)):
         forms["int8"] = (L.product_int8, (q.values, q.scales))
     full = {k: np.asarray(jax.jit(f)(x, *a)) for k, (f, a) in forms.items()}
     law = jax.jit(lambda x: q8_0_law(*quantize_rows(x, q.block), q.values, q.scales))
-    for rows in (1, 2, 17, 32):          # q8_0: the kernel's portable path is the law
+    tiles = pack_tiles(q.values, q.scales)
+    for rows in (1, 2, 17, 32):          # q8_0: the kernel's portable paths are the law
         if not np.array_equal(np.asarray(jax.jit(L.product_q8_0)(x[:rows], q.values, q.scales)),
                               np.asarray(law(x[:rows]))):
             bad.append(["q8_0", O, I, rows])
+        if tiles is not None and not np.array_equal(
+                np.asarray(jax.jit(L.product_q8_0_tiles)(x[:rows], tiles)),
+                np.asarray(law(x[:rows]))):
+            bad.append(["q8_0 tiles", O, I, rows])
     for rows in (1, 2, 3, 5, 6, 9, 17):
         for k, (f, a) in forms.items():
             if not np.array_equal(np.asarray(jax.jit(f)(x[:rows], *a)), full[k][:rows]):

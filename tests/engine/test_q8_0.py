@@ -7,8 +7,9 @@ reference code, written from its description, not from specjax's: `quantize_row_
 (scale = max |x| / 127, value = round(x * (1 / scale)) half away from zero, the scale stored as
 float16) and the generic `ggml_vec_dot_q8_0_q8_0` (`sumf += sumi * (d_w * d_x)` block by block,
 each operation rounded on its own; NumPy fuses nothing). Every path must give its bits exactly:
-the kernel for 1 to 32 rows (a VNNI tile path for 16 outputs at a time and a per-output path
-for the rest), XLA's law past 32 rows and with the kernels off.
+the kernel for 1 to 32 rows (on weights packed in its order when they load, `quant.pack_tiles`;
+else a VNNI tile path for 16 outputs at a time and a per-output path for the rest), XLA's law
+past 32 rows and with the kernels off.
 
 Negative controls: the same comparison tells apart an fma in the accumulation (one rounding
 less per block) and the weight-only int8 product, so exact equality here is not vacuous.
@@ -135,3 +136,41 @@ def test_q8_0_is_its_own_dtype_and_keeps_its_weights_type_through_reshapes_and_h
     assert type(tree["wq"]) is quant.Q8_0Weight
     assert type(quant.convert(tree, "int8")["wq"]) is quant.Int8Weight
     np.testing.assert_array_equal(quant.convert(tree, "int8")["wq"].values, tree["wq"].values)
+
+
+def test_packed_tiles_hold_the_weights_in_the_kernels_order_and_give_the_laws_bits():
+    from specjax.kernels import ffi
+    w = weights(48, 96, seed=5)
+    tiles = np.asarray(w.tiles)
+    assert tiles.shape == (3, 3 * quant.TILE_BYTES)
+    # The layout, read by hand: output 16 + 5, input 32 + 4 * 3 + 2 is tile 1, block 1, group 3,
+    # lane 5, byte 2, its sign bit flipped; its scale, lane 5 of the block's float16s.
+    block = tiles[1, quant.TILE_BYTES:2 * quant.TILE_BYTES]
+    assert (int(block[3 * 64 + 5 * 4 + 2]) ^ -128) == np.asarray(w.values)[21, 46]
+    assert block[512:].view(np.float16)[5] == np.asarray(w.scales)[21, 1]
+    rng = np.random.default_rng(6)
+    for rows in (1, 2, 5, 8, 9, 16, 17, 32):
+        x = (rng.standard_normal((rows, 96)) * 4).astype(np.float32)
+        xq, dx = ggml_quantize(x, 32)
+        want = ggml_dot(xq, dx, np.asarray(w.values), np.asarray(w.scales))
+        packed = jax.jit(ffi.product_q8_0_tiles)(jnp.asarray(x), w.tiles)
+        unpacked = jax.jit(ffi.product_q8_0)(jnp.asarray(x), w.values, w.scales)
+        np.testing.assert_array_equal(np.asarray(packed), want, err_msg=f"{rows} rows, packed")
+        np.testing.assert_array_equal(np.asarray(unpacked), want, err_msg=f"{rows} rows")
+
+
+def test_tiles_follow_the_models_reshapes_or_are_none_where_the_shape_has_no_tiles():
+    tree = quant.convert({"wq": np.ones((2, 3, 64, 96), np.float32),      # [L, N, H, D]
+                          "wo": np.ones((2, 96, 3, 64), np.float32)}, "q8_0")
+    flat_q = tree["wq"].reshape(2, 192, 96)
+    flat_o = tree["wo"].reshape(2, 96, 192)
+    assert flat_q.tiles.shape == (2, 12, 3 * quant.TILE_BYTES)
+    assert flat_o.tiles.shape == (2, 6, 6 * quant.TILE_BYTES)
+    for flat in (flat_q, flat_o):       # the stack's tiles are each layer's own, packed
+        for layer in range(2):
+            own = quant.pack_tiles(flat.values[layer], flat.scales[layer])
+            np.testing.assert_array_equal(np.asarray(flat.tiles[layer]), np.asarray(own))
+    assert weights(37, 96, seed=1).tiles is None          # outputs not in tiles of 16
+    assert weights(48, 40, seed=1).tiles is None          # a block of 40 inputs
+    assert tree["wq"].reshape(2, 3, 64, 3, 32).tiles is None   # rows of one block
+    assert quant.as_dtype(flat_q, "int8").__class__ is quant.Int8Weight
