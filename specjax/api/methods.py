@@ -41,6 +41,13 @@ from specjax.sampling.tree import DynamicTree, Tree
 # The drafts a step verifies when k is not given (a DFlash drafter's block sets its own).
 DEFAULT_K = 4
 
+# EAGLE's tree when neither a tree nor k is given, by the target's dtype, where it was measured
+# to beat the drafter's own: in the dtypes whose one-token step is fast, a verify call on the
+# drafter's 8-node tree costs more than its extra tokens win, and a chain of 2 pays
+# (docs/benchmarks.md, "Defaults by dtype"). The other dtypes run the drafter's own tree. The
+# method holds it, so `Eagle(drafter)` and `generate --method eagle` run the same.
+EAGLE_TREES = {"bfloat16": Tree.chain(2), "int8": Tree.chain(2), "q8_0": Tree.chain(2)}
+
 
 @dataclasses.dataclass(frozen=True)
 class Bound:
@@ -254,23 +261,25 @@ class Medusa(Method):
 
 @dataclasses.dataclass(frozen=True)
 class Eagle(Method):
-    """An EAGLE drafter (EAGLE-1, -2 or -3) drafts on the target's states: its own static
-    `tree` unless one is given (its sampled default when a row samples), a chain of k for a
-    drafter that ships none, or EAGLE-2's `DynamicTree`; it runs in `drafter_dtype`."""
+    """An EAGLE drafter (EAGLE-1, -2 or -3) drafts on the target's states: the `tree` given, or
+    a chain of the `k` given; else its sampled default when a row samples, the target dtype's
+    measured tree (`EAGLE_TREES`), its own static tree, or a chain of `DEFAULT_K` for a drafter
+    that ships none. EAGLE-2's `DynamicTree` is a tree too. It runs in `drafter_dtype`."""
     spec: ClassVar = EagleSpec
     loads: ClassVar = "drafter"
     what: ClassVar = "an EAGLE drafter"
     own_tree: ClassVar = True
 
     drafter: eagle.Drafter
-    k: int = DEFAULT_K
+    k: int | None = None
     tree: Any = None
     candidates: str | None = None
     drafter_dtype: str | None = None
 
     def __post_init__(self):
         self._check_loads()
-        check_int("k", self.k, 1)
+        if self.k is not None:
+            check_int("k", self.k, 1)
         self._set(tree=tree_of(self.name, self.tree, self.candidates, tree_needed=False))
         if self.tree is not None:
             check_proposes(self.tree, self.drafter.name, self.drafter.config.subset_size)
@@ -281,16 +290,21 @@ class Eagle(Method):
         check_taps(self.drafter, target)
         # The given tree, else the drafter's own (its sampled one when a row samples), which its
         # file brought: checked here, after what the target allows.
-        tree = _first(self.tree, None if greedy else self.drafter.sampled_tree,
-                      self.drafter.tree, Tree.chain(self.k))
+        k = DEFAULT_K if self.k is None else self.k
+        if self.k is not None:
+            tree = _first(self.tree, Tree.chain(k))
+        else:
+            tree = _first(self.tree, None if greedy else self.drafter.sampled_tree,
+                          EAGLE_TREES.get(target.config.dtype), self.drafter.tree,
+                          Tree.chain(k))
         candidates = _scheme(tree, target, greedy, self.candidates)
         if self.tree is None:
             check_proposes(tree, self.drafter.name, self.drafter.config.subset_size)
         drafter = eagle.with_dtype(eagle.resolve_taps(self.drafter, target.config),
                                    drafter_dtype(self.drafter_dtype, target, mesh))
-        return Bound(EagleSpec(k=_chain(tree, self.k), tree=tree, candidates=candidates,
+        return Bound(EagleSpec(k=_chain(tree, k), tree=tree, candidates=candidates,
                                drafter_config=drafter.config),
-                     weights=eagle.runtime_weights(drafter, target), room=_chain(tree, self.k))
+                     weights=eagle.runtime_weights(drafter, target), room=_chain(tree, k))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,7 @@ import jax
 import jaxlib
 import numpy
 
+from specjax import kernels
 from specjax.api.checks import encode_prompts
 from specjax.io import chat
 from specjax.mesh import plan
@@ -188,8 +189,9 @@ def fmt(value, spec: str = ".2f", suffix: str = "") -> str:
 
 def machine(peers) -> dict:
     """What results.json records of the machine: platform, CPU, cores and usable threads, the
-    versions of Python, jax, jaxlib, numpy, torch, transformers and xllamacpp, the JAX device, and the
-    threads and the device torch was given (`peers`, a specjax.bench.peers.Peers or None)."""
+    versions of Python, jax, jaxlib, numpy, torch, transformers and xllamacpp, the JAX device, the
+    kernels' instruction paths by dtype (`specjax.kernels.paths`), and the threads and the device
+    torch was given (`peers`, a specjax.bench.peers.Peers or None)."""
     device = jax.devices()[0]
     return {"platform": platform.platform(), "python": platform.python_version(),
             "cpu_model": _cpu_model(), "processor": platform.processor() or platform.machine(),
@@ -199,6 +201,7 @@ def machine(peers) -> dict:
             "transformers_version": _version("transformers"),
             "xllamacpp_version": _version("xllamacpp"),
             "backend": jax.default_backend(), "device": f"{device.platform} ({device.device_kind})",
+            "kernel_paths": kernels.paths(),
             "torch_threads": peers.threads if peers else None,
             "torch_device": peers.device if peers else None}
 

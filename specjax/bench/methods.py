@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from specjax.api.methods import EAGLE_TREES
 from specjax.model.config import DTYPES
-from specjax.sampling.tree import Tree
 
 # The other engines that run the same method, which the bench times beside ours.
 PEERS = {"autoregressive": ("transformers", "llama.cpp"), "speculative": ("transformers",),
@@ -36,19 +36,22 @@ _ISSUE_83 = ("issue 83's table, Xeon (Sapphire Rapids class), two prompts: EAGLE
 DEFAULTS = {
     "speculative": {"float32": Measured((("k_schedule", "confidence"),), _ISSUE_74)},
     "ngram": {"float32": Measured((("k", 2),), _ISSUE_74)},
+    # The method's own choice (`api.methods.EAGLE_TREES`, which `Eagle` runs when given no tree
+    # or k), here with where it was measured.
     "eagle": {
         # The tree its drafter ships (dynamic 4,4,8 greedy, a chain of 2 sampled).
         "float32": Measured((), "docs/benchmarks.md, EAGLE-2's trees chosen again (float32)"),
-        "bfloat16": Measured((("tree", Tree.chain(2)),),
+        "bfloat16": Measured((("tree", EAGLE_TREES["bfloat16"]),),
                              _ISSUE_83 + " (tokens/s: autoregressive 59.5, tree 54.8, chain 70.7)"),
-        "int8": Measured((("tree", Tree.chain(2)),),
+        "int8": Measured((("tree", EAGLE_TREES["int8"]),),
                          _ISSUE_83 + " (84.4, 64.9, 100.5); bench/smollm2-llamacpp-int8 (Zen 4): "
                          "tree 0.76x, chain of 2 1.09x"),
-        # On the Zen 4 host the two are within the noise (bench/smollm2-llamacpp-q8_0: tree
-        # 1.35x, spread 21.7%; chain of 2 1.31x); on the Xeon the chain wins by 38%.
-        "q8_0": Measured((("tree", Tree.chain(2)),),
-                         _ISSUE_83 + " (76.3, 70.8, 98.0); bench/smollm2-llamacpp-q8_0 (Zen 4): "
-                         "a tie"),
+        # With the packed q8_0 kernel (issue 92) on the Xeon: tree 1.04x, chain of 2 1.20x
+        # (bench/smollm2-q8_0-packed); before it, on the Zen 4 host, a tie
+        # (bench/smollm2-llamacpp-q8_0: tree 1.35x, spread 21.7%; chain of 2 1.31x).
+        "q8_0": Measured((("tree", EAGLE_TREES["q8_0"]),),
+                         _ISSUE_83 + " (76.3, 70.8, 98.0); bench/smollm2-q8_0-packed (Xeon): "
+                         "tree 1.04x, chain of 2 1.20x"),
     },
 }
 

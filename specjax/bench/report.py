@@ -260,6 +260,8 @@ def _header(results: dict, heading: bool) -> list[str]:
               "",
               f"Machine: {m['cpu_model']}, {m['cpu_count']} cores ({m['threads']} usable), "
               f"{m['platform']}; Python {m['python']}, {versions}; jax on {m['device']}"
+              + (f"; kernels: {', '.join(f'{k} {v}' for k, v in m['kernel_paths'].items())}"
+                 if m.get("kernel_paths") else "")
               + (f", torch on {m['torch_device']}" if m.get("torch_device") else "")
               + f"; {results['created']}.", ""]
     return lines

@@ -43,7 +43,7 @@ from specjax.io.fetch import cache_root
 from specjax.kernels import ffi
 from specjax.model.linear import Kernels
 
-__all__ = ["BuildError", "SOURCE", "build", "build_key", "ensure", "load", "plugin"]
+__all__ = ["BuildError", "SOURCE", "build", "build_key", "ensure", "load", "paths", "plugin"]
 
 SOURCE = Path(__file__).with_name("few_rows.cc")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-fPIC", "-shared")
@@ -115,6 +115,7 @@ def load(cache_dir: Path | None = None) -> bool:
         return False
     try:
         library = ctypes.cdll.LoadLibrary(str(build(cache_dir)))
+        _loaded.append(library)
         for target in ffi.TARGETS:
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)),
                                         platform="cpu")
@@ -124,6 +125,26 @@ def load(cache_dir: Path | None = None) -> bool:
                       stacklevel=2)
         return False
     return True
+
+
+# The library `load` registered (the last one, if it was called more than once).
+_loaded: list = []
+
+
+def paths() -> dict[str, str]:
+    """Which instructions the built kernels multiply with, by dtype, as this CPU's build chose
+    them (-march=native): bfloat16 "avx512-bf16" (VDPBF16PS pairs) or "widened"; q8_0
+    "avx512-vnni" (VPDPBUSD on packed weights) or "portable". {} before `ensure()` succeeds.
+    `bench` records it with the machine."""
+    if not ensure() or not _loaded:
+        return {}
+    library = _loaded[-1]
+    named = {}
+    for dtype, symbol in (("bfloat16", "specjax_bf16_path"), ("q8_0", "specjax_q8_0_path")):
+        function = getattr(library, symbol)
+        function.restype = ctypes.c_char_p
+        named[dtype] = function().decode()
+    return named
 
 
 @functools.cache

@@ -269,11 +269,53 @@ static void block(const float* x, Q8Rows w, float* y, int64_t n_in, int64_t n_ou
     for (int t = 0; t < cols; ++t) y[t * n_out + r] = sum_lanes(acc[r][t]);
 }
 
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+// bfloat16 weights times bfloat16 activations, in pairs: VDPBF16PS multiplies 16 pairs of
+// bfloat16s (inputs 2l and 2l + 1 of a chunk of 32, in lane l) and adds both products to the
+// lane's float32 sum, with no widening and twice the products of an fma an instruction. Its
+// arithmetic is the instruction's own (each bfloat16 product is exact in float32; the two adds
+// round to nearest even; denormal inputs read as zero and denormal sums flush to zero), then
+// the lanes are summed in the fixed order and the tail (I mod 32) added by fmas on the
+// widened values, as `block` does: the same operations for every (o, t) whatever T, so a row's
+// bits do not depend on the call's width.
+constexpr bool kBf16Pairs = true;
+
+template <int rows, int cols>
+static void block(const bf16* x, const bf16* w, float* y, int64_t n_in, int64_t n_out) {
+  __m512 acc[rows][cols];
+  for (int r = 0; r < rows; ++r)
+    for (int t = 0; t < cols; ++t) acc[r][t] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n_in; i += 32) {
+    __m512bh wv[rows];
+    for (int r = 0; r < rows; ++r) {
+      wv[r] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + r * n_in + i));
+      __builtin_prefetch(w + r * n_in + i + kPrefetch<bf16>);
+    }
+    for (int t = 0; t < cols; ++t) {
+      __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + t * n_in + i));
+      asm volatile("" : "+v"(xv));       // held in a register (`keep_in_register`)
+      for (int r = 0; r < rows; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv[r], xv);
+    }
+  }
+  for (int r = 0; r < rows; ++r)
+    for (int t = 0; t < cols; ++t) {
+      float s = sum_lanes(reinterpret_cast<Vec>(acc[r][t]));
+      for (int64_t j = i; j < n_in; ++j)
+        s = std::fma(to_float(w[r * n_in + j]), to_float(x[t * n_in + j]), s);
+      y[t * n_out + r] = s;
+    }
+}
+#else
+constexpr bool kBf16Pairs = false;
+#endif
+
 // The last `left` rows of x (fewer than TB) against `rows` rows of w: block<rows, left>. Here and
 // below W is how the rows of w are reached: a pointer to float32 or bfloat16 values, or Q8Rows;
-// `w + k` is w from its k-th value on (k a whole number of rows).
-template <int rows, int cols = TB - 1, typename W>
-static void block_rest(int64_t left, const float* x, W w, float* y, int64_t n_in,
+// `w + k` is w from its k-th value on (k a whole number of rows). X is x's type: float32, or
+// bfloat16 for the bfloat16-pair products (`block` on two bfloat16 operands, below).
+template <int rows, int cols = TB - 1, typename X, typename W>
+static void block_rest(int64_t left, const X* x, W w, float* y, int64_t n_in,
                        int64_t n_out) {
   if constexpr (cols > 0) {
     if (left == cols) return block<rows, cols>(x, w, y, n_in, n_out);
@@ -282,8 +324,8 @@ static void block_rest(int64_t left, const float* x, W w, float* y, int64_t n_in
 }
 
 // Every row of x (T of them) against `rows` rows of w, TB rows of x at a time.
-template <int rows, typename W>
-static void block_all_x(const float* x, W w, float* y, int64_t T, int64_t n_in,
+template <int rows, typename X, typename W>
+static void block_all_x(const X* x, W w, float* y, int64_t T, int64_t n_in,
                         int64_t n_out) {
   int64_t t = 0;
   for (; t + TB <= T; t += TB) block<rows, TB>(x + t * n_in, w, y + t * n_out, n_in, n_out);
@@ -291,8 +333,8 @@ static void block_all_x(const float* x, W w, float* y, int64_t T, int64_t n_in,
 }
 
 // Outputs [o0, o1) of every row.
-template <typename W>
-static void span(const float* x, W w, float* y, int64_t T, int64_t n_in,
+template <typename X, typename W>
+static void span(const X* x, W w, float* y, int64_t T, int64_t n_in,
                  int64_t n_out, int64_t o0, int64_t o1) {
   int64_t o = o0;
   for (; o + R <= o1; o += R) block_all_x<R>(x, w + o * n_in, y + o, T, n_in, n_out);
@@ -407,6 +449,51 @@ static ffi::Error FewRows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
 
 SPECJAX_FEW_ROWS(specjax_few_rows, float)
 SPECJAX_FEW_ROWS(specjax_few_rows_bf16, bf16)
+
+// bfloat16 weights times bfloat16 activations: the pair products above where the CPU has
+// AVX512_BF16; elsewhere x widened to float32 (exact) and the bfloat16 kernel's law, as before.
+static ffi::Error FewRowsBf16Pairs(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x,
+                                   ffi::Buffer<ffi::BF16> w, ffi::Buffer<ffi::S32> layer,
+                                   ffi::ResultBuffer<ffi::F32> y) {
+  int64_t first, w_dims[2];
+  if (!layer_of(w.dimensions(), 2, layer, &first, w_dims))
+    return ffi::Error::InvalidArgument("w must be [O, I] or [L, O, I] with layer in [0, L)");
+  const int64_t n_out = w_dims[0], n_in = w_dims[1];
+  if (n_in == 0 || x.element_count() % n_in != 0)
+    return ffi::Error::InvalidArgument("x's last axis must be w's I");
+  const bf16* xd = static_cast<const bf16*>(x.untyped_data());
+  const bf16* wd = static_cast<const bf16*>(w.untyped_data()) + first;
+  float* yd = y->typed_data();
+  const int64_t T = x.element_count() / n_in;
+  std::unique_ptr<float[]> widened;
+  if (!kBf16Pairs) {
+    widened.reset(new float[T * n_in]);
+    for (int64_t k = 0; k < T * n_in; ++k) widened[k] = to_float(xd[k]);
+  }
+  const float* xf = widened.get();
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t chunk = std::max<int64_t>(4 * R, (n_out / (8 * threads) + R - 1) / R * R);
+  parallel_for(pool, (n_out + chunk - 1) / chunk, n_out * n_in * int64_t{sizeof(bf16)},
+               [=](int64_t c) {
+    const int64_t o0 = c * chunk, o1 = std::min(n_out, (c + 1) * chunk);
+    if constexpr (kBf16Pairs)
+      span(xd, wd, yd, T, n_in, n_out, o0, o1);
+    else
+      span(xf, wd, yd, T, n_in, n_out, o0, o1);
+  });
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_few_rows_bf16_pairs, FewRowsBf16Pairs,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  /* x [..., I] */
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  /* w [(L,) O, I] */
+                                  .Arg<ffi::Buffer<ffi::S32>>()   /* layer [] */
+                                  .Ret<ffi::Buffer<ffi::F32>>()); /* y [..., O] */
+
+// The name of the bfloat16 product's instruction path (`specjax.kernels.paths`).
+extern "C" const char* specjax_bf16_path() { return kBf16Pairs ? "avx512-bf16" : "widened"; }
 
 // The product with 8-bit weights: values [O, I] int8, scales [O, I / block] float16.
 // The two 8-bit operands of one layer (`layer_of`): values [O, I] and scales [O, I / block].
@@ -526,6 +613,35 @@ static inline uint16_t float_to_half(float f) {
 static void quantize_rows(const float* x, int64_t T, int64_t n_in, int64_t block, int8_t* xq,
                           int32_t* bias, float* dx) {
   const int64_t blocks = n_in / block;
+#if defined(__AVX512F__)
+  // Blocks of 32 as two vectors, by the same operations: the maximum is exact in any order,
+  // the multiply is rounded once as below, the truncation is the cast's, the rest exact.
+  if (block == 32) {
+    for (int64_t k = 0; k < T * blocks; ++k) {
+      const float* xb = x + k * 32;
+      const __m512 lo = _mm512_loadu_ps(xb), hi = _mm512_loadu_ps(xb + 16);
+      const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+      const float scale = top / 127.0f;
+      const __m512 inverse = _mm512_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
+      __m512i sum = _mm512_setzero_si512();
+      for (int half = 0; half < 2; ++half) {
+        const __m512 v = _mm512_mul_ps(half ? hi : lo, inverse);
+        __m512i whole = _mm512_cvttps_epi32(v);                         // toward zero
+        const __m512 rest = _mm512_sub_ps(v, _mm512_cvtepi32_ps(whole));
+        const __mmask16 up = _mm512_cmp_ps_mask(rest, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+        const __mmask16 down = _mm512_cmp_ps_mask(rest, _mm512_set1_ps(-0.5f), _CMP_LE_OQ);
+        whole = _mm512_mask_add_epi32(whole, up, whole, _mm512_set1_epi32(1));
+        whole = _mm512_mask_sub_epi32(whole, down, whole, _mm512_set1_epi32(1));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + k * 32 + 16 * half),
+                         _mm512_cvtepi32_epi8(whole));
+        sum = _mm512_add_epi32(sum, whole);
+      }
+      bias[k] = 128 * _mm512_reduce_add_epi32(sum);
+      dx[k] = half_to_float(float_to_half(scale));
+    }
+    return;
+  }
+#endif
   for (int64_t k = 0; k < T * blocks; ++k) {
     const float* xb = x + k * block;
     float top = 0.0f;
@@ -848,7 +964,10 @@ static void q8_0_packed_rows(const int8_t* xq, const int32_t* bias, const float*
 
 // Rows handled together against a tile, at most: 8 weight vectors, a scale vector, the rows'
 // accumulators and a few temporaries stay within AVX-512's 32 registers.
-constexpr int kPackedRows = 8;
+#ifndef Q80_PACKED_ROWS
+#define Q80_PACKED_ROWS 12
+#endif
+constexpr int kPackedRows = Q80_PACKED_ROWS;
 
 template <int rows = kPackedRows>
 static void q8_0_packed_group(int n, const int8_t* xq, const int32_t* bias, const float* dx,

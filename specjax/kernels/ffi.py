@@ -15,9 +15,9 @@ from jax import lax
 
 from specjax.model.linear import Kernels, layer_of
 
-__all__ = ["ATTENTION_TARGET", "INT8_TARGET", "KERNELS", "PRODUCT_TARGET", "Q8_0_TARGET",
+__all__ = ["ATTENTION_TARGET", "BF16_PAIRS_TARGET", "INT8_TARGET", "KERNELS", "PRODUCT_TARGET", "Q8_0_TARGET",
            "Q8_0_TILES_TARGET", "ROPE_TABLES_TARGET", "ROPE_TARGET", "TARGETS",
-           "few_query_attention", "product", "product_int8", "product_q8_0",
+           "few_query_attention", "product", "product_bf16_pairs", "product_int8", "product_q8_0",
            "product_q8_0_tiles", "rope", "rope_tables"]
 
 # The kernels' XLA FFI targets (few_rows.cc), the float32 ones and their bfloat16 twins (the
@@ -27,9 +27,11 @@ ATTENTION_TARGET = "specjax_few_query_attention"
 INT8_TARGET = PRODUCT_TARGET + "_q8"
 Q8_0_TARGET = PRODUCT_TARGET + "_q8_0"
 Q8_0_TILES_TARGET = Q8_0_TARGET + "_tiles"
+BF16_PAIRS_TARGET = PRODUCT_TARGET + "_bf16_pairs"
 ROPE_TARGET = "specjax_rope"
 ROPE_TABLES_TARGET = "specjax_rope_tables"
-TARGETS = (PRODUCT_TARGET, PRODUCT_TARGET + "_bf16", INT8_TARGET, Q8_0_TARGET, Q8_0_TILES_TARGET,
+TARGETS = (PRODUCT_TARGET, PRODUCT_TARGET + "_bf16", BF16_PAIRS_TARGET, INT8_TARGET, Q8_0_TARGET,
+           Q8_0_TILES_TARGET,
            ATTENTION_TARGET,
            ATTENTION_TARGET + "_bf16", ROPE_TARGET, ROPE_TABLES_TARGET)
 
@@ -61,6 +63,28 @@ def _product_jvp(primals, tangents):
     f32 = jnp.float32
     return product(x, w), (jnp.einsum("...I,OI->...O", dx, w, preferred_element_type=f32)
                            + jnp.einsum("...I,OI->...O", x, dw, preferred_element_type=f32))
+
+
+@jax.custom_jvp
+def product_bf16_pairs(x: jax.Array, w: jax.Array, layer=0) -> jax.Array:
+    """The few-row kernel on bfloat16 activations and weights: x [..., I] bfloat16, w [(L,) O,
+    I] bfloat16 -> [..., O] float32, summed in pairs where the CPU multiplies bfloat16 pairs
+    (AVX512_BF16's VDPBF16PS; `specjax.kernels.paths()` names it), else `product` on x widened
+    (exact), the bfloat16 kernel's law as before. Differentiable: its derivative is XLA's."""
+    out = jax.ShapeDtypeStruct((*x.shape[:-1], w.shape[-2]), jnp.float32)
+    return jax.ffi.ffi_call(BF16_PAIRS_TARGET, out, vmap_method="sequential")(
+        x, w, _index(layer))
+
+
+@product_bf16_pairs.defjvp
+def _product_bf16_pairs_jvp(primals, tangents):
+    (x, w, layer), (dx, dw, _) = primals, tangents
+    if w.ndim == 3:
+        w, dw = layer_of(w, layer), layer_of(dw, layer)
+    f32 = jnp.float32
+    return product_bf16_pairs(x, w), (
+        jnp.einsum("...I,OI->...O", dx, w, preferred_element_type=f32)
+        + jnp.einsum("...I,OI->...O", x, dw, preferred_element_type=f32))
 
 
 def product_int8(x: jax.Array, values: jax.Array, scales: jax.Array, layer=0) -> jax.Array:
@@ -127,6 +151,7 @@ def rope(q: jax.Array, k: jax.Array, tables: jax.Array) -> tuple[jax.Array, jax.
         q.astype(jnp.float32), k.astype(jnp.float32), tables)
 
 
-KERNELS = Kernels(product=product, product_int8=product_int8, product_q8_0=product_q8_0,
+KERNELS = Kernels(product=product, product_bf16_pairs=product_bf16_pairs,
+                  product_int8=product_int8, product_q8_0=product_q8_0,
                   product_q8_0_tiles=product_q8_0_tiles,
                   attention=few_query_attention, rope_tables=rope_tables, rope=rope)

@@ -41,6 +41,9 @@ class Kernels(NamedTuple):
     # (x [R, I] float32, w [(L,) O, I] float32 or bfloat16, layer) -> [R, O] float32, XLA's
     # dot; differentiable.
     product: Callable
+    # (x [R, I] bfloat16, w [(L,) O, I] bfloat16, layer) -> [R, O] float32: the product of two
+    # bfloat16 operands, summed in pairs where the CPU has the instruction; differentiable.
+    product_bf16_pairs: Callable
     # (x [R, I] float32, values [(L,) O, I] int8, scales [(L,) O, I / B] float16, layer) ->
     # [R, O] float32: `product` on the dequantised weights, bit for bit.
     product_int8: Callable

@@ -24,8 +24,12 @@ reads a prompt by its `prefill` argument (`linear`'s, `transformer.hidden_states
 calls of more than 32 rows then take the GEMM whatever their tokens per row.
 
 bfloat16 weights halve the bytes a step reads, where XLA's CPU products on them run far below
-the memory's speed. The kernel widens each weight to float32 as it loads it and sums in
-float32; x is cast to float32 first and the result to the output dtype (`FEW_ROWS`).
+the memory's speed. With bfloat16 activations too (the bfloat16 dtype's model), the kernel
+multiplies bfloat16 pairs where the CPU has the instruction (AVX512_BF16's VDPBF16PS: two exact
+products added to a float32 lane, no widening; `Kernels.product_bf16_pairs`), and elsewhere
+widens each operand to float32 as it loads it and sums in float32, as it does for float32
+activations; the result is cast to the output dtype (`FEW_ROWS`). Either way a row's sums are
+the same operations whatever the call's width.
 
 RoPE of a call on at most 32 tokens is the kernels' too (`rope_uses_kernel`; the reason is in
 `layers.apply_rope`).
@@ -121,10 +125,12 @@ def linear(x: jax.Array, w: jax.Array | Int8Weight, out_dtype=None,
     chunks = kernel_chunks(x.shape, prefill)
     if chunks and _kernels_apply(kernels, x.dtype, w.dtype, out_dtype or x.dtype):
         whole, layer = in_place(w, stacked)
-        product = kernels.product
+        pairs = x.dtype == jnp.bfloat16 and w.dtype == jnp.bfloat16
+        product = kernels.product_bf16_pairs if pairs else kernels.product
 
         def kernel(x, w, whole, layer):
-            y = in_chunks(lambda rows: product(rows.astype(jnp.float32), whole, layer), x, chunks)
+            y = in_chunks(lambda rows: product(rows if pairs else rows.astype(jnp.float32),
+                                               whole, layer), x, chunks)
             return y.astype(out_dtype or x.dtype)
         return lax.platform_dependent(x, w, whole, layer, cpu=kernel,
                                       default=lambda x, w, *_: _dot(x, w, out_dtype))

@@ -145,10 +145,52 @@ def test_bfloat16_weights_give_the_float32_kernels_bits_on_the_widened_weights()
         exact = x[:rows].astype(np.float64) @ np.asarray(w, np.float64).T
         np.testing.assert_allclose(ours, exact, rtol=1e-4, atol=1e-4)
     xb = jnp.asarray(x[:5], jnp.bfloat16)
-    y = jax.jit(on)(xb, w)
+    y = jax.jit(on)(xb, w)                  # bfloat16 activations: the pair product's
     assert y.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(y), np.asarray(
-        product(xb.astype(jnp.float32), w).astype(jnp.bfloat16)))
+        jax.jit(ffi.product_bf16_pairs)(xb, w).astype(jnp.bfloat16)))
+
+
+def vdpbf16ps_product(x, w) -> np.ndarray:
+    """x [T, I] . w [O, I]^T for bfloat16 operands (I a multiple of 32) as AVX512_BF16's
+    VDPBF16PS computes it, written from Intel's description of the instruction: lane l of each
+    chunk of 32 inputs adds the product of inputs 2l + 1, then of inputs 2l, to its float32 sum,
+    each add rounded to nearest even (bfloat16 products are exact in float32; no denormals
+    occur in these data), then the 16 lanes summed in order, as the kernel's other products do."""
+    x, w = np.asarray(x, np.float32), np.asarray(w, np.float32)
+    (t, i), o = x.shape, w.shape[0]
+    lanes = np.zeros((t, o, 16), np.float32)
+    for c in range(0, i, 32):
+        xs, ws = x[:, c:c + 32].reshape(t, 16, 2), w[:, c:c + 32].reshape(o, 16, 2)
+        for k in (1, 0):
+            lanes = lanes + xs[:, None, :, k] * ws[None, :, :, k]     # exact products, one add
+    total = np.zeros((t, o), np.float32)
+    for lane in range(16):
+        total = total + lanes[..., lane]
+    return total
+
+
+def test_bfloat16_pairs_are_the_instructions_arithmetic_or_the_widened_law_and_keep_a_rows_bits():
+    # With bfloat16 activations the kernel multiplies pairs where the CPU has AVX512_BF16
+    # (`kernels.paths()`), else it widens x and takes the bfloat16 kernel's law. Either way a
+    # row's sums do not depend on the call's width (I = 576 + 32: chunks only; 577: a tail).
+    rng = np.random.default_rng(10)
+    for n_in in (608, 577):
+        x = jnp.asarray(rng.standard_normal((32, n_in)), jnp.bfloat16)
+        w = jnp.asarray(rng.standard_normal((70, n_in)), jnp.bfloat16)
+        pairs = jax.jit(ffi.product_bf16_pairs)
+        full = np.asarray(pairs(x, w))
+        for rows in (1, 2, 3, 5, 6, 9, 17):
+            np.testing.assert_array_equal(np.asarray(pairs(x[:rows], w)), full[:rows],
+                                          err_msg=f"I = {n_in}, {rows} rows")
+        widened = np.asarray(jax.jit(ffi.product)(x.astype(jnp.float32), w))
+        if kernels.paths()["bfloat16"] == "avx512-bf16":
+            if n_in % 32 == 0:
+                np.testing.assert_array_equal(full, vdpbf16ps_product(x, w))
+            # The control: the widened law is another order, so it is told apart.
+            assert np.mean(full != widened) > 0.3
+        else:
+            np.testing.assert_array_equal(full, widened)
 
 
 def test_int8_weights_give_the_float32_kernels_bits_on_the_dequantized_weights():
@@ -320,6 +362,11 @@ for O, I in ((37, 64), (5, 577), (64, 48), (3, 24), (32, 96)):
     w = rng.standard_normal((O, I)).astype(np.float32)
     wb, q = jnp.asarray(w, jnp.bfloat16), quantize(w)
     forms = {"f32": (L.product, (w,)), "bf16": (L.product, (wb,))}
+    # bfloat16 activations: without AVX512_BF16, x widened and the bfloat16 kernel's law.
+    xb = jnp.asarray(x, jnp.bfloat16)
+    if not np.array_equal(np.asarray(jax.jit(L.product_bf16_pairs)(xb, wb)),
+                          np.asarray(jax.jit(L.product)(xb.astype(jnp.float32), wb))):
+        bad.append(["bf16 pairs", O, I])
     if I % 16 == 0:
         forms["int8"] = (L.product_int8, (q.values, q.scales))
     full = {k: np.asarray(jax.jit(f)(x, *a)) for k, (f, a) in forms.items()}

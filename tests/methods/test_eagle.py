@@ -26,7 +26,7 @@ from specjax.heads import eagle
 from specjax.heads.eagle import Drafter
 from specjax.io.checkpoint import random_model
 from specjax.io.eagle import save_drafter
-from specjax.model.transformer import hidden_states, tapped_states
+from specjax.model.transformer import hidden_states, in_dtype, tapped_states
 from specjax.sampling.tree import Tree
 from tests.support.tiny import llama_config, pair
 
@@ -94,6 +94,27 @@ def test_a_sampled_default_tree_round_trips_and_serves_sampled_calls(target, tmp
                       sampling=specjax.SamplingParams(temperature=[0.0, 1.0]), max_new_tokens=6,
                       seed=2)
     assert result.stats.tree_size == 2
+
+
+def test_without_a_tree_or_k_eagle_runs_its_dtypes_measured_tree_in_the_api_as_on_the_cli(target):
+    """`api.methods.EAGLE_TREES` (issue 92): `Eagle(drafter)` on a target in a dtype with a
+    measured tree runs it (a chain of 2 in bfloat16, int8 and q8_0), the drafter's own tree in
+    float32; a tree or k given wins; the command line's measured default is the same table."""
+    from specjax.api.methods import EAGLE_TREES
+    from specjax.bench.methods import measured_default
+    drafter = random_drafter(target, tree=Tree.full((2, 2)))
+
+    def spec_tree(model, **given):
+        return prepare(model, [[1, 2, 3]], specjax.Eagle(drafter, **given),
+                       specjax.SamplingParams(temperature=0.0),
+                       max_new_tokens=4).spec.method.tree
+    assert spec_tree(target) == Tree.full((2, 2))
+    for dtype in ("bfloat16", "int8", "q8_0"):
+        model = in_dtype(target, dtype)
+        assert spec_tree(model) == EAGLE_TREES[dtype] == Tree.chain(2), dtype
+        assert spec_tree(model, k=3) == Tree.chain(3)
+        assert spec_tree(model, tree=Tree.full((2, 2))) == Tree.full((2, 2))
+        assert measured_default("eagle", dtype) == (("tree", EAGLE_TREES[dtype]),)
 
 
 def test_eagle3_drafter_round_trip_and_its_errors(target, tmp_path):
