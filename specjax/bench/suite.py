@@ -114,7 +114,7 @@ import textwrap
 
 from specjax.api.checks import check_compatible, encode_prompts
 from specjax.api.generate import generate, prepare
-from specjax.api.methods import TYPES, build_shared
+from specjax.api.methods import DEFAULT_K, TYPES, build_shared
 from specjax.bench.common import (
     CONSTANT,
     DYNAMIC_PREFIX,
@@ -353,6 +353,14 @@ def _peer_jobs(p, one_token, ks, settings, peers, llamacpp, llamacpp_others) -> 
     return found
 
 
+def _drafters_tree(drafter, temperature):
+    """The tree an EAGLE drafter ships (its sampled one when sampling), or a chain of
+    `DEFAULT_K` if it ships none: the "drafter's tree" row runs it in every dtype, where
+    `Eagle` left to itself runs the dtype's measured tree (`api.methods.EAGLE_TREES`)."""
+    own = drafter.sampled_tree if temperature > 0 else None
+    return own or drafter.tree or Tree.chain(DEFAULT_K)
+
+
 def _method_schedules(method: str, settings) -> list[str]:
     """The lookahead schedules that apply to `method` among --k-schedules."""
     if method == "speculative":
@@ -368,7 +376,9 @@ def _specjax_job(prompt, settings, model, method, k, draft, tree=None, beside=No
         if method == "medusa":
             extra = dict(heads=beside["heads"])
         elif method == "eagle":          # K: a chain of K; otherwise the row's tree
-            extra = dict(drafter=beside["drafter"], tree=Tree.chain(k) if k else _tree(tree))
+            extra = dict(drafter=beside["drafter"],
+                         tree=Tree.chain(k) if k else _tree(tree) or _drafters_tree(
+                             beside["drafter"], settings["temperature"]))
         elif method == "dflash":         # the first K of the block's drafts
             extra = dict(drafter=beside["block_drafter"], k=k)
         else:

@@ -886,40 +886,6 @@ SPECJAX_EIGHT_BIT_PRODUCT(specjax_few_rows_q8_0, FewRowsQ80)
 
 constexpr int64_t kPackedBlock = 16 * 32 + 16 * 2;
 
-// The value of output `lane` of a packed tile at input i (of the tile's row), and its scale
-// for block b: the layout read element by element (the portable path, and the tests' key).
-static inline int32_t packed_value(const int8_t* tile, int lane, int64_t i) {
-  const int8_t* block = tile + (i / 32) * kPackedBlock;
-  const int64_t within = i % 32;
-  return int32_t{static_cast<int8_t>(block[(within / 4) * 64 + lane * 4 + within % 4] ^ 0x80)};
-}
-
-static inline uint16_t packed_scale(const int8_t* tile, int lane, int64_t b) {
-  uint16_t h;
-  std::memcpy(&h, tile + b * kPackedBlock + 512 + 2 * lane, sizeof h);
-  return h;
-}
-
-// Outputs [o, o + 16) of rows [t0, t1), one by one (any instruction set): the law.
-static void q8_0_packed_portable(const int8_t* xq, const float* dx, const int8_t* tile,
-                                 float* y, int64_t t0, int64_t t1, int64_t o, int64_t n_in,
-                                 int64_t n_out) {
-  const int64_t blocks = n_in / 32;
-  for (int lane = 0; lane < 16; ++lane)
-    for (int64_t t = t0; t < t1; ++t) {
-      float acc = 0.0f;
-      for (int64_t b = 0; b < blocks; ++b) {
-        int32_t sumi = 0;
-        for (int64_t i = b * 32; i < (b + 1) * 32; ++i)
-          sumi += packed_value(tile, lane, i) * int32_t{xq[t * n_in + i]};
-        const float scale = half_to_float(packed_scale(tile, lane, b)) * dx[t * blocks + b];
-        const float term = static_cast<float>(sumi) * scale;
-        acc = acc + term;
-      }
-      y[t * n_out + o + lane] = acc;
-    }
-}
-
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
 // How far ahead of a block's bytes the stream is prefetched.
 #ifndef Q80_PACKED_AHEAD
@@ -998,11 +964,15 @@ constexpr bool kPackedVnni = false;
 
 // The name of the q8_0 product's instruction path, for `bench`'s header
 // (`specjax.kernels.q8_0_path`).
-extern "C" const char* specjax_q8_0_path() { return kPackedVnni ? "avx512-vnni" : "portable"; }
+extern "C" const char* specjax_q8_0_path() { return kPackedVnni ? "avx512-vnni" : "per-output"; }
 
+// Where the CPU has no AVX-512 VNNI, the same product from the weights' values and scales
+// (`FewRowsQ80`'s per-output path): the packed order serves VPDPBUSD alone.
 static ffi::Error FewRowsQ80Tiles(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
-                                  ffi::Buffer<ffi::S8> tiles, ffi::Buffer<ffi::S32> layer,
+                                  ffi::Buffer<ffi::S8> tiles, ffi::Buffer<ffi::S8> values,
+                                  ffi::Buffer<ffi::F16> scales, ffi::Buffer<ffi::S32> layer,
                                   ffi::ResultBuffer<ffi::F32> y) {
+  if (!kPackedVnni) return FewRowsQ80(pool, x, values, scales, layer, y);
   int64_t first, dims[2];
   if (!layer_of(tiles.dimensions(), 2, layer, &first, dims) || dims[1] % kPackedBlock != 0)
     return ffi::Error::InvalidArgument("tiles must be [(L,) O / 16, blocks * 544] with layer "
@@ -1026,16 +996,12 @@ static ffi::Error FewRowsQ80Tiles(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   constexpr int64_t kTilesPerItem = 4;
   const int64_t items = (n_tiles + kTilesPerItem - 1) / kTilesPerItem;
   parallel_for(pool, items, n_tiles * dims[1], [=](int64_t item) {
-    for (int64_t k = item * kTilesPerItem; k < std::min(n_tiles, (item + 1) * kTilesPerItem);
-         ++k) {
-      const int8_t* tile = wd + k * dims[1];
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
-      q8_0_packed_tile(xd, xb, sd, tile, yd, T, k * 16, n_in, n_out);
+    for (int64_t k = item * kTilesPerItem; k < std::min(n_tiles, (item + 1) * kTilesPerItem); ++k)
+      q8_0_packed_tile(xd, xb, sd, wd + k * dims[1], yd, T, k * 16, n_in, n_out);
 #else
-      (void)xb;
-      q8_0_packed_portable(xd, sd, tile, yd, 0, T, k * 16, n_in, n_out);
+    (void)item, (void)xd, (void)xb, (void)sd, (void)wd, (void)yd, (void)n_out;
 #endif
-    }
   });
   return ffi::Error::Success();
 }
@@ -1045,6 +1011,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_few_rows_q8_0_tiles, FewRowsQ80Tiles,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()   /* x [..., I] */
                                   .Arg<ffi::Buffer<ffi::S8>>()    /* tiles [(L,) O/16, X] */
+                                  .Arg<ffi::Buffer<ffi::S8>>()    /* values [(L,) O, I] */
+                                  .Arg<ffi::Buffer<ffi::F16>>()   /* scales [(L,) O, I/32] */
                                   .Arg<ffi::Buffer<ffi::S32>>()   /* layer [] */
                                   .Ret<ffi::Buffer<ffi::F32>>()); /* y [..., O] */
 

@@ -106,13 +106,16 @@ def product_q8_0(x: jax.Array, values: jax.Array, scales: jax.Array, layer=0) ->
         x, values, scales, _index(layer))
 
 
-def product_q8_0_tiles(x: jax.Array, tiles: jax.Array, layer=0) -> jax.Array:
+def product_q8_0_tiles(x: jax.Array, tiles: jax.Array, values: jax.Array, scales: jax.Array,
+                       layer=0) -> jax.Array:
     """`product_q8_0` on the weights in the kernel's order (`quant.pack_tiles`): x [T, I]
     float32, tiles [(L,) O / 16, I / 32 * 544] int8 (with L, layer `layer`) -> [T, O] float32,
-    the same bits; the weights are streamed as they lie (not differentiable)."""
+    the same bits; the weights are streamed as they lie. The same weights' values and scales
+    come too: a CPU without AVX-512 VNNI multiplies from them (`product_q8_0`). Not
+    differentiable."""
     out = jax.ShapeDtypeStruct((x.shape[0], tiles.shape[-2] * 16), jnp.float32)
     return jax.ffi.ffi_call(Q8_0_TILES_TARGET, out, vmap_method="sequential")(
-        x, tiles, _index(layer))
+        x, tiles, values, scales, _index(layer))
 
 
 def few_query_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,

@@ -49,8 +49,9 @@ class Kernels(NamedTuple):
     product_int8: Callable
     # (x [T, I] float32, values, scales, layer) -> [T, O] float32: `q8_0_law` of x quantised.
     product_q8_0: Callable
-    # (x [T, I] float32, tiles [(L,) O / 16, I / 32 * 544] int8, layer) -> [T, O] float32:
-    # `product_q8_0` on the weights in the kernel's order (`quant.pack_tiles`), the same bits.
+    # (x [T, I] float32, tiles [(L,) O / 16, I / 32 * 544] int8, values, scales, layer) ->
+    # [T, O] float32: `product_q8_0` on the weights in the kernel's order
+    # (`quant.pack_tiles`), the same bits.
     product_q8_0_tiles: Callable
     # (q [B, T, N, H], keys [(L,) B, K, H, S], values [(L,) B, K, S, H], mask [B, T, S],
     # limit [B], layer) -> [B, T, N, H]: `layers.attend`, reading no slot at or past limit.

@@ -229,7 +229,7 @@ def _linear_q8_0(x, w: Q8_0Weight, out_dtype, stacked, kernels):
 
         def kernel(x, values, scales, whole, layer):
             if whole.tiles is not None:      # the weights in the kernel's order: streamed
-                return product_tiles(x, whole.tiles, layer)
+                return product_tiles(x, whole.tiles, whole.values, whole.scales, layer)
             return product_q8_0(x, whole.values, whole.scales, layer)
         y = lax.platform_dependent(x, values, scales, whole, layer, cpu=kernel, default=law)
     else:

@@ -377,7 +377,7 @@ for O, I in ((37, 64), (5, 577), (64, 48), (3, 24), (32, 96)):
                               np.asarray(law(x[:rows]))):
             bad.append(["q8_0", O, I, rows])
         if tiles is not None and not np.array_equal(
-                np.asarray(jax.jit(L.product_q8_0_tiles)(x[:rows], tiles)),
+                np.asarray(jax.jit(L.product_q8_0_tiles)(x[:rows], tiles, q.values, q.scales)),
                 np.asarray(law(x[:rows]))):
             bad.append(["q8_0 tiles", O, I, rows])
     for rows in (1, 2, 3, 5, 6, 9, 17):

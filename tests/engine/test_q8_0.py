@@ -153,7 +153,7 @@ def test_packed_tiles_hold_the_weights_in_the_kernels_order_and_give_the_laws_bi
         x = (rng.standard_normal((rows, 96)) * 4).astype(np.float32)
         xq, dx = ggml_quantize(x, 32)
         want = ggml_dot(xq, dx, np.asarray(w.values), np.asarray(w.scales))
-        packed = jax.jit(ffi.product_q8_0_tiles)(jnp.asarray(x), w.tiles)
+        packed = jax.jit(ffi.product_q8_0_tiles)(jnp.asarray(x), w.tiles, w.values, w.scales)
         unpacked = jax.jit(ffi.product_q8_0)(jnp.asarray(x), w.values, w.scales)
         np.testing.assert_array_equal(np.asarray(packed), want, err_msg=f"{rows} rows, packed")
         np.testing.assert_array_equal(np.asarray(unpacked), want, err_msg=f"{rows} rows")
