@@ -149,6 +149,8 @@ def _smollm2_method(name: str, target):
         options[record.loads] = init_block_drafter(base, block_size=8, seed=1, std=0.3)
     elif record.loads:
         options[record.loads] = load(WEIGHTS / getattr(preset, record.loads))
+        if name == "eagle":     # the drafter's own tree in every dtype (`Eagle` left to itself
+            options["tree"] = options[record.loads].tree    # runs a chain in some)
     return build(name, **options)
 
 
