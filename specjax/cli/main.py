@@ -97,10 +97,11 @@ def _flush_quietly() -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specjax", description="GPT-2 / Llama inference in JAX "
-                                     "with exact speculative and n-gram decoding.")
+                                     "with exact speculative decoding: a draft model, n-gram "
+                                     "lookup, Medusa, EAGLE and DFlash.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_generate_arguments(commands.add_parser(
-        "generate", help="generate text with one method or compare all three",
+        "generate", help="generate text with one method or compare all six",
         description=GENERATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter))
     bench.add_arguments(commands.add_parser(
         "bench", help="benchmark the methods on a fixed prompt suite",
@@ -111,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
             help="use XLA's products and attention instead of the CPU kernels (as "
                  f"{KERNELS_ENV}=off does)")
     check.add_arguments(commands.add_parser(
-        "check", help="run the lossless check's catalogue of samplers, print the verdicts",
+        "check", help="run the lossless check's catalogue of samplers, print the verdicts "
+                      "(--identity: greedy identity with and without speculation on SmolLM2)",
         description=check.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter))
     train_cli.add_arguments(commands.add_parser(
         "train", help="train a drafter for a target (needs optax: pip install specjax[train])",

@@ -134,7 +134,8 @@ _loaded: list = []
 def paths() -> dict[str, str]:
     """Which instructions the built kernels multiply with, by dtype, as this CPU's build chose
     them (-march=native): bfloat16 "avx512-bf16" (VDPBF16PS pairs) or "widened"; q8_0
-    "avx512-vnni" (VPDPBUSD on packed weights) or "per-output". {} before `ensure()` succeeds.
+    "avx512-vnni" (VPDPBUSD on packed weights), "avx-vnni" (the same in 256 bits), "avx2"
+    (VPMADDUBSW on packed weights) or "per-output". {} before `ensure()` succeeds.
     `bench` records it with the machine."""
     if not ensure() or not _loaded:
         return {}

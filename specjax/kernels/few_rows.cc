@@ -962,17 +962,120 @@ constexpr bool kPackedVnni = true;
 constexpr bool kPackedVnni = false;
 #endif
 
-// The name of the q8_0 product's instruction path, for `bench`'s header
-// (`specjax.kernels.q8_0_path`).
-extern "C" const char* specjax_q8_0_path() { return kPackedVnni ? "avx512-vnni" : "per-output"; }
+#if !(defined(__AVX512VNNI__) && defined(__AVX512F__)) && defined(__AVX2__)
+// AVX2 hosts: a 256-bit vector holds one group for half a tile (8 outputs), so each half is
+// its own pass. With AVX-VNNI the block sums are VPDPBUSD's as above, in 256 bits. Without it,
+// VPMADDUBSW multiplies unsigned by signed bytes into saturating 16-bit pairs, so the operands
+// are |w| (at most 128) and x with w's sign (x is at most 127 in size, the quantiser's range):
+// a pair's sum is at most 2 * 128 * 127 = 32,512, under the saturation, and VPMADDWD with ones
+// adds the pairs into each output's 4-value group, exactly. Either way the sums are the same
+// integers and the float epilogue the law's, so the bits are the other paths'.
+constexpr bool kPackedAvx2 = true;
 
-// Where the CPU has no AVX-512 VNNI, the same product from the weights' values and scales
-// (`FewRowsQ80`'s per-output path): the packed order serves VPDPBUSD alone.
+// Rows of x a pass holds (8 weight vectors, a scale, the rows' accumulators and temporaries in
+// AVX2's 16 registers).
+constexpr int kAvx2Rows = 4;
+
+template <int rows>
+static void q8_0_packed_half(const int8_t* xq, const int32_t* bias, const float* dx,
+                             const int8_t* tile, float* y, int64_t t0, int64_t o, int half,
+                             int64_t n_in, int64_t n_out) {
+  const int64_t blocks = n_in / 32;
+  const __m256i sign = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256 acc[rows];
+  for (int r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int8_t* p = tile + b * kPackedBlock;
+    __m256i w[8];
+    for (int g = 0; g < 8; ++g)
+      w[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * g + 32 * half));
+#if !defined(__AVXVNNI__)
+    for (int g = 0; g < 8; ++g) w[g] = _mm256_xor_si256(w[g], sign);   // the values again
+    __m256i magnitude[8];
+    for (int g = 0; g < 8; ++g) magnitude[g] = _mm256_abs_epi8(w[g]);
+    const __m256i ones = _mm256_set1_epi16(1);
+#endif
+#if defined(__F16C__)
+    const __m256 scale = _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 512 + 16 * half)));
+#else
+    alignas(32) float scales[8];
+    for (int j = 0; j < 8; ++j) {
+      uint16_t h;
+      std::memcpy(&h, p + 512 + 16 * half + 2 * j, sizeof h);
+      scales[j] = half_to_float(h);
+    }
+    const __m256 scale = _mm256_load_ps(scales);
+#endif
+    for (int r = 0; r < rows; ++r) {
+      const int64_t t = t0 + r;
+      int32_t group[8];
+      std::memcpy(group, xq + t * n_in + b * 32, sizeof group);
+#if defined(__AVXVNNI__)
+      __m256i sum = _mm256_set1_epi32(-bias[t * blocks + b]);
+      for (int g = 0; g < 8; ++g)
+        sum = _mm256_dpbusd_avx_epi32(sum, w[g], _mm256_set1_epi32(group[g]));
+#else
+      __m256i sum = _mm256_setzero_si256();
+      for (int g = 0; g < 8; ++g) {
+        const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(group[g]), w[g]);
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(
+            _mm256_maddubs_epi16(magnitude[g], signed_x), ones));
+      }
+#endif
+      const __m256 term = _mm256_mul_ps(_mm256_cvtepi32_ps(sum),
+                                        _mm256_mul_ps(scale, _mm256_set1_ps(dx[t * blocks + b])));
+      acc[r] = _mm256_add_ps(acc[r], term);
+    }
+  }
+  for (int r = 0; r < rows; ++r) _mm256_storeu_ps(y + (t0 + r) * n_out + o + 8 * half, acc[r]);
+}
+
+template <int rows = kAvx2Rows>
+static void q8_0_packed_half_group(int n, const int8_t* xq, const int32_t* bias,
+                                   const float* dx, const int8_t* tile, float* y, int64_t t0,
+                                   int64_t o, int half, int64_t n_in, int64_t n_out) {
+  if constexpr (rows > 0) {
+    if (n == rows)
+      return q8_0_packed_half<rows>(xq, bias, dx, tile, y, t0, o, half, n_in, n_out);
+    q8_0_packed_half_group<rows - 1>(n, xq, bias, dx, tile, y, t0, o, half, n_in, n_out);
+  }
+}
+
+static void q8_0_packed_tile(const int8_t* xq, const int32_t* bias, const float* dx,
+                             const int8_t* tile, float* y, int64_t T, int64_t o, int64_t n_in,
+                             int64_t n_out) {
+  const int64_t groups = (T + kAvx2Rows - 1) / kAvx2Rows;
+  for (int half = 0; half < 2; ++half)
+    for (int64_t k = 0, t0 = 0; k < groups; ++k) {
+      const int64_t n = T / groups + (k < T % groups);
+      q8_0_packed_half_group(static_cast<int>(n), xq, bias, dx, tile, y, t0, o, half, n_in,
+                             n_out);
+      t0 += n;
+    }
+}
+#else
+constexpr bool kPackedAvx2 = false;
+#endif
+
+// The name of the q8_0 product's instruction path, for `bench`'s header
+// (`specjax.kernels.paths`).
+extern "C" const char* specjax_q8_0_path() {
+#if defined(__AVXVNNI__)
+  const char* avx2 = "avx-vnni";
+#else
+  const char* avx2 = "avx2";
+#endif
+  return kPackedVnni ? "avx512-vnni" : kPackedAvx2 ? avx2 : "per-output";
+}
+
+// Without AVX2, the same product from the weights' values and scales (`FewRowsQ80`'s
+// per-output path): the packed order serves vector dot products alone.
 static ffi::Error FewRowsQ80Tiles(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                                   ffi::Buffer<ffi::S8> tiles, ffi::Buffer<ffi::S8> values,
                                   ffi::Buffer<ffi::F16> scales, ffi::Buffer<ffi::S32> layer,
                                   ffi::ResultBuffer<ffi::F32> y) {
-  if (!kPackedVnni) return FewRowsQ80(pool, x, values, scales, layer, y);
+  if (!kPackedVnni && !kPackedAvx2) return FewRowsQ80(pool, x, values, scales, layer, y);
   int64_t first, dims[2];
   if (!layer_of(tiles.dimensions(), 2, layer, &first, dims) || dims[1] % kPackedBlock != 0)
     return ffi::Error::InvalidArgument("tiles must be [(L,) O / 16, blocks * 544] with layer "
@@ -996,7 +1099,7 @@ static ffi::Error FewRowsQ80Tiles(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   constexpr int64_t kTilesPerItem = 4;
   const int64_t items = (n_tiles + kTilesPerItem - 1) / kTilesPerItem;
   parallel_for(pool, items, n_tiles * dims[1], [=](int64_t item) {
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+#if (defined(__AVX512VNNI__) && defined(__AVX512F__)) || defined(__AVX2__)
     for (int64_t k = item * kTilesPerItem; k < std::min(n_tiles, (item + 1) * kTilesPerItem); ++k)
       q8_0_packed_tile(xd, xb, sd, wd + k * dims[1], yd, T, k * 16, n_in, n_out);
 #else
