@@ -122,7 +122,11 @@ def main():
 
     # What a step reads: every parameter's bytes (int8: values and scales), the embeddings
     # counted once (a tied head reads them; an untied one is its own).
-    weight_bytes = sum(a.nbytes for a in jax.tree.leaves(params))
+    # A q8_0 matrix's packed copy (`Q8_0Weight.tiles`) is the same weights again: a call reads
+    # one of the two.
+    weight_bytes = sum(a.nbytes for a in jax.tree.leaves(jax.tree.map(
+        lambda w: (w.values, w.scales) if isinstance(w, Int8Weight) else w, params,
+        is_leaf=lambda w: isinstance(w, Int8Weight))))
     decode, verify = timed(1), timed(args.k + 1)
     numpy_time = median_time(numpy_matvecs(params, config))
     print(f"config: {config.n_layers} layers, D={config.d_model}, N={config.n_heads}, "
