@@ -84,8 +84,10 @@ def test_greedy_decoding_with_drafters_in_the_target_dtype_equals_autoregressive
     target, draft, drafter, heads = models
     t = in_dtype(target, dtype)
     want = generate(t, PROMPTS, sampling=specjax.SamplingParams(temperature=0.0), max_new_tokens=12).tokens
-    for method in (specjax.Speculative(draft, k=3), specjax.Medusa(heads),
-                   specjax.Eagle(drafter)):
+    # EAGLE on its own tree, or a chain of 4 (not the dtype's chain of 2, `EAGLE_TREES`).
+    eagle = (specjax.Eagle(drafter, tree=drafter.tree) if drafter.tree is not None
+             else specjax.Eagle(drafter, k=4))
+    for method in (specjax.Speculative(draft, k=3), specjax.Medusa(heads), eagle):
         got = generate(t, PROMPTS, method, specjax.SamplingParams(temperature=0.0),
                        max_new_tokens=12)
         assert got.tokens == want, method.name

@@ -120,6 +120,13 @@ def greedy(dtype: str) -> tuple:
                  for p in PROMPTS)
 
 
+def eagle_with_its_tree(drafter) -> specjax.Eagle:
+    """EAGLE on the drafter's own tree in every dtype (left to itself, `Eagle` runs a chain of
+    2 in bfloat16, int8 and q8_0: `api.methods.EAGLE_TREES`), so the tree's verify calls are
+    checked in each."""
+    return specjax.Eagle(drafter, tree=drafter.tree)
+
+
 def drafting(method: str) -> specjax.api.methods.Method:
     """What `method` drafts with on SmolLM2: the shipped draft, heads and EAGLE drafter (they
     follow the target's dtype; float32 on disk). No DFlash drafter is shipped: a random one,
@@ -129,7 +136,7 @@ def drafting(method: str) -> specjax.api.methods.Method:
                                                        k=4),
             "ngram": lambda: specjax.NGram(k=4),
             "medusa": lambda: specjax.Medusa(specjax.load(WEIGHTS / "smollm2-medusa")),
-            "eagle": lambda: specjax.Eagle(specjax.load(WEIGHTS / "smollm2-eagle")),
+            "eagle": lambda: eagle_with_its_tree(specjax.load(WEIGHTS / "smollm2-eagle")),
             "dflash": lambda: specjax.DFlash(init_block_drafter(load("float32"), block_size=8,
                                                                 seed=1, std=0.3))}[method]()
 
