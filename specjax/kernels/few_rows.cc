@@ -886,11 +886,31 @@ SPECJAX_EIGHT_BIT_PRODUCT(specjax_few_rows_q8_0, FewRowsQ80)
 
 constexpr int64_t kPackedBlock = 16 * 32 + 16 * 2;
 
+// fn(k, t0, n) for rows [0, T) in ceil(T / most) groups k as even as they split (9 rows in
+// groups of at most 8: 5 and 4, not 8 and 1).
+template <typename Fn>
+static void even_groups(int64_t T, int64_t most, Fn fn) {
+  const int64_t groups = (T + most - 1) / most;
+  for (int64_t k = 0, t0 = 0; k < groups; ++k) {
+    const int64_t n = T / groups + (k < T % groups);
+    fn(k, t0, n);
+    t0 += n;
+  }
+}
+
+// fn(std::integral_constant<int, n>) for n in [1, most]: the row count as a compile-time
+// constant, for kernels whose per-row accumulators are registers.
+template <int most, typename Fn>
+static void with_rows(int64_t n, Fn fn) {
+  if constexpr (most > 0) {
+    if (n == most) return fn(std::integral_constant<int, most>{});
+    with_rows<most - 1>(n, fn);
+  }
+}
+
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
 // How far ahead of a block's bytes the stream is prefetched.
-#ifndef Q80_PACKED_AHEAD
-#define Q80_PACKED_AHEAD 2048
-#endif
+constexpr int64_t kPackedAhead = 2048;
 
 // Rows [t0, t0 + rows) against one packed tile (16 outputs): `rows` accumulators in
 // registers, each block's 8 weight vectors loaded once for all of them.
@@ -905,10 +925,11 @@ static void q8_0_packed_rows(const int8_t* xq, const int32_t* bias, const float*
     const int8_t* p = tile + b * kPackedBlock;
     if (prefetch)
       for (int64_t line = 0; line < kPackedBlock; line += 64)
-        __builtin_prefetch(p + Q80_PACKED_AHEAD + line);
+        __builtin_prefetch(p + kPackedAhead + line);
     __m512i w[8];
     for (int g = 0; g < 8; ++g) w[g] = _mm512_loadu_si512(p + 64 * g);
-    const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 512)));
+    const __m512 scale =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 512)));
     for (int r = 0; r < rows; ++r) {
       const int64_t t = t0 + r;
       const int8_t* xr = xq + t * n_in + b * 32;
@@ -930,32 +951,18 @@ static void q8_0_packed_rows(const int8_t* xq, const int32_t* bias, const float*
 
 // Rows handled together against a tile, at most: 8 weight vectors, a scale vector, the rows'
 // accumulators and a few temporaries stay within AVX-512's 32 registers.
-#ifndef Q80_PACKED_ROWS
-#define Q80_PACKED_ROWS 12
-#endif
-constexpr int kPackedRows = Q80_PACKED_ROWS;
+constexpr int kPackedRows = 12;
 
-template <int rows = kPackedRows>
-static void q8_0_packed_group(int n, const int8_t* xq, const int32_t* bias, const float* dx,
-                              const int8_t* tile, float* y, int64_t t0, int64_t o,
-                              int64_t n_in, int64_t n_out, bool prefetch) {
-  if constexpr (rows > 0) {
-    if (n == rows)
-      return q8_0_packed_rows<rows>(xq, bias, dx, tile, y, t0, o, n_in, n_out, prefetch);
-    q8_0_packed_group<rows - 1>(n, xq, bias, dx, tile, y, t0, o, n_in, n_out, prefetch);
-  }
-}
-
-// Every row against one tile, in groups as even as they split (9 rows: 5 and 4, not 8 and 1).
+// Every row against one tile, in even groups; the first streams the tile from memory (and
+// prefetches ahead), the others find it in L1.
 static void q8_0_packed_tile(const int8_t* xq, const int32_t* bias, const float* dx,
                              const int8_t* tile, float* y, int64_t T, int64_t o, int64_t n_in,
                              int64_t n_out) {
-  const int64_t groups = (T + kPackedRows - 1) / kPackedRows;
-  for (int64_t k = 0, t0 = 0; k < groups; ++k) {
-    const int64_t n = T / groups + (k < T % groups);
-    q8_0_packed_group(static_cast<int>(n), xq, bias, dx, tile, y, t0, o, n_in, n_out, k == 0);
-    t0 += n;
-  }
+  even_groups(T, kPackedRows, [&](int64_t k, int64_t t0, int64_t n) {
+    with_rows<kPackedRows>(n, [&](auto rows) {
+      q8_0_packed_rows<decltype(rows)::value>(xq, bias, dx, tile, y, t0, o, n_in, n_out, k == 0);
+    });
+  });
 }
 constexpr bool kPackedVnni = true;
 #else
@@ -1031,28 +1038,16 @@ static void q8_0_packed_half(const int8_t* xq, const int32_t* bias, const float*
   for (int r = 0; r < rows; ++r) _mm256_storeu_ps(y + (t0 + r) * n_out + o + 8 * half, acc[r]);
 }
 
-template <int rows = kAvx2Rows>
-static void q8_0_packed_half_group(int n, const int8_t* xq, const int32_t* bias,
-                                   const float* dx, const int8_t* tile, float* y, int64_t t0,
-                                   int64_t o, int half, int64_t n_in, int64_t n_out) {
-  if constexpr (rows > 0) {
-    if (n == rows)
-      return q8_0_packed_half<rows>(xq, bias, dx, tile, y, t0, o, half, n_in, n_out);
-    q8_0_packed_half_group<rows - 1>(n, xq, bias, dx, tile, y, t0, o, half, n_in, n_out);
-  }
-}
-
+// Every row against one tile: each half of its outputs in turn, the rows in even groups.
 static void q8_0_packed_tile(const int8_t* xq, const int32_t* bias, const float* dx,
                              const int8_t* tile, float* y, int64_t T, int64_t o, int64_t n_in,
                              int64_t n_out) {
-  const int64_t groups = (T + kAvx2Rows - 1) / kAvx2Rows;
   for (int half = 0; half < 2; ++half)
-    for (int64_t k = 0, t0 = 0; k < groups; ++k) {
-      const int64_t n = T / groups + (k < T % groups);
-      q8_0_packed_half_group(static_cast<int>(n), xq, bias, dx, tile, y, t0, o, half, n_in,
-                             n_out);
-      t0 += n;
-    }
+    even_groups(T, kAvx2Rows, [&](int64_t, int64_t t0, int64_t n) {
+      with_rows<kAvx2Rows>(n, [&](auto rows) {
+        q8_0_packed_half<decltype(rows)::value>(xq, bias, dx, tile, y, t0, o, half, n_in, n_out);
+      });
+    });
 }
 #else
 constexpr bool kPackedAvx2 = false;

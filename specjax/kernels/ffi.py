@@ -15,8 +15,8 @@ from jax import lax
 
 from specjax.model.linear import Kernels, layer_of
 
-__all__ = ["ATTENTION_TARGET", "BF16_PAIRS_TARGET", "INT8_TARGET", "KERNELS", "PRODUCT_TARGET", "Q8_0_TARGET",
-           "Q8_0_TILES_TARGET", "ROPE_TABLES_TARGET", "ROPE_TARGET", "TARGETS",
+__all__ = ["ATTENTION_TARGET", "BF16_PAIRS_TARGET", "INT8_TARGET", "KERNELS", "PRODUCT_TARGET",
+           "Q8_0_TARGET", "Q8_0_TILES_TARGET", "ROPE_TABLES_TARGET", "ROPE_TARGET", "TARGETS",
            "few_query_attention", "product", "product_bf16_pairs", "product_int8", "product_q8_0",
            "product_q8_0_tiles", "rope", "rope_tables"]
 
@@ -45,7 +45,23 @@ def _target(name: str, dtype) -> str:
     return name + "_bf16" if jnp.dtype(dtype) == jnp.bfloat16 else name
 
 
-@jax.custom_jvp
+def _xlas_derivative(kernel):
+    """`kernel(x, w, layer)`, a product on w [(L,) O, I], made differentiable with XLA's product
+    as its derivative (the kernels have no transpose)."""
+    kernel = jax.custom_jvp(kernel)
+
+    @kernel.defjvp
+    def jvp(primals, tangents):
+        (x, w, layer), (dx, dw, _) = primals, tangents
+        if w.ndim == 3:
+            w, dw = layer_of(w, layer), layer_of(dw, layer)
+        f32 = jnp.float32
+        return kernel(x, w), (jnp.einsum("...I,OI->...O", dx, w, preferred_element_type=f32)
+                              + jnp.einsum("...I,OI->...O", x, dw, preferred_element_type=f32))
+    return kernel
+
+
+@_xlas_derivative
 def product(x: jax.Array, w: jax.Array, layer=0) -> jax.Array:
     """The few-row kernel: x [..., I] float32, w [O, I] float32 or bfloat16, or every layer's
     [L, O, I] and the one to use, `layer` -> [..., O] float32. Differentiable: its derivative
@@ -55,17 +71,7 @@ def product(x: jax.Array, w: jax.Array, layer=0) -> jax.Array:
                             vmap_method="sequential")(x, w, _index(layer))
 
 
-@product.defjvp
-def _product_jvp(primals, tangents):
-    (x, w, layer), (dx, dw, _) = primals, tangents
-    if w.ndim == 3:
-        w, dw = layer_of(w, layer), layer_of(dw, layer)
-    f32 = jnp.float32
-    return product(x, w), (jnp.einsum("...I,OI->...O", dx, w, preferred_element_type=f32)
-                           + jnp.einsum("...I,OI->...O", x, dw, preferred_element_type=f32))
-
-
-@jax.custom_jvp
+@_xlas_derivative
 def product_bf16_pairs(x: jax.Array, w: jax.Array, layer=0) -> jax.Array:
     """The few-row kernel on bfloat16 activations and weights: x [..., I] bfloat16, w [(L,) O,
     I] bfloat16 -> [..., O] float32, summed in pairs where the CPU multiplies bfloat16 pairs
@@ -74,17 +80,6 @@ def product_bf16_pairs(x: jax.Array, w: jax.Array, layer=0) -> jax.Array:
     out = jax.ShapeDtypeStruct((*x.shape[:-1], w.shape[-2]), jnp.float32)
     return jax.ffi.ffi_call(BF16_PAIRS_TARGET, out, vmap_method="sequential")(
         x, w, _index(layer))
-
-
-@product_bf16_pairs.defjvp
-def _product_bf16_pairs_jvp(primals, tangents):
-    (x, w, layer), (dx, dw, _) = primals, tangents
-    if w.ndim == 3:
-        w, dw = layer_of(w, layer), layer_of(dw, layer)
-    f32 = jnp.float32
-    return product_bf16_pairs(x, w), (
-        jnp.einsum("...I,OI->...O", dx, w, preferred_element_type=f32)
-        + jnp.einsum("...I,OI->...O", x, dw, preferred_element_type=f32))
 
 
 def product_int8(x: jax.Array, values: jax.Array, scales: jax.Array, layer=0) -> jax.Array:
