@@ -17,6 +17,11 @@ against. It runs the decoding loop's own step function (`decoding.loop.step`) wi
 (`rejection.verify` or `rejection.verify_tree`, or those of the `rules` given): there is no
 second implementation, and the tokens are those `generate` returns for the same arguments,
 rules included (tested).
+
+Under the coupled rule (`coupled=True`, `sampling.coupled`) a step is a `CoupledStep`: at each
+position the walk reached, the target's own draw there (its Gumbel-max draw under the position's
+key), the drafts offered there (a chain's one, or the children of the node the walk stands on),
+which one equals the draw and is kept, and the draw emitted where none does.
 """
 
 from __future__ import annotations
@@ -81,6 +86,22 @@ class TreeStep:
     new_tokens: list[int]                # what the step appended (fewer at EOS or the limit)
 
 
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """One position of a coupled step: what the target drew there and what was drafted."""
+    depth: int                           # 1 for the first position after the row's last token
+    draw: int                            # the target's draw: argmax(log q + g) at this position
+    drafts: list[int]                    # the tokens drafted here (none past the drafts)
+    kept: bool                           # whether one of them equals the draw (and is kept)
+
+
+@dataclasses.dataclass(frozen=True)
+class CoupledStep:
+    positions: list[Position]            # in order; the first with no draft kept ends the step
+    emitted: int                         # the target's draw after the kept drafts
+    new_tokens: list[int]                # what the step appended (fewer at EOS or the limit)
+
+
 METHODS = tuple(cls.name for cls in CLASSES if cls.drafts)      # the listed ones that verify
 
 
@@ -97,6 +118,26 @@ def _chain_step(trace: dict, top: int, new_tokens: list[int]) -> Step:
     from_residual = n < int(trace["drafted"])
     return Step(drafts, _top(trace["residual"], top) if from_residual else [],
                 int(trace["emitted"]), from_residual, new_tokens)
+
+
+def _coupled_step(trace: dict, top: int, new_tokens: list[int]) -> CoupledStep:
+    """A coupled step, chain or tree: the positions up to the first whose drafts all differ
+    from the target's draw."""
+    positions = []
+    if "tree_tokens" in trace:
+        tokens, parent, valid = trace["tree_tokens"], trace["parent"], trace["valid"]
+        node, path = 0, trace["path"]
+        for d in range(int(trace["accepted_depth"]) + 1):
+            kids = [int(tokens[m]) for m in range(1, len(tokens)) if parent[m] == node and valid[m]]
+            kept = d < int(trace["accepted_depth"])
+            positions.append(Position(d + 1, int(trace["draw"][node]), kids, kept))
+            node = int(path[d]) if kept else node
+    else:
+        n, drafted = int(trace["accepted"]), int(trace["drafted"])
+        for i in range(n + 1):
+            positions.append(Position(i + 1, int(trace["draw"][i]),
+                                      [int(trace["tokens"][i])] if i < drafted else [], i < n))
+    return CoupledStep(positions, int(trace["emitted"]), new_tokens)
 
 
 def _tree_step(trace: dict, top: int, new_tokens: list[int]) -> TreeStep:
@@ -126,8 +167,8 @@ def _tree_step(trace: dict, top: int, new_tokens: list[int]) -> TreeStep:
 def explain(target: Model, prompt, method: Method | str,
             sampling: SamplingParams | None = None, *, steps: int = 4, top: int = 3,
             max_new_tokens: int | Sequence[int] = 64, seed: int | Sequence[int] = 0,
-            eos_ids=None, mesh=None, kernels: bool | None = None,
-            rules: Rules | None = None) -> list[Step | TreeStep]:
+            eos_ids=None, mesh=None, kernels: bool | None = None, coupled: bool = False,
+            rules: Rules | None = None) -> list[Step | TreeStep | CoupledStep]:
     """The first `steps` verify steps of one prompt, decoded with `generate`'s arguments and
     run options (its docstring says what each means; the method is one that verifies drafts,
     `METHODS`): `Step`s for a chain, `TreeStep`s for a tree (Medusa and EAGLE always draft
@@ -144,7 +185,8 @@ def explain(target: Model, prompt, method: Method | str,
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise GenerationError(f"{name} must be an integer >= 1, got {value!r}")
     request = prepare(target, [prompt], method, sampling, max_new_tokens=max_new_tokens,
-                      seed=seed, eos_ids=eos_ids, mesh=mesh, kernels=kernels, rules=rules)
+                      seed=seed, eos_ids=eos_ids, mesh=mesh, kernels=kernels, coupled=coupled,
+                      rules=rules)
     rule = (request.spec.rules.verify if request.spec.method.tree is None else
             request.spec.rules.verify_tree)
     if not returns_details(rule):
@@ -164,12 +206,13 @@ def explain(target: Model, prompt, method: Method | str,
         state = loop.step(spec, request.weights, state)
         trace = {name: np.asarray(value)[0] for name, value in state.trace.items()}
         new_tokens = np.asarray(state.tokens)[0, before:int(state.length[0])].tolist()
-        out.append((_tree_step if "tree_tokens" in trace else _chain_step)(trace, top,
-                                                                           new_tokens))
+        kind = (_coupled_step if "draw" in trace else
+                _tree_step if "tree_tokens" in trace else _chain_step)
+        out.append(kind(trace, top, new_tokens))
     return out
 
 
-def format_steps(steps: list[Step | TreeStep], tokenizer=None) -> str:
+def format_steps(steps: list[Step | TreeStep | CoupledStep], tokenizer=None) -> str:
     """The steps as text: one block per step, one line per drafted token (a chain) or per
     sibling test (a tree, indented by depth)."""
     def show(token: int) -> str:
@@ -179,6 +222,9 @@ def format_steps(steps: list[Step | TreeStep], tokenizer=None) -> str:
     for i, step in enumerate(steps, 1):
         if isinstance(step, TreeStep):
             lines.extend(_format_tree_step(i, step, show))
+            continue
+        if isinstance(step, CoupledStep):
+            lines.extend(_format_coupled_step(i, step, show))
             continue
         lines.append(f"step {i}: {len(step.drafts)} draft token(s) examined")
         for d in step.drafts:
@@ -215,6 +261,17 @@ def _format_tree_step(i: int, step: TreeStep, show) -> list[str]:
         lines.append(f"  emitted {show(step.emitted)} from the residual (top: {top})")
     else:
         lines.append(f"  emitted {show(step.emitted)} from q at the last accepted node")
+    lines.append(f"  new tokens: {' '.join(show(t) for t in step.new_tokens)}")
+    return lines
+
+
+def _format_coupled_step(i: int, step: CoupledStep, show) -> list[str]:
+    lines = [f"step {i}: {len(step.positions)} position(s) drawn by the target (coupled rule)"]
+    for p in step.positions:
+        drafts = ", ".join(show(t) for t in p.drafts) or "(none)"
+        verdict = "kept" if p.kept else "no draft equals it: the draw is emitted"
+        lines.append(f"  +{p.depth}: target draws {show(p.draw):<14} drafts {drafts}  -> {verdict}")
+    lines.append(f"  emitted {show(step.emitted)}, the target's draw")
     lines.append(f"  new tokens: {' '.join(show(t) for t in step.new_tokens)}")
     return lines
 

@@ -9,7 +9,7 @@
 
 A request is four things: the target and the prompts, the method (an object of
 `specjax.api.methods` that carries its options and weights), the sampling (`SamplingParams`)
-and the run's options (max_new_tokens, seed, eos_ids, mesh, kernels, rules). `prepare` binds
+and the run's options (max_new_tokens, seed, eos_ids, mesh, kernels, coupled, rules). `prepare` binds
 them to the target (each object checked its own values when it was made) and builds a
 `Request`; `generate` and `stream` run one through the compiled loop (`decoding.loop`, which
 assumes valid input) and read the result back (`api.results`).
@@ -43,7 +43,7 @@ from specjax.decoding.state import RowSettings
 from specjax.model.config import EIGHT_BIT
 from specjax.model.transformer import Model
 from specjax.sampling.params import SamplingParams
-from specjax.sampling.rules import Rules
+from specjax.sampling.rules import COUPLED, Rules
 
 __all__ = ["KERNELS_ENV", "GenerationError", "GenerationResult", "Request", "RowStats", "Stats",
            "acceptance_by_position", "check_compatible", "encode_prompts", "generate", "prepare",
@@ -80,11 +80,17 @@ class Request:
 def prepare(target: Model, prompts, method: Method | str = "autoregressive",
             sampling: SamplingParams | Sequence[SamplingParams] | None = None, *,
             max_new_tokens=64, seed: int | Sequence[int] = 0, eos_ids=None, mesh=None,
-            kernels: bool | None = None, rules: Rules | None = None) -> Request:
+            kernels: bool | None = None, coupled: bool = False,
+            rules: Rules | None = None) -> Request:
     """Checks the request against the target and builds the static spec and the device
     inputs: `generate`'s arguments (its docstring says what each means) as a `Request`."""
     if rules is not None and not isinstance(rules, Rules):
         raise GenerationError(f"rules must be a specjax.sampling.rules.Rules, got {rules!r}")
+    if not isinstance(coupled, bool):
+        raise GenerationError(f"coupled must be True or False, got {coupled!r}")
+    if coupled and rules is not None:
+        raise GenerationError("coupled=True chooses the rules (sampling.rules.COUPLED); give "
+                              "coupled or rules, not both")
     method = method_of(method)
     sampling = one_sampling(sampling)
     if mesh is not None:
@@ -99,6 +105,10 @@ def prepare(target: Model, prompts, method: Method | str = "autoregressive",
     max_new = per_row_ints("max_new_tokens", max_new_tokens, rows, 1)
     vocab = max(target.config.vocab_size, draft.config.vocab_size if draft else 0)
     check_prompts(prompt_array, lengths, max_new, vocab, (target, draft))
+    if coupled and vocab > target.config.vocab_size:
+        raise GenerationError(f"coupled=True draws over the target's vocabulary, and the draft's "
+                              f"({vocab}) is larger than the target's "
+                              f"({target.config.vocab_size})")
     stops = check_stop_ids(target.config.eos_token_ids if eos_ids is None else eos_ids, rows)
     settings, stop = bind_sampling(sampling, rows, vocab, max_new, stops, target)
     # Room for the prompt, the new tokens and one step's writes past the end (a tree's nodes
@@ -111,7 +121,8 @@ def prepare(target: Model, prompts, method: Method | str = "autoregressive",
     # The run option as the programs' configs name it (`loop.lawful`): never on a mesh.
     kernels = kernels_of(kernels_switch(kernels) and mesh is None)
     spec = DecodeSpec(method=bound.spec, target_config=target.config,
-                      buffer_length=buffer_length, mesh=mesh, rules=rules or Rules(),
+                      buffer_length=buffer_length, mesh=mesh,
+                      rules=rules or (COUPLED if coupled else Rules()),
                       logprobs=check_logprobs(sampling.logprobs, target.config.vocab_size),
                       kernels=kernels)
     weights = Weights(target.params, draft.params if draft else None,
@@ -194,6 +205,7 @@ class Run(NamedTuple):
     eos_ids: Sequence | None = None
     mesh: object | None = None
     kernels: bool | None = None
+    coupled: bool = False
     rules: Rules | None = None
 
     def given(self) -> list[str]:
@@ -238,7 +250,7 @@ def says_where_options_went(function):
 def generate(target: Model | Request, prompts=None, method: Method | str = "autoregressive",
              sampling: SamplingParams | Sequence[SamplingParams] | None = None, *,
              max_new_tokens: int | Sequence[int] = 64, seed: int | Sequence[int] = 0,
-             eos_ids=None, mesh=None, kernels: bool | None = None,
+             eos_ids=None, mesh=None, kernels: bool | None = None, coupled: bool = False,
              rules: Rules | None = None) -> GenerationResult:
     """Generates up to `max_new_tokens` tokens for each prompt with the chosen method.
 
@@ -266,6 +278,11 @@ def generate(target: Model | Request, prompts=None, method: Method | str = "auto
       kernels: whether few-token calls use the CPU kernels (`specjax.kernels`): None (the
         default) follows $SPECJAX_KERNELS, True or False decides; the programs' static configs
         name the choice (`ModelConfig.kernels`), so it is part of their key.
+      coupled: verify by the coupled rule instead of Algorithm 2 (`specjax.sampling.coupled`):
+        every token is the target's own draw at its position under the row's seed, so every
+        method returns autoregressive sampling's tokens for the same seed and settings, at any
+        temperature; drafts are kept a little less often (docs/methods.md, "The same seed, the
+        same text"). Greedy rows are the same either way.
       rules: the draw and verification rules (`specjax.sampling.rules.Rules`); the default is
         Theorem 1's. Others are for studying a rule under the distribution tests.
 
@@ -274,7 +291,7 @@ def generate(target: Model | Request, prompts=None, method: Method | str = "auto
     it, and so is a keyword of the flat API of specjax 0.5, saying where it went (`moved`).
     """
     request = _request(target, prompts, method, sampling, Run(max_new_tokens, seed, eos_ids,
-                                                              mesh, kernels, rules))
+                                                              mesh, kernels, coupled, rules))
     compiled, compile_s = _compiled(request)
     start = time.perf_counter()
     state = compiled(request.weights, *request.inputs)
@@ -286,8 +303,8 @@ def generate(target: Model | Request, prompts=None, method: Method | str = "auto
 def stream(target: Model | Request, prompts=None, method: Method | str = "autoregressive",
            sampling: SamplingParams | Sequence[SamplingParams] | None = None, *,
            max_new_tokens: int | Sequence[int] = 64, seed: int | Sequence[int] = 0,
-           eos_ids=None, mesh=None, kernels: bool | None = None, rules: Rules | None = None,
-           ) -> Iterator[tuple[list[list[int]], GenerationResult | None]]:
+           eos_ids=None, mesh=None, kernels: bool | None = None, coupled: bool = False,
+           rules: Rules | None = None) -> Iterator[tuple[list[list[int]], GenerationResult | None]]:
     """Generates step by step from Python, yielding each step's new tokens per row.
 
     Yields (new_tokens_per_row, None) after every step and finally ([], result). Takes
@@ -295,7 +312,7 @@ def stream(target: Model | Request, prompts=None, method: Method | str = "autore
     stops once every row has ended (a stop string included).
     """
     request = _request(target, prompts, method, sampling, Run(max_new_tokens, seed, eos_ids,
-                                                              mesh, kernels, rules))
+                                                              mesh, kernels, coupled, rules))
     return _steps(request)
 
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from specjax.decoding.config import MethodSpec
 from specjax.decoding.extras import any_nan, target_probs
 from specjax.decoding.prefill import prefill
-from specjax.decoding.state import DecodeState, commit, last_tokens, step_keys
+from specjax.decoding.state import DecodeState, commit, last_tokens, position_keys
 from specjax.model.transformer import forward
 from specjax.sampling.logits import sample_rows
 
@@ -34,10 +34,11 @@ def layout(spec, rows, cache) -> None:
 
 
 def step(spec, weights, state: DecodeState) -> DecodeState:
-    """Feeds each row's last token, samples the next one from the target."""
+    """Feeds each row's last token, samples the next one from the target with the key of its
+    position (`state.position_keys`): the draw every method's coupled rule reproduces."""
     token, position = last_tokens(state, 1)                            # [B, 1]
     logits, cache = forward(weights.target, spec.target_config, token, position, state.target_cache)
     probs, scores = target_probs(spec, state, logits)                  # [B, 1, V] each
-    next_token = sample_rows(step_keys(state), probs[:, 0])            # [B]
+    next_token = sample_rows(position_keys(state, 1)[:, 0], probs[:, 0])   # [B]
     return commit(spec, state, next_token[:, None], jnp.zeros_like(state.length), cache,
                   nan=any_nan(logits), scores=scores)

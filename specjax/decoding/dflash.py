@@ -48,7 +48,7 @@ from specjax.decoding import trees
 from specjax.decoding.config import Drafting
 from specjax.decoding.extras import any_nan, pad_vocab, steered, steering
 from specjax.decoding.prefill import prefill
-from specjax.decoding.state import DecodeState, step_keys
+from specjax.decoding.state import DecodeState, drafting_keys
 from specjax.heads import dflash
 from specjax.model.cache import KVCache
 from specjax.sampling.logits import probs_from_logits
@@ -95,7 +95,8 @@ def layout(spec, rows, cache) -> Carry:
 
 
 def draft(spec, weights, state: DecodeState, keys):
-    """Step 1 (draft): the block's drafts. Returns the chain's `Candidates` (node 0 the row's last
+    """Step 1 (draft): the block's drafts, from `keys` ([B], or [B, k] one per position by
+    position: `state.drafting_keys`). Returns the chain's `Candidates` (node 0 the row's last
     token, nodes 1..k the first k drafts) and the drafter's cache."""
     config, carry = spec.method.dflash_config, state.carry
     b, width = carry.features.shape[:2]
@@ -138,6 +139,9 @@ def steered_drafts(spec, state: DecodeState, logits, keys):
     are steered given the drafts before it (`extras.steered`), so the positions are drawn in
     turn (from key j of the row's key), each from its steered law p_j [B, k, V], which the
     verification reads. A sampled p_j is zero for "top" candidates (the argmax)."""
+    # Position j's key: the position's own (by position), or j folded into the row's.
+    position_key = ((lambda keys, j: keys[:, j]) if spec.rules.by_position else
+                    (lambda keys, j: jax.vmap(jax.random.fold_in, (0, None))(keys, j)))
     b, k, vocab = logits.shape
 
     def position(j, carry):
@@ -148,7 +152,7 @@ def steered_drafts(spec, state: DecodeState, logits, keys):
             return drafts.at[:, j].set(jnp.argmax(here[:, 0], -1).astype(jnp.int32)), probs
         p = probs_from_logits(here, state.settings.sampling)                    # [B, 1, V]
         cand = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
-            spec.method.candidates, jax.vmap(jax.random.fold_in, (0, None))(keys, j), here, p, 1)[0]
+            spec.method.candidates, position_key(keys, j), here, p, 1)[0]
         return (drafts.at[:, j].set(cand[:, 0, 0].astype(jnp.int32)),
                 lax.dynamic_update_slice_in_dim(probs, p, j, 1))
 
@@ -157,10 +161,10 @@ def steered_drafts(spec, state: DecodeState, logits, keys):
 
 
 def step(spec, weights, state: DecodeState) -> DecodeState:
-    k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
-    candidates, draft_cache = draft(spec, weights, state, k_draft)
+    keys = drafting_keys(spec, state, spec.method.k, draft="one")
+    candidates, draft_cache = draft(spec, weights, state, keys.draft)
     active = ~state.done
-    state, verified = trees.step(spec, weights, state, candidates, k_verify, draft_calls=1,
+    state, verified = trees.step(spec, weights, state, candidates, keys.verify, draft_calls=1,
                                  taps=spec.method.dflash_config.taps)
     old = state.carry
     return state.replace(carry=Carry(

@@ -41,7 +41,7 @@ from specjax.decoding import trees
 from specjax.decoding.config import Drafting
 from specjax.decoding.extras import any_nan, steered
 from specjax.decoding.prefill import prefill, prefill_chunk
-from specjax.decoding.state import DecodeState, step_keys
+from specjax.decoding.state import DecodeState, drafting_keys
 from specjax.heads import eagle
 from specjax.model.cache import KVCache, TreeAttention
 from specjax.sampling.logits import probs_from_logits
@@ -138,7 +138,8 @@ def catch_up(spec, weights, state: DecodeState):
 
 
 def draft_tree(spec, weights, state: DecodeState, keys):
-    """Step 1 (draft) for a static tree: the `trees.Candidates` (the draft distribution at each
+    """Step 1 (draft) for a static tree, with one key per depth `keys` [B, D]: the
+    `trees.Candidates` (the draft distribution at each
     node [B, n, V], None for "top" candidates) and the drafter's cache. One drafter call to
     catch up and one per level above the deepest: D calls."""
     tree, scheme, vocab = spec.method.tree, spec.method.candidates, spec.vocab_size
@@ -146,7 +147,6 @@ def draft_tree(spec, weights, state: DecodeState, keys):
     embed = eagle.embedding(drafter, weights.target)
     b, n, depth = state.length.shape[0], tree.size + 1, tree.max_depth
     root = state.length - 1
-    level_keys = jax.vmap(lambda key: jax.random.split(key, depth))(keys)       # [B, D]
     root_feature, cache, nan = catch_up(spec, weights, state)
     outs = jnp.zeros((b, n, root_feature.shape[-1]), root_feature.dtype)
     outs = outs.at[:, :1].set(root_feature)                                       # [B, n, D']
@@ -176,7 +176,7 @@ def draft_tree(spec, weights, state: DecodeState, keys):
         p = probs_from_logits(logits, state.settings.sampling)
         probs = probs.at[:, parents.start:parents.stop].set(p)
         cand, filled = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
-            scheme, level_keys[:, d - 1], logits, p, tree.max_width)            # [B, P, W]
+            scheme, keys[:, d - 1], logits, p, tree.max_width)            # [B, P, W]
         return cand, filled, (outs, cache, probs, nan)
 
     probs = None if scheme == "top" else jnp.zeros((b, n, vocab), jnp.float32)
@@ -316,17 +316,17 @@ def _row_trees(parent, valid, scores, depth, max_depth: int, width: int) -> RowT
 
 
 def step(spec, weights, state: DecodeState) -> DecodeState:
-    k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
+    keys = drafting_keys(spec, state, spec.method.tree.max_depth)
     # Step 1 (draft): catch up, then the tree of candidates.
     if isinstance(spec.method.tree, DynamicTree):
         candidates, draft_cache = draft_dynamic_tree(spec, weights, state)
     else:
-        candidates, draft_cache = draft_tree(spec, weights, state, k_draft)
+        candidates, draft_cache = draft_tree(spec, weights, state, keys.draft)
     # Steps 2 to 4 (score, accept or resample, bonus): one target call over the tree, the walk,
     # then commit (`trees.step`), and the features of the next catch-up; finished rows keep
     # their pending pairs.
     active = ~state.done
-    state, verified = trees.step(spec, weights, state, candidates, k_verify,
+    state, verified = trees.step(spec, weights, state, candidates, keys.verify,
                                  draft_calls=spec.method.tree.max_depth, taps=spec.method.drafter_config.taps)
     features = eagle.from_target(weights.drafter, spec.method.drafter_config, verified.features)
     old = state.carry

@@ -132,7 +132,9 @@ def ragged_score_and_verify(score_and_verify, spec, weights, state: DecodeState,
     k = draft_tokens.shape[1]
 
     def verify_first(n, tokens, probs):
-        verified = score_and_verify(spec, weights, state, tokens[:, :n], probs[:, :n], keys,
+        # Position keys (the coupled rule) are one per position scored; a step's key is whole.
+        verified = score_and_verify(spec, weights, state, tokens[:, :n], probs[:, :n],
+                                    keys[:, :n + 1] if spec.rules.by_position else keys,
                                     num_drafted=jnp.minimum(num_drafted, n))
         details, scores = verified.details, verified.scores
         if details is not None:         # per-position numbers padded to K, as every branch

@@ -35,7 +35,7 @@ from specjax.decoding import trees
 from specjax.decoding.config import Drafting
 from specjax.decoding.extras import any_nan, steered, steering
 from specjax.decoding.prefill import prefill
-from specjax.decoding.state import DecodeState, last_tokens, step_keys
+from specjax.decoding.state import DecodeState, drafting_keys, last_tokens
 from specjax.heads import medusa
 from specjax.sampling.logits import probs_from_logits
 
@@ -68,13 +68,12 @@ def layout(spec, rows, cache) -> Carry:
 
 
 def candidate_tree(spec, heads, state: DecodeState, keys) -> trees.Candidates:
-    """Step 1 (draft): the heads' `trees.Candidates` (the draft distribution at each node [B, n, V],
+    """Step 1 (draft), with one key per depth `keys` [B, D]: the heads' `trees.Candidates` (the draft distribution at each node [B, n, V],
     None for "top" candidates), from the hidden state the last call left."""
     tree, scheme, vocab = spec.method.tree, spec.method.candidates, spec.vocab_size
     b, n, width = state.length.shape[0], tree.size + 1, tree.max_width
     sub_logits = medusa.subset_logits(heads, state.carry.hidden, tree.max_depth,
                                       kernels=spec.target_config.kernels)         # [B, D, S]
-    level_keys = jax.vmap(lambda key: jax.random.split(key, tree.max_depth))(keys)   # [B, D]
 
     def expand(d, tokens, valid, probs):
         # Head d's logits are the same under every parent; a row with controls or a
@@ -104,7 +103,7 @@ def candidate_tree(spec, heads, state: DecodeState, keys) -> trees.Candidates:
         logits, p = lax.cond(steering(state), steered_probs, free_probs)
         probs = probs.at[:, parents.start:parents.stop].set(p)
         cand, filled = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
-            scheme, level_keys[:, d - 1], logits, p, width)                     # [B, P, W]
+            scheme, keys[:, d - 1], logits, p, width)                     # [B, P, W]
         return cand, filled, probs
 
     probs = None if scheme == "top" else jnp.zeros((b, n, vocab), jnp.float32)
@@ -115,15 +114,15 @@ def candidate_tree(spec, heads, state: DecodeState, keys) -> trees.Candidates:
 
 def step(spec, weights, state: DecodeState) -> DecodeState:
     hidden = state.carry.hidden
-    k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
+    keys = drafting_keys(spec, state, spec.method.tree.max_depth)
     # Step 1 (draft): the heads' candidates, from the hidden state the last call left.
-    candidates = candidate_tree(spec, weights.heads, state, k_draft)
+    candidates = candidate_tree(spec, weights.heads, state, keys.draft)
     # Steps 2 to 4 (score, accept or resample, bonus): one target call over the tree, the walk,
     # then commit (`trees.step`); the same
     # call's state at the last accepted node is the next step's hidden state. Finished rows
     # keep theirs.
     active = ~state.done
-    state, verified = trees.step(spec, weights, state, candidates, k_verify)
+    state, verified = trees.step(spec, weights, state, candidates, keys.verify)
     new_hidden = jnp.take_along_axis(verified.features, verified.n_accepted[:, None, None],
                                      axis=1)[:, 0]
     return state.replace(carry=Carry(jnp.where(active[:, None], new_hidden, hidden)))

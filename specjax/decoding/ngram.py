@@ -34,7 +34,7 @@ from jax import lax
 from specjax.decoding import config, lookahead, trace, trees
 from specjax.decoding.prefill import prefill
 from specjax.decoding.speculative import score_and_verify
-from specjax.decoding.state import DecodeState, commit, step_keys
+from specjax.decoding.state import DecodeState, commit, drafting_keys
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -107,12 +107,13 @@ def step(spec, weights, state: DecodeState) -> DecodeState:
     drafted = jnp.arange(k) < count[:, None]                                     # [B, K]
     draft_probs = jax.nn.one_hot(draft_tokens, vocab) * drafted[..., None]       # [B, K, V]
     # Steps 2 to 4 (score, accept or resample, bonus): as speculative sampling's.
+    keys = drafting_keys(spec, state, k, draft="none").verify
     if spec.method.lookahead.schedule == "constant":
         verified = score_and_verify(spec, weights, state, draft_tokens, draft_probs,
-                                    step_keys(state), num_drafted=count)
+                                    keys, num_drafted=count)
     else:
         verified = lookahead.ragged_score_and_verify(
-            score_and_verify, spec, weights, state, draft_tokens, draft_probs, step_keys(state),
+            score_and_verify, spec, weights, state, draft_tokens, draft_probs, keys,
             jnp.where(state.done, 0, count))
     state = trace.record(spec, state, draft_tokens, count, verified)
     state = state.replace(carry=Carry(lookahead.update(spec, state, lengths, count,
@@ -181,4 +182,5 @@ def tree_step(spec, weights, state: DecodeState) -> DecodeState:
     candidates = trees.Candidates(tokens, filled, None, "deterministic", spec.method.tree)
     # Steps 2 to 4 (score, accept or resample, bonus): one target call over the tree, the walk,
     # then commit (`trees.step`).
-    return trees.step(spec, weights, state, candidates, step_keys(state))[0]
+    keys = drafting_keys(spec, state, spec.method.tree.max_depth, draft="none").verify
+    return trees.step(spec, weights, state, candidates, keys)[0]

@@ -38,7 +38,7 @@ from jax import lax
 from specjax.decoding import config, lookahead, speculative_tree, trace
 from specjax.decoding.extras import any_nan, chain_drafted, steered, target_probs
 from specjax.decoding.prefill import prefill
-from specjax.decoding.state import DecodeState, commit, last_tokens, step_keys
+from specjax.decoding.state import DecodeState, commit, drafting_keys, last_tokens
 from specjax.model.cache import KVCache
 from specjax.model.config import ModelConfig
 from specjax.model.transformer import forward
@@ -177,17 +177,18 @@ def step(spec, weights, state: DecodeState) -> DecodeState:
     if spec.method.tree is not None:
         return speculative_tree.step(spec, weights, state)
     k, lengths = spec.method.k, state.carry.lookahead
-    keys = jax.vmap(lambda key: jax.random.split(key, k + 1))(step_keys(state))     # [B, K + 1]
+    keys = drafting_keys(spec, state, k, draft="chain")
     # Step 1 (draft): x_1..x_n ~ p_1..p_n, n <= K as the row's schedule says (`lookahead`).
-    drafted = draft(spec, weights, state, keys[:, :k], lookahead.draft_limit(spec, state, lengths))
+    drafted = draft(spec, weights, state, keys.draft, lookahead.draft_limit(spec, state, lengths))
     # Steps 2 to 4 (score, accept or resample, bonus): one target call, a prefix accepted, then
     # the residual or the bonus token. Rows that drafted different numbers of tokens score only
     # what the longest needs (`lookahead`).
     if spec.method.lookahead.schedule == "constant":
-        verified = score_and_verify(spec, weights, state, drafted.tokens, drafted.probs, keys[:, k])
+        verified = score_and_verify(spec, weights, state, drafted.tokens, drafted.probs,
+                                    keys.verify)
     else:
         verified = lookahead.ragged_score_and_verify(score_and_verify, spec, weights, state,
-                                                     drafted.tokens, drafted.probs, keys[:, k],
+                                                     drafted.tokens, drafted.probs, keys.verify,
                                                      drafted.count)
     # Then commit: n <- n + accepted + 1 (`state.commit`), and roll the draft back too. It has
     # seen the fed tokens up to x_{n-1}, so it may be one behind (the next step catches up).

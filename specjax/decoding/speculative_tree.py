@@ -25,13 +25,13 @@ import jax.numpy as jnp
 
 from specjax.decoding import trees
 from specjax.decoding.extras import any_nan, pad_vocab, steered
-from specjax.decoding.state import DecodeState, last_tokens, step_keys
+from specjax.decoding.state import DecodeState, drafting_keys, last_tokens
 from specjax.model.transformer import forward
 from specjax.sampling.logits import probs_from_logits
 
 
 def draft_tree(spec, weights, state: DecodeState, keys):
-    """Step 1 (draft) for a tree: the `trees.Candidates` (the draft distribution at each node
+    """Step 1 (draft) for a tree, with one key per depth `keys` [B, D]: the `trees.Candidates` (the draft distribution at each node
     [B, n, V], None for "top" candidates) and the draft's cache.
 
     Depth d's candidates come from the draft's distributions at the nodes of depth d - 1: one
@@ -45,7 +45,6 @@ def draft_tree(spec, weights, state: DecodeState, keys):
                             state.carry.draft_cache)
     last = (state.length - 1 - positions[:, 0])[:, None]
     root = state.length - 1
-    level_keys = jax.vmap(lambda key: jax.random.split(key, depth))(keys)   # [B, D]
 
     def expand(d, tokens, valid, carry):
         level_logits, cache, probs, nan = carry
@@ -67,7 +66,7 @@ def draft_tree(spec, weights, state: DecodeState, keys):
             probs = probs.at[:, parents.start:parents.stop].set(p)
         cand, filled = jax.vmap(spec.rules.candidates,
                                 in_axes=(None, 0, 0, 0 if p is not None else None, None))(
-            scheme, level_keys[:, d - 1], level_logits, p, tree.max_width)    # [B, P, W]
+            scheme, keys[:, d - 1], level_logits, p, tree.max_width)    # [B, P, W]
         return cand, filled, (level_logits, cache, probs, nan)
 
     root_logits = jnp.take_along_axis(logits, last[:, :, None], axis=1)      # [B, 1, V']
@@ -81,16 +80,17 @@ def draft_tree(spec, weights, state: DecodeState, keys):
 def step(spec, weights, state: DecodeState) -> DecodeState:
     tree = spec.method.tree
     depth, nodes = tree.max_depth, tree.size + 1
-    k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(step_keys(state)), 1, 0)
+    keys = drafting_keys(spec, state, depth)
 
     # Step 1 (draft): the tree of candidates, level by level.
-    candidates, draft_cache = draft_tree(spec, weights, state, k_draft)
+    candidates, draft_cache = draft_tree(spec, weights, state, keys.draft)
     # Steps 2 to 4 (score, accept or resample, bonus): one target call over the tree, the walk,
     # then commit (`trees.step`). The draft
     # fed the nodes above the deepest level: after moving the accepted ones into place it holds
     # the path up to depth D - 1, and catches up on the rest next step.
     old_length = state.length
-    state, verified = trees.step(spec, weights, state, candidates, k_verify, draft_calls=depth)
+    state, verified = trees.step(spec, weights, state, candidates, keys.verify,
+                                 draft_calls=depth)
     draft_cache = trees.keep_path(draft_cache, old_length - 1, verified.path, nodes)
     draft_cache = draft_cache.with_length(jnp.minimum(state.length - 1, old_length + depth - 1))
     return state.replace(carry=dataclasses.replace(state.carry, draft_cache=draft_cache))

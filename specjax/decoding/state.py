@@ -5,14 +5,20 @@ between steps: the last token of each row, `tokens[b, length[b] - 1]`, has been 
 yet fed to the models; their caches hold every position before it. A step feeds it (plus any
 drafted tokens), appends what it accepts, and the invariant holds again.
 
-Each row has its own random stream: the key of step i of row b is `fold_in(row_key[b], i)`.
-All rows start at step 0 together and a finished row stops consuming keys, so a row's draws do
-not depend on which other rows share its batch.
+Each row has its own random stream, keyed in one of two ways (`StepKeys`):
+- by step, for Algorithm 2's rules: the key of step i of row b is `fold_in(row_key[b], i)`, split
+  into the step's draws. All rows start at step 0 together and a finished row stops consuming
+  keys, so a row's draws do not depend on which other rows share its batch.
+- by position, for autoregressive sampling and the coupled rule (`Rules.by_position`,
+  `sampling.coupled`): every draw for the token at absolute position t of row b uses the key
+  `fold_in(row_key[b], t)` (`position_keys`), so it depends on the row's seed and t alone, not
+  on how many tokens earlier steps appended.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -100,6 +106,44 @@ def initial_state(prompts, prompt_length, row_keys, settings, buffer_length, tar
 def step_keys(state: DecodeState) -> jax.Array:
     """This step's key of each row: [B] keys."""
     return jax.vmap(jax.random.fold_in, in_axes=(0, None))(state.row_keys, state.step)
+
+
+def position_keys(state: DecodeState, count: int) -> jax.Array:
+    """The keys of the `count` positions from each row's next token on: [B, count], entry j that
+    of position length + j, `fold_in(row_key, length + j)`."""
+    positions = state.length[:, None] + jnp.arange(count, dtype=jnp.int32)       # [B, count]
+    return jax.vmap(jax.vmap(jax.random.fold_in, in_axes=(None, 0)))(state.row_keys, positions)
+
+
+class StepKeys(NamedTuple):
+    """A drafting step's keys, as its rules take them (`Rules.by_position` says which)."""
+    draft: jax.Array | None     # the drafter's: [B, D] one per depth (the drafts at depth d + 1,
+    #                             position length + d, take entry d), or [B] one per row
+    verify: jax.Array           # the verify rule's: [B] by step, [B, D + 1] by position
+
+
+def drafting_keys(spec, state: DecodeState, depth: int, *, draft: str = "levels") -> StepKeys:
+    """The keys of a step that drafts `depth` positions (a chain's k, a tree's depth).
+
+    By position (`Rules.by_position`): the position keys of length .. length + depth, the drafts
+    taking the first `depth` and the verify rule all of them. By step, as Algorithm 2's methods
+    have always split the step's key: `draft` "levels" splits it in two and the first into one
+    key per depth (tree drafters), "chain" splits it into depth + 1 (the draft model's chain:
+    the last is the verify rule's), "one" splits it in two and keeps the first whole (a block
+    drafter), "none" keeps it whole for the verify rule (a lookup drafts without noise)."""
+    if spec.rules.by_position:
+        keys = position_keys(state, depth + 1)
+        return StepKeys(keys[:, :depth], keys)
+    keys = step_keys(state)
+    if draft == "none":
+        return StepKeys(None, keys)
+    if draft == "chain":
+        keys = jax.vmap(lambda key: jax.random.split(key, depth + 1))(keys)      # [B, K + 1]
+        return StepKeys(keys[:, :depth], keys[:, depth])
+    k_draft, k_verify = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
+    if draft == "one":
+        return StepKeys(k_draft, k_verify)
+    return StepKeys(jax.vmap(lambda key: jax.random.split(key, depth))(k_draft), k_verify)
 
 
 def last_tokens(state: DecodeState, count: int) -> tuple[jax.Array, jax.Array]:

@@ -16,6 +16,10 @@ A `verify` returns a `rejection.Verdict` and a `verify_tree` a `rejection.TreeVe
 defaults do. `specjax.explain` runs the same rules with `with_details=True`: a rule it shows
 must take that keyword (as the defaults do) and then fill its verdict's `details`, so the
 numbers shown are those of the rule that chose the tokens (`returns_details`).
+
+`COUPLED` is the other rule a user can choose (`generate(..., coupled=True)`): the target's own
+Gumbel-max draw at every position, drafts kept while they equal it (`sampling.coupled`), so the
+same seed gives autoregressive sampling's text with every method.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from specjax.sampling import coupled
 from specjax.sampling.controls import apply_controls
 from specjax.sampling.logits import SamplingParams, probs_from_logits, sample_rows
 from specjax.sampling.rejection import verify, verify_tree
@@ -79,6 +84,17 @@ class Rules:
     # The rows' penalties, bias and minimum length on the target's logits at each position
     # (`sampling.controls.apply_controls`; a negative control passes one that forgets the drafts).
     controls: Callable = apply_controls
+    # How the methods key these rules' draws (`decoding.state.StepKeys`): False, by step, as
+    # Algorithm 2 wants fresh draws each step; True, by position (the token at position t of a
+    # row from fold_in(row key, t)), as the coupled rule needs.
+    by_position: bool = False
+
+
+# The coupled rule (`sampling.coupled`): every method returns autoregressive sampling's tokens
+# under the same seed. Drafts are proposed with the position's noise: `propose` is the default
+# Gumbel-max draw, given the position's key.
+COUPLED = Rules(candidates=coupled.candidates, verify=coupled.verify,
+                verify_tree=coupled.verify_tree, by_position=True)
 
 
 def returns_details(rule: Callable) -> bool:
