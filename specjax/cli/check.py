@@ -42,6 +42,13 @@ rows are reported as measured.
 
   python -m specjax check --identity --identity-dtypes float32 --identity-methods ngram
   python -m specjax check --identity --llama-cpp
+
+With --sampled, the sampled identity: each method under the coupled rule (generate's
+coupled=True) against autoregressive sampling, at temperature 0.7 with top-p 0.9, prompt i
+with seed i; exit status 1 when a specjax row parts. With --llama-cpp, llama.cpp's greedy-drafted,
+probabilistic and n-gram modes against its plain sampling under the same seeds.
+
+  python -m specjax check --identity --sampled --identity-dtypes float32,q8_0
 """
 
 
@@ -113,6 +120,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--identity-paths", default="kernels,xla", metavar="PATHS",
                         help="specjax's paths in --identity, comma-separated: kernels (the CPU "
                              "kernels) and xla (XLA's formulation, as on a GPU or TPU)")
+    parser.add_argument("--sampled", action="store_true",
+                        help="with --identity: the sampled identity (temperature 0.7, top-p 0.9, "
+                             "prompt i with seed i; each method under the coupled rule against "
+                             "autoregressive sampling) instead of the greedy one")
     parser.add_argument("--identity-tokens", type=int, default=identity.NEW_TOKENS, metavar="N",
                         help=f"new tokens per prompt in --identity (default {identity.NEW_TOKENS})")
     parser.add_argument("--seed", type=int, default=0)
@@ -206,12 +217,18 @@ def run_identity(args) -> int:
             print(f"llama.cpp: xllamacpp {engine_version()}", flush=True)
         except ImportError as e:
             raise CLIError(str(e)) from None
-    print(identity.heading(args.identity_tokens), flush=True)
+    if args.sampled and args.transformers:
+        raise CLIError("--sampled: the sampled identity has no transformers rows (they are "
+                       "greedy)")
+    print(identity.heading(args.identity_tokens, args.sampled), flush=True)
     show = lambda r: print(identity.line(r), flush=True)   # noqa: E731
     rows = identity.specjax_rows(dtypes, methods, tokens=args.identity_tokens, paths=paths,
+                                 sampled=args.sampled,
                                  progress=show) if dtypes and methods and paths else []
     if args.llama_cpp:
-        identity.llamacpp_rows(tokens=args.identity_tokens, progress=show)
+        identity.llamacpp_rows(modes=(identity.LLAMACPP_SAMPLED_MODES if args.sampled else
+                                      identity.LLAMACPP_MODES), tokens=args.identity_tokens,
+                               sampled=args.sampled, progress=show)
     if args.transformers:
         for r in identity.transformers_rows():
             show(r)
@@ -219,6 +236,8 @@ def run_identity(args) -> int:
 
 
 def run(args) -> int:
+    if args.sampled and not args.identity:
+        raise CLIError("--sampled goes with --identity (the sampled identity check)")
     if args.identity:
         return run_identity(args)
     chosen = entries(args)

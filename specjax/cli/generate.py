@@ -55,12 +55,14 @@ drafter (the "smollm2" preset, fetched on first use; $SPECJAX_PRESET names anoth
 When it cannot be fetched, or with --preset tiny-llama or tiny-gpt2, it runs a tiny embedded
 pair, with a note that the tiny pair shows correctness, not speed.
 Temperature defaults to 0 (greedy), so a run is reproducible and every method gives the same
-text; with --temperature > 0 each method still samples exactly from the target's distribution.
+text; with --temperature > 0 each method still samples exactly from the target's distribution,
+and with --coupled as well every method gives autoregressive decoding's text for the same seed
+(the coupled rule: `specjax.sampling.coupled`).
 
 --json prints one object instead of streaming:
   {"target", "target_path", "draft", "draft_path" (null without speculative), "prompt",
    "prompt_tokens", "prefill_s", "settings": {"method", "k", "max_new_tokens", "temperature",
-   "top_k", "top_p", "min_p", "seed", "max_ngram", "min_ngram", "repetition_penalty",
+   "top_k", "top_p", "min_p", "seed", "coupled", "max_ngram", "min_ngram", "repetition_penalty",
    "presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "logprobs", "stop",
    "regex", "json_schema", "tree" (a list of
    paths, {"dynamic": [depth, top_k, total_tokens]} or null),
@@ -133,6 +135,11 @@ def decoding_arguments(parser: argparse.ArgumentParser) -> None:
                    help="in [0, 1]: keep tokens at least this times as likely as the most "
                         "likely one; 0 = off (default)")
     options.add(d, "seed", "max_ngram")
+    d.add_argument("--coupled", action="store_true",
+                   help="verify by the coupled rule: each token is the target's own draw at its "
+                        "position, so every method gives autoregressive decoding's text for the "
+                        "same --seed at any temperature (default: Algorithm 2, which keeps "
+                        "drafts a little more often)")
     d.add_argument("--min-ngram", type=int, default=1, help="shortest n-gram looked up (default 1)")
     tree_arguments(d)
 
@@ -211,7 +218,7 @@ def run_generate(args) -> int:
                    k_schedule=args.k_schedule, k_start=args.k_start,
                    confidence_threshold=args.confidence_threshold,
                    drafter_dtype=args.drafter_dtype)
-    run = dict(max_new_tokens=args.max_new_tokens, seed=args.seed)
+    run = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, coupled=args.coupled)
     check_numbers(methods, options, run)
     sampling = sampling_of(args)
     mesh_shape = parse_mesh(args.mesh)

@@ -15,9 +15,11 @@ Read in this order, each a short module of pure functions over one sequence:
    q/k norm), reading the parameter tree `specjax.load` gives.
 2. `sampling.py`: temperature, top-k, top-p and min-p as `specjax.sampling.logits` defines
    them; the accept test and the residual of Algorithm 2 for a chain (`verify_row`), and the
-   walk over a token tree's siblings (`verify_tree`).
+   walk over a token tree's siblings (`verify_tree`); the coupled rule's draws and walks
+   (`coupled_verify_row`, `coupled_verify_tree`).
 3. `decoding.py`: the methods as whole loops: autoregressive, speculative (Algorithm 2),
-   n-gram (prompt lookup) and a token tree of draft candidates.
+   n-gram (prompt lookup) and a token tree of draft candidates; autoregressive and speculative
+   sampling under the coupled rule, whose tokens are equal for the same seed.
 
 No JAX, no cache, no batching: the engine (`specjax.generate`) adds those, and is tested
 against this (tests/exactness/test_reference.py): equal logits, the same accept decisions on the same
@@ -28,6 +30,8 @@ the engine. It imports nothing from the rest of specjax (an import-linter contra
 
 from specjax.reference.decoding import (
     autoregressive,
+    coupled_autoregressive,
+    coupled_speculative,
     ngram,
     ngram_lookup,
     speculative,
@@ -38,7 +42,10 @@ from specjax.reference.model import Plain, forward, plain
 from specjax.reference.sampling import (
     RULES,
     Sampling,
+    coupled_verify_row,
+    coupled_verify_tree,
     draw,
+    gumbel_draw,
     probs,
     residual,
     settings,

@@ -19,7 +19,8 @@ import numbers
 import numpy as np
 
 from specjax.reference.model import forward, plain
-from specjax.reference.sampling import RULES, draw, probs, settings, verify_row, verify_tree
+from specjax.reference.sampling import (RULES, coupled_verify_row, draw, gumbel_draw, probs,
+                                        settings, verify_row, verify_tree)
 
 
 def autoregressive(target, prompt, n: int, rng: np.random.Generator, sampling=None) -> list[int]:
@@ -140,6 +141,47 @@ def speculative_tree(target, draft, prompt, n: int, rng: np.random.Generator, sa
         u = rng.random((len(widths), max(widths)))                       # [depth, W]
         path, next_dist = verify_tree(children, own, p, q, u, rule)
         tokens += (nodes[path[-1]] if path else []) + [draw(rng, next_dist)]
+    return tokens[end - n:end]
+
+
+def position_noise(seed: int, position: int, vocab: int) -> np.ndarray:
+    """The Gumbel noise [V] of one position of a row under the coupled rule: a function of the
+    seed and the position alone (here NumPy's; the engine's comes from JAX keys)."""
+    return np.random.default_rng([seed, position]).gumbel(size=vocab)
+
+
+def coupled_autoregressive(target, prompt, n: int, seed: int, sampling=None) -> list[int]:
+    """Autoregressive sampling by Gumbel-max with position noise: token t is
+    argmax(log q_t + g(seed, t)). The law is `autoregressive`'s; the draws are keyed by position."""
+    target, s = _logits_of(target), settings(sampling)
+    tokens = _start(prompt, n, np.random.default_rng(seed))
+    end = len(tokens) + n
+    while len(tokens) < end:
+        q = probs(target(tokens)[-1], s)
+        tokens.append(gumbel_draw(q, position_noise(seed, len(tokens), len(q))))
+    return tokens[end - n:]
+
+
+def coupled_speculative(target, draft, prompt, n: int, seed: int, sampling=None,
+                        k: int = 4) -> list[int]:
+    """Speculative decoding under the coupled rule: the draft proposes argmax(log p_t + g_t) with
+    the position's noise, one target call scores the drafts, and they are kept while they equal
+    the target's draws (`coupled_verify_row`). The tokens are `coupled_autoregressive`'s for the
+    same seed, whatever the draft."""
+    target, draft, s = _logits_of(target), _logits_of(draft), settings(sampling)
+    tokens = _start(prompt, n, np.random.default_rng(seed))
+    end = len(tokens) + n
+    _positive("k", k)
+    while len(tokens) < end:
+        at = len(tokens)                   # the position of the first draft
+        drafted = []
+        for i in range(k):
+            p_i = probs(draft(tokens + drafted)[-1], s)
+            drafted.append(gumbel_draw(p_i, position_noise(seed, at + i, len(p_i))))
+        q = np.array([probs(row, s) for row in target(tokens + drafted)[-(k + 1):]])
+        g = np.array([position_noise(seed, at + i, q.shape[-1]) for i in range(k + 1)])
+        m, next_token = coupled_verify_row(q, drafted, g)
+        tokens += drafted[:m] + [next_token]
     return tokens[end - n:end]
 
 

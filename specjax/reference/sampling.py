@@ -179,3 +179,43 @@ def verify_tree(children, tokens, p, q, u: np.ndarray, rule: str, valid=None):
         path.append(node)
         p_now, q_now = (None if p is None else p[node]), q[node]
     return path, q_now
+
+
+# -- The coupled rule (`specjax.sampling.coupled`) -----------------------------------------------
+#
+# The token at position t is the target's Gumbel-max draw argmax(log q_t + g_t), with noise g_t
+# that depends on the row's seed and t only. A draft is kept while it equals that draw; the first
+# that does not is replaced by it. Every emitted token is then the target's own draw.
+
+def gumbel_draw(p: np.ndarray, g: np.ndarray) -> int:
+    """argmax(log p + g): the Gumbel-max draw from p [V] with the noise g [V] (a token of
+    probability 0 has log 0 = -inf and is never drawn)."""
+    with np.errstate(divide="ignore"):
+        return int(np.argmax(np.log(p) + g))
+
+
+def coupled_verify_row(q: np.ndarray, drafted: list[int], g: np.ndarray):
+    """The coupled rule over a chain, for one row: q [k + 1, V], the k drafts and the noise g
+    [k + 1, V] of their positions. Returns n, the leading drafts equal to the target's draws, and
+    the next token, the target's draw after them."""
+    for i, x in enumerate(drafted):
+        y = gumbel_draw(q[i], g[i])
+        if x != y:
+            return i, y
+    return len(drafted), gumbel_draw(q[len(drafted)], g[len(drafted)])
+
+
+def coupled_verify_tree(children, tokens, q, g: np.ndarray, valid=None):
+    """The coupled walk over a token tree, for one row: from the root, move to the child whose
+    token is the target's draw at the node, while there is one. children, tokens, valid as in
+    `verify_tree`; q [n, V]; g [depth + 1, V] the noise by depth. Returns the accepted nodes from
+    the root down and the next token (the draw at the node the walk stopped on)."""
+    valid = np.ones(len(tokens), bool) if valid is None else valid
+    node, path = 0, []
+    while True:
+        y = gumbel_draw(q[node], g[len(path)])
+        kept = [c for c in children[node] if c >= 0 and valid[c] and tokens[c] == y]
+        if not kept or len(path) == len(g) - 1:
+            return path, y
+        node = kept[0]
+        path.append(node)

@@ -159,12 +159,19 @@ def _smollm2_method(name: str, target):
 PATHS = {"kernels": True, "xla": False}
 
 
+# The sampled identity check's setting (`specjax_rows(..., sampled=True)`): prompt i is drawn
+# with seed i, autoregressive sampling against each method under the coupled rule.
+SAMPLED = SamplingParams(temperature=0.7, top_p=0.9)
+
+
 def specjax_rows(dtypes: Sequence[str], methods: Sequence[str], *, tokens: int = NEW_TOKENS,
-                 paths: Sequence[str] = ("kernels",),
+                 paths: Sequence[str] = ("kernels",), sampled: bool = False,
                  progress: Callable[[Row], None] | None = None) -> list[Row]:
     """specjax's greedy decoding of SmolLM2 in each dtype, each method against autoregressive
-    decoding, one prompt a call (the way a user runs one request), on each of `paths` (PATHS)."""
-    greedy = SamplingParams(temperature=0.0)
+    decoding, one prompt a call (the way a user runs one request), on each of `paths` (PATHS).
+    With `sampled`, the sampled identity instead: at `SAMPLED`, prompt i with seed i, each method
+    under the coupled rule (`generate(..., coupled=True)`) against autoregressive sampling."""
+    greedy = SAMPLED if sampled else SamplingParams(temperature=0.0)
     rows = []
     for dtype in dtypes:
         target = load(fetch("smollm2"), dtype=dtype)
@@ -173,7 +180,9 @@ def specjax_rows(dtypes: Sequence[str], methods: Sequence[str], *, tokens: int =
 
             def run(method) -> list[list[int]]:
                 return [list(generate(target, [p], method, greedy, max_new_tokens=tokens,
-                                      kernels=PATHS[path]).tokens[0]) for p in prompts]
+                                      kernels=PATHS[path], seed=i,
+                                      coupled=sampled and method != "autoregressive"
+                                      ).tokens[0]) for i, p in enumerate(prompts)]
 
             plain = run("autoregressive")
             for name in methods:
@@ -181,7 +190,8 @@ def specjax_rows(dtypes: Sequence[str], methods: Sequence[str], *, tokens: int =
                 start = time.perf_counter()
                 fast = run(method)
                 label = name + (f" k={K}" if TYPES[name].chain else "")
-                engine = f"specjax {dtype}" + ("" if path == "kernels" else " xla")
+                engine = (f"specjax {dtype}" + ("" if path == "kernels" else " xla")
+                          + (" coupled" if sampled else ""))
                 rows.append(row(engine, label, plain, fast, tokens,
                                 time.perf_counter() - start, _version()))
                 if progress:
@@ -191,6 +201,7 @@ def specjax_rows(dtypes: Sequence[str], methods: Sequence[str], *, tokens: int =
 
 LLAMACPP_KINDS = ("F16", "Q8_0", "Q4_1")
 LLAMACPP_MODES = ("draft-simple", "ngram-simple")
+LLAMACPP_SAMPLED_MODES = ("draft-simple", "draft-probabilistic", "ngram-simple")
 
 
 def _llamacpp_server(path: Path, mode: str, draft: Path | None, threads: int):
@@ -204,9 +215,12 @@ def _llamacpp_server(path: Path, mode: str, draft: Path | None, threads: int):
     for cpu in (params.cpuparams, params.cpuparams_batch):
         cpu.n_threads = threads
     kinds = xl.common_speculative_type
-    if mode == "draft-simple":
+    if mode in ("draft-simple", "draft-probabilistic"):
         params.speculative.types = [kinds.COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE]
         drafting = params.speculative.draft
+        # False: greedy drafts kept while they equal the target's own sample; True: rejection
+        # sampling (llama.cpp PR #27694).
+        params.speculative.probabilistic = mode == "draft-probabilistic"
         drafting.mparams.path = str(draft)
         drafting.n_max, drafting.n_min, drafting.p_min = K, 0, 0.0      # always draft K
         for cpu in (drafting.cpuparams, drafting.cpuparams_batch):
@@ -220,16 +234,20 @@ def _llamacpp_server(path: Path, mode: str, draft: Path | None, threads: int):
     return xl.Server(params)
 
 
-def _llamacpp_greedy(server, prompts, tokens: int) -> tuple[list[list[int]], int]:
+def _llamacpp_greedy(server, prompts, tokens: int,
+                     sampled: bool = False) -> tuple[list[list[int]], int]:
     """Each prompt's greedy completion as llama.cpp's token ids (read from the reply's
     per-token log-probabilities, `n_probs` 1: its completion reply carries no ids otherwise),
-    and the tokens it drafted over all of them."""
+    and the tokens it drafted over all of them. With `sampled`, at `SAMPLED` instead (top-p,
+    then the temperature; every other stage neutral), prompt i with seed i."""
     outputs, drafted = [], 0
-    for p in prompts:
+    for i, p in enumerate(prompts):
+        law = (dict(temperature=SAMPLED.temperature, top_p=SAMPLED.top_p, top_k=0, min_p=0.0,
+                    samplers=["top_p", "temperature"], seed=i) if sampled else
+               dict(temperature=0.0, top_k=1, samplers=["top_k"], seed=0))
         reply = server.handle_completions({
-            "prompt": list(map(int, p)), "n_predict": tokens, "temperature": 0.0, "top_k": 1,
-            "samplers": ["top_k"], "repeat_penalty": 1.0, "dry_multiplier": 0.0, "n_probs": 1,
-            "cache_prompt": False, "stream": False, "seed": 0})
+            "prompt": list(map(int, p)), "n_predict": tokens, "repeat_penalty": 1.0,
+            "dry_multiplier": 0.0, "n_probs": 1, "cache_prompt": False, "stream": False, **law})
         if isinstance(reply, str):
             reply = json.loads(reply)
         if "choices" not in reply:
@@ -241,14 +259,16 @@ def _llamacpp_greedy(server, prompts, tokens: int) -> tuple[list[list[int]], int
 
 def llamacpp_rows(kinds: Sequence[str] = LLAMACPP_KINDS,
                   modes: Sequence[str] = LLAMACPP_MODES, *, tokens: int = NEW_TOKENS,
-                  threads: int | None = None,
+                  threads: int | None = None, sampled: bool = False,
                   progress: Callable[[Row], None] | None = None) -> list[Row]:
     """llama.cpp's greedy decoding of SmolLM2 (`fetch smollm2`'s Q4_1 GGUF, and F16 and Q8_0
     re-encodings of it), each of `modes` against its plain decoding: DRAFT_SIMPLE with the
     SmolLM2 draft (`weights/smollm2-draft` written as a float32 GGUF with SmolLM2's tokenizer,
     K drafts a step) and NGRAM_SIMPLE (the K tokens after an earlier match of the last
     NGRAM_MATCH tokens). `threads`: llama.cpp's threads (default: the cores this process may
-    use; its threads wait for each other by spinning, so give it one where others run)."""
+    use; its threads wait for each other by spinning, so give it one where others run). With
+    `sampled`, sampled at `SAMPLED` with prompt i's seed i (`_llamacpp_greedy`), where
+    "draft-probabilistic" (rejection sampling) is a mode too."""
     version = engine_version()
     threads = threads or len(os.sched_getaffinity(0))
     directory = fetch("smollm2")
@@ -263,14 +283,15 @@ def llamacpp_rows(kinds: Sequence[str] = LLAMACPP_KINDS,
     for kind in kinds:
         path = reencode(source, kind, files)
         server = _llamacpp_server(path, "plain", None, threads)
-        plain, _ = _llamacpp_greedy(server, prompts, tokens)
+        plain, _ = _llamacpp_greedy(server, prompts, tokens, sampled)
         for mode in modes:
             start = time.perf_counter()
             server = _llamacpp_server(path, mode, draft, threads)
-            fast, drafted = _llamacpp_greedy(server, prompts, tokens)
+            fast, drafted = _llamacpp_greedy(server, prompts, tokens, sampled)
             if not drafted:
                 raise RuntimeError(f"llama.cpp {kind} {mode} drafted nothing")
-            rows.append(row(f"llama.cpp {kind}", f"{mode} k={K}", plain, fast, tokens,
+            rows.append(row(f"llama.cpp {kind}" + (" T=0.7" if sampled else ""),
+                            f"{mode} k={K}", plain, fast, tokens,
                             time.perf_counter() - start, version))
             if progress:
                 progress(rows[-1])
@@ -311,9 +332,16 @@ def line(r: Row) -> str:
             f"{r.seconds:>7.1f}  {firsts}")
 
 
-def heading(tokens: int = NEW_TOKENS) -> str:
+def heading(tokens: int = NEW_TOKENS, sampled: bool = False) -> str:
     """What `table` shows, and its column names."""
     kinds = ", ".join(f"{k} {len(v)}" for k, v in PROMPTS.items())
+    if sampled:
+        return "\n".join([
+            f"Sampled identity on SmolLM2-135M-Instruct: {sum(map(len, PROMPTS.values()))} prompts "
+            f"({kinds}), {tokens} new tokens each at temperature {SAMPLED.temperature} with top-p "
+            f"{SAMPLED.top_p}, prompt i with seed i, one prompt a request; per prompt, the first "
+            f"new token (0-based) where speculation under the coupled rule parts from "
+            f"autoregressive sampling under the same seed, '.' where it never does.", "", HEADER])
     return "\n".join([f"Greedy identity on SmolLM2-135M-Instruct: {sum(map(len, PROMPTS.values()))}"
                       f" prompts ({kinds}), {tokens} new tokens each, one prompt a request; per "
                       f"prompt, the first new token (0-based) where speculation parts from the "

@@ -212,3 +212,34 @@ def test_the_identity_check_finds_specjax_greedy_identical():
     for r in rows:
         assert len(r.first) == sum(map(len, identity.PROMPTS.values()))
         assert r.diverged == 0, identity.table(rows)
+
+
+# The coupled rule on the real model (issue 93): sampled, every method gives autoregressive
+# sampling's tokens under the same seed, in every dtype, with the kernels (the
+# `check --identity --sampled` table covers 21 prompts, 128 tokens and XLA's path; bench/).
+# One prompt a call, each with its own setting: T = 0.7 with top-p 0.9, and T = 1 with top-k
+# and min-p.
+SAMPLED = [specjax.SamplingParams(temperature=0.7, top_p=0.9),
+           specjax.SamplingParams(temperature=1.0, top_k=50, min_p=0.05)]
+SAMPLED_NEW = 24
+
+
+@functools.lru_cache(maxsize=None)
+def sampled(dtype: str) -> tuple:
+    return tuple(tuple(generate(load(dtype), [p], "autoregressive", s, max_new_tokens=SAMPLED_NEW,
+                                seed=7).tokens[0]) for p, s in zip(PROMPTS, SAMPLED))
+
+
+@pytest.mark.parametrize("dtype,method", [
+    (d, m) for d in ("float32", "bfloat16", "int8", "q8_0") for m in METHODS])
+def test_every_method_gives_the_sampled_output_under_the_coupled_rule(dtype, method):
+    model = load(dtype)
+    drafted = drafting(method)
+    accepted = 0
+    for prompt, setting, want in zip(PROMPTS, SAMPLED, sampled(dtype)):
+        got = generate(model, [prompt], drafted, setting, max_new_tokens=SAMPLED_NEW, seed=7,
+                       coupled=True)
+        assert tuple(got.tokens[0]) == want, (dtype, method, prompt)
+        accepted += got.stats.accepted
+    if method != "ngram":
+        assert accepted > 0, (dtype, method)
