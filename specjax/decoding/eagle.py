@@ -171,19 +171,20 @@ def draft_tree(spec, weights, state: DecodeState, keys):
             sub_logits = trees.steered_subset(spec, state, drafter["ids"], sub_logits, paths)
             best = lax.top_k(sub_logits, tree.max_width)[1]
             cand = drafter["ids"][best]
-            return cand, jnp.ones(cand.shape, bool), (outs, cache, probs, nan)
+            return cand, jnp.ones(cand.shape, bool), trees.Filling(outs, cache, probs, nan)
         logits = steered(spec, state, eagle.full_logits(drafter, sub_logits, vocab), paths)
         p = probs_from_logits(logits, state.settings.sampling)
         probs = probs.at[:, parents.start:parents.stop].set(p)
         cand, filled = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
             scheme, keys[:, d - 1], logits, p, tree.max_width)            # [B, P, W]
-        return cand, filled, (outs, cache, probs, nan)
+        return cand, filled, trees.Filling(outs, cache, probs, nan)
 
     probs = None if scheme == "top" else jnp.zeros((b, n, vocab), jnp.float32)
-    tokens, valid, carry = trees.fill(tree, state.tokens[jnp.arange(b), root], expand,
-                                      (outs, cache, probs, nan))
-    cache, probs, nan = carry[1:]                     # the nodes' outputs are not read again
-    return trees.Candidates(tokens, valid, probs, trees.SCHEMES[scheme], tree, nan), cache
+    tokens, valid, filling = trees.fill(tree, state.tokens[jnp.arange(b), root], expand,
+                                        trees.Filling(outs, cache, probs, nan))
+    # The nodes' outputs are not read again.
+    return (trees.Candidates(tokens, valid, filling.probs, trees.SCHEMES[scheme], tree,
+                             filling.nan), filling.cache)
 
 
 def draft_dynamic_tree(spec, weights, state: DecodeState):

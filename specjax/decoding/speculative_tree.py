@@ -67,14 +67,15 @@ def draft_tree(spec, weights, state: DecodeState, keys):
         cand, filled = jax.vmap(spec.rules.candidates,
                                 in_axes=(None, 0, 0, 0 if p is not None else None, None))(
             scheme, keys[:, d - 1], level_logits, p, tree.max_width)    # [B, P, W]
-        return cand, filled, (level_logits, cache, probs, nan)
+        return cand, filled, trees.Filling(level_logits, cache, probs, nan)
 
     root_logits = jnp.take_along_axis(logits, last[:, :, None], axis=1)      # [B, 1, V']
     probs = None if scheme == "top" else jnp.zeros((b, n, vocab), jnp.float32)
-    tokens, valid, carry = trees.fill(tree, jnp.take_along_axis(window, last, 1)[:, 0], expand,
-                                      (root_logits, cache, probs, any_nan(logits)))
-    cache, probs, nan = carry[1:]                     # the deepest level's logits are not read
-    return trees.Candidates(tokens, valid, probs, trees.SCHEMES[scheme], tree, nan), cache
+    tokens, valid, filling = trees.fill(tree, jnp.take_along_axis(window, last, 1)[:, 0], expand,
+                                        trees.Filling(root_logits, cache, probs, any_nan(logits)))
+    # The deepest level's logits are not read.
+    return (trees.Candidates(tokens, valid, filling.probs, trees.SCHEMES[scheme], tree,
+                             filling.nan), filling.cache)
 
 
 def step(spec, weights, state: DecodeState) -> DecodeState:

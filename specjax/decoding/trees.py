@@ -105,6 +105,16 @@ def keep_path(cache: KVCache, root, path, nodes: int) -> KVCache:
     return KVCache(*kv.keep_path(cache.k, cache.v, root, path, nodes), cache.length, cache.first)
 
 
+class Filling(NamedTuple):
+    """What a drafter with a model of its own threads through `fill` from level to level."""
+    outputs: jax.Array            # the drafter's outputs: its logits at the level last read (a
+    #                               draft model) or its features at every node (EAGLE)
+    cache: KVCache                # the drafter's cache
+    probs: jax.Array | None       # [B, n, V] the draft distribution at each node so far; None for
+    #                               "top" candidates
+    nan: jax.Array                # whether a NaN was seen
+
+
 class Candidates(NamedTuple):
     """A drafted token tree, as every drafter hands it to the verifier: Step 1 (draft)'s output."""
     tokens: jax.Array             # [B, n] int32: the nodes' tokens, node 0 each row's last token

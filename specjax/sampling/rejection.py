@@ -303,6 +303,16 @@ class TreeVerdict(NamedTuple):
     details: dict | None = None  # with `with_details`, the walk's numbers (`specjax.explain`)
 
 
+class _Trial(NamedTuple):
+    """One sibling test of a walk, as `specjax.explain` shows it (each [] for one test, or
+    stacked [D, W] by depth and rank)."""
+    node: jax.Array             # the child tested, or -1 where none was
+    p_x: jax.Array              # p_r(x): the law the candidate was drawn from given its elders
+    q_x: jax.Array              # q'(x): the target's law at the parent less the rejected siblings
+    accepted: jax.Array         # whether u * p_r(x) < q'(x)
+    residual: jax.Array         # [V] q' for the next sibling after a rejection, else zero
+
+
 class _RowWalk(NamedTuple):
     """One row's walk before its next token is drawn (`verify_tree` draws it for the batch)."""
     n_accepted: jax.Array       # [] int32
@@ -331,8 +341,8 @@ def _verify_tree_row(tree, rule, tokens, valid, draft_probs, target_probs, key) 
             accept = tried & accepts(u[d, r], p_r[x], q[x])              # a
             p_next, q_next = after_rejection(rule, p, q, x)              # b
             rejected = tried & ~accept
-            trials.append((jnp.where(tried, child, -1), p_r[x], q[x], accept,
-                           jnp.where(rejected, q_next, 0.0)))
+            trials.append(_Trial(jnp.where(tried, child, -1), p_r[x], q[x], accept,
+                                 jnp.where(rejected, q_next, 0.0)))
             p, q = jnp.where(rejected, p_next, p), jnp.where(rejected, q_next, q)
             node, moved = jnp.where(accept, child, node), moved | accept
         # c: at the accepted child, its own draft and target distributions.
@@ -343,12 +353,10 @@ def _verify_tree_row(tree, rule, tokens, valid, draft_probs, target_probs, key) 
     # d: the residual after the last rejections, or q at an accepted leaf (the bonus),
     # drawn for the whole batch by the caller (`sample_rows`).
     n_accepted = jnp.sum(jnp.asarray(tree.depth)[jnp.stack(path)] == jnp.arange(1, depth + 1))
-    node_of, p_x, q_x, accepted, residual = (jnp.stack(a).reshape(depth, width, *a[0].shape)
-                                             for a in zip(*trials))
-    details = dict(node=node_of, p_x=p_x, q_x=q_x, u=u, accepted=accepted, residual=residual,
-                   final=q,
-                   from_residual=jnp.any(jnp.any(node_of >= 0, axis=1)     # a level tried,
-                                         & ~jnp.any(accepted, axis=1)))   # none accepted
+    tests = jax.tree.map(lambda *a: jnp.stack(a).reshape(depth, width, *a[0].shape), *trials)
+    details = dict(tests._asdict(), u=u, final=q,
+                   from_residual=jnp.any(jnp.any(tests.node >= 0, axis=1)     # a level tried,
+                                         & ~jnp.any(tests.accepted, axis=1)))  # none accepted
     return _RowWalk(n_accepted.astype(jnp.int32), jnp.stack(path), k_next, q, details)
 
 

@@ -553,7 +553,7 @@ def test_generate_declares_every_option():
     from specjax.api import generate as api
 
     head = ["target", "prompts", "method", "sampling"]
-    run = ["max_new_tokens", "seed", "eos_ids", "mesh", "kernels", "rules"]
+    run = ["max_new_tokens", "seed", "eos_ids", "mesh", "kernels", "coupled", "rules"]
     assert api.RUN_OPTIONS == tuple(run)
     for function in (specjax.generate, specjax.stream, specjax.explain, api.prepare):
         parameters = inspect.signature(function).parameters

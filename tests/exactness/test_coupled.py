@@ -85,6 +85,7 @@ def plain(models):
                     seed=SEEDS).tokens
 
 
+@pytest.mark.fast(cases=["speculative k=3", "eagle tree"])
 @pytest.mark.parametrize("name", NAMES)
 def test_every_method_returns_autoregressive_samples_under_the_same_seeds(models, plain, name):
     method = methods(models)[name]
@@ -110,7 +111,7 @@ def test_a_row_is_the_same_alone_and_the_default_rule_is_not_coupled(models, pla
     assert any(default.tokens[i] != plain[i] for i in range(3))
 
 
-def test_controls_and_a_constraint_apply_before_the_draw(models):
+def test_controls_apply_before_the_draw(models):
     target, draft = models[:2]
     sampling = SamplingParams(temperature=0.9, repetition_penalty=1.3, presence_penalty=0.5,
                               logit_bias={3: 2.0}, min_tokens=4)
@@ -131,6 +132,7 @@ def test_settings_stay_data_under_the_rule(models):
     assert len(api._COMPILED) == cached
 
 
+@pytest.mark.fast
 def test_bad_coupled_values_are_errors(models):
     target = models[0]
     with pytest.raises(GenerationError, match="coupled must be True or False"):
@@ -146,6 +148,7 @@ def _probs(seed: int, shape, temperature=1.0):
     return probs_from_logits(logits, SamplingParams(temperature=temperature))
 
 
+@pytest.mark.fast
 def test_chain_rule_makes_the_references_decisions_on_the_same_noise():
     b, k = 64, 3
     q = _probs(1, (b, k + 1, V))
@@ -166,6 +169,7 @@ def test_chain_rule_makes_the_references_decisions_on_the_same_noise():
     assert seen == {0, 1, 2, 3}
 
 
+@pytest.mark.fast
 def test_tree_rule_makes_the_references_decisions_on_the_same_noise():
     tree, b = Tree.full((2, 2)), 64
     n = tree.size + 1
@@ -195,6 +199,7 @@ def test_tree_rule_makes_the_references_decisions_on_the_same_noise():
     assert depths == {0, 1, 2}
 
 
+@pytest.mark.fast
 def test_the_references_coupled_speculative_sampling_is_its_autoregressive_sampling(models):
     target, draft = models[:2]
     sampling = SamplingParams(temperature=0.8, top_p=0.95)
