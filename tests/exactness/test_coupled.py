@@ -238,3 +238,21 @@ def test_one_noise_for_every_position_of_a_step_is_caught():
     report = testing.check(testing.specjax_rules(bad, method="speculative", k=2),
                            samples=30_000, sampling=T07_TOP_P, level=0.005)
     assert not report.lossless, str(report)
+
+
+@pytest.mark.parametrize("name", ["speculative k=3", "eagle tree"])
+def test_explain_shows_each_positions_draw_and_the_drafts_kept(models, name):
+    target = models[0]
+    method = methods(models)[name]
+    sampling = SamplingParams(temperature=0.9)
+    steps = specjax.explain(target, PROMPTS[0], method, sampling, steps=3, seed=5, coupled=True,
+                            max_new_tokens=NEW)
+    want = generate(target, [PROMPTS[0]], method, sampling, seed=5, coupled=True,
+                    max_new_tokens=NEW).tokens[0]
+    assert [t for s in steps for t in s.new_tokens] == want[:sum(len(s.new_tokens) for s in steps)]
+    for step in steps:
+        *kept, last = step.positions
+        assert all(p.kept and p.draw in p.drafts for p in kept)
+        assert not last.kept and last.draw not in last.drafts and last.draw == step.emitted
+        assert step.new_tokens == [p.draw for p in step.positions][:len(step.new_tokens)]
+    assert "target draws" in specjax.format_steps(steps)
