@@ -130,7 +130,7 @@ def _coupled_step(trace: dict, top: int, new_tokens: list[int]) -> CoupledStep:
         for d in range(int(trace["accepted_depth"]) + 1):
             kids = [int(tokens[m]) for m in range(1, len(tokens)) if parent[m] == node and valid[m]]
             kept = d < int(trace["accepted_depth"])
-            positions.append(Position(d + 1, int(trace["draw"][node]), kids, kept))
+            positions.append(Position(d + 1, int(trace["draw"][d]), kids, kept))
             node = int(path[d]) if kept else node
     else:
         n, drafted = int(trace["accepted"]), int(trace["drafted"])

@@ -49,7 +49,6 @@ from jax import lax
 
 from specjax.sampling.logits import sample_rows
 from specjax.sampling.rejection import TreeVerdict, Verdict, num_leading_accepted
-from specjax.sampling.tree import RowTrees
 
 __all__ = ["candidates", "draws", "gumbel", "verify", "verify_tree"]
 
@@ -93,6 +92,10 @@ def verify(draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Ar
            with_details: bool = False) -> Verdict:
     """The coupled rule over a chain of K drafts per row (`rejection.verify`'s arguments).
 
+    The target's draws are made position by position, while some row still keeps its drafts: a
+    draw is V Gumbel variates, a large part of a small model's step, and a row needs one per
+    token it emits, as autoregressive sampling does, not one per position scored.
+
     Args:
       draft_tokens: [B, K]; draft_probs: [B, K, V] (not read: the rule is lossless for any
         draft); target_probs: [B, K + 1, V] q at positions length .. length + K;
@@ -100,8 +103,9 @@ def verify(draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Ar
       num_drafted: [B] or None: a row's drafts past it are never kept.
     Returns:
       A `rejection.Verdict`: n_accepted [B], the leading drafts equal to the target's draws, and
-      next_token [B], the draw after them. With `with_details`, its details hold `draw` [B, K + 1]
-      (the target's draw at each position) and `kept` [B, K] (each draft equal to it).
+      next_token [B], the draw after them. With `with_details`, its details hold `draw`
+      [B, K + 1], the target's draw at each position up to the row's first mismatch (-1 past
+      the last position any row reached).
     """
     batch, k = draft_tokens.shape
     if target_probs.shape[:2] != (batch, k + 1) or keys.shape[:2] != (batch, k + 1):
@@ -110,35 +114,33 @@ def verify(draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Ar
                          f"and {keys.shape}")
     if num_drafted is None:
         num_drafted = jnp.full((batch,), k, jnp.int32)
-    y = draws(keys, target_probs)                                            # [B, K + 1]
-    kept = (draft_tokens == y[:, :k]) & (jnp.arange(k) < num_drafted[:, None])
-    n_accepted = num_leading_accepted(kept)
-    next_token = jnp.take_along_axis(y, n_accepted[:, None], axis=1)[:, 0]
-    return Verdict(n_accepted, next_token, dict(draw=y, kept=kept) if with_details else None)
+    drafts = jnp.concatenate([draft_tokens, jnp.full((batch, 1), -1, draft_tokens.dtype)], 1)
+
+    def position(c: _Chain) -> _Chain:
+        y = draws(c.i_keys(keys), lax.dynamic_index_in_dim(target_probs, c.i, 1, False))  # [B]
+        kept = c.keeping & (c.i < num_drafted) & (drafts[:, c.i] == y)
+        return _Chain(c.i + 1, c.n + kept, kept, jnp.where(c.keeping, y, c.next_token),
+                      c.draw.at[:, c.i].set(y))
+
+    start = _Chain(jnp.zeros((), jnp.int32), jnp.zeros((batch,), jnp.int32),
+                   jnp.ones((batch,), bool), jnp.zeros((batch,), jnp.int32),
+                   jnp.full((batch, k + 1), -1, jnp.int32))
+    # A row keeps its drafts while each equals the draw; the position where it stops is drawn
+    # before the loop ends, and that draw is its next token.
+    end = lax.while_loop(lambda c: jnp.any(c.keeping), position, start)
+    return Verdict(end.n, end.next_token, dict(draw=end.draw) if with_details else None)
 
 
-class _Walk(NamedTuple):
-    """One row's coupled walk: the node it stands on, the nodes it took, whether it goes on."""
-    node: jax.Array               # [] int32
-    path: list                    # [] int32 per depth so far
-    walking: jax.Array            # [] bool
+class _Chain(NamedTuple):
+    """The coupled chain's loop: the position drawn next, and each row's verdict so far."""
+    i: jax.Array                  # [] the position drawn next, 0-based
+    n: jax.Array                  # [B] the drafts kept
+    keeping: jax.Array            # [B] whether every draft so far equalled its draw
+    next_token: jax.Array         # [B] the draw at the row's last position drawn
+    draw: jax.Array               # [B, K + 1] the draws made (-1 where none)
 
-
-def _walk_row(tree, tokens, valid, y) -> tuple[jax.Array, jax.Array]:
-    """One row's walk: tokens, valid, y [n] (y[m] the target's draw after node m). Returns the
-    depth reached [] and the node at each depth [D] (repeating the last past it)."""
-    children = jnp.asarray(tree.children)                                    # [n, W]
-    walk = _Walk(jnp.zeros((), jnp.int32), [], jnp.ones((), bool))
-    for _ in range(tree.max_depth):
-        kids = children[walk.node]                                           # [W]
-        safe = jnp.maximum(kids, 0)
-        match = walk.walking & (kids >= 0) & valid[safe] & (tokens[safe] == y[walk.node])
-        moved = jnp.any(match)
-        node = jnp.where(moved, safe[jnp.argmax(match)], walk.node)
-        walk = _Walk(node, walk.path + [node], walk.walking & moved)
-    path = jnp.stack(walk.path)
-    n_accepted = jnp.sum(jnp.asarray(tree.depth)[path] == jnp.arange(1, tree.max_depth + 1))
-    return n_accepted.astype(jnp.int32), path
+    def i_keys(self, keys):
+        return lax.dynamic_index_in_dim(keys, self.i, 1, False)
 
 
 def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_probs,
@@ -147,27 +149,57 @@ def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_prob
     """The coupled rule over a token tree per row (`rejection.verify_tree`'s arguments; `rule`
     and `draft_probs` are not read: the walk is lossless whatever drew the candidates).
 
+    The walk goes depth by depth: the target's draw at the node a row stands on (one draw per
+    depth, as the chain's, and none once every row has stopped), then the child with that token.
+
     Args:
       tree: the static `Tree` or `RowTrees`; tokens, valid: [B, n]; target_probs: [B, n, V];
-      keys: [B, D + 1] position keys by depth: node m's next token is drawn with key
-        depth(m), the position length + depth(m).
+      keys: [B, D + 1] position keys by depth: the draw after a node of depth d is at position
+        length + d, with key d.
     Returns:
-      A `rejection.TreeVerdict`. With `with_details`, its details hold `draw` [B, n], the
-      target's draw after each node, and the `path` [B, D].
+      A `rejection.TreeVerdict`. With `with_details`, its details hold `draw` [B, D + 1], the
+      target's draw at the node the walk stood on at each depth (-1 past the row's stop), and
+      the `path` [B, D].
     """
     batch, n = tokens.shape
-    if target_probs.shape[:2] != (batch, n) or keys.shape[:2] != (batch, tree.max_depth + 1):
+    depth = tree.max_depth
+    if target_probs.shape[:2] != (batch, n) or keys.shape[:2] != (batch, depth + 1):
         raise ValueError(f"the coupled rule needs target_probs [B, {n}, V] and position keys "
-                         f"[B, {tree.max_depth + 1}] for a tree of depth {tree.max_depth}, got "
+                         f"[B, {depth + 1}] for a tree of depth {depth}, got "
                          f"{target_probs.shape} and {keys.shape}")
-    depth = jnp.broadcast_to(jnp.asarray(tree.depth), (batch, n))
-    node_keys = jnp.take_along_axis(keys, depth, axis=1)                     # [B, n]
-    y = draws(node_keys, target_probs)                                       # [B, n]
-    if isinstance(tree, RowTrees):
-        n_accepted, path = jax.vmap(_walk_row)(tree, tokens, valid, y)
-    else:
-        n_accepted, path = jax.vmap(lambda *a: _walk_row(tree, *a))(tokens, valid, y)
-    last = jnp.where(n_accepted > 0, path[jnp.arange(batch), jnp.maximum(n_accepted - 1, 0)], 0)
-    next_token = y[jnp.arange(batch), last]
-    return TreeVerdict(n_accepted, path, next_token,
-                       dict(draw=y, path=path) if with_details else None)
+    rows = jnp.arange(batch)
+    children = jnp.broadcast_to(jnp.asarray(tree.children), (batch, n, tree.max_width))
+    walk = _Walk(jnp.zeros((batch,), jnp.int32), jnp.ones((batch,), bool),
+                 jnp.zeros((batch,), jnp.int32), [], [])
+    for d in range(depth + 1):
+        y = lax.cond(jnp.any(walk.walking),
+                     lambda: draws(keys[:, d], target_probs[rows, walk.node]),
+                     lambda: jnp.full((batch,), -1, jnp.int32))                  # [B]
+        y = jnp.where(walk.walking, y, -1)
+        if d == depth:                      # a leaf: its draw is the bonus
+            walk = walk._replace(next_token=jnp.where(walk.walking, y, walk.next_token),
+                                 draw=walk.draw + [y])
+            break
+        kids = children[rows, walk.node]                                         # [B, W]
+        safe = jnp.maximum(kids, 0)
+        match = ((kids >= 0) & valid[rows[:, None], safe] & (tokens[rows[:, None], safe]
+                                                            == y[:, None]))
+        moved = walk.walking & jnp.any(match, axis=1)
+        node = jnp.where(moved, safe[rows, jnp.argmax(match, axis=1)], walk.node)
+        walk = _Walk(node, moved, jnp.where(walk.walking & ~moved, y, walk.next_token),
+                     walk.path + [node], walk.draw + [y])
+    path = jnp.stack(walk.path, axis=1)                                          # [B, D]
+    n_accepted = jnp.sum(jnp.take_along_axis(jnp.broadcast_to(jnp.asarray(tree.depth),
+                                                              (batch, n)), path, axis=1)
+                         == jnp.arange(1, depth + 1), axis=1).astype(jnp.int32)
+    details = dict(draw=jnp.stack(walk.draw, axis=1), path=path) if with_details else None
+    return TreeVerdict(n_accepted, path, walk.next_token, details)
+
+
+class _Walk(NamedTuple):
+    """The coupled walk, depth by depth, for every row at once."""
+    node: jax.Array               # [B] the node each row stands on
+    walking: jax.Array            # [B] whether it goes on
+    next_token: jax.Array         # [B] the draw where it stopped
+    path: list                    # [B] per depth so far: the node taken (or stood on)
+    draw: list                    # [B] per depth so far: the target's draw (-1 once stopped)
