@@ -224,12 +224,37 @@ T07_TOP_P = SamplingParams(temperature=0.7, top_p=0.9)
 
 @pytest.mark.parametrize("method, options", [("speculative", {}),
                                              ("speculative", {"tree": Tree.full((2, 2)),
-                                                              "candidates": "distinct"})])
+                                                              "candidates": "distinct"}),
+                                             ("ngram", {})])
 def test_the_coupled_rule_is_lossless(method, options):
     # 30,000 samples of 3 tokens from the kit's close pair; the kit's four G-tests at 0.005.
+    # (Medusa, EAGLE and DFlash under the rule return autoregressive sampling's tokens token
+    # for token above, which is stronger than a law.)
     report = testing.check(testing.specjax_rules(COUPLED, method=method, k=2, **options),
                            samples=30_000, sampling=T07_TOP_P, level=0.005)
     assert report.lossless, str(report)
+
+
+def test_one_noise_for_every_position_of_a_row_is_caught(monkeypatch):
+    # The control: g(seed) instead of g(seed, t), every draw of a row (autoregressive
+    # sampling's included) with one noise. The programs are compiled anew with it, and again
+    # after it.
+    from specjax.decoding import autoregressive, state
+
+    def one_noise(decode_state, count):
+        keys = decode_state.row_keys
+        return jnp.broadcast_to(keys[:, None], (keys.shape[0], count))
+
+    monkeypatch.setattr(state, "position_keys", one_noise)
+    monkeypatch.setattr(autoregressive, "position_keys", one_noise)
+    api.release_programs()
+    try:
+        report = testing.check(testing.specjax_rules(COUPLED, method="speculative", k=2),
+                               samples=30_000, sampling=T07_TOP_P, level=0.005)
+    finally:
+        monkeypatch.undo()
+        api.release_programs()
+    assert not report.lossless, str(report)
 
 
 def test_one_noise_for_every_position_of_a_step_is_caught():
