@@ -220,7 +220,7 @@ def _llamacpp_server(path: Path, mode: str, draft: Path | None, threads: int):
         drafting = params.speculative.draft
         # False: greedy drafts kept while they equal the target's own sample; True: rejection
         # sampling (llama.cpp PR #27694).
-        params.speculative.probabilistic = mode == "draft-probabilistic"
+        drafting.probabilistic = mode == "draft-probabilistic"
         drafting.mparams.path = str(draft)
         drafting.n_max, drafting.n_min, drafting.p_min = K, 0, 0.0      # always draft K
         for cpu in (drafting.cpuparams, drafting.cpuparams_batch):
