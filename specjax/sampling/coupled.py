@@ -117,7 +117,8 @@ def verify(draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Ar
     drafts = jnp.concatenate([draft_tokens, jnp.full((batch, 1), -1, draft_tokens.dtype)], 1)
 
     def position(c: _Chain) -> _Chain:
-        y = draws(c.i_keys(keys), lax.dynamic_index_in_dim(target_probs, c.i, 1, False))  # [B]
+        at = lambda a: lax.dynamic_index_in_dim(a, c.i, 1, keepdims=False)    # noqa: E731
+        y = draws(at(keys), at(target_probs))                                    # [B]
         kept = c.keeping & (c.i < num_drafted) & (drafts[:, c.i] == y)
         return _Chain(c.i + 1, c.n + kept, kept, jnp.where(c.keeping, y, c.next_token),
                       c.draw.at[:, c.i].set(y))
@@ -138,9 +139,6 @@ class _Chain(NamedTuple):
     keeping: jax.Array            # [B] whether every draft so far equalled its draw
     next_token: jax.Array         # [B] the draw at the row's last position drawn
     draw: jax.Array               # [B, K + 1] the draws made (-1 where none)
-
-    def i_keys(self, keys):
-        return lax.dynamic_index_in_dim(keys, self.i, 1, False)
 
 
 def verify_tree(tree, rule: str, tokens: jax.Array, valid: jax.Array, draft_probs,
