@@ -281,3 +281,12 @@ def test_explain_shows_each_positions_draw_and_the_drafts_kept(models, name):
         assert not last.kept and last.draw not in last.drafts and last.draw == step.emitted
         assert step.new_tokens == [p.draw for p in step.positions][:len(step.new_tokens)]
     assert "target draws" in specjax.format_steps(steps)
+
+
+@pytest.mark.parametrize("name", ["speculative k=3", "eagle tree"])
+def test_the_identity_holds_on_xlas_path(models, name):
+    # The kernels off (what a GPU or TPU runs): verify calls equal one-token steps there too.
+    kwargs = dict(max_new_tokens=NEW, seed=SEEDS, kernels=False)
+    plain = generate(models[0], PROMPTS, "autoregressive", ROWS, **kwargs).tokens
+    fast = generate(models[0], PROMPTS, methods(models)[name], ROWS, coupled=True, **kwargs)
+    assert fast.tokens == plain
