@@ -20,7 +20,7 @@ from pathlib import Path
 
 import specjax
 from specjax.api.generate import release_programs
-from specjax.bench.common import _cpu_model as host_of
+from specjax.bench.common import machine
 from specjax.bench.prompts import PROMPTS
 from specjax.io import chat
 from specjax.io.fetch import fetch
@@ -67,7 +67,7 @@ def main() -> None:
     done = json.loads((out / "results.json").read_text())["rows"] if (
         out / "results.json").exists() else []
     rows = list(done)
-    host = host_of()
+    host = machine(None)["cpu_model"]
     header = (f"SmolLM2-135M-Instruct {args.dtype}, {len(prompts)} bench prompts, "
               f"{args.tokens} new tokens each, prompt i with seed i; host {host}\n\n"
               f"{'method':<24} {'setting':<16} {'rule':<12} {'tokens/call':>11} {'tokens/s':>9}")

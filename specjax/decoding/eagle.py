@@ -139,9 +139,9 @@ def catch_up(spec, weights, state: DecodeState):
 
 def draft_tree(spec, weights, state: DecodeState, keys):
     """Step 1 (draft) for a static tree, with one key per depth `keys` [B, D]: the
-    `trees.Candidates` (the draft distribution at each
-    node [B, n, V], None for "top" candidates) and the drafter's cache. One drafter call to
-    catch up and one per level above the deepest: D calls."""
+    `trees.Candidates` (the draft distribution at each node [B, n, V], None for "top"
+    candidates) and the drafter's cache. One drafter call to catch up and one per level above
+    the deepest: D calls."""
     tree, scheme, vocab = spec.method.tree, spec.method.candidates, spec.vocab_size
     config, drafter = spec.method.drafter_config, weights.drafter
     embed = eagle.embedding(drafter, weights.target)
@@ -176,7 +176,7 @@ def draft_tree(spec, weights, state: DecodeState, keys):
         p = probs_from_logits(logits, state.settings.sampling)
         probs = probs.at[:, parents.start:parents.stop].set(p)
         cand, filled = jax.vmap(spec.rules.candidates, in_axes=(None, 0, 0, 0, None))(
-            scheme, keys[:, d - 1], logits, p, tree.max_width)            # [B, P, W]
+            scheme, keys[:, d - 1], logits, p, tree.max_width)                  # [B, P, W]
         return cand, filled, trees.Filling(outs, cache, probs, nan)
 
     probs = None if scheme == "top" else jnp.zeros((b, n, vocab), jnp.float32)

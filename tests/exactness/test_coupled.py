@@ -139,6 +139,15 @@ def test_bad_coupled_values_are_errors(models):
         generate(target, [[1]], "ngram", coupled="yes")
     with pytest.raises(GenerationError, match="coupled or rules, not both"):
         generate(target, [[1]], "ngram", coupled=True, rules=Rules())
+    # A draft padded past the target's vocabulary (same tokenizer) would widen the noise.
+    import dataclasses
+    from pathlib import Path
+    weights = Path(__file__).resolve().parents[2] / "weights"
+    shipped, draft = specjax.load(weights / "llama-target"), specjax.load(weights / "llama-draft")
+    wider = dataclasses.replace(draft, config=dataclasses.replace(
+        draft.config, vocab_size=draft.config.vocab_size + 8))
+    with pytest.raises(GenerationError, match="larger than the target's"):
+        generate(shipped, [[1, 2]], specjax.Speculative(wider, k=2), coupled=True)
 
 
 # -- The engine's rule against the reference's, on the same noise --------------------------------
